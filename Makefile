@@ -1,0 +1,32 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+# TORCH_SPEC selects the torch build installed first (a CPU wheel by default);
+# GPU users: `make test TORCH_SPEC="torch==2.13.0"` with their CUDA index configured, or
+# any torch in the range declared in pyproject.toml.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench install clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 -q
+
+demo: $(STAMP)
+	$(PY) -m hrope.demo
+
+bench: $(STAMP)
+	$(PY) benchmarks/attention_overhead.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

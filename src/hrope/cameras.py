@@ -1,0 +1,181 @@
+"""`Cameras`: a validated batch of pinhole cameras in the project's conventions.
+
+K is ``(B, V, 3, 3)`` in pixels with zero skew, ``world_to_cam`` is ``(B, V, 4, 4)``
+world-to-camera with OpenCV axes (x right, y down, z forward), ``image_size`` is ``(H, W)``.
+Every other convention is converted by the data loaders, never here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .geometry import invert_se3, normalize_intrinsics
+
+__all__ = ["Cameras", "CameraError"]
+
+
+class CameraError(ValueError):
+    """Invalid camera input; the message names the offending batch entry and view."""
+
+
+def _first_bad(mask: Tensor) -> str:
+    """'[b=.., v=..]' for the first True entry of a ``(B, V)`` mask."""
+    b, v = (int(i) for i in mask.nonzero()[0][:2])
+    return f"[b={b}, v={v}]"
+
+
+class Cameras:
+    """A ``(B, V)`` batch of pinhole cameras.
+
+    Args:
+        K: ``(B, V, 3, 3)`` intrinsics in pixels (positive focal lengths, zero skew).
+        world_to_cam: ``(B, V, 4, 4)`` rigid world-to-camera transforms, OpenCV axes.
+        image_size: ``(H, W)`` in pixels, the image the intrinsics refer to.
+        validate: check finiteness, proper rotations and focal lengths (default True).
+        rotation_atol: tolerance on ``|R^T R - I|`` and ``|det R - 1|``.
+    """
+
+    def __init__(
+        self,
+        K: Tensor,
+        world_to_cam: Tensor,
+        image_size: tuple[int, int],
+        *,
+        validate: bool = True,
+        rotation_atol: float = 1e-3,
+    ) -> None:
+        self.K = K
+        self.world_to_cam = world_to_cam
+        self.image_size = (int(image_size[0]), int(image_size[1]))
+        if validate:
+            self._validate(rotation_atol)
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self, atol: float) -> None:
+        K, E = self.K, self.world_to_cam
+        if not isinstance(K, Tensor) or not isinstance(E, Tensor):
+            raise CameraError("K and world_to_cam must be torch tensors")
+        if K.ndim != 4 or K.shape[-2:] != (3, 3):
+            raise CameraError(f"K must have shape (B, V, 3, 3), got {tuple(K.shape)}")
+        if E.ndim != 4 or E.shape[-2:] != (4, 4):
+            raise CameraError(f"world_to_cam must have shape (B, V, 4, 4), got {tuple(E.shape)}")
+        if K.shape[:2] != E.shape[:2]:
+            raise CameraError(
+                f"K has (B, V) = {tuple(K.shape[:2])} but world_to_cam has {tuple(E.shape[:2])}"
+            )
+        if not (K.is_floating_point() and E.is_floating_point()):
+            raise CameraError("K and world_to_cam must be floating point tensors")
+        height, width = self.image_size
+        if height <= 0 or width <= 0:
+            raise CameraError(f"image_size must be positive (H, W), got {self.image_size}")
+        for name, x in (("K", K), ("world_to_cam", E)):
+            bad = ~torch.isfinite(x).flatten(2).all(-1)
+            if bad.any():
+                raise CameraError(f"{name}{_first_bad(bad)} has a non-finite entry (NaN or inf)")
+        self._validate_intrinsics(K)
+        self._validate_extrinsics(E.double(), atol)
+
+    @staticmethod
+    def _validate_intrinsics(K: Tensor) -> None:
+        focal = torch.stack([K[..., 0, 0], K[..., 1, 1]], -1)
+        bad = (focal <= 0).any(-1)
+        if bad.any():
+            b_v = _first_bad(bad)
+            fx, fy = (float(f) for f in focal[bad][0])
+            raise CameraError(f"K{b_v} needs positive focal lengths, got fx={fx:g}, fy={fy:g}")
+        bad = K[..., 0, 1] != 0
+        if bad.any():
+            raise CameraError(f"K{_first_bad(bad)} has nonzero skew; only zero-skew K is supported")
+        last_row = torch.tensor([0.0, 0.0, 1.0], dtype=K.dtype, device=K.device)
+        bad = (K[..., 1, 0] != 0) | (K[..., 2, :] != last_row).any(-1)
+        if bad.any():
+            raise CameraError(f"K{_first_bad(bad)} must have the form [[fx,0,cx],[0,fy,cy],[0,0,1]]")
+
+    @staticmethod
+    def _validate_extrinsics(E: Tensor, atol: float) -> None:
+        bottom = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=E.dtype, device=E.device)
+        bad = (E[..., 3, :] - bottom).abs().amax(-1) > atol
+        if bad.any():
+            raise CameraError(f"world_to_cam{_first_bad(bad)} must have bottom row [0, 0, 0, 1]")
+        R = E[..., :3, :3]
+        eye = torch.eye(3, dtype=E.dtype, device=E.device)
+        det = torch.linalg.det(R)
+        bad = det < 0
+        if bad.any():
+            raise CameraError(
+                f"world_to_cam{_first_bad(bad)} has a reflection (det R = {float(det[bad][0]):.4g});"
+                " a proper rotation (det +1) is required — flip an axis in the loader instead"
+            )
+        err = (R.transpose(-1, -2) @ R - eye).abs().flatten(2).amax(-1)
+        bad = (err > atol) | ((det - 1).abs() > atol)
+        if bad.any():
+            raise CameraError(
+                f"world_to_cam{_first_bad(bad)} is not a rotation: |R^T R - I| = "
+                f"{float(err[bad][0]):.3g} (tolerance {atol:g})"
+            )
+
+    # ------------------------------------------------------------------ accessors
+    @property
+    def batch_size(self) -> int:
+        return self.K.shape[0]
+
+    @property
+    def num_views(self) -> int:
+        return self.K.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.K.device
+
+    @property
+    def R(self) -> Tensor:
+        """World-to-camera rotations ``(B, V, 3, 3)``."""
+        return self.world_to_cam[..., :3, :3]
+
+    @property
+    def t(self) -> Tensor:
+        """World-to-camera translations ``(B, V, 3)``."""
+        return self.world_to_cam[..., :3, 3]
+
+    def cam_to_world(self) -> Tensor:
+        """Camera-to-world transforms ``(B, V, 4, 4)`` (closed-form inverse)."""
+        return invert_se3(self.world_to_cam)
+
+    def centers(self) -> Tensor:
+        """Camera centres in world coordinates ``(B, V, 3)``."""
+        return self.cam_to_world()[..., :3, 3]
+
+    def normalized_K(self, dtype: torch.dtype | None = None) -> Tensor:
+        """Normalised intrinsics K̂ ``(B, V, 3, 3)`` (DESIGN.md §2), optionally cast to ``dtype``."""
+        K = self.K if dtype is None else self.K.to(dtype)
+        return normalize_intrinsics(K, self.image_size)
+
+    # ------------------------------------------------------------------ derived cameras
+    def to(self, device=None, dtype: torch.dtype | None = None) -> "Cameras":
+        return Cameras(
+            self.K.to(device=device, dtype=dtype),
+            self.world_to_cam.to(device=device, dtype=dtype),
+            self.image_size,
+            validate=False,
+        )
+
+    def select_views(self, index) -> "Cameras":
+        """Cameras of the views ``index`` (a slice, list or tensor over V)."""
+        if isinstance(index, int):
+            index = [index]
+        return Cameras(self.K[:, index], self.world_to_cam[:, index], self.image_size, validate=False)
+
+    def transform_world(self, world_from_new: Tensor) -> "Cameras":
+        """Re-express the cameras in a new world frame.
+
+        ``world_from_new`` ``(4, 4)`` or ``(B, 4, 4)`` maps new-frame coordinates to the old world
+        frame, so each world-to-camera matrix becomes ``E @ world_from_new``.
+        """
+        G = world_from_new.to(self.world_to_cam)
+        if G.ndim == 3:
+            G = G[:, None]
+        return Cameras(self.K, self.world_to_cam @ G, self.image_size, validate=False)
+
+    def __repr__(self) -> str:
+        return f"Cameras(batch={self.batch_size}, views={self.num_views}, image_size={self.image_size})"

@@ -1,0 +1,90 @@
+"""`Scene`: posed images (and optional geometry) in the project's conventions.
+
+Shared by the synthetic generator and every real-data loader. Cameras follow DESIGN.md §2:
+K in pixels of ``images``, world-to-camera OpenCV extrinsics, batch dimension 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from ..cameras import Cameras
+from ..planes import Planes
+
+__all__ = ["Scene", "SceneError"]
+
+
+class SceneError(ValueError):
+    """A malformed scene (the message names the field)."""
+
+
+@dataclass
+class Scene:
+    """V posed views of one scene.
+
+    Attributes:
+        images: ``(V, 3, H, W)`` float RGB in [0, 1].
+        cameras: :class:`hrope.Cameras` with batch 1 and V views, for ``(H, W)`` images.
+        depth: optional ``(V, H, W)`` z-depth (distance along the optical axis; 0 or inf where
+            nothing is seen).
+        normals: optional ``(V, 3, H, W)`` unit normals in each camera's frame, facing the camera.
+        plane_m: optional ``(V, 3, H, W)`` exact plane vector m = n / d (camera frame) of the
+            surface seen at each pixel (synthetic scenes).
+        name: an identifier for logs and caches.
+    """
+
+    images: Tensor
+    cameras: Cameras
+    depth: Tensor | None = None
+    normals: Tensor | None = None
+    plane_m: Tensor | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.images.ndim != 4 or self.images.shape[1] != 3:
+            raise SceneError(f"{self.name}: images must be (V, 3, H, W), got {tuple(self.images.shape)}")
+        V, _, H, W = self.images.shape
+        if self.cameras.batch_size != 1 or self.cameras.num_views != V:
+            raise SceneError(f"{self.name}: cameras must have batch 1 and {V} views, got {self.cameras}")
+        if self.cameras.image_size != (H, W):
+            raise SceneError(f"{self.name}: cameras are for {self.cameras.image_size}, images are {(H, W)}")
+        for field, shape in (("depth", (V, H, W)), ("normals", (V, 3, H, W)), ("plane_m", (V, 3, H, W))):
+            value = getattr(self, field)
+            if value is not None and tuple(value.shape) != shape:
+                raise SceneError(f"{self.name}: {field} must be {shape}, got {tuple(value.shape)}")
+
+    @property
+    def num_views(self) -> int:
+        return self.images.shape[0]
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        return tuple(self.images.shape[-2:])
+
+    def select_views(self, index) -> "Scene":
+        """The scene restricted to views ``index`` (a list, slice or tensor), in that order."""
+        if isinstance(index, int):
+            index = [index]
+        pick = lambda x: None if x is None else x[index]  # noqa: E731
+        return replace(self, images=self.images[index], cameras=self.cameras.select_views(index),
+                       depth=pick(self.depth), normals=pick(self.normals), plane_m=pick(self.plane_m))
+
+    def planes(self, patch_size: int) -> Planes | None:
+        """Per-patch planes ``(1, V * H/p * W/p)`` for tokens of ``patch_size``.
+
+        Exact planes (``plane_m``) are read at the pixel just below-right of each patch centre;
+        otherwise they are fitted to ``depth`` by least squares; None when neither exists.
+        """
+        H, W = self.image_size
+        if H % patch_size or W % patch_size:
+            raise SceneError(f"{self.name}: image size {(H, W)} is not divisible by patch size {patch_size}")
+        if self.plane_m is not None:
+            c = patch_size // 2
+            m = self.plane_m[:, :, c::patch_size, c::patch_size]  # (V, 3, gh, gw)
+            return Planes.from_m(m.permute(0, 2, 3, 1).reshape(1, -1, 3))
+        if self.depth is not None:
+            return Planes.from_depth(self.depth[None], self.cameras, patch_size)
+        return None

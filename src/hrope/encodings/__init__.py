@@ -1,0 +1,39 @@
+"""The encoding registry: every encoding by name, and a factory.
+
+>>> enc = get_encoding("hrope-lift")
+>>> transform = enc.prepare(cameras, grid, head_dim, planes=planes)
+>>> out = transform.apply_o(sdpa(transform.apply_q(q), transform.apply_k(k), transform.apply_v(v)))
+"""
+
+from __future__ import annotations
+
+from .ablations import HRoPEDepth, HRoPEFull, HRoPEPF, HRoPESE3, HRoPESO3, tangent_frames
+from .base import Encoding, EncodingError, HeadLayout, Prepared, TokenTransform, rope_angles
+from .camera import GTA, CaPE, NoEncoding, PRoPE, RoPE2D
+from .homography import HRoPE, HRoPELift
+
+ENCODINGS: dict[str, type[Encoding]] = {
+    cls.name: cls
+    for cls in (NoEncoding, RoPE2D, PRoPE, GTA, CaPE, HRoPE, HRoPELift,
+                HRoPEDepth, HRoPESO3, HRoPESE3, HRoPEPF, HRoPEFull)
+}
+
+
+def get_encoding(name: str | Encoding, **options) -> Encoding:
+    """An encoding instance from its registry name (options go to its constructor)."""
+    if isinstance(name, Encoding):
+        if options:
+            raise EncodingError("options can only be given with an encoding name")
+        return name
+    try:
+        cls = ENCODINGS[name]
+    except KeyError:
+        raise EncodingError(f"unknown encoding {name!r}; available: {', '.join(ENCODINGS)}") from None
+    return cls(**options)
+
+
+__all__ = [
+    "ENCODINGS", "get_encoding", "Encoding", "EncodingError", "HeadLayout", "Prepared", "TokenTransform",
+    "rope_angles", "tangent_frames", "NoEncoding", "RoPE2D", "PRoPE", "GTA", "CaPE", "HRoPE", "HRoPELift",
+    "HRoPEDepth", "HRoPESO3", "HRoPESE3", "HRoPEPF", "HRoPEFull",
+]

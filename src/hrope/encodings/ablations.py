@@ -1,0 +1,163 @@
+"""HRoPE ablation parameterisations (DESIGN.md §4.4, the paper's Fig. 4a).
+
+Each one is a per-patch transform G_u acting in the token's camera frame, composed as
+D_t = lift(K̂_c) G_u E_c and tiled as 4x4 blocks next to the 2D RoPE channels. Only E_i E_j^-1
+appears in D_i D_j^-1, so all of them are world-frame invariant.
+
+| name          | G_u                                      | per-token input                     |
+|---------------|------------------------------------------|-------------------------------------|
+| hrope-depth   | [[I, -p], [0, 1]], p = z r̂               | ``depth (B, N)`` z-depth on the ray  |
+| hrope-so3     | lift(R_u)                                | ``rotation (B, N, 3, 3)``           |
+| hrope-se3     | [[R_u, t_u], [0, 1]]                     | ``transform (B, N, 4, 4)`` rigid    |
+| hrope-pf      | [[F^T, -F^T p], [0, 1]], tangent frame F | ``planes`` (normal + depth point)   |
+| hrope-full    | any invertible 4x4 (generic inverse)     | ``transform (B, N, 4, 4)``          |
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..cameras import Cameras
+from ..geometry import geometry_dtype, invert_intrinsics, invert_se3, lift, make_se3, patch_center_rays
+from .base import ROPE_BASE, Encoding, EncodingError, HeadLayout, TokenTransform
+
+__all__ = ["PatchTransformEncoding", "HRoPEDepth", "HRoPESO3", "HRoPESE3", "HRoPEPF", "HRoPEFull",
+           "tangent_frames"]
+
+
+def _check_rotations(R: Tensor, what: str, atol: float = 1e-3) -> None:
+    eye = torch.eye(3, dtype=R.dtype, device=R.device)
+    err = (R.transpose(-1, -2) @ R - eye).abs().amax()
+    if err > atol or (torch.linalg.det(R) <= 0).any():
+        raise EncodingError(f"{what} must hold proper rotations (|R^T R - I| = {float(err):.3g}, det > 0)")
+
+
+def _tokens(x: Tensor, cameras: Cameras, grid, trailing: tuple[int, ...], what: str) -> Tensor:
+    """Check ``x (B, N, *trailing)`` is finite and reshape it to ``(B, V, P, *trailing)``."""
+    B, V, P = cameras.batch_size, cameras.num_views, grid[0] * grid[1]
+    if tuple(x.shape) != (B, V * P, *trailing):
+        raise EncodingError(f"{what} must have shape {(B, V * P, *trailing)}, got {tuple(x.shape)}")
+    if not torch.isfinite(x).all():
+        raise EncodingError(f"{what} must be finite (found NaN or inf)")
+    return x.reshape(B, V, P, *trailing)
+
+
+def tangent_frames(normal: Tensor) -> Tensor:
+    """Right-handed frames ``F = [t1, t2, n]`` (columns) ``(..., 3, 3)`` for unit normals ``(..., 3)``.
+
+    t1 is the camera x axis projected onto the plane (the y axis when |n_x| > 0.9), t2 = n x t1.
+    """
+    x_axis = torch.zeros_like(normal)
+    use_y = normal[..., 0].abs() > 0.9
+    x_axis[..., 0] = torch.where(use_y, 0.0, 1.0)
+    x_axis[..., 1] = torch.where(use_y, 1.0, 0.0)
+    t1 = x_axis - (x_axis * normal).sum(-1, keepdim=True) * normal
+    t1 = t1 / t1.norm(dim=-1, keepdim=True)
+    t2 = torch.cross(normal, t1, dim=-1)
+    return torch.stack([t1, t2, normal], dim=-1)
+
+
+class PatchTransformEncoding(Encoding):
+    """Shared composition D = lift(K̂) G E and D^-1 = E^-1 G^-1 lift(K̂^-1) over 4x4 tiles."""
+
+    def __init__(self, rope_base: float = ROPE_BASE) -> None:
+        super().__init__()
+        self.rope_base = rope_base
+
+    def patch_transforms(self, cameras: Cameras, grid, dtype, planes, **params) -> tuple[Tensor, Tensor]:
+        """Per-token G and G^-1, each ``(B, V, P, 4, 4)``."""
+        raise NotImplementedError
+
+    def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+        self.check_inputs(planes, params)
+        dtype = geometry_dtype(cameras.K.dtype)
+        G, G_inv = self.patch_transforms(cameras, grid, dtype, planes, **params)
+        K = cameras.normalized_K(dtype)[:, :, None]
+        E = cameras.world_to_cam.to(dtype)[:, :, None]
+        D = lift(K) @ G @ E
+        D_inv = invert_se3(E) @ G_inv @ lift(invert_intrinsics(K))
+        return TokenTransform(HeadLayout(head_dim, block=4), cameras.num_views, grid, D, D_inv,
+                              rope_base=self.rope_base)
+
+
+def _translation(p: Tensor) -> Tensor:
+    eye = torch.eye(3, dtype=p.dtype, device=p.device).expand(*p.shape[:-1], 3, 3)
+    return make_se3(eye, p)
+
+
+class HRoPEDepth(PatchTransformEncoding):
+    """``hrope-depth``: the token frame is moved to its point p = z r̂ at the predicted depth."""
+
+    name = "hrope-depth"
+    param_names = ("depth",)
+
+    def patch_transforms(self, cameras, grid, dtype, planes, *, depth):
+        z = _tokens(depth.to(dtype), cameras, grid, (), "depth")
+        rays = patch_center_rays(cameras.normalized_K(dtype), grid)
+        p = z[..., None] * rays
+        return _translation(-p), _translation(p)
+
+
+class HRoPESO3(PatchTransformEncoding):
+    """``hrope-so3``: a per-patch rotation G = lift(R_u)."""
+
+    name = "hrope-so3"
+    param_names = ("rotation",)
+
+    def patch_transforms(self, cameras, grid, dtype, planes, *, rotation):
+        R = _tokens(rotation.to(dtype), cameras, grid, (3, 3), "rotation")
+        _check_rotations(R, "rotation")
+        return lift(R), lift(R.transpose(-1, -2))
+
+
+class HRoPESE3(PatchTransformEncoding):
+    """``hrope-se3``: a per-patch rigid transform G = [[R_u, t_u], [0, 1]]."""
+
+    name = "hrope-se3"
+    param_names = ("transform",)
+
+    def patch_transforms(self, cameras, grid, dtype, planes, *, transform):
+        G = _tokens(transform.to(dtype), cameras, grid, (4, 4), "transform")
+        _check_rotations(G[..., :3, :3], "transform[..., :3, :3]")
+        bottom = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=dtype, device=G.device)
+        if (G[..., 3, :] - bottom).abs().amax() > 1e-6:
+            raise EncodingError("transform must have bottom row [0, 0, 0, 1]")
+        return G, invert_se3(G)
+
+
+class HRoPEPF(PatchTransformEncoding):
+    """``hrope-pf``: P·F — the calibrated projection composed with the patch's tangent frame.
+
+    G = [[F^T, -F^T p], [0, 1]] maps camera coordinates to the plane's frame (origin at the
+    point p where the plane crosses the patch-centre ray, z axis along the camera-facing normal).
+    Needs ``planes`` that cross the patch-centre ray in front of the camera.
+    """
+
+    name = "hrope-pf"
+    needs_planes = True
+
+    def patch_transforms(self, cameras, grid, dtype, planes):
+        normal, depth = planes.normal_and_depth(cameras.to(dtype=dtype), grid)
+        if not (torch.isfinite(depth).all() and (depth > 0).all()):
+            raise EncodingError("hrope-pf needs planes crossing every patch-centre ray in front of the camera")
+        B, V, P = cameras.batch_size, cameras.num_views, grid[0] * grid[1]
+        normal, depth = normal.reshape(B, V, P, 3), depth.reshape(B, V, P)
+        p = depth[..., None] * patch_center_rays(cameras.normalized_K(dtype), grid)
+        frame_t = tangent_frames(normal).transpose(-1, -2)
+        G = make_se3(frame_t, -(frame_t @ p[..., None]).squeeze(-1))
+        return G, invert_se3(G)
+
+
+class HRoPEFull(PatchTransformEncoding):
+    """``hrope-full``: an unconstrained invertible 4x4 per patch (init identity), generic inverse."""
+
+    name = "hrope-full"
+    param_names = ("transform",)
+
+    def patch_transforms(self, cameras, grid, dtype, planes, *, transform):
+        G = _tokens(transform.to(dtype), cameras, grid, (4, 4), "transform")
+        G_inv, info = torch.linalg.inv_ex(G)
+        if (info != 0).any() or not torch.isfinite(G_inv).all():
+            raise EncodingError("hrope-full transform is singular for at least one token")
+        return G, G_inv

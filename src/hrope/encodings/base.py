@@ -1,0 +1,222 @@
+"""The shared machinery of the relative encodings: head layout, 2D RoPE and block transforms.
+
+Every relative encoding gives token t an invertible block-diagonal transform D_t over each
+head's channels and applies (DESIGN.md §3)
+
+    q_i <- D_i^T q_i,   k_j <- D_j^-1 k_j,   v_j <- D_j^-1 v_j,   o_i <- D_i o_i
+
+around one ``scaled_dot_product_attention`` call, so each logit is q_i^T (D_i D_j^-1) k_j.
+Tokens are view-major, then row-major inside a view (x fastest): N = V * grid_h * grid_w.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..cameras import Cameras
+from ..geometry import geometry_dtype
+
+__all__ = ["HeadLayout", "rope_angles", "TokenTransform", "Encoding", "Prepared", "EncodingError"]
+
+ROPE_BASE = 100.0
+
+
+class EncodingError(ValueError):
+    """Invalid input to an encoding (shapes, missing or malformed parameters)."""
+
+
+@dataclass(frozen=True)
+class HeadLayout:
+    """How one head's ``head_dim`` channels are split.
+
+    ``[geometric: n_blocks tiles of block x block | identity remainder | RoPE-x: 2F | RoPE-y: 2F]``
+    with F = head_dim // 8 frequencies per axis when ``rope`` is on (PRoPE's layout: for
+    head_dim % 8 == 0 the geometric part is exactly the first half). Channels of the geometric
+    part that do not fill a whole block are left untouched.
+    """
+
+    head_dim: int
+    block: int = 0
+    rope: bool = True
+
+    @property
+    def num_freqs(self) -> int:
+        return self.head_dim // 8 if self.rope else 0
+
+    @property
+    def rope_dim(self) -> int:
+        return 4 * self.num_freqs
+
+    @property
+    def geo_dim(self) -> int:
+        return self.head_dim - self.rope_dim
+
+    @property
+    def num_blocks(self) -> int:
+        return self.geo_dim // self.block if self.block else 0
+
+    @property
+    def tiled_dim(self) -> int:
+        return self.num_blocks * self.block
+
+
+def rope_angles(grid: tuple[int, int], num_freqs: int, *, base: float = ROPE_BASE,
+                device=None, dtype=torch.float64) -> Tensor:
+    """RoPE angles ``(P, 2, F)``: ``[p, 0, f] = ix * w_f`` and ``[p, 1, f] = iy * w_f``.
+
+    Integer patch indices, ``w_f = base^(-f / F)``, P = grid_h * grid_w row-major (x fastest).
+    """
+    grid_h, grid_w = grid
+    freqs = base ** (-torch.arange(num_freqs, device=device, dtype=torch.float64) / max(num_freqs, 1))
+    iy, ix = torch.meshgrid(
+        torch.arange(grid_h, device=device, dtype=torch.float64),
+        torch.arange(grid_w, device=device, dtype=torch.float64),
+        indexing="ij",
+    )
+    pos = torch.stack([ix.reshape(-1), iy.reshape(-1)], dim=-1)  # (P, 2)
+    return (pos[..., None] * freqs).to(dtype)
+
+
+class Prepared:
+    """An encoding bound to one set of cameras, grid and per-token parameters."""
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs) -> Tensor:
+        raise NotImplementedError
+
+
+class TokenTransform(Prepared):
+    """Precomputed block-diagonal D_t for every token; the precompute-then-apply object.
+
+    Args:
+        layout: the head layout.
+        num_views, grid: N = num_views * grid_h * grid_w tokens.
+        geo, geo_inv: ``(B, V, 1 or P, b, b)`` geometric blocks D and D^-1, per view (1) or per
+            token (P), in the geometry dtype; None when the layout has no geometric blocks.
+        transform_values: False for encodings that act on q and k only (CaPE).
+
+    ``apply_q``, ``apply_k``, ``apply_v`` and ``apply_o`` take ``(B, heads, N, head_dim)``.
+    Cross-attention: build one transform for the query tokens and one for the key tokens and
+    use the first's ``apply_q``/``apply_o`` with the second's ``apply_k``/``apply_v``. Extra
+    tokens (registers, text) are sliced out before the transforms and concatenated back after.
+    """
+
+    def __init__(self, layout: HeadLayout, num_views: int, grid: tuple[int, int],
+                 geo: Tensor | None = None, geo_inv: Tensor | None = None, *,
+                 transform_values: bool = True, rope_base: float = ROPE_BASE) -> None:
+        self.layout = layout
+        self.num_views = num_views
+        self.grid = grid
+        self.transform_values = transform_values
+        self._tables: dict[str, Tensor] = {}
+        if geo is not None:
+            self._tables.update(o=geo, q=geo.transpose(-1, -2), k=geo_inv)
+        if layout.rope:
+            device = geo.device if geo is not None else None
+            angles = rope_angles(grid, layout.num_freqs, base=rope_base, device=device)
+            sin = angles.sin()[:, :, None, :]
+            self._tables["cos"] = angles.cos()[:, :, None, :]  # (P, 2 axes, 1, F)
+            # R(θ) maps the split halves (a, b) to (a cos - b sin, b cos + a sin): flip(a, b) = (b, a)
+            self._tables["sin"] = torch.cat([-sin, sin], dim=2)
+        self._cache: dict[tuple[str, torch.dtype, torch.device], Tensor] = {}
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_views * self.grid[0] * self.grid[1]
+
+    # --------------------------------------------------------------------------- apply
+    def apply_q(self, x: Tensor) -> Tensor:
+        """``D^T x`` (queries)."""
+        return self._apply(x, "q", rope_sign=-1.0)
+
+    def apply_k(self, x: Tensor) -> Tensor:
+        """``D^-1 x`` (keys)."""
+        return self._apply(x, "k", rope_sign=-1.0)
+
+    def apply_v(self, x: Tensor) -> Tensor:
+        """``D^-1 x`` (values); identity when values are not transformed."""
+        return self._apply(x, "k", rope_sign=-1.0) if self.transform_values else x
+
+    def apply_o(self, x: Tensor) -> Tensor:
+        """``D x`` (attention outputs); identity when values are not transformed."""
+        return self._apply(x, "o", rope_sign=1.0) if self.transform_values else x
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs) -> Tensor:
+        out = F.scaled_dot_product_attention(self.apply_q(q), self.apply_k(k), self.apply_v(v), **sdpa_kwargs)
+        return self.apply_o(out)
+
+    def _table(self, key: str, x: Tensor) -> Tensor:
+        """The ``key`` table cast to x's dtype and device (cached)."""
+        cache_key = (key, x.dtype, x.device)
+        if cache_key not in self._cache:
+            self._cache[cache_key] = self._tables[key].to(device=x.device, dtype=x.dtype)
+        return self._cache[cache_key]
+
+    def _apply(self, x: Tensor, which: str, rope_sign: float) -> Tensor:
+        layout = self.layout
+        if x.shape[-1] != layout.head_dim or x.shape[-2] != self.num_tokens:
+            raise EncodingError(
+                f"expected (B, heads, {self.num_tokens}, {layout.head_dim}), got {tuple(x.shape)}"
+            )
+        B, heads, N, _ = x.shape
+        V, P = self.num_views, N // self.num_views
+        parts = []
+        with torch.autocast(x.device.type, enabled=False):
+            if layout.num_blocks:
+                M = self._table(which, x)  # (B, V, 1 or P, b, b)
+                xg = x[..., : layout.tiled_dim].reshape(B, heads, V, P, layout.num_blocks, layout.block)
+                if M.shape[2] == 1:
+                    y = torch.einsum("bvij,bhvpnj->bhvpni", M[:, :, 0], xg)
+                else:
+                    y = torch.einsum("bvpij,bhvpnj->bhvpni", M, xg)
+                parts.append(y.reshape(B, heads, N, layout.tiled_dim))
+            if layout.geo_dim > layout.tiled_dim:
+                parts.append(x[..., layout.tiled_dim : layout.geo_dim])
+            if layout.rope:
+                F_ = layout.num_freqs
+                xr = x[..., layout.geo_dim :].reshape(B, heads, V, P, 2, 2, F_)
+                cos, sin = self._table("cos", x), self._table("sin", x)
+                y = xr * cos + xr.flip(-2) * (sin if rope_sign > 0 else -sin)
+                parts.append(y.reshape(B, heads, N, layout.rope_dim))
+        if not parts:
+            return x
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+class Encoding(nn.Module):
+    """Base class of every registered encoding (an ``nn.Module`` so learnable options train).
+
+    ``prepare(cameras, grid, head_dim, planes=None, **params)`` binds the encoding to one batch
+    and returns a :class:`Prepared` (a :class:`TokenTransform` for relative encodings).
+    """
+
+    name: ClassVar[str] = ""
+    needs_planes: ClassVar[bool] = False
+    param_names: ClassVar[tuple[str, ...]] = ()
+    query_frame: ClassVar[bool] = False
+
+    def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes=None, **params) -> Prepared:
+        raise NotImplementedError
+
+    def check_inputs(self, planes, params: dict) -> None:
+        """Clear errors for missing planes and missing or unknown per-token parameters."""
+        if self.needs_planes and planes is None:
+            raise EncodingError(f"encoding {self.name!r} needs planes=hrope.Planes(...)")
+        unknown = set(params) - set(self.param_names)
+        if unknown:
+            accepted = ", ".join(self.param_names) or "none"
+            raise EncodingError(f"encoding {self.name!r} got unknown params {sorted(unknown)}; accepts: {accepted}")
+        missing = [p for p in self.param_names if params.get(p) is None]
+        if missing:
+            raise EncodingError(f"encoding {self.name!r} needs params {missing}")
+
+    @staticmethod
+    def geometry_dtype_for(cameras: Cameras, dtype: torch.dtype | None) -> torch.dtype:
+        return geometry_dtype(dtype if dtype is not None else cameras.K.dtype)
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}"

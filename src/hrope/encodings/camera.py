@@ -1,0 +1,114 @@
+"""Per-view encodings: ``none`` (LVSM), ``rope2d``, ``prope``, ``gta`` and ``cape``.
+
+Each view c has one 4x4 matrix tiled over the geometric channels:
+PRoPE P_c = lift(K̂_c) E_c (Li et al. 2025), GTA E_c (Miyato et al. 2024; PRoPE's ``Ks=None``),
+CaPE E_c over all channels of q and k only (Kong et al. 2024).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..cameras import Cameras
+from ..geometry import geometry_dtype, invert_intrinsics, invert_se3, lift
+from .base import ROPE_BASE, Encoding, HeadLayout, TokenTransform
+
+__all__ = ["NoEncoding", "RoPE2D", "PRoPE", "GTA", "CaPE"]
+
+
+def per_view(matrix: Tensor) -> Tensor:
+    """``(B, V, b, b)`` -> the ``(B, V, 1, b, b)`` block layout of :class:`TokenTransform`."""
+    return matrix[:, :, None]
+
+
+class NoEncoding(Encoding):
+    """``none``: plain SDPA (the LVSM baseline; geometry enters through absolute Plücker rays)."""
+
+    name = "none"
+
+    def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+        self.check_inputs(planes, params)
+        return TokenTransform(HeadLayout(head_dim, block=0, rope=False), cameras.num_views, grid)
+
+
+class RoPE2D(Encoding):
+    """``rope2d``: 2D RoPE on integer patch indices, geometric part identity."""
+
+    name = "rope2d"
+
+    def __init__(self, rope_base: float = ROPE_BASE) -> None:
+        super().__init__()
+        self.rope_base = rope_base
+
+    def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+        self.check_inputs(planes, params)
+        return TokenTransform(HeadLayout(head_dim, block=0), cameras.num_views, grid, rope_base=self.rope_base)
+
+
+class PRoPE(Encoding):
+    """``prope``: D_c = blockdiag(P_c tiles, RoPE), P_c = lift(K̂_c) E_c, P^-1 = E^-1 lift(K̂^-1)."""
+
+    name = "prope"
+
+    def __init__(self, rope_base: float = ROPE_BASE) -> None:
+        super().__init__()
+        self.rope_base = rope_base
+
+    def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+        self.check_inputs(planes, params)
+        dtype = geometry_dtype(cameras.K.dtype)
+        K = cameras.normalized_K(dtype)
+        E = cameras.world_to_cam.to(dtype)
+        P = lift(K) @ E
+        P_inv = invert_se3(E) @ lift(invert_intrinsics(K))
+        layout = HeadLayout(head_dim, block=4)
+        return TokenTransform(layout, cameras.num_views, grid, per_view(P), per_view(P_inv), rope_base=self.rope_base)
+
+
+class GTA(Encoding):
+    """``gta``: D_c = blockdiag(E_c tiles, RoPE) — PRoPE without intrinsics.
+
+    ``learnable_translation_scale=True`` multiplies every translation by a learnable scalar
+    (initialised to ``translation_scale_init`` = 0.01, as in the GTA code); off by default to match
+    the official PRoPE module's ``Ks=None`` mode.
+    """
+
+    name = "gta"
+
+    def __init__(self, learnable_translation_scale: bool = False, translation_scale_init: float = 0.01,
+                 rope_base: float = ROPE_BASE) -> None:
+        super().__init__()
+        self.rope_base = rope_base
+        if learnable_translation_scale:
+            self.translation_scale = nn.Parameter(torch.tensor(float(translation_scale_init)))
+        else:
+            self.translation_scale = None
+
+    def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+        self.check_inputs(planes, params)
+        dtype = geometry_dtype(cameras.K.dtype)
+        E = cameras.world_to_cam.to(dtype)
+        if self.translation_scale is not None:
+            scale = torch.ones(4, dtype=dtype, device=E.device)
+            scale = torch.cat([scale[:3], self.translation_scale.to(dtype).reshape(1)])
+            E = torch.cat([E[..., :3], E[..., 3:] * scale[:, None]], dim=-1)  # [[R, s t], [0, 1]]
+        layout = HeadLayout(head_dim, block=4)
+        return TokenTransform(layout, cameras.num_views, grid, per_view(E), per_view(invert_se3(E)),
+                              rope_base=self.rope_base)
+
+
+class CaPE(Encoding):
+    """``cape``: E_c tiled over all channels of q and k; v and the output are not transformed.
+
+    Logits are q_i^T E_i E_j^-1 k_j (relative pose only; no intrinsics, no RoPE).
+    """
+
+    name = "cape"
+
+    def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+        self.check_inputs(planes, params)
+        E = cameras.world_to_cam.to(geometry_dtype(cameras.K.dtype))
+        layout = HeadLayout(head_dim, block=4, rope=False)
+        return TokenTransform(layout, cameras.num_views, grid, per_view(E), per_view(invert_se3(E)),
+                              transform_values=False)

@@ -1,0 +1,133 @@
+"""HRoPE: per-token plane-induced homographies (DESIGN.md §4).
+
+Token t of view c carries the plane m_t = n_t / d_t in its camera frame (:class:`hrope.Planes`).
+
+``hrope-lift`` (§4.2, gauge-invariant): D_t = Λ_t E_c with Λ_t = [[K̂_c, 0], [-m_t^T, 1]], so the
+top-left 3x3 block of D_i D_j^-1 is K̂_i (R_ij + t_ij m_j^T) K̂_j^-1, the homography from view j to
+view i induced by the key's plane. m = 0 gives PRoPE; det D = det K̂.
+
+``hrope`` (§4.3, the paper's Eq. 5): H = K̂_c (R + κ t n_w^T) with the plane in the world frame.
+In terms of m this is H ∝ K̂ (s I + t m^T) R with s = 1 - m·t (= d_w / d_c), the scale-free form
+used here; det(s I + t m^T) = s^2 and (s I + t m^T)^-1 = (I - t m^T) / s (Sherman–Morrison,
+since s + m·t = 1). H̃ = H / det(H)^(1/3) has det 1 (SL(3)).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..cameras import Cameras
+from ..geometry import geometry_dtype, invert_intrinsics, invert_se3, lift
+from .base import ROPE_BASE, Encoding, HeadLayout, TokenTransform
+
+__all__ = ["HRoPE", "HRoPELift", "per_token_geometry"]
+
+# Clamps of the Eq. 5 form (documented in docs/encodings.md):
+# |s| = |1 - m·t| >= MIN_WORLD_OFFSET_RATIO (planes through the world origin are degenerate in the
+# world-frame parameterisation), and |m| <= MAX_INVERSE_DISTANCE (planes closer than 1/100 scene
+# units). Together they bound the condition number of every H̃.
+MIN_WORLD_OFFSET_RATIO = 0.05
+MAX_INVERSE_DISTANCE = 100.0
+
+
+def per_token_geometry(cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype):
+    """Normalised K̂ ``(B, V, 1, 3, 3)`` and world-to-camera E ``(B, V, 1, 4, 4)``, broadcastable
+    against per-token ``(B, V, P, ...)`` tensors."""
+    K = cameras.normalized_K(dtype)[:, :, None]
+    E = cameras.world_to_cam.to(dtype)[:, :, None]
+    return K, E
+
+
+def _token_planes(planes, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype) -> Tensor:
+    """Plane vectors reshaped to ``(B, V, P, 3)``."""
+    m = planes.m(cameras, grid, dtype)
+    return m.reshape(cameras.batch_size, cameras.num_views, grid[0] * grid[1], 3)
+
+
+class HRoPELift(Encoding):
+    """``hrope-lift``: D_t = Λ_t E_c, Λ_t = [[K̂, 0], [-m^T, 1]], tiled 4x4 blocks + 2D RoPE.
+
+    Λ_t^-1 = [[K̂^-1, 0], [m^T K̂^-1, 1]] (closed form). Needs ``planes``.
+    """
+
+    name = "hrope-lift"
+    needs_planes = True
+
+    def __init__(self, rope_base: float = ROPE_BASE) -> None:
+        super().__init__()
+        self.rope_base = rope_base
+
+    def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+        self.check_inputs(planes, params)
+        dtype = geometry_dtype(cameras.K.dtype)
+        K, E = per_token_geometry(cameras, grid, dtype)
+        m = _token_planes(planes, cameras, grid, dtype)
+        K_inv = invert_intrinsics(K)
+        lam = lift(K).expand(*m.shape[:-1], 4, 4).clone()
+        lam[..., 3, :3] = -m
+        lam_inv = lift(K_inv).expand(*m.shape[:-1], 4, 4).clone()
+        lam_inv[..., 3, :3] = (m[..., None, :] @ K_inv).squeeze(-2)
+        D = lam @ E
+        D_inv = invert_se3(E) @ lam_inv
+        layout = HeadLayout(head_dim, block=4)
+        return TokenTransform(layout, cameras.num_views, grid, D, D_inv, rope_base=self.rope_base)
+
+
+class HRoPE(Encoding):
+    """``hrope``: the paper's Eq. 5, H̃ = normalise(K̂ (R + κ t n_w^T)) per token, plus 2D RoPE.
+
+    Tiled 3x3 blocks (q by H̃_i^T, k and v by H̃_j^-1, o by H̃_i) by default; ``lift4=True`` tiles
+    the 4x4 ``diag(H̃, 1)`` instead. Not world-frame invariant when tokens carry different
+    planes: its gauge is the scene normalisation (first context camera = world). Needs ``planes``.
+    """
+
+    name = "hrope"
+    needs_planes = True
+
+    def __init__(self, lift4: bool = False, rope_base: float = ROPE_BASE,
+                 min_world_offset_ratio: float = MIN_WORLD_OFFSET_RATIO,
+                 max_inverse_distance: float = MAX_INVERSE_DISTANCE) -> None:
+        super().__init__()
+        self.lift4 = lift4
+        self.rope_base = rope_base
+        self.min_world_offset_ratio = min_world_offset_ratio
+        self.max_inverse_distance = max_inverse_distance
+
+    def homographies(self, cameras: Cameras, grid, planes) -> tuple[Tensor, Tensor]:
+        """SL(3)-normalised H̃ and H̃^-1, each ``(B, V, P, 3, 3)``."""
+        dtype = geometry_dtype(cameras.K.dtype)
+        K, E = per_token_geometry(cameras, grid, dtype)
+        R, t = E[..., :3, :3], E[..., :3, 3].expand(-1, -1, grid[0] * grid[1], -1)
+        m = self.clamp_planes(_token_planes(planes, cameras, grid, dtype), t)
+        s = 1.0 - (m * t).sum(-1)  # (B, V, P); never in (-eps, eps) after the clamp
+        eye = torch.eye(3, dtype=dtype, device=m.device)
+        outer = t[..., :, None] * m[..., None, :]
+        A = (s[..., None, None] * eye + outer) @ R  # scale-free d_w R + t n_w^T, up to d_c
+        A_inv = R.transpose(-1, -2) @ (eye - outer) / s[..., None, None]
+        # det(K̂ A) = fx fy s^2 > 0, so the SL(3) scale is real and positive.
+        scale = (K[..., 0, 0] * K[..., 1, 1] * s.square()).pow(1.0 / 3.0)[..., None, None]
+        H = K @ A / scale
+        H_inv = A_inv @ invert_intrinsics(K) * scale
+        return H, H_inv
+
+    def clamp_planes(self, m: Tensor, t: Tensor) -> Tensor:
+        """Apply the documented clamps: ``|m| <= max_inverse_distance``, then move m along t so
+        that ``|1 - m·t| >= min_world_offset_ratio`` (sign of 1 - m·t kept, + when 0)."""
+        norm = m.norm(dim=-1, keepdim=True)
+        m = m * (self.max_inverse_distance / norm.clamp_min(self.max_inverse_distance))
+        s = 1.0 - (m * t).sum(-1, keepdim=True)
+        eps = self.min_world_offset_ratio
+        target = torch.where(s < 0, -eps, eps).to(s.dtype)
+        clamped = torch.where(s.abs() < eps, target, s)
+        t_sq = (t * t).sum(-1, keepdim=True)
+        # s differs from 1 only when |t| > 0, so the division is safe where it matters
+        return m + (s - clamped) * t / torch.where(t_sq > 0, t_sq, torch.ones_like(t_sq))
+
+    def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+        self.check_inputs(planes, params)
+        H, H_inv = self.homographies(cameras, grid, planes)
+        if self.lift4:
+            H, H_inv = lift(H), lift(H_inv)
+        layout = HeadLayout(head_dim, block=4 if self.lift4 else 3)
+        return TokenTransform(layout, cameras.num_views, grid, H, H_inv, rope_base=self.rope_base)

@@ -1,0 +1,182 @@
+"""`Planes`: one 3D plane per patch token, in that token's own camera frame (DESIGN.md §4.1).
+
+A plane is stored as the vector m = n / d, the plane being {X_c : m · X_c = 1} in camera
+coordinates. m is sign-free ((n, d) and (-n, -d) agree), m = 0 is the plane at infinity, and
+the point at z-depth z along the patch-centre ray r̂ = K̂^-1 (u, v, 1) lies on the plane when
+z = 1 / (m · r̂).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .cameras import Cameras
+from .geometry import invert_intrinsics, patch_center_rays
+
+__all__ = ["Planes", "PlaneError"]
+
+# A (normal, depth) plane seen at a grazing angle contains (almost) the camera centre and
+# m = n / (z n·r̂) diverges. |cos| of the angle between the normal and the patch-centre ray is
+# clamped to at least this value (about 87 degrees from the normal), keeping the sign.
+MIN_GRAZING_COS = 0.05
+
+
+class PlaneError(ValueError):
+    """Invalid plane input."""
+
+
+class Planes:
+    """Per-token planes ``(B, N)`` with N = V * grid_h * grid_w tokens (view-major, x fastest).
+
+    Build from a normal and a depth, ``Planes(normal, depth)``: ``normal (B, N, 3)`` in the
+    token's camera frame (rescaled to unit length; a zero normal is an error) and ``depth (B, N)``,
+    the positive z-depth at which the plane crosses the patch-centre ray. Or build from the plane
+    vector directly with ``Planes.from_m(m)``, ``m (B, N, 3)``. Both convert to m with
+    :meth:`m`, which needs the cameras and grid because the patch-centre rays depend on them.
+    """
+
+    def __init__(self, normal: Tensor, depth: Tensor) -> None:
+        if normal.ndim != 3 or normal.shape[-1] != 3:
+            raise PlaneError(f"normal must have shape (B, N, 3), got {tuple(normal.shape)}")
+        if depth.shape != normal.shape[:2]:
+            raise PlaneError(f"depth must have shape {tuple(normal.shape[:2])}, got {tuple(depth.shape)}")
+        if not (torch.isfinite(normal).all() and torch.isfinite(depth).all()):
+            raise PlaneError("normal and depth must be finite (found NaN or inf)")
+        if (depth <= 0).any():
+            raise PlaneError(f"depth must be positive, min is {float(depth.min()):g}")
+        length = normal.norm(dim=-1, keepdim=True)
+        if (length < 1e-6).any():
+            raise PlaneError("normal has (near) zero length; a plane needs a direction")
+        self.normal = normal / length
+        self.depth = depth
+        self._m: Tensor | None = None
+
+    @classmethod
+    def from_m(cls, m: Tensor) -> "Planes":
+        """Planes from the plane vector ``m = n / d`` ``(B, N, 3)`` in each token's camera frame."""
+        if m.ndim != 3 or m.shape[-1] != 3:
+            raise PlaneError(f"m must have shape (B, N, 3), got {tuple(m.shape)}")
+        if not torch.isfinite(m).all():
+            raise PlaneError("m must be finite (found NaN or inf)")
+        planes = cls.__new__(cls)
+        planes.normal = planes.depth = None
+        planes._m = m
+        return planes
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(B, N)``."""
+        ref = self._m if self._m is not None else self.depth
+        return tuple(ref.shape[:2])
+
+    def m(self, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype | None = None) -> Tensor:
+        """Plane vectors ``(B, N, 3)`` in each token's camera frame.
+
+        From (normal, depth): ``m = n / (z n·r̂)``, with ``|n·r̂| / |r̂|`` clamped to at least
+        ``MIN_GRAZING_COS`` (sign kept, + when exactly 0) so a plane through the camera centre
+        stays finite.
+        """
+        self._check_tokens(cameras, grid)
+        if self._m is not None:
+            return self._m if dtype is None else self._m.to(dtype)
+        normal = self.normal if dtype is None else self.normal.to(dtype)
+        depth = self.depth if dtype is None else self.depth.to(dtype)
+        rays = patch_center_rays(cameras.normalized_K(normal.dtype), grid).flatten(1, 2)
+        ray_norm = rays.norm(dim=-1)
+        cos = (normal * rays).sum(-1) / ray_norm
+        sign = torch.where(cos < 0, -1.0, 1.0).to(cos.dtype)
+        cos = sign * cos.abs().clamp_min(MIN_GRAZING_COS)
+        return normal / (depth * cos * ray_norm)[..., None]
+
+    def world_normal_and_kappa(self, cameras: Cameras, grid: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        """World-frame plane ``{X : kappa * n_w · X = 1}``: unit ``n_w (B, N, 3)``, ``kappa (B, N)``.
+
+        With camera-frame ``(n_c, d_c)``: ``n_w = R^T n_c``, ``d_w = d_c - n_c · t``,
+        ``kappa = 1 / d_w`` (inf when the plane contains the world origin).
+        """
+        m = self.m(cameras, grid)
+        R, t = self._per_token(cameras, grid)
+        m_norm = m.norm(dim=-1)
+        n_c = m / m_norm.clamp_min(torch.finfo(m.dtype).tiny)[..., None]
+        d_c = 1.0 / m_norm
+        n_w = (R.transpose(-1, -2) @ n_c[..., None]).squeeze(-1)
+        d_w = d_c - (n_c * t).sum(-1)
+        return n_w, 1.0 / d_w
+
+    def normal_and_depth(self, cameras: Cameras, grid: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        """Unit normal facing the camera ``(B, N, 3)`` and z-depth ``1 / (m·r̂)`` ``(B, N)``.
+
+        The depth is inf for m = 0 and negative when the plane is crossed behind the camera.
+        """
+        m = self.m(cameras, grid)
+        rays = patch_center_rays(cameras.normalized_K(m.dtype), grid).flatten(1, 2)
+        normal = -m / m.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(m.dtype).tiny)
+        return normal, 1.0 / (m * rays).sum(-1)
+
+    @classmethod
+    def from_depth(
+        cls,
+        depth: Tensor,
+        cameras: Cameras,
+        patch_size: int,
+        valid: Tensor | None = None,
+        ridge: float = 1e-6,
+    ) -> "Planes":
+        """Least-squares plane per patch from a z-depth map ``(B, V, H, W)``.
+
+        Each pixel (centre at +0.5) is back-projected to ``X = z K^-1 (x, y, 1)``; the patch's
+        plane vector solves ``min_m Σ w (m·X - 1)^2`` (exact for points on a plane), with weight 0
+        for invalid pixels (``valid`` False, non-finite or non-positive depth) and a relative
+        ridge that pulls a degenerate patch towards the plane at infinity.
+        Returns ``Planes.from_m`` with ``N = V * (H / p) * (W / p)`` tokens.
+        """
+        B, V, H, W = depth.shape
+        if (B, V) != (cameras.batch_size, cameras.num_views) or (H, W) != cameras.image_size:
+            raise PlaneError(
+                f"depth {tuple(depth.shape)} does not match cameras (B={cameras.batch_size}, "
+                f"V={cameras.num_views}, image_size={cameras.image_size})"
+            )
+        if H % patch_size or W % patch_size:
+            raise PlaneError(f"image size {(H, W)} is not divisible by patch_size {patch_size}")
+        ok = torch.isfinite(depth) & (depth > 0)
+        if valid is not None:
+            ok = ok & valid
+        z = torch.where(ok, depth, torch.zeros_like(depth))
+        ys, xs = torch.meshgrid(
+            torch.arange(H, dtype=depth.dtype, device=depth.device) + 0.5,
+            torch.arange(W, dtype=depth.dtype, device=depth.device) + 0.5,
+            indexing="ij",
+        )
+        pix = torch.stack([xs, ys, torch.ones_like(xs)], -1)  # (H, W, 3)
+        K_inv = invert_intrinsics(cameras.K.to(depth.dtype))  # (B, V, 3, 3)
+        points = torch.einsum("bvij,hwj->bvhwi", K_inv, pix) * z[..., None]
+        gh, gw = H // patch_size, W // patch_size
+        points = points.reshape(B, V, gh, patch_size, gw, patch_size, 3)
+        points = points.permute(0, 1, 2, 4, 3, 5, 6).reshape(B, V * gh * gw, patch_size**2, 3)
+        weight = ok.reshape(B, V, gh, patch_size, gw, patch_size)
+        weight = weight.permute(0, 1, 2, 4, 3, 5).reshape(B, V * gh * gw, patch_size**2, 1).to(depth.dtype)
+        normal_matrix = (points * weight).transpose(-1, -2) @ points  # (B, N, 3, 3)
+        rhs = (points * weight).sum(-2)  # (B, N, 3)
+        scale = normal_matrix.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(1e-12)
+        eye = torch.eye(3, dtype=depth.dtype, device=depth.device)
+        normal_matrix = normal_matrix + ridge * scale[..., None, None] * eye
+        return cls.from_m(torch.linalg.solve(normal_matrix, rhs))
+
+    def _check_tokens(self, cameras: Cameras, grid: tuple[int, int]) -> None:
+        expected = (cameras.batch_size, cameras.num_views * grid[0] * grid[1])
+        if self.shape != expected:
+            raise PlaneError(
+                f"planes have (B, N) = {self.shape}, but cameras and grid {tuple(grid)} imply {expected}"
+            )
+
+    @staticmethod
+    def _per_token(cameras: Cameras, grid: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        """World-to-camera ``R (B, N, 3, 3)`` and ``t (B, N, 3)`` of every token's view."""
+        P = grid[0] * grid[1]
+        R = cameras.R.repeat_interleave(P, dim=1)
+        t = cameras.t.repeat_interleave(P, dim=1)
+        return R, t
+
+    def __repr__(self) -> str:
+        return f"Planes(B={self.shape[0]}, N={self.shape[1]})"
