@@ -95,7 +95,7 @@ class Planes:
         With camera-frame ``(n_c, d_c)``: ``n_w = R^T n_c``, ``d_w = d_c - n_c · t``,
         ``kappa = 1 / d_w`` (inf when the plane contains the world origin).
         """
-        m = self.m(cameras, grid)
+        m = self.m(cameras, grid, cameras.K.dtype)
         R, t = self._per_token(cameras, grid)
         m_norm = m.norm(dim=-1)
         n_c = m / m_norm.clamp_min(torch.finfo(m.dtype).tiny)[..., None]
@@ -104,12 +104,13 @@ class Planes:
         d_w = d_c - (n_c * t).sum(-1)
         return n_w, 1.0 / d_w
 
-    def normal_and_depth(self, cameras: Cameras, grid: tuple[int, int]) -> tuple[Tensor, Tensor]:
+    def normal_and_depth(self, cameras: Cameras, grid: tuple[int, int],
+                         dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
         """Unit normal facing the camera ``(B, N, 3)`` and z-depth ``1 / (m·r̂)`` ``(B, N)``.
 
         The depth is inf for m = 0 and negative when the plane is crossed behind the camera.
         """
-        m = self.m(cameras, grid)
+        m = self.m(cameras, grid, dtype)
         rays = patch_center_rays(cameras.normalized_K(m.dtype), grid).flatten(1, 2)
         normal = -m / m.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(m.dtype).tiny)
         return normal, 1.0 / (m * rays).sum(-1)
@@ -121,14 +122,15 @@ class Planes:
         cameras: Cameras,
         patch_size: int,
         valid: Tensor | None = None,
-        ridge: float = 1e-6,
     ) -> "Planes":
         """Least-squares plane per patch from a z-depth map ``(B, V, H, W)``.
 
-        Each pixel (centre at +0.5) is back-projected to ``X = z K^-1 (x, y, 1)``; the patch's
-        plane vector solves ``min_m Σ w (m·X - 1)^2`` (exact for points on a plane), with weight 0
-        for invalid pixels (``valid`` False, non-finite or non-positive depth) and a relative
-        ridge that pulls a degenerate patch towards the plane at infinity.
+        Each pixel (centre at +0.5) is back-projected to ``X = z K^-1 (x, y, 1)``. The patch's
+        plane is the orthogonal least-squares fit through the weighted centroid c (normal n = the
+        covariance's smallest eigenvector), exact for points on a plane, converted to
+        ``m = n / (n · c)`` with the grazing clamp of :meth:`m`. Invalid pixels (``valid`` False,
+        non-finite or non-positive depth) get weight 0; a patch with fewer than 3 valid pixels gets
+        the fronto-parallel plane through its centroid, one with none the plane at infinity (m = 0).
         Returns ``Planes.from_m`` with ``N = V * (H / p) * (W / p)`` tokens.
         """
         B, V, H, W = depth.shape
@@ -151,17 +153,20 @@ class Planes:
         pix = torch.stack([xs, ys, torch.ones_like(xs)], -1)  # (H, W, 3)
         K_inv = invert_intrinsics(cameras.K.to(depth.dtype))  # (B, V, 3, 3)
         points = torch.einsum("bvij,hwj->bvhwi", K_inv, pix) * z[..., None]
-        gh, gw = H // patch_size, W // patch_size
-        points = points.reshape(B, V, gh, patch_size, gw, patch_size, 3)
-        points = points.permute(0, 1, 2, 4, 3, 5, 6).reshape(B, V * gh * gw, patch_size**2, 3)
-        weight = ok.reshape(B, V, gh, patch_size, gw, patch_size)
-        weight = weight.permute(0, 1, 2, 4, 3, 5).reshape(B, V * gh * gw, patch_size**2, 1).to(depth.dtype)
-        normal_matrix = (points * weight).transpose(-1, -2) @ points  # (B, N, 3, 3)
-        rhs = (points * weight).sum(-2)  # (B, N, 3)
-        scale = normal_matrix.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(1e-12)
-        eye = torch.eye(3, dtype=depth.dtype, device=depth.device)
-        normal_matrix = normal_matrix + ridge * scale[..., None, None] * eye
-        return cls.from_m(torch.linalg.solve(normal_matrix, rhs))
+        points = _patches(points, patch_size)  # (B, N, p*p, 3)
+        weight = _patches(ok[..., None].to(depth.dtype), patch_size)  # (B, N, p*p, 1)
+        count = weight.sum(-2)  # (B, N, 1)
+        centroid = (points * weight).sum(-2) / count.clamp_min(1)
+        centred = (points - centroid[..., None, :]) * weight
+        _, vectors = torch.linalg.eigh(centred.transpose(-1, -2) @ centred)
+        normal = vectors[..., 0]  # smallest eigenvalue first
+        fronto = torch.tensor([0.0, 0.0, 1.0], dtype=depth.dtype, device=depth.device)
+        normal = torch.where(count >= 3, normal, fronto)
+        offset = (normal * centroid).sum(-1, keepdim=True)  # n · c, signed
+        min_offset = MIN_GRAZING_COS * centroid.norm(dim=-1, keepdim=True)
+        offset = torch.where(offset < 0, -1.0, 1.0) * torch.maximum(offset.abs(), min_offset)
+        m = torch.where(count > 0, normal / offset, torch.zeros_like(normal))
+        return cls.from_m(m)
 
     def _check_tokens(self, cameras: Cameras, grid: tuple[int, int]) -> None:
         expected = (cameras.batch_size, cameras.num_views * grid[0] * grid[1])
@@ -180,3 +185,11 @@ class Planes:
 
     def __repr__(self) -> str:
         return f"Planes(B={self.shape[0]}, N={self.shape[1]})"
+
+
+def _patches(x: Tensor, patch_size: int) -> Tensor:
+    """``(B, V, H, W, C)`` -> ``(B, N, p*p, C)`` with tokens view-major, row-major (x fastest)."""
+    B, V, H, W, C = x.shape
+    gh, gw = H // patch_size, W // patch_size
+    x = x.reshape(B, V, gh, patch_size, gw, patch_size, C).permute(0, 1, 2, 4, 3, 5, 6)
+    return x.reshape(B, V * gh * gw, patch_size * patch_size, C)

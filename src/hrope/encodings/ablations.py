@@ -138,7 +138,7 @@ class HRoPEPF(PatchTransformEncoding):
     needs_planes = True
 
     def patch_transforms(self, cameras, grid, dtype, planes):
-        normal, depth = planes.normal_and_depth(cameras.to(dtype=dtype), grid)
+        normal, depth = planes.normal_and_depth(cameras, grid, dtype)
         if not (torch.isfinite(depth).all() and (depth > 0).all()):
             raise EncodingError("hrope-pf needs planes crossing every patch-centre ray in front of the camera")
         B, V, P = cameras.batch_size, cameras.num_views, grid[0] * grid[1]

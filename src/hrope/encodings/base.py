@@ -116,13 +116,23 @@ class TokenTransform(Prepared):
         if geo is not None:
             self._tables.update(o=geo, q=geo.transpose(-1, -2), k=geo_inv)
         if layout.rope:
+            # Full-width tables (N, 4F) over the RoPE channels [a_x | b_x | a_y | b_y] so the rotation
+            # is two contiguous elementwise passes: R(θ)(a, b) = (a cos - b sin, b cos + a sin), with
+            # (b, a) obtained by flipping the halves.
             device = geo.device if geo is not None else None
             angles = rope_angles(grid, layout.num_freqs, base=rope_base, device=device)
-            sin = angles.sin()[:, :, None, :]
-            self._tables["cos"] = angles.cos()[:, :, None, :]  # (P, 2 axes, 1, F)
-            # R(θ) maps the split halves (a, b) to (a cos - b sin, b cos + a sin): flip(a, b) = (b, a)
-            self._tables["sin"] = torch.cat([-sin, sin], dim=2)
+            angles = angles.repeat(num_views, 1, 1)[:, :, None, :]  # (N, 2 axes, 1, F)
+            cos, sin = angles.cos(), angles.sin()
+            self._tables["cos"] = torch.cat([cos, cos], dim=2).flatten(1)
+            self._tables["sin"] = torch.cat([-sin, sin], dim=2).flatten(1)
+            self._tables["-sin"] = -self._tables["sin"]
         self._cache: dict[tuple[str, torch.dtype, torch.device], Tensor] = {}
+
+    def geometric_blocks(self) -> tuple[Tensor, Tensor] | None:
+        """The geometric blocks ``(D, D^-1)``, each ``(B, V, 1 or P, b, b)``, or None."""
+        if "o" not in self._tables:
+            return None
+        return self._tables["o"], self._tables["k"]
 
     @property
     def num_tokens(self) -> int:
@@ -177,11 +187,10 @@ class TokenTransform(Prepared):
             if layout.geo_dim > layout.tiled_dim:
                 parts.append(x[..., layout.tiled_dim : layout.geo_dim])
             if layout.rope:
-                F_ = layout.num_freqs
-                xr = x[..., layout.geo_dim :].reshape(B, heads, V, P, 2, 2, F_)
-                cos, sin = self._table("cos", x), self._table("sin", x)
-                y = xr * cos + xr.flip(-2) * (sin if rope_sign > 0 else -sin)
-                parts.append(y.reshape(B, heads, N, layout.rope_dim))
+                xr = x[..., layout.geo_dim :]
+                swapped = xr.unflatten(-1, (2, 2, layout.num_freqs)).flip(-2).flatten(-3)
+                sin = self._table("sin" if rope_sign > 0 else "-sin", x)
+                parts.append(torch.addcmul(xr * self._table("cos", x), swapped, sin))
         if not parts:
             return x
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)

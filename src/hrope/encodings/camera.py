@@ -90,9 +90,9 @@ class GTA(Encoding):
         dtype = geometry_dtype(cameras.K.dtype)
         E = cameras.world_to_cam.to(dtype)
         if self.translation_scale is not None:
-            scale = torch.ones(4, dtype=dtype, device=E.device)
-            scale = torch.cat([scale[:3], self.translation_scale.to(dtype).reshape(1)])
-            E = torch.cat([E[..., :3], E[..., 3:] * scale[:, None]], dim=-1)  # [[R, s t], [0, 1]]
+            s = self.translation_scale.to(dtype).reshape(1)
+            column_scale = torch.cat([s.expand(3), torch.ones_like(s)])[:, None]  # (s, s, s, 1)
+            E = torch.cat([E[..., :3], E[..., 3:] * column_scale], dim=-1)  # [[R, s t], [0, 1]]
         layout = HeadLayout(head_dim, block=4)
         return TokenTransform(layout, cameras.num_views, grid, per_view(E), per_view(invert_se3(E)),
                               rope_base=self.rope_base)

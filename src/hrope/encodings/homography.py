@@ -9,7 +9,7 @@ view i induced by the key's plane. m = 0 gives PRoPE; det D = det K̂.
 ``hrope`` (§4.3, the paper's Eq. 5): H = K̂_c (R + κ t n_w^T) with the plane in the world frame.
 In terms of m this is H ∝ K̂ (s I + t m^T) R with s = 1 - m·t (= d_w / d_c), the scale-free form
 used here; det(s I + t m^T) = s^2 and (s I + t m^T)^-1 = (I - t m^T) / s (Sherman–Morrison,
-since s + m·t = 1). H̃ = H / det(H)^(1/3) has det 1 (SL(3)).
+since s + m·t = 1). H̃ = H / |det H|^(1/3) has det ±1 (unit |det|, SL(3) up to sign).
 """
 
 from __future__ import annotations
@@ -105,8 +105,10 @@ class HRoPE(Encoding):
         outer = t[..., :, None] * m[..., None, :]
         A = (s[..., None, None] * eye + outer) @ R  # scale-free d_w R + t n_w^T, up to d_c
         A_inv = R.transpose(-1, -2) @ (eye - outer) / s[..., None, None]
-        # det(K̂ A) = fx fy s^2 > 0, so the SL(3) scale is real and positive.
-        scale = (K[..., 0, 0] * K[..., 1, 1] * s.square()).pow(1.0 / 3.0)[..., None, None]
+        # Eq. 5's H = K̂ A / s has det fx fy / s; dividing by its |det|^(1/3) gives the scale below
+        # (the sign of s is kept, so H̃ equals the literal normalised Eq. 5 matrix, det ±1).
+        scale = torch.sign(s) * (K[..., 0, 0] * K[..., 1, 1] * s.square()).pow(1.0 / 3.0)
+        scale = scale[..., None, None]
         H = K @ A / scale
         H_inv = A_inv @ invert_intrinsics(K) * scale
         return H, H_inv

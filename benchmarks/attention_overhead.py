@@ -1,0 +1,169 @@
+"""Encoding overhead over plain SDPA: time and memory ratios (DESIGN.md §8).
+
+    python benchmarks/attention_overhead.py [--reps 15] [--encodings prope hrope ...]
+
+Shape: B=1, 8 heads, 2 views x 32x32 patches (N=2048), head_dim 64, fp32 on the CPU by default.
+Each repetition times plain SDPA and every encoding back to back (interleaved), and the
+reported ratio is the median over repetitions of time(encoded) / time(SDPA) measured in that
+same repetition. Memory: bytes saved for backward by autograd, relative to plain SDPA.
+Writes benchmarks/results/attention_overhead.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import hrope
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def example_inputs(name: str, cameras: hrope.Cameras, grid, generator) -> dict:
+    """Planes / per-token params for encoding ``name`` (random, valid)."""
+    B, N = cameras.batch_size, cameras.num_views * grid[0] * grid[1]
+    enc = hrope.get_encoding(name)
+    kwargs: dict = {"planes": None, "params": {}}
+    if enc.needs_planes:
+        normal = torch.randn(B, N, 3, generator=generator) * 0.3
+        normal[..., 2] = -1.0
+        kwargs["planes"] = hrope.Planes(normal, 1.0 + torch.rand(B, N, generator=generator))
+    for p in enc.param_names:
+        if p in ("depth",):
+            kwargs["params"][p] = 1.0 + torch.rand(B, N, generator=generator)
+        elif p in ("rotation",):
+            kwargs["params"][p] = torch.linalg.qr(torch.randn(B, N, 3, 3, generator=generator))[0] * torch.tensor(
+                [1.0, 1.0, 1.0]).det()
+        elif p == "transform":
+            kwargs["params"][p] = torch.eye(4).repeat(B, N, 1, 1)
+        else:
+            kwargs["params"][p] = 0.1 * torch.rand(B, N, generator=generator)
+    return kwargs
+
+
+def make_cameras(B: int, V: int, image_size, generator) -> hrope.Cameras:
+    H, W = image_size
+    K = torch.tensor([[1.1 * W, 0, W / 2], [0, 1.1 * H, H / 2], [0, 0, 1.0]]).repeat(B, V, 1, 1)
+    A = torch.randn(B, V, 3, 3, generator=generator, dtype=torch.float64)
+    Q, R = torch.linalg.qr(A)
+    Q = Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1))[..., None, :]
+    Q[..., :, 0] *= torch.linalg.det(Q)[..., None]
+    E = torch.eye(4).repeat(B, V, 1, 1)
+    E[..., :3, :3] = Q.float()
+    E[..., :3, 3] = torch.randn(B, V, 3, generator=generator)
+    return hrope.Cameras(K, E, image_size)
+
+
+def saved_bytes(fn) -> int:
+    """Bytes of tensors autograd saves for backward while running ``fn()``."""
+    total = 0
+    seen = set()
+
+    def pack(t):
+        nonlocal total
+        key = (t.untyped_storage().data_ptr(), t.dtype, tuple(t.shape))
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--views", type=int, default=2)
+    parser.add_argument("--grid", type=int, default=32)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--encodings", nargs="*", default=None)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    grid = (args.grid, args.grid)
+    names = args.encodings or [n for n, cls in hrope.ENCODINGS.items() if not cls.query_frame]
+    cameras = make_cameras(1, args.views, (8 * args.grid, 8 * args.grid), gen)
+    N = args.views * args.grid * args.grid
+    q, k, v = (torch.randn(1, args.heads, N, args.head_dim) for _ in range(3))
+    inputs = {name: example_inputs(name, cameras, grid, gen) for name in names}
+    encodings = {name: hrope.get_encoding(name) for name in names}
+
+    def run(name, backward: bool):
+        qq, kk, vv = (x.detach().requires_grad_(backward) for x in (q, k, v))
+        if name == "sdpa":
+            out = F.scaled_dot_product_attention(qq, kk, vv)
+        else:
+            out = hrope.multiview_attention(qq, kk, vv, encoding=encodings[name], cameras=cameras, grid=grid,
+                                            **inputs[name])
+        if backward:
+            out.sum().backward()
+        return out
+
+    def timed(name, backward):
+        start = time.perf_counter()
+        if backward:
+            run(name, True)
+        else:
+            with torch.no_grad():
+                run(name, False)
+        return time.perf_counter() - start
+
+    results = {}
+    for mode, backward in (("forward", False), ("forward_backward", True)):
+        for name in ["sdpa", *names]:  # warm-up
+            timed(name, backward)
+        ratios = {name: [] for name in names}
+        sdpa_times = []
+        for _ in range(args.reps):
+            base = timed("sdpa", backward)
+            sdpa_times.append(base)
+            for name in names:
+                ratios[name].append(timed(name, backward) / base)
+        results[mode] = {"sdpa_ms": 1e3 * statistics.median(sdpa_times),
+                         "ratio": {n: statistics.median(r) for n, r in ratios.items()}}
+
+    sdpa_saved = saved_bytes(lambda: run("sdpa", True))
+    results["saved_for_backward_ratio"] = {n: saved_bytes(lambda n=n: run(n, True)) / sdpa_saved for n in names}
+    results["config"] = {"B": 1, "heads": args.heads, "views": args.views, "grid": grid, "head_dim": args.head_dim,
+                         "dtype": "float32", "device": "cpu", "threads": torch.get_num_threads(),
+                         "reps": args.reps, "torch": torch.__version__, "machine": platform.machine()}
+    write(results, names, args.out)
+
+
+def write(results: dict, names, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "attention_overhead.json").write_text(json.dumps(results, indent=2))
+    peers = [n for n in names if not n.startswith("hrope") and n != "none"]
+    fwd, fb = results["forward"]["ratio"], results["forward_backward"]["ratio"]
+    best_peer = min(peers, key=lambda n: fwd[n]) if peers else None
+    cfg = results["config"]
+    lines = [
+        f"Shape: B=1, {cfg['heads']} heads, {cfg['views']} views x {cfg['grid'][0]}x{cfg['grid'][1]} patches, "
+        f"head_dim {cfg['head_dim']}, fp32 CPU, {cfg['threads']} threads, {cfg['reps']} interleaved repetitions "
+        f"(median of per-repetition ratios). Plain SDPA: {results['forward']['sdpa_ms']:.1f} ms forward, "
+        f"{results['forward_backward']['sdpa_ms']:.1f} ms forward+backward.",
+        "",
+        f"| encoding | forward / SDPA | fwd+bwd / SDPA | forward / best peer ({best_peer}) | saved-for-backward / SDPA |",
+        "|---|---|---|---|---|",
+    ]
+    for n in names:
+        rel = fwd[n] / fwd[best_peer] if best_peer else float("nan")
+        lines.append(f"| {n} | {fwd[n]:.3f} | {fb[n]:.3f} | {rel:.3f} | {results['saved_for_backward_ratio'][n]:.3f} |")
+    (out / "attention_overhead.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

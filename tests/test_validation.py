@@ -1,0 +1,149 @@
+"""Bad input gets a clear error, or the documented clamped behaviour — never a silent NaN."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hrope
+from helpers import ablation_params, random_cameras, random_planes, random_qkv, random_rotation
+
+
+def cams_with(K=None, E=None, image_size=(32, 48)):
+    base = random_cameras(B=1, V=2, image_size=image_size, seed=0)
+    return hrope.Cameras(base.K if K is None else K, base.world_to_cam if E is None else E, image_size)
+
+
+def test_valid_cameras_expose_their_inputs():
+    base = random_cameras(B=2, V=3, seed=1)
+    assert base.K.shape == (2, 3, 3, 3) and base.world_to_cam.shape == (2, 3, 4, 4)
+    assert base.image_size == (32, 48) and base.batch_size == 2 and base.num_views == 3
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_camera_names_the_view(bad):
+    E = random_cameras(B=1, V=2, seed=0).world_to_cam.clone()
+    E[0, 1, 0, 3] = bad
+    with pytest.raises(hrope.CameraError, match=r"world_to_cam\[b=0, v=1\].*non-finite"):
+        cams_with(E=E)
+    K = random_cameras(B=1, V=2, seed=0).K.clone()
+    K[0, 0, 0, 2] = bad
+    with pytest.raises(hrope.CameraError, match=r"K\[b=0, v=0\].*non-finite"):
+        cams_with(K=K)
+
+
+def test_reflection_is_rejected():
+    E = random_cameras(B=1, V=2, seed=0).world_to_cam.clone()
+    E[0, 1, :3, 0] *= -1
+    with pytest.raises(hrope.CameraError, match=r"\[b=0, v=1\].*reflection"):
+        cams_with(E=E)
+
+
+def test_non_rotation_is_rejected():
+    E = random_cameras(B=1, V=2, seed=0).world_to_cam.clone()
+    E[0, 0, :3, :3] *= 1.1
+    with pytest.raises(hrope.CameraError, match="not a rotation"):
+        cams_with(E=E)
+
+
+@pytest.mark.parametrize("focal", [0.0, -5.0])
+def test_zero_or_negative_focal_is_rejected(focal):
+    K = random_cameras(B=1, V=2, seed=0).K.clone()
+    K[0, 1, 1, 1] = focal
+    with pytest.raises(hrope.CameraError, match=r"\[b=0, v=1\].*positive focal"):
+        cams_with(K=K)
+
+
+def test_skew_and_malformed_intrinsics_are_rejected():
+    K = random_cameras(B=1, V=2, seed=0).K.clone()
+    K[0, 0, 0, 1] = 0.5
+    with pytest.raises(hrope.CameraError, match="skew"):
+        cams_with(K=K)
+    K = random_cameras(B=1, V=2, seed=0).K.clone()
+    K[0, 0, 2, 2] = 2.0
+    with pytest.raises(hrope.CameraError, match="form"):
+        cams_with(K=K)
+
+
+def test_camera_shape_errors():
+    base = random_cameras(B=1, V=2, seed=0)
+    with pytest.raises(hrope.CameraError, match=r"K must have shape \(B, V, 3, 3\)"):
+        hrope.Cameras(base.K[0], base.world_to_cam, (32, 48))
+    with pytest.raises(hrope.CameraError, match="world_to_cam must have shape"):
+        hrope.Cameras(base.K, base.world_to_cam[..., :3, :], (32, 48))
+    with pytest.raises(hrope.CameraError, match=r"\(B, V\)"):
+        hrope.Cameras(base.K, base.world_to_cam[:, :1], (32, 48))
+    with pytest.raises(hrope.CameraError, match="image_size"):
+        hrope.Cameras(base.K, base.world_to_cam, (0, 48))
+    bottom = base.world_to_cam.clone()
+    bottom[0, 0, 3, 0] = 1.0
+    with pytest.raises(hrope.CameraError, match="bottom row"):
+        hrope.Cameras(base.K, bottom, (32, 48))
+
+
+def test_qkv_shape_errors():
+    cameras = random_cameras(B=1, V=2, seed=0)
+    q, k, v = random_qkv(1, 2, 8, 16)
+    attend = lambda q, k, v, **kw: hrope.multiview_attention(  # noqa: E731
+        q, k, v, encoding=kw.pop("encoding", "prope"), cameras=kw.pop("cameras", cameras),
+        grid=kw.pop("grid", (2, 2)), **kw)
+    with pytest.raises(hrope.EncodingError, match="one shape"):
+        attend(q, k[:, :, :6], v)
+    with pytest.raises(hrope.EncodingError, match="N = 8 tokens"):
+        attend(q, k, v, grid=(2, 3))
+    with pytest.raises(hrope.EncodingError, match="batch"):
+        attend(q, k, v, cameras=random_cameras(B=2, V=2))
+    with pytest.raises(hrope.EncodingError, match="one shape"):
+        attend(q[0], k[0], v[0])
+    with pytest.raises(hrope.EncodingError, match="unknown encoding 'prope2'"):
+        attend(q, k, v, encoding="prope2")
+    with pytest.raises(hrope.EncodingError, match="hrope.Cameras"):
+        attend(q, k, v, cameras=cameras.K)
+
+
+def test_encoding_parameter_errors():
+    cameras = random_cameras(B=1, V=2, seed=0)
+    q, k, v = random_qkv(1, 2, 8, 16)
+    attend = lambda name, **kw: hrope.multiview_attention(  # noqa: E731
+        q, k, v, encoding=name, cameras=cameras, grid=(2, 2), **kw)
+    with pytest.raises(hrope.EncodingError, match="needs planes"):
+        attend("hrope")
+    with pytest.raises(hrope.EncodingError, match=r"needs params \['depth'\]"):
+        attend("hrope-depth")
+    with pytest.raises(hrope.EncodingError, match="unknown params"):
+        attend("prope", params={"depth": torch.ones(1, 8)})
+    with pytest.raises(hrope.PlaneError, match=r"\(B, N\) = \(1, 6\)"):
+        attend("hrope-lift", planes=random_planes(1, 6))
+    with pytest.raises(hrope.EncodingError, match="rotation must have shape"):
+        attend("hrope-so3", params={"rotation": random_rotation(1, 7)})
+    with pytest.raises(hrope.EncodingError, match="proper rotations"):
+        attend("hrope-so3", params={"rotation": -random_rotation(1, 8)})
+    with pytest.raises(hrope.EncodingError, match="singular"):
+        attend("hrope-full", params={"transform": torch.zeros(1, 8, 4, 4, dtype=torch.float64)})
+    bad = ablation_params("hrope-depth", 1, 8)
+    bad["depth"][0, 3] = float("nan")
+    with pytest.raises(hrope.EncodingError, match="finite"):
+        attend("hrope-depth", params=bad)
+    with pytest.raises(hrope.EncodingError, match="bottom row"):
+        G = ablation_params("hrope-se3", 1, 8)["transform"].clone()
+        G[..., 3, 0] = 1
+        attend("hrope-se3", params={"transform": G})
+
+
+def test_plane_errors_and_documented_normalisation():
+    with pytest.raises(hrope.PlaneError, match="positive"):
+        hrope.Planes(torch.randn(1, 4, 3), torch.zeros(1, 4))
+    with pytest.raises(hrope.PlaneError, match="finite"):
+        hrope.Planes(torch.full((1, 4, 3), float("nan")), torch.ones(1, 4))
+    with pytest.raises(hrope.PlaneError, match="zero length"):
+        hrope.Planes(torch.zeros(1, 4, 3), torch.ones(1, 4))
+    with pytest.raises(hrope.PlaneError, match="shape"):
+        hrope.Planes(torch.randn(1, 4, 2), torch.ones(1, 4))
+    with pytest.raises(hrope.PlaneError, match="finite"):
+        hrope.Planes.from_m(torch.full((1, 4, 3), float("inf")))
+    # non-unit normals are rescaled: the same plane as the unit normal
+    cameras = random_cameras(B=1, V=1, seed=0)
+    n = torch.tensor([[[0.1, 0.2, -1.0]]], dtype=torch.float64).repeat(1, 4, 1)
+    a = hrope.Planes(n, torch.full((1, 4), 2.0, dtype=torch.float64)).m(cameras, (2, 2))
+    b = hrope.Planes(5 * n, torch.full((1, 4), 2.0, dtype=torch.float64)).m(cameras, (2, 2))
+    torch.testing.assert_close(a, b)
