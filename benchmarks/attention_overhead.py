@@ -24,10 +24,12 @@ import torch.nn.functional as F
 import hrope
 
 RESULTS = Path(__file__).resolve().parent / "results"
+TRAILING_SHAPES = {"depth_sigma": (2,)}  # per-token params with more than one number per token
 
 
 def example_inputs(name: str, cameras: hrope.Cameras, grid, generator) -> dict:
-    """Planes / per-token params for encoding ``name`` (random, valid)."""
+    """Planes / per-token params for encoding ``name``: random planes facing the camera at depth
+    1–2, depths 1–2, random rotations, identity transforms; other params 0.1 * U(0, 1)."""
     B, N = cameras.batch_size, cameras.num_views * grid[0] * grid[1]
     enc = hrope.get_encoding(name)
     kwargs: dict = {"planes": None, "params": {}}
@@ -36,27 +38,32 @@ def example_inputs(name: str, cameras: hrope.Cameras, grid, generator) -> dict:
         normal[..., 2] = -1.0
         kwargs["planes"] = hrope.Planes(normal, 1.0 + torch.rand(B, N, generator=generator))
     for p in enc.param_names:
-        if p in ("depth",):
-            kwargs["params"][p] = 1.0 + torch.rand(B, N, generator=generator)
-        elif p in ("rotation",):
-            kwargs["params"][p] = torch.linalg.qr(torch.randn(B, N, 3, 3, generator=generator))[0] * torch.tensor(
-                [1.0, 1.0, 1.0]).det()
+        if p == "depth":
+            value = 1.0 + torch.rand(B, N, generator=generator)
+        elif p == "rotation":
+            value = random_rotations(B, N, generator=generator)
         elif p == "transform":
-            kwargs["params"][p] = torch.eye(4).repeat(B, N, 1, 1)
-        else:
-            kwargs["params"][p] = 0.1 * torch.rand(B, N, generator=generator)
+            value = torch.eye(4).repeat(B, N, 1, 1)
+        else:  # log-depth half-widths, depth splits and sigmas of the query-frame encodings
+            value = 0.1 * torch.rand(B, N, *TRAILING_SHAPES.get(p, ()), generator=generator)
+        kwargs["params"][p] = value
     return kwargs
 
 
-def make_cameras(B: int, V: int, image_size, generator) -> hrope.Cameras:
-    H, W = image_size
-    K = torch.tensor([[1.1 * W, 0, W / 2], [0, 1.1 * H, H / 2], [0, 0, 1.0]]).repeat(B, V, 1, 1)
-    A = torch.randn(B, V, 3, 3, generator=generator, dtype=torch.float64)
-    Q, R = torch.linalg.qr(A)
+def random_rotations(*shape, generator) -> torch.Tensor:
+    """Uniform random rotations ``(*shape, 3, 3)`` in float32."""
+    Q, R = torch.linalg.qr(torch.randn(*shape, 3, 3, generator=generator, dtype=torch.float64))
     Q = Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1))[..., None, :]
     Q[..., :, 0] *= torch.linalg.det(Q)[..., None]
+    return Q.float()
+
+
+def make_cameras(B: int, V: int, image_size, generator) -> hrope.Cameras:
+    """Cameras with f = 1.1 W, centred principal point, random rotations and translations."""
+    H, W = image_size
+    K = torch.tensor([[1.1 * W, 0, W / 2], [0, 1.1 * H, H / 2], [0, 0, 1.0]]).repeat(B, V, 1, 1)
     E = torch.eye(4).repeat(B, V, 1, 1)
-    E[..., :3, :3] = Q.float()
+    E[..., :3, :3] = random_rotations(B, V, generator=generator)
     E[..., :3, 3] = torch.randn(B, V, 3, generator=generator)
     return hrope.Cameras(K, E, image_size)
 
@@ -93,7 +100,7 @@ def main() -> None:
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     grid = (args.grid, args.grid)
-    names = args.encodings or [n for n, cls in hrope.ENCODINGS.items() if not cls.query_frame]
+    names = args.encodings or list(hrope.ENCODINGS)
     cameras = make_cameras(1, args.views, (8 * args.grid, 8 * args.grid), gen)
     N = args.views * args.grid * args.grid
     q, k, v = (torch.randn(1, args.heads, N, args.head_dim) for _ in range(3))
@@ -145,7 +152,7 @@ def main() -> None:
 def write(results: dict, names, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "attention_overhead.json").write_text(json.dumps(results, indent=2))
-    peers = [n for n in names if not n.startswith("hrope") and n != "none"]
+    peers = [n for n in names if not n.startswith("hrope") and n not in ("none", "rope2d")]  # geometric peers
     fwd, fb = results["forward"]["ratio"], results["forward_backward"]["ratio"]
     best_peer = min(peers, key=lambda n: fwd[n]) if peers else None
     cfg = results["config"]
@@ -159,8 +166,8 @@ def write(results: dict, names, out: Path) -> None:
         "|---|---|---|---|---|",
     ]
     for n in names:
-        rel = fwd[n] / fwd[best_peer] if best_peer else float("nan")
-        lines.append(f"| {n} | {fwd[n]:.3f} | {fb[n]:.3f} | {rel:.3f} | {results['saved_for_backward_ratio'][n]:.3f} |")
+        rel = f"{fwd[n] / fwd[best_peer]:.3f}" if best_peer else "n/a"
+        lines.append(f"| {n} | {fwd[n]:.3f} | {fb[n]:.3f} | {rel} | {results['saved_for_backward_ratio'][n]:.3f} |")
     (out / "attention_overhead.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

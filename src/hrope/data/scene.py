@@ -14,7 +14,7 @@ from torch import Tensor
 from ..cameras import Cameras
 from ..planes import Planes
 
-__all__ = ["Scene", "SceneError"]
+__all__ = ["Scene", "SceneError", "patch_planes"]
 
 
 class SceneError(ValueError):
@@ -73,18 +73,26 @@ class Scene:
                        depth=pick(self.depth), normals=pick(self.normals), plane_m=pick(self.plane_m))
 
     def planes(self, patch_size: int) -> Planes | None:
-        """Per-patch planes ``(1, V * H/p * W/p)`` for tokens of ``patch_size``.
+        """Per-patch planes ``(1, V * H/p * W/p)`` for tokens of ``patch_size`` (see :func:`patch_planes`)."""
+        add_batch = lambda x: None if x is None else x[None]  # noqa: E731
+        return patch_planes(self.cameras, patch_size, plane_m=add_batch(self.plane_m), depth=add_batch(self.depth),
+                            name=self.name)
 
-        Exact planes (``plane_m``) are read at the pixel just below-right of each patch centre;
-        otherwise they are fitted to ``depth`` by least squares; None when neither exists.
-        """
-        H, W = self.image_size
-        if H % patch_size or W % patch_size:
-            raise SceneError(f"{self.name}: image size {(H, W)} is not divisible by patch size {patch_size}")
-        if self.plane_m is not None:
-            c = patch_size // 2
-            m = self.plane_m[:, :, c::patch_size, c::patch_size]  # (V, 3, gh, gw)
-            return Planes.from_m(m.permute(0, 2, 3, 1).reshape(1, -1, 3))
-        if self.depth is not None:
-            return Planes.from_depth(self.depth[None], self.cameras, patch_size)
-        return None
+
+def patch_planes(cameras: Cameras, patch_size: int, *, plane_m: Tensor | None = None, depth: Tensor | None = None,
+                 name: str = "") -> Planes | None:
+    """Per-patch planes ``(B, V * H/p * W/p)`` from batched maps ``plane_m (B, V, 3, H, W)`` / ``depth (B, V, H, W)``.
+
+    Exact planes (``plane_m``) are read at the pixel just below-right of each patch centre;
+    otherwise they are fitted to ``depth`` by least squares; None when neither exists.
+    """
+    H, W = cameras.image_size
+    if H % patch_size or W % patch_size:
+        raise SceneError(f"{name}: image size {(H, W)} is not divisible by patch size {patch_size}")
+    if plane_m is not None:
+        c = patch_size // 2
+        m = plane_m[:, :, :, c::patch_size, c::patch_size]  # (B, V, 3, gh, gw)
+        return Planes.from_m(m.permute(0, 1, 3, 4, 2).reshape(m.shape[0], -1, 3))
+    if depth is not None:
+        return Planes.from_depth(depth, cameras, patch_size)
+    return None

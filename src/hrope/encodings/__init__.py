@@ -11,11 +11,14 @@ from .ablations import HRoPEDepth, HRoPEFull, HRoPEPF, HRoPESE3, HRoPESO3, tange
 from .base import Encoding, EncodingError, HeadLayout, Prepared, TokenTransform, rope_angles
 from .camera import GTA, CaPE, NoEncoding, PRoPE, RoPE2D
 from .homography import HRoPE, HRoPELift
+from .rayrope import RayRoPE
+from .urope import URoPE
+from .worldrope import WorldRoPE
 
 ENCODINGS: dict[str, type[Encoding]] = {
     cls.name: cls
     for cls in (NoEncoding, RoPE2D, PRoPE, GTA, CaPE, HRoPE, HRoPELift,
-                HRoPEDepth, HRoPESO3, HRoPESE3, HRoPEPF, HRoPEFull)
+                HRoPEDepth, HRoPESO3, HRoPESE3, HRoPEPF, HRoPEFull, RayRoPE, URoPE, WorldRoPE)
 }
 
 
@@ -35,5 +38,5 @@ def get_encoding(name: str | Encoding, **options) -> Encoding:
 __all__ = [
     "ENCODINGS", "get_encoding", "Encoding", "EncodingError", "HeadLayout", "Prepared", "TokenTransform",
     "rope_angles", "tangent_frames", "NoEncoding", "RoPE2D", "PRoPE", "GTA", "CaPE", "HRoPE", "HRoPELift",
-    "HRoPEDepth", "HRoPESO3", "HRoPESE3", "HRoPEPF", "HRoPEFull",
+    "HRoPEDepth", "HRoPESO3", "HRoPESE3", "HRoPEPF", "HRoPEFull", "RayRoPE", "URoPE", "WorldRoPE",
 ]

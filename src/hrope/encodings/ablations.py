@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ..cameras import Cameras
 from ..geometry import geometry_dtype, invert_intrinsics, invert_se3, lift, make_se3, patch_center_rays
-from .base import ROPE_BASE, Encoding, EncodingError, HeadLayout, TokenTransform
+from .base import Encoding, EncodingError, HeadLayout, TokenTransform, per_token_param
 
 __all__ = ["PatchTransformEncoding", "HRoPEDepth", "HRoPESO3", "HRoPESE3", "HRoPEPF", "HRoPEFull",
            "tangent_frames"]
@@ -31,16 +31,6 @@ def _check_rotations(R: Tensor, what: str, atol: float = 1e-3) -> None:
     err = (R.transpose(-1, -2) @ R - eye).abs().amax()
     if err > atol or (torch.linalg.det(R) <= 0).any():
         raise EncodingError(f"{what} must hold proper rotations (|R^T R - I| = {float(err):.3g}, det > 0)")
-
-
-def _tokens(x: Tensor, cameras: Cameras, grid, trailing: tuple[int, ...], what: str) -> Tensor:
-    """Check ``x (B, N, *trailing)`` is finite and reshape it to ``(B, V, P, *trailing)``."""
-    B, V, P = cameras.batch_size, cameras.num_views, grid[0] * grid[1]
-    if tuple(x.shape) != (B, V * P, *trailing):
-        raise EncodingError(f"{what} must have shape {(B, V * P, *trailing)}, got {tuple(x.shape)}")
-    if not torch.isfinite(x).all():
-        raise EncodingError(f"{what} must be finite (found NaN or inf)")
-    return x.reshape(B, V, P, *trailing)
 
 
 def tangent_frames(normal: Tensor) -> Tensor:
@@ -61,10 +51,6 @@ def tangent_frames(normal: Tensor) -> Tensor:
 class PatchTransformEncoding(Encoding):
     """Shared composition D = lift(K̂) G E and D^-1 = E^-1 G^-1 lift(K̂^-1) over 4x4 tiles."""
 
-    def __init__(self, rope_base: float = ROPE_BASE) -> None:
-        super().__init__()
-        self.rope_base = rope_base
-
     def patch_transforms(self, cameras: Cameras, grid, dtype, planes, **params) -> tuple[Tensor, Tensor]:
         """Per-token G and G^-1, each ``(B, V, P, 4, 4)``."""
         raise NotImplementedError
@@ -77,8 +63,7 @@ class PatchTransformEncoding(Encoding):
         E = cameras.world_to_cam.to(dtype)[:, :, None]
         D = lift(K) @ G @ E
         D_inv = invert_se3(E) @ G_inv @ lift(invert_intrinsics(K))
-        return TokenTransform(HeadLayout(head_dim, block=4), cameras.num_views, grid, D, D_inv,
-                              rope_base=self.rope_base)
+        return self.token_transform(HeadLayout(head_dim, block=4), cameras, grid, D, D_inv)
 
 
 def _translation(p: Tensor) -> Tensor:
@@ -93,7 +78,7 @@ class HRoPEDepth(PatchTransformEncoding):
     param_names = ("depth",)
 
     def patch_transforms(self, cameras, grid, dtype, planes, *, depth):
-        z = _tokens(depth.to(dtype), cameras, grid, (), "depth")
+        z = per_token_param(depth.to(dtype), cameras, grid, (), "depth")
         rays = patch_center_rays(cameras.normalized_K(dtype), grid)
         p = z[..., None] * rays
         return _translation(-p), _translation(p)
@@ -106,7 +91,7 @@ class HRoPESO3(PatchTransformEncoding):
     param_names = ("rotation",)
 
     def patch_transforms(self, cameras, grid, dtype, planes, *, rotation):
-        R = _tokens(rotation.to(dtype), cameras, grid, (3, 3), "rotation")
+        R = per_token_param(rotation.to(dtype), cameras, grid, (3, 3), "rotation")
         _check_rotations(R, "rotation")
         return lift(R), lift(R.transpose(-1, -2))
 
@@ -118,7 +103,7 @@ class HRoPESE3(PatchTransformEncoding):
     param_names = ("transform",)
 
     def patch_transforms(self, cameras, grid, dtype, planes, *, transform):
-        G = _tokens(transform.to(dtype), cameras, grid, (4, 4), "transform")
+        G = per_token_param(transform.to(dtype), cameras, grid, (4, 4), "transform")
         _check_rotations(G[..., :3, :3], "transform[..., :3, :3]")
         bottom = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=dtype, device=G.device)
         if (G[..., 3, :] - bottom).abs().amax() > 1e-6:
@@ -156,7 +141,7 @@ class HRoPEFull(PatchTransformEncoding):
     param_names = ("transform",)
 
     def patch_transforms(self, cameras, grid, dtype, planes, *, transform):
-        G = _tokens(transform.to(dtype), cameras, grid, (4, 4), "transform")
+        G = per_token_param(transform.to(dtype), cameras, grid, (4, 4), "transform")
         G_inv, info = torch.linalg.inv_ex(G)
         if (info != 0).any() or not torch.isfinite(G_inv).all():
             raise EncodingError("hrope-full transform is singular for at least one token")

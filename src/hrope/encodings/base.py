@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from ..cameras import Cameras
 from ..geometry import geometry_dtype
 
-__all__ = ["HeadLayout", "rope_angles", "TokenTransform", "Encoding", "Prepared", "EncodingError"]
+__all__ = ["HeadLayout", "rope_angles", "per_token_param", "TokenTransform", "Encoding", "Prepared", "EncodingError"]
 
 ROPE_BASE = 100.0
 
@@ -80,6 +80,17 @@ def rope_angles(grid: tuple[int, int], num_freqs: int, *, base: float = ROPE_BAS
     )
     pos = torch.stack([ix.reshape(-1), iy.reshape(-1)], dim=-1)  # (P, 2)
     return (pos[..., None] * freqs).to(dtype)
+
+
+def per_token_param(x: Tensor, cameras: Cameras, grid, trailing: tuple[int, ...], what: str) -> Tensor:
+    """A per-token input ``x (B, N, *trailing)``, checked finite, reshaped to ``(B, V, P, *trailing)``."""
+    B, V, P = cameras.batch_size, cameras.num_views, grid[0] * grid[1]
+    if tuple(x.shape) != (B, V * P, *trailing):
+        raise EncodingError(f"{what} must have shape {(B, V * P, *trailing)}, got {tuple(x.shape)}")
+    if not torch.isfinite(x).all():
+        raise EncodingError(f"{what} must be finite (found NaN or inf)")
+    return x.reshape(B, V, P, *trailing)
+
 
 
 class Prepared:
@@ -207,6 +218,15 @@ class Encoding(nn.Module):
     needs_planes: ClassVar[bool] = False
     param_names: ClassVar[tuple[str, ...]] = ()
     query_frame: ClassVar[bool] = False
+
+    def __init__(self, rope_base: float = ROPE_BASE) -> None:
+        super().__init__()
+        self.rope_base = rope_base
+
+    def token_transform(self, layout: HeadLayout, cameras: Cameras, grid, geo: Tensor | None = None,
+                        geo_inv: Tensor | None = None, **options) -> TokenTransform:
+        """A :class:`TokenTransform` over ``cameras``' views with this encoding's RoPE base."""
+        return TokenTransform(layout, cameras.num_views, grid, geo, geo_inv, rope_base=self.rope_base, **options)
 
     def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes=None, **params) -> Prepared:
         raise NotImplementedError

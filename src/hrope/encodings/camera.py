@@ -29,7 +29,7 @@ class NoEncoding(Encoding):
 
     def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
         self.check_inputs(planes, params)
-        return TokenTransform(HeadLayout(head_dim, block=0, rope=False), cameras.num_views, grid)
+        return self.token_transform(HeadLayout(head_dim, block=0, rope=False), cameras, grid)
 
 
 class RoPE2D(Encoding):
@@ -37,23 +37,15 @@ class RoPE2D(Encoding):
 
     name = "rope2d"
 
-    def __init__(self, rope_base: float = ROPE_BASE) -> None:
-        super().__init__()
-        self.rope_base = rope_base
-
     def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
         self.check_inputs(planes, params)
-        return TokenTransform(HeadLayout(head_dim, block=0), cameras.num_views, grid, rope_base=self.rope_base)
+        return self.token_transform(HeadLayout(head_dim, block=0), cameras, grid)
 
 
 class PRoPE(Encoding):
     """``prope``: D_c = blockdiag(P_c tiles, RoPE), P_c = lift(K̂_c) E_c, P^-1 = E^-1 lift(K̂^-1)."""
 
     name = "prope"
-
-    def __init__(self, rope_base: float = ROPE_BASE) -> None:
-        super().__init__()
-        self.rope_base = rope_base
 
     def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
         self.check_inputs(planes, params)
@@ -63,7 +55,7 @@ class PRoPE(Encoding):
         P = lift(K) @ E
         P_inv = invert_se3(E) @ lift(invert_intrinsics(K))
         layout = HeadLayout(head_dim, block=4)
-        return TokenTransform(layout, cameras.num_views, grid, per_view(P), per_view(P_inv), rope_base=self.rope_base)
+        return self.token_transform(layout, cameras, grid, per_view(P), per_view(P_inv))
 
 
 class GTA(Encoding):
@@ -78,8 +70,7 @@ class GTA(Encoding):
 
     def __init__(self, learnable_translation_scale: bool = False, translation_scale_init: float = 0.01,
                  rope_base: float = ROPE_BASE) -> None:
-        super().__init__()
-        self.rope_base = rope_base
+        super().__init__(rope_base)
         if learnable_translation_scale:
             self.translation_scale = nn.Parameter(torch.tensor(float(translation_scale_init)))
         else:
@@ -94,8 +85,7 @@ class GTA(Encoding):
             column_scale = torch.cat([s.expand(3), torch.ones_like(s)])[:, None]  # (s, s, s, 1)
             E = torch.cat([E[..., :3], E[..., 3:] * column_scale], dim=-1)  # [[R, s t], [0, 1]]
         layout = HeadLayout(head_dim, block=4)
-        return TokenTransform(layout, cameras.num_views, grid, per_view(E), per_view(invert_se3(E)),
-                              rope_base=self.rope_base)
+        return self.token_transform(layout, cameras, grid, per_view(E), per_view(invert_se3(E)))
 
 
 class CaPE(Encoding):
@@ -110,5 +100,5 @@ class CaPE(Encoding):
         self.check_inputs(planes, params)
         E = cameras.world_to_cam.to(geometry_dtype(cameras.K.dtype))
         layout = HeadLayout(head_dim, block=4, rope=False)
-        return TokenTransform(layout, cameras.num_views, grid, per_view(E), per_view(invert_se3(E)),
-                              transform_values=False)
+        return self.token_transform(layout, cameras, grid, per_view(E), per_view(invert_se3(E)),
+                                    transform_values=False)

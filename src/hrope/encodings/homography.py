@@ -54,10 +54,6 @@ class HRoPELift(Encoding):
     name = "hrope-lift"
     needs_planes = True
 
-    def __init__(self, rope_base: float = ROPE_BASE) -> None:
-        super().__init__()
-        self.rope_base = rope_base
-
     def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
         self.check_inputs(planes, params)
         dtype = geometry_dtype(cameras.K.dtype)
@@ -71,7 +67,7 @@ class HRoPELift(Encoding):
         D = lam @ E
         D_inv = invert_se3(E) @ lam_inv
         layout = HeadLayout(head_dim, block=4)
-        return TokenTransform(layout, cameras.num_views, grid, D, D_inv, rope_base=self.rope_base)
+        return self.token_transform(layout, cameras, grid, D, D_inv)
 
 
 class HRoPE(Encoding):
@@ -88,9 +84,8 @@ class HRoPE(Encoding):
     def __init__(self, lift4: bool = False, rope_base: float = ROPE_BASE,
                  min_world_offset_ratio: float = MIN_WORLD_OFFSET_RATIO,
                  max_inverse_distance: float = MAX_INVERSE_DISTANCE) -> None:
-        super().__init__()
+        super().__init__(rope_base)
         self.lift4 = lift4
-        self.rope_base = rope_base
         self.min_world_offset_ratio = min_world_offset_ratio
         self.max_inverse_distance = max_inverse_distance
 
@@ -132,4 +127,4 @@ class HRoPE(Encoding):
         if self.lift4:
             H, H_inv = lift(H), lift(H_inv)
         layout = HeadLayout(head_dim, block=4 if self.lift4 else 3)
-        return TokenTransform(layout, cameras.num_views, grid, H, H_inv, rope_base=self.rope_base)
+        return self.token_transform(layout, cameras, grid, H, H_inv)

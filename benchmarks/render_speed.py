@@ -1,0 +1,93 @@
+"""Synthetic-data speed: rendering, whole scenes, and training batches (issue 4).
+
+    python benchmarks/render_speed.py [--reps 5]
+
+Measures (median over repetitions, CPU, torch's default threads unless ``--threads``):
+1. ``render``: 64 views of 128x128 with images, z-depth, normals and plane vectors, for a room
+   and an object scene (layout, cameras and textures prepared beforehand).
+2. ``make_scene``: the same including layout, trajectory and texture generation.
+3. a training batch: ``SyntheticDataset`` (room, 64x64, 2 context + 2 target views), 4 scenes,
+   ``collate_scenes``; compare with the training step time of the model.
+Writes benchmarks/results/render_speed.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from hrope.data import SyntheticDataset, collate_scenes, make_scene
+from hrope.data.render import render
+from hrope.data.synthetic import scene_setup
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TARGET_S = 0.5
+
+
+def median_time(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    make_scene(0, 0, "room", 2, (32, 32))  # warm-up: loads the photographs
+    rows = []
+    for kind in ("room", "object"):
+        layout, cameras, textures = scene_setup(0, 1, kind, 64, (128, 128), frames=list(range(0, 192, 3)))
+        render_s = median_time(lambda: render(layout.quads, textures, cameras), args.reps)
+        scene_s = median_time(lambda: make_scene(0, 1, kind, 64, (128, 128), frames=list(range(0, 192, 3))), args.reps)
+        rows.append({"what": f"{kind}: render 64 views 128x128 (+depth, normals, planes)", "seconds": render_s,
+                     "quads": layout.quads.count})
+        rows.append({"what": f"{kind}: make_scene 64 views 128x128 (incl. textures)", "seconds": scene_s,
+                     "quads": layout.quads.count})
+    dataset = SyntheticDataset("room", 1000, seed=0, image_size=(64, 64), num_context=2, num_target=2)
+    counter = iter(range(0, 1000, 4))
+
+    def batch():
+        start = next(counter)
+        return collate_scenes([dataset[start + i] for i in range(4)], num_context=2)
+
+    batch_s = median_time(batch, args.reps)
+    rows.append({"what": "training batch: 4 room scenes x (2 context + 2 target) 64x64, normalised + collated",
+                 "seconds": batch_s, "quads": None})
+    info = {
+        "command": "python benchmarks/render_speed.py" + (f" --reps {args.reps}" if args.reps != 5 else "")
+        + (f" --threads {args.threads}" if args.threads else ""),
+        "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()], "reps": args.reps,
+        "target_render_s": TARGET_S, "rows": rows,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "render_speed.json").write_text(json.dumps(info, indent=2) + "\n")
+    lines = [
+        "# Synthetic data speed", "",
+        f"Command: `{info['command']}`", "",
+        f"CPU, torch {info['torch']}, {info['threads']} threads, load average at start "
+        f"{info['load_average_at_start']}, median of {args.reps} runs. Target: rendering 64 views of 128x128 "
+        f"with depth and normals in at most {TARGET_S} s.", "",
+        "| what | quads | seconds |", "|---|---|---|",
+    ]
+    lines += [f"| {r['what']} | {r['quads'] if r['quads'] is not None else '-'} | {r['seconds']:.3f} |" for r in rows]
+    (RESULTS / "render_speed.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Torch datasets of normalised multi-view examples: context views first, then targets.
+
+:func:`sample_views` picks the frames of one example like the RealEstate10K protocol: two
+context frames ``gap`` frames apart (``gap`` in ``context_gap``), extra context frames between
+them, and targets between them (``targets="interpolate"``) or outside them, at most ``gap / 2``
+frames away (``"extrapolate"``). ``split="train"`` draws frames at random from a stream keyed by
+``(seed, index, epoch)`` (call :meth:`set_epoch` to vary them); ``split="eval"`` is fixed per index
+and spaces the targets evenly. Every example is passed through :func:`normalize_scene`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch.utils.data import Dataset
+
+from .batch import SceneBatch, collate_scenes
+from .config import SyntheticConfig
+from .normalize import normalize_scene
+from .rng import Rng, stream_seed
+from .scene import Scene, SceneError
+from .synthetic import KINDS, make_scene
+
+__all__ = ["sample_views", "ViewSampling", "SceneDataset", "SyntheticDataset", "DEFAULT_CONTEXT_GAP"]
+
+TARGET_MODES = ("interpolate", "extrapolate")
+DEFAULT_CONTEXT_GAP = {"room": (25, 100), "object": (15, 60)}  # frames between the outer context views
+SPLITS = ("train", "eval")
+
+
+def _evenly(low: int, high: int, count: int) -> list[int]:
+    """``count`` integers evenly spaced strictly inside ``(low, high)`` (rounded)."""
+    return [round(low + (high - low) * (k + 1) / (count + 1)) for k in range(count)]
+
+
+def sample_views(num_frames: int, num_context: int, num_target: int, rng: Rng, *,
+                 context_gap: tuple[int, int] | None = None, targets: str = "interpolate",
+                 random_targets: bool = True) -> list[int]:
+    """Frame indices ``[context..., targets...]`` of one example from a video of ``num_frames``.
+
+    ``context_gap`` (inclusive frame range of the first-to-last context distance) defaults to
+    any gap the video allows. Raises ValueError when the request cannot be met.
+    """
+    if num_context < 1 or num_target < 0:
+        raise ValueError(f"need num_context >= 1 and num_target >= 0, got {num_context}, {num_target}")
+    if targets not in TARGET_MODES:
+        raise ValueError(f"targets must be one of {TARGET_MODES}, got {targets!r}")
+    low, high = context_gap if context_gap is not None else (num_context - 1, num_frames - 1)
+    if not num_context - 1 <= low <= high:
+        raise ValueError(f"context_gap {context_gap} must satisfy {num_context - 1} <= low <= high "
+                         f"(distinct context frames)")
+    margin = lambda gap: max(1, gap // 2) if targets == "extrapolate" else 0  # noqa: E731
+    high = min(high, max((g for g in range(low, high + 1) if g + 2 * margin(g) < num_frames), default=-1))
+    if high < low:
+        raise ValueError(f"impossible view sampling: a context gap of {low} frames with {targets} targets needs "
+                         f"{low + 2 * margin(low) + 1} frames, the video has {num_frames}")
+    gap = rng.integer(low, high)
+    first = margin(gap) + rng.integer(0, num_frames - 1 - gap - 2 * margin(gap))
+    last = first + gap
+    inner = num_context - 2
+    if inner > 0 and random_targets:
+        middle = sorted(first + 1 + int(i) for i in rng.child("context").uniform(0, 1, (inner,)).mul(gap - 1).long())
+    else:
+        middle = _evenly(first, last, inner)
+    context = [first] + middle + ([last] if num_context > 1 else [])
+    if targets == "interpolate":
+        choices = list(range(first, last + 1))
+    else:
+        ext = margin(gap)
+        choices = list(range(first - ext, first)) + list(range(last + 1, last + ext + 1))
+    if random_targets:
+        picks = [choices[rng.integer(0, len(choices) - 1)] for _ in range(num_target)]
+    else:
+        picks = [choices[i] for i in _evenly(-1, len(choices), num_target)]
+    return context + picks
+
+
+class ViewSampling:
+    """Shared view-sampling and batching of the datasets below (not a Dataset itself)."""
+
+    def __init__(self, num_context: int, num_target: int, split: str, seed: int, context_gap, targets: str) -> None:
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        if num_context < 1 or num_target < 0:
+            raise ValueError(f"need num_context >= 1 and num_target >= 0, got {num_context}, {num_target}")
+        if targets not in TARGET_MODES:
+            raise ValueError(f"targets must be one of {TARGET_MODES}, got {targets!r}")
+        self.num_context, self.num_target, self.split = num_context, num_target, split
+        self.seed, self.context_gap, self.targets = seed, context_gap, targets
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Vary the training views per epoch (eval views never change)."""
+        self.epoch = epoch
+
+    def frames(self, index: int, num_frames: int) -> list[int]:
+        train = self.split == "train"
+        key = ("views", self.seed, index, self.epoch) if train else ("eval-views", self.seed, index)
+        return sample_views(num_frames, self.num_context, self.num_target, Rng(*key),
+                            context_gap=self.context_gap, targets=self.targets, random_targets=train)
+
+    def normalized(self, scene: Scene) -> Scene:
+        return normalize_scene(scene, list(range(self.num_context)))
+
+    def collate(self, scenes: list[Scene]) -> SceneBatch:
+        """``collate_fn`` for ``torch.utils.data.DataLoader``."""
+        return collate_scenes(scenes, self.num_context)
+
+
+class SceneDataset(ViewSampling, Dataset):
+    """Examples drawn from any indexable source of :class:`Scene` (all frames of a video each).
+
+    A source that also has ``num_frames(i)`` and ``load_views(i, frames)`` (like
+    :class:`hrope.data.SceneSource`) decodes only the sampled frames; if that fails with a
+    :class:`SceneError`, ``source[i]`` (which skips broken scenes with a warning) is used instead.
+    ``context_gap=None`` allows any gap the scene's length allows.
+    """
+
+    def __init__(self, source: Sequence[Scene], num_context: int = 2, num_target: int = 1, *, split: str = "train",
+                 seed: int = 0, context_gap: tuple[int, int] | None = None, targets: str = "interpolate") -> None:
+        super().__init__(num_context, num_target, split, seed, context_gap, targets)
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: int) -> Scene:
+        if hasattr(self.source, "load_views") and hasattr(self.source, "num_frames"):
+            try:
+                frames = self.frames(index, self.source.num_frames(index))
+                return self.normalized(self.source.load_views(index, frames))
+            except SceneError:
+                pass
+        scene = self.source[index]
+        return self.normalized(scene.select_views(self.frames(index, scene.num_views)))
+
+
+class SyntheticDataset(ViewSampling, Dataset):
+    """``num_scenes`` synthetic scenes (:func:`make_scene`), rendering only the sampled frames.
+
+    The ``eval`` split draws its scenes from a separate seed stream, so train and eval scenes
+    never coincide. ``context_gap=None`` uses the kind's default (:data:`DEFAULT_CONTEXT_GAP`:
+    25–100 frames for rooms as in RealEstate10K, 15–60 frames, i.e. 27–108 degrees of orbit, for
+    objects). ``patch_size`` (optional) is checked against ``image_size``.
+    """
+
+    def __init__(self, kind: str = "room", num_scenes: int = 1000, seed: int = 0,
+                 image_size: tuple[int, int] = (64, 64), num_context: int = 2, num_target: int = 2, *, split: str = "train",
+                 context_gap: tuple[int, int] | None = None, targets: str = "interpolate",
+                 config: SyntheticConfig = SyntheticConfig(), patch_size: int | None = None) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
+        gap = DEFAULT_CONTEXT_GAP[kind] if context_gap is None else context_gap
+        super().__init__(num_context, num_target, split, seed, gap, targets)
+        if num_scenes < 1:
+            raise ValueError(f"num_scenes must be >= 1, got {num_scenes}")
+        if patch_size is not None and (image_size[0] % patch_size or image_size[1] % patch_size):
+            raise ValueError(f"image size {tuple(image_size)} is not divisible by patch size {patch_size}")
+        self.kind, self.num_scenes, self.image_size, self.config = kind, num_scenes, tuple(image_size), config
+        self.scene_seed = seed if split == "train" else stream_seed("hrope.synthetic.eval", seed)
+        self.frames(0, config.num_frames)  # fail now, not in a worker, if the sampling is impossible
+
+    def __len__(self) -> int:
+        return self.num_scenes
+
+    def __getitem__(self, index: int) -> Scene:
+        if not 0 <= index < self.num_scenes:
+            raise IndexError(f"scene index {index} out of range 0..{self.num_scenes - 1}")
+        frames = self.frames(index, self.config.num_frames)
+        scene = make_scene(self.scene_seed, index, self.kind, len(frames), self.image_size, frames=frames,
+                           config=self.config)
+        return self.normalized(scene)

@@ -1,0 +1,72 @@
+"""LLFF scenes (``poses_bounds.npy`` + ``images`` / ``images_N`` folders).
+
+``poses_bounds.npy`` is ``(N, 17)``: a row-major ``3 x 5`` matrix ``[c0 c1 c2 | t | hwf]`` then the
+near/far depth bounds (unused here). ``[c0 c1 c2]`` is the **camera-to-world** rotation whose
+columns are the camera's **down, right, backward** axes in world coordinates, ``t`` the camera
+centre, ``hwf = (H, W, focal)`` in pixels of the full-resolution images.
+
+Conversion to OpenCV (x right, y down, z forward): ``cam_to_world = [c1, c0, -c2 | t]``, then
+``world_to_cam = inverse``. ``K = [[f, 0, W/2], [0, f, H/2], [0, 0, 1]]`` for ``(H, W)``, rescaled
+to the images read from ``images_N`` (downsampled by N; LLFF's ``factor``). Image files are the
+folder's ``.jpg/.jpeg/.png`` files sorted by name, one per row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..geometry import invert_se3
+from .frames import Frame, frames_to_scene
+from .scene import Scene, SceneError
+
+__all__ = ["read_llff_poses", "read_llff_frames", "load_llff"]
+
+_IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
+
+
+def read_llff_poses(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+    """``(K (N, 3, 3), world_to_cam (N, 4, 4), (H, W))`` in float64 from ``poses_bounds.npy``."""
+    path = Path(path)
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise SceneError(f"{path}: cannot read: {error}") from error
+    if array.ndim != 2 or array.shape[1] != 17 or len(array) == 0:
+        raise SceneError(f"{path}: expected an (N, 17) array, got shape {array.shape}")
+    poses = torch.from_numpy(array[:, :15].astype(np.float64)).reshape(-1, 3, 5)
+    height, width, focal = poses[:, :, 4].unbind(-1)
+    if not (height == height[0]).all() or not (width == width[0]).all():
+        raise SceneError(f"{path}: field hwf has different image sizes across rows")
+    cam_to_world = torch.zeros(len(poses), 4, 4, dtype=torch.float64)
+    cam_to_world[:, :3, 0] = poses[:, :, 1]
+    cam_to_world[:, :3, 1] = poses[:, :, 0]
+    cam_to_world[:, :3, 2] = -poses[:, :, 2]
+    cam_to_world[:, :3, 3] = poses[:, :, 3]
+    cam_to_world[:, 3, 3] = 1.0
+    K = torch.zeros(len(poses), 3, 3, dtype=torch.float64)
+    K[:, 0, 0] = K[:, 1, 1] = focal
+    K[:, 0, 2], K[:, 1, 2], K[:, 2, 2] = width / 2, height / 2, 1.0
+    return K, invert_se3(cam_to_world), (int(height[0]), int(width[0]))
+
+
+def read_llff_frames(folder: str | Path, factor: int | None = None) -> list[Frame]:
+    """Frames of an LLFF folder; images from ``images_{factor}`` (``images`` when None or 1)."""
+    folder = Path(folder)
+    K, world_to_cam, size = read_llff_poses(folder / "poses_bounds.npy")
+    image_dir = folder / ("images" if factor in (None, 1) else f"images_{factor}")
+    if not image_dir.is_dir():
+        raise SceneError(f"{folder}: image folder {image_dir.name} not found")
+    files = sorted(p for p in image_dir.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES)
+    if len(files) != len(K):
+        raise SceneError(f"{image_dir}: {len(files)} images but poses_bounds.npy has {len(K)} rows")
+    return [Frame(file, K[i], world_to_cam[i], size, f"{folder / 'poses_bounds.npy'} row {i} ({file.name})")
+            for i, file in enumerate(files)]
+
+
+def load_llff(folder: str | Path, image_size: tuple[int, int] | None = None, views: list[int] | None = None,
+              factor: int | None = None) -> Scene:
+    """A :class:`Scene` from an LLFF folder (:func:`read_llff_frames`)."""
+    return frames_to_scene(read_llff_frames(folder, factor), Path(folder).name, image_size, views)

@@ -1,0 +1,93 @@
+"""`SceneSource`: an indexable collection of real scenes that skips broken ones with a counted warning.
+
+A source has ``len(source)`` and ``source[i] -> Scene``; the generic dataset wrapper builds
+examples from it. ``source[i]`` holds ``num_views`` frames chosen by :func:`select_frames` (all
+frames when None); :meth:`SceneSource.num_frames` and :meth:`SceneSource.load_views` let a wrapper
+choose frames itself and decode only those. A scene whose files are missing, corrupt or malformed
+(any :class:`~hrope.data.SceneError`) is logged and replaced by the next loadable scene, so
+training never crashes mid-epoch; ``num_skipped`` counts the distinct scenes skipped so far.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .frames import Frame, frames_to_scene, select_frames
+from .scene import Scene, SceneError
+
+__all__ = ["SceneSource"]
+
+logger = logging.getLogger("hrope.data")
+
+
+class SceneSource:
+    """Base class: subclasses implement ``__len__``, ``frames(i)``, ``scene_name(i)`` and ``describe(i)``.
+
+    Args:
+        num_views: frames per scene for ``source[i]`` (all when None).
+        sampling: "even" (deterministic, evaluation) or "random" (fresh at each access, training),
+            see :func:`hrope.data.frames.select_frames`; ``max_span`` bounds a random window.
+        image_size: ``(H, W)`` to resize + centre-crop every view to (native size when None).
+        skip_errors: skip malformed scenes (default); False re-raises the :class:`SceneError`.
+    """
+
+    def __init__(self, *, num_views: int | None = None, sampling: str = "even", max_span: int | None = None,
+                 image_size: tuple[int, int] | None = None, skip_errors: bool = True) -> None:
+        if sampling not in ("even", "random"):
+            raise ValueError(f"sampling must be 'even' or 'random', got {sampling!r}")
+        self.num_views, self.sampling, self.max_span = num_views, sampling, max_span
+        self.image_size = None if image_size is None else (int(image_size[0]), int(image_size[1]))
+        self.skip_errors = skip_errors
+        self._bad: set[int] = set()
+
+    # ------------------------------------------------------------------ subclass interface
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def frames(self, i: int) -> list[Frame]:
+        """All frames of scene ``i`` (cameras converted, images not decoded)."""
+        raise NotImplementedError
+
+    def scene_name(self, i: int) -> str:
+        raise NotImplementedError
+
+    def describe(self, i: int) -> str:
+        return f"scene {self.scene_name(i)!r}"
+
+    def views(self, i: int, num_frames: int) -> list[int]:
+        """The frames ``source[i]`` holds, in order."""
+        return select_frames(num_frames, self.num_views, self.sampling, max_span=self.max_span)
+
+    # ------------------------------------------------------------------ access
+    @property
+    def num_skipped(self) -> int:
+        return len(self._bad)
+
+    def num_frames(self, i: int) -> int:
+        return len(self.frames(i))
+
+    def load_views(self, i: int, views: list[int]) -> Scene:
+        """Scene ``i`` restricted to frames ``views`` (in that order); errors are raised."""
+        return frames_to_scene(self.frames(i), self.scene_name(i), self.image_size, views)
+
+    def load(self, i: int) -> Scene:
+        frames = self.frames(i)
+        return frames_to_scene(frames, self.scene_name(i), self.image_size, self.views(i, len(frames)))
+
+    def __getitem__(self, i: int) -> Scene:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"scene index {i} out of range for {n} scenes")
+        i %= n
+        if not self.skip_errors:
+            return self.load(i)
+        for j in [(i + step) % n for step in range(n)]:
+            if j in self._bad:
+                continue
+            try:
+                return self.load(j)
+            except SceneError as error:
+                self._bad.add(j)
+                logger.warning("skipping %s (%d scene(s) skipped so far): %s", self.describe(j),
+                               self.num_skipped, error)
+        raise SceneError(f"none of the {n} scenes of {type(self).__name__} could be loaded")

@@ -1,0 +1,341 @@
+"""Shared machinery of the query-frame encodings (``rayrope``, ``urope``, ``worldrope``).
+
+A query-frame encoding gives key token j a position that depends on the query view c, so the
+key transform is recomputed per query view. Every token's encoding is one complex coefficient
+per channel pair, z = E[exp(iθ)] (a unit phase when deterministic, a shrunk one under
+uncertainty), acting on the split-half pairs (p, p + head_dim/2) of each head:
+
+    q_i <- conj(z_i) q_i,   k_j <- conj(z_j^(c)) k_j,   v_j <- conj(z_j^(c)) v_j,   o_i <- z_i o_i
+
+so a logit is Re(z_i conj(z_j^(c)) conj(q_i) k_j): for unit phases exactly RoPE on θ_i - θ_j^(c).
+z_i, the query's own coefficient, is the key coefficient of token i in its own view's frame.
+Under uncertainty the key's "inverse" is the expectation of the inverse rotation, E[R(-θ)] =
+E[R(θ)]^T (RayRoPE's choice), not the matrix inverse.
+
+Tokens are view-major, then row-major inside a view (x fastest): N = V * grid_h * grid_w.
+Memory is O(V·N·head_dim): one coefficient table per query view, never an N x N tensor.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from ..cameras import Cameras
+from ..geometry import geometry_dtype, invert_se3
+from .base import Encoding, EncodingError, Prepared, per_token_param
+
+__all__ = [
+    "QueryFrameEncoding", "QueryFrameTransform", "relative_poses", "patch_rays", "to_query_frames",
+    "project_to_patches", "image_rope_freqs", "pad_pairs", "sinc", "MIN_DEPTH", "POSITION_MARGIN", "EXECUTIONS",
+]
+
+# Behind-camera rule shared by the projecting encodings (urope, worldrope): a point at camera
+# depth Z is projected with |Z| clamped to at least MIN_DEPTH (points behind the camera are
+# mirrored through the image plane, as the public RayRoPE/URoPE code does), and the projected
+# position is clamped per axis to [-POSITION_MARGIN * g, (1 + POSITION_MARGIN) * g] patch units
+# (g = grid width or height), so extreme zoom or near-plane points stay finite.
+MIN_DEPTH = 1e-2
+POSITION_MARGIN = 2.0
+EXECUTIONS = ("loop", "fold")
+
+
+# ----------------------------------------------------------------------------------- geometry
+def relative_poses(cameras: Cameras, dtype: torch.dtype) -> Tensor:
+    """Key-camera-to-query-camera transforms ``(B, Vq, Vk, 4, 4)`` = E_q E_k^-1 (world cancels)."""
+    E = cameras.world_to_cam.to(dtype)
+    return E[:, :, None] @ invert_se3(E)[:, None]
+
+
+def patch_rays(K_norm: Tensor, grid: tuple[int, int], offset: tuple[float, float] = (0.5, 0.5)) -> Tensor:
+    """Camera-frame rays ``(B, V, P, 3)`` with unit z through ``(ix + ox, iy + oy)`` of each patch.
+
+    ``offset`` is in patch units: (0.5, 0.5) is the patch centre, (0, 0) its top-left corner.
+    """
+    grid_h, grid_w = grid
+    dtype, device = K_norm.dtype, K_norm.device
+    u = (torch.arange(grid_w, device=device, dtype=dtype) + offset[0]) / grid_w - 0.5
+    v = (torch.arange(grid_h, device=device, dtype=dtype) + offset[1]) / grid_h - 0.5
+    vv, uu = torch.meshgrid(v, u, indexing="ij")
+    fx, fy = K_norm[..., 0, 0, None], K_norm[..., 1, 1, None]
+    cx, cy = K_norm[..., 0, 2, None], K_norm[..., 1, 2, None]
+    x = (uu.reshape(-1) - cx) / fx
+    y = (vv.reshape(-1) - cy) / fy
+    return torch.stack([x, y, torch.ones_like(x)], dim=-1)
+
+
+def to_query_frames(points: Tensor, rel: Tensor) -> Tensor:
+    """Key-camera-frame points ``(B, Vk, P, *S, 3)`` -> every query frame ``(B, Vq, Vk * P, *S, 3)``."""
+    B, Vk, P = points.shape[:3]
+    extra = points.shape[3:-1]
+    flat = points.reshape(B, Vk, -1, 3)
+    out = torch.einsum("bqkij,bkmj->bqkmi", rel[..., :3, :3], flat) + rel[:, :, :, None, :3, 3]
+    return out.reshape(B, rel.shape[1], Vk * P, *extra, 3)
+
+
+def project_to_patches(X: Tensor, K_norm: Tensor, grid: tuple[int, int]) -> tuple[Tensor, Tensor]:
+    """Project query-frame points ``X (..., 3)`` to query-image positions in patch units.
+
+    ``K_norm`` holds the query intrinsics broadcastable to ``(..., 3, 3)``. Returns positions
+    ``(..., 2)`` (patch ix has centre ix + 0.5) and the per-axis Jacobian scale ``(..., 2)``
+    ``g * f̂ / Z_eff`` with the mirrored, clamped depth ``Z_eff = max(|Z|, MIN_DEPTH)``
+    (see the module constants for the behind-camera rule).
+    """
+    grid_h, grid_w = grid
+    z_eff = X[..., 2].abs().clamp_min(MIN_DEPTH)
+    size = X.new_tensor([grid_w, grid_h])
+    focal = torch.stack([K_norm[..., 0, 0], K_norm[..., 1, 1]], -1)
+    centre = torch.stack([K_norm[..., 0, 2], K_norm[..., 1, 2]], -1)
+    pos = size * (focal * X[..., :2] / z_eff[..., None] + centre + 0.5)
+    pos = torch.maximum(torch.minimum(pos, (1 + POSITION_MARGIN) * size), -POSITION_MARGIN * size)
+    return pos, size * focal / z_eff[..., None]
+
+
+def image_rope_freqs(head_dim: int, base: float, device=None, dtype=torch.float32) -> Tensor:
+    """2D image-RoPE frequencies ``(F,)``, F = head_dim // 4 per axis, ``w_f = base^(-f/F)``.
+
+    Layout used by ``urope`` and ``worldrope``: pair f rotates by ``w_f * x``, pair F + f by
+    ``w_f * y`` (x, y in patch units); pairs from 2F to head_dim/2 are identity.
+    """
+    num = head_dim // 4
+    exponent = -torch.arange(num, device=device, dtype=torch.float64) / max(num, 1)
+    return (base**exponent).to(dtype)
+
+
+def pad_pairs(re: Tensor, im: Tensor, num_pairs: int) -> tuple[Tensor, Tensor]:
+    """Pad coefficient tables ``(..., n)`` to ``num_pairs`` with the identity (1 + 0i)."""
+    missing = num_pairs - re.shape[-1]
+    if missing < 0:
+        raise EncodingError(f"{re.shape[-1]} channel pairs do not fit in head_dim/2 = {num_pairs}")
+    return F.pad(re, (0, missing), value=1.0), F.pad(im, (0, missing), value=0.0)
+
+
+# ----------------------------------------------------------------------------------- prepared
+class QueryFrameTransform(Prepared):
+    """Per-query-view coefficient tables; the precompute-then-apply object.
+
+    Args:
+        re, im: ``(B, Vq, N, head_dim/2)`` real and imaginary parts of the key coefficients
+            z_j^(c) in every query frame c (geometry dtype).
+        grid: ``(grid_h, grid_w)``; N = Vq * grid_h * grid_w.
+        execution: ``"loop"`` (one SDPA call per query view) or ``"fold"`` (query views folded
+            into the batch, K and V replicated per query view, one SDPA call).
+        recompute: loop only; checkpoint each query view's rotation + SDPA so backward recomputes
+            them instead of keeping V rotated copies of K and V (one more SDPA forward per view).
+
+    Precompute-then-apply for custom attention (e.g. cross-attention): for each query view c,
+    ``sdpa(apply_q(q_c, c), *apply_kv(k, v, c))`` then ``apply_o(o_c, c)``, where ``q_c`` holds
+    view c's queries ``(B, heads, P, head_dim)`` and ``k, v`` all N keys (keys of views that
+    should not be attended can be sliced out after ``apply_kv``; the transform is per token).
+    """
+
+    def __init__(self, re: Tensor, im: Tensor, grid: tuple[int, int], execution: str = "loop",
+                 recompute: bool = False) -> None:
+        if execution not in EXECUTIONS:
+            raise EncodingError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
+        B, V, N, pairs = re.shape
+        self.grid = tuple(grid)
+        self.num_views = V
+        self.head_dim = 2 * pairs
+        self.execution = execution
+        self.recompute = recompute
+        P = N // V
+        diag = torch.arange(V, device=re.device)
+        self._key = (re, im)
+        self._query = tuple(t.reshape(B, V, V, P, pairs)[:, diag, diag].reshape(B, N, pairs) for t in (re, im))
+        self._cache: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+    @property
+    def tokens_per_view(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_views * self.tokens_per_view
+
+    def coefficients(self, query_view: int | None = None) -> tuple[Tensor, Tensor]:
+        """``(re, im)`` each ``(B, N, head_dim/2)``: the keys' coefficients z_j^(c) in query view
+        c's frame, or (``query_view=None``) every token's own query coefficient z_i."""
+        if query_view is None:
+            return self._query
+        self._rows(query_view)
+        return self._key[0][:, query_view], self._key[1][:, query_view]
+
+    # --------------------------------------------------------------------------- tables
+    def _full_width(self, which: str, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``(C, S)`` over all head channels in x's dtype: ``conj(z) x = x * C + swap(x) * S``.
+
+        ``which`` is "q" ``(B, 1, N, d)`` or "k" ``(B, Vq, 1, N, d)``.
+        """
+        cache_key = (which, x.dtype, x.device)
+        if cache_key not in self._cache:
+            re, im = self._query if which == "q" else self._key
+            C = torch.cat([re, re], -1).to(device=x.device, dtype=x.dtype)
+            S = torch.cat([im, -im], -1).to(device=x.device, dtype=x.dtype)
+            axis = 1 if which == "q" else 2
+            self._cache[cache_key] = (C.unsqueeze(axis), S.unsqueeze(axis))
+        return self._cache[cache_key]
+
+    @staticmethod
+    def _swap(x: Tensor) -> Tensor:
+        half = x.shape[-1] // 2
+        return torch.cat([x[..., half:], x[..., :half]], -1)
+
+    def _rows(self, query_view: int | None) -> slice:
+        if query_view is None:
+            return slice(None)
+        if not 0 <= query_view < self.num_views:
+            raise EncodingError(f"query_view must be in [0, {self.num_views}), got {query_view}")
+        P = self.tokens_per_view
+        return slice(query_view * P, (query_view + 1) * P)
+
+    def _check(self, x: Tensor, tokens: int) -> None:
+        if x.ndim != 4 or x.shape[-1] != self.head_dim or x.shape[-2] != tokens:
+            raise EncodingError(f"expected (B, heads, {tokens}, {self.head_dim}), got {tuple(x.shape)}")
+
+    def _rotate_q(self, x: Tensor, query_view: int | None, conjugate: bool) -> Tensor:
+        rows = self._rows(query_view)
+        self._check(x, self.num_tokens if query_view is None else self.tokens_per_view)
+        with torch.autocast(x.device.type, enabled=False):
+            C, S = self._full_width("q", x)
+            C, S = C[:, :, rows], S[:, :, rows]
+            return torch.addcmul(x * C, self._swap(x), S if conjugate else -S)
+
+    # --------------------------------------------------------------------------- apply
+    def apply_q(self, q: Tensor, query_view: int | None = None) -> Tensor:
+        """``conj(z_i) q_i``; q ``(B, heads, N, d)``, or ``(B, heads, P, d)`` of one ``query_view``."""
+        return self._rotate_q(q, query_view, conjugate=True)
+
+    def apply_o(self, o: Tensor, query_view: int | None = None) -> Tensor:
+        """``z_i o_i``; o shaped like :meth:`apply_q`'s input."""
+        return self._rotate_q(o, query_view, conjugate=False)
+
+    def apply_kv(self, k: Tensor, v: Tensor, query_view: int) -> tuple[Tensor, Tensor]:
+        """``conj(z_j^(c)) k_j`` and ``conj(z_j^(c)) v_j`` for query view c; k, v ``(B, heads, N, d)``."""
+        self._rows(query_view)
+        self._check(k, self.num_tokens)
+        self._check(v, self.num_tokens)
+        return self._kv_in_frame(k, self._swap(k), v, self._swap(v), query_view)
+
+    def _kv_in_frame(self, k: Tensor, k_swapped: Tensor, v: Tensor, v_swapped: Tensor,
+                     query_view: int) -> tuple[Tensor, Tensor]:
+        with torch.autocast(k.device.type, enabled=False):
+            C, S = self._full_width("k", k)
+            C, S = C[:, query_view], S[:, query_view]
+            return torch.addcmul(k * C, k_swapped, S), torch.addcmul(v * C, v_swapped, S)
+
+    def _apply_kv_all(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values in every query frame, ``(B * Vq, heads, N, d)``."""
+        with torch.autocast(k.device.type, enabled=False):
+            C, S = self._full_width("k", k)
+            outs = [torch.addcmul(x[:, None] * C, self._swap(x)[:, None], S).flatten(0, 1) for x in (k, v)]
+        return outs[0], outs[1]
+
+    # --------------------------------------------------------------------------- attention
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs) -> Tensor:
+        """Self-attention over all N tokens, ``(B, heads, N, d)`` like SDPA.
+
+        ``attn_mask`` must broadcast to ``(B, heads, N, N)``; ``is_causal=True`` is turned into
+        the equivalent global ``(N, N)`` mask (causal over the whole sequence).
+        """
+        for x in (q, k, v):
+            self._check(x, self.num_tokens)
+        mask = self._global_mask(q, sdpa_kwargs)
+        q_rot = self.apply_q(q)
+        if self.execution == "loop":
+            out = torch.empty_like(q_rot)
+            k_swapped, v_swapped = self._swap(k), self._swap(v)
+            for c in range(self.num_views):
+                rows = self._rows(c)
+                mask_c = None if mask is None else (mask if mask.shape[-2] == 1 else mask[..., rows, :])
+                args = (q_rot[:, :, rows], k, k_swapped, v, v_swapped, c, mask_c)
+                if self.recompute and torch.is_grad_enabled():
+                    out[:, :, rows] = checkpoint(self._view_attention, *args, use_reentrant=False, **sdpa_kwargs)
+                else:
+                    out[:, :, rows] = self._view_attention(*args, **sdpa_kwargs)
+        else:
+            B, H, N, d = q.shape
+            V, P = self.num_views, self.tokens_per_view
+            k_all, v_all = self._apply_kv_all(k, v)
+            q_fold = q_rot.reshape(B, H, V, P, d).transpose(1, 2).reshape(B * V, H, P, d)
+            out = F.scaled_dot_product_attention(q_fold, k_all, v_all,
+                                                 attn_mask=self._fold_mask(mask, B, N), **sdpa_kwargs)
+            out = out.reshape(B, V, H, P, d).transpose(1, 2).reshape(B, H, N, d)
+        return self.apply_o(out)
+
+    def _view_attention(self, q_c: Tensor, k: Tensor, k_swapped: Tensor, v: Tensor, v_swapped: Tensor,
+                        query_view: int, mask: Tensor | None, **sdpa_kwargs) -> Tensor:
+        k_c, v_c = self._kv_in_frame(k, k_swapped, v, v_swapped, query_view)
+        return F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=mask, **sdpa_kwargs)
+
+    def _global_mask(self, q: Tensor, sdpa_kwargs: dict) -> Tensor | None:
+        mask = sdpa_kwargs.pop("attn_mask", None)
+        if sdpa_kwargs.pop("is_causal", False):
+            if mask is not None:
+                raise EncodingError("pass either attn_mask or is_causal, not both")
+            N = self.num_tokens
+            mask = torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
+        return mask
+
+    def _fold_mask(self, mask: Tensor | None, B: int, N: int) -> Tensor | None:
+        """A mask broadcastable to ``(B, h, N, N)`` -> ``(B * Vq, h, P, N)``."""
+        if mask is None:
+            return None
+        while mask.ndim < 4:
+            mask = mask[None]
+        V, P = self.num_views, self.tokens_per_view
+        mask = mask.expand(B, mask.shape[1], N, N)
+        return mask.reshape(B, -1, V, P, N).transpose(1, 2).reshape(B * V, -1, P, N)
+
+
+# ----------------------------------------------------------------------------------- encoding
+class QueryFrameEncoding(Encoding):
+    """Base of the query-frame encodings: subclasses implement :meth:`key_coefficients`.
+
+    Args:
+        execution: ``"loop"`` (default; one SDPA call per query view, lower peak memory) or
+            ``"fold"`` (views folded into the batch, one SDPA call). Both give the same result.
+        recompute: with ``"loop"``, recompute each view's rotated K, V and SDPA in backward
+            instead of saving them (saved memory no longer grows with V; costs one more SDPA
+            forward).
+    """
+
+    query_frame = True
+
+    def __init__(self, execution: str = "loop", recompute: bool = False) -> None:
+        super().__init__()
+        if execution not in EXECUTIONS:
+            raise EncodingError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
+        if recompute and execution != "loop":
+            raise EncodingError("recompute=True needs execution='loop'")
+        self.execution = execution
+        self.recompute = recompute
+
+    def key_coefficients(self, cameras: Cameras, grid: tuple[int, int], head_dim: int,
+                         dtype: torch.dtype, **params) -> tuple[Tensor, Tensor]:
+        """Key coefficients ``(re, im)`` each ``(B, Vq, N, n <= head_dim/2)`` in ``dtype``."""
+        raise NotImplementedError
+
+    def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> QueryFrameTransform:
+        self.check_inputs(planes, params)
+        if head_dim % 2:
+            raise EncodingError(f"encoding {self.name!r} needs an even head_dim, got {head_dim}")
+        grid = tuple(grid)
+        dtype = geometry_dtype(cameras.K.dtype)
+        params = {name: per_token_param(value, cameras, grid, tuple(value.shape[2:]), name).to(dtype)
+                  for name, value in params.items()}
+        re, im = self.key_coefficients(cameras, grid, head_dim, dtype, **params)
+        re, im = pad_pairs(re, im, head_dim // 2)
+        return QueryFrameTransform(re, im, grid, self.execution, self.recompute)
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, execution={self.execution!r}, recompute={self.recompute}"
+
+
+def sinc(x: Tensor) -> Tensor:
+    """``sin(x) / x`` with the value 1 at 0."""
+    return torch.sinc(x / math.pi)

@@ -1,0 +1,469 @@
+"""Real-data loaders: fixtures written in each foreign format from known OpenCV cameras.
+
+Every fixture is written from ground-truth cameras (pixel K, world-to-camera, OpenCV axes) with
+formulas independent of the loaders; the loaded cameras must re-project known 3D points to the
+same pixels, and each view must carry its own image.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from helpers import random_rotation, so3_exp
+from hrope.data.co3d import CO3DSource
+from hrope.data.frames import select_frames
+from hrope.data.llff import load_llff
+from hrope.data.load import SceneFolderSource, detect_format, load_scene, make_source
+from hrope.data.re10k import RealEstate10KSource, read_evaluation_index
+from hrope.data.scene import SceneError
+
+H, W = 12, 16  # non-square so that width/height mix-ups show
+V = 4
+
+
+# ---------------------------------------------------------------- ground truth and checks
+def truth(seed: int, size=(H, W), centred=False, square_pixels=False):
+    """Random OpenCV cameras: K (V, 3, 3) pixels, world_to_cam (V, 4, 4), camera centres (V, 3)."""
+    g = torch.Generator().manual_seed(seed)
+    h, w = size
+    u = torch.rand(V, 4, generator=g, dtype=torch.float64)
+    K = torch.zeros(V, 3, 3, dtype=torch.float64)
+    K[:, 0, 0] = w * (0.7 + 0.8 * u[:, 0])
+    K[:, 1, 1] = K[:, 0, 0] if square_pixels else h * (0.7 + 0.8 * u[:, 1])
+    K[:, 0, 2] = w / 2 if centred else w * (0.4 + 0.2 * u[:, 2])
+    K[:, 1, 2] = h / 2 if centred else h * (0.4 + 0.2 * u[:, 3])
+    K[:, 2, 2] = 1
+    R = random_rotation(V, generator=g)
+    centre = torch.randn(V, 3, generator=g, dtype=torch.float64)
+    E = torch.eye(4, dtype=torch.float64).repeat(V, 1, 1)
+    E[:, :3, :3] = R
+    E[:, :3, 3] = -(R @ centre[..., None])[..., 0]
+    return K, E, centre
+
+
+def points_in_front(E: torch.Tensor, seed: int) -> torch.Tensor:
+    """``(V, P, 3)`` world points 1–3 units in front of each camera."""
+    g = torch.Generator().manual_seed(seed + 99)
+    local = torch.rand(V, 20, 3, generator=g, dtype=torch.float64) - 0.5
+    local[..., 2] = 1 + 2 * local[..., 2].abs()
+    R, t = E[:, :3, :3], E[:, :3, 3]
+    return ((local - t[:, None]) @ R)  # R^T (x - t) for each row
+
+
+def project_cv(K, E, X):
+    """OpenCV pinhole projection of world points ``X (V, P, 3)`` -> pixels ``(V, P, 2)``."""
+    cam = X @ E[:, :3, :3].transpose(-1, -2) + E[:, None, :3, 3]
+    pix = cam @ K.transpose(-1, -2)
+    return pix[..., :2] / pix[..., 2:]
+
+
+def assert_reprojects(scene, expected_pixels, X, atol=2e-3):
+    cams = scene.cameras
+    got = project_cv(cams.K[0].double(), cams.world_to_cam[0].double(), X)
+    torch.testing.assert_close(got, expected_pixels, atol=atol, rtol=0)
+
+
+def view_images(seed: int, size=(H, W)) -> list[np.ndarray]:
+    """One distinct random uint8 image ``(H, W, 3)`` per view."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (*size, 3), dtype=np.uint8) for _ in range(V)]
+
+
+def flat_images(size=(H, W)) -> list[np.ndarray]:
+    """Per-view constant colours far apart (robust to JPEG)."""
+    colours = [(230, 20, 20), (20, 230, 20), (20, 20, 230), (230, 230, 20)]
+    return [np.broadcast_to(np.array(c, np.uint8), (*size, 3)).copy() for c in colours[:V]]
+
+
+def assert_images(scene, arrays, atol=0.0):
+    expected = torch.stack([torch.from_numpy(a).permute(2, 0, 1).float() / 255 for a in arrays])
+    torch.testing.assert_close(scene.images, expected, atol=atol + 1e-6, rtol=0)
+
+
+def save_png(path: Path, array: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(array).save(path, format="PNG")  # PNG whatever the suffix: lossless
+
+
+# ---------------------------------------------------------------- nerfstudio / instant-ngp
+def write_nerfstudio(folder: Path, K, E, images, shared=True, distortion=0.0) -> None:
+    frames = []
+    for v in range(V):
+        c2w = torch.linalg.inv(E[v])
+        c2w_gl = torch.stack([c2w[:, 0], -c2w[:, 1], -c2w[:, 2], c2w[:, 3]], 1)  # x right, y up, z back
+        save_png(folder / "images" / f"frame_{v:05d}.png", images[v])
+        frame = {"file_path": f"images/frame_{v:05d}.png", "transform_matrix": c2w_gl.tolist()}
+        if not shared:
+            frame.update(fl_x=float(K[v, 0, 0]), fl_y=float(K[v, 1, 1]), cx=float(K[v, 0, 2]), cy=float(K[v, 1, 2]))
+        frames.append(frame)
+    meta = {"w": W, "h": H, "camera_model": "OPENCV", "k1": distortion, "frames": frames}
+    if shared:
+        meta.update(fl_x=float(K[0, 0, 0]), fl_y=float(K[0, 1, 1]), cx=float(K[0, 0, 2]), cy=float(K[0, 1, 2]))
+    (folder / "transforms.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_nerfstudio_reprojects(tmp_path, shared):
+    K, E, _ = truth(1)
+    if shared:
+        K[:] = K[0]
+    images = view_images(1)
+    write_nerfstudio(tmp_path, K, E, images, shared=shared)
+    assert detect_format(tmp_path) == "nerfstudio"
+    scene = load_scene(tmp_path)
+    X = points_in_front(E, 1)
+    assert_reprojects(scene, project_cv(K, E, X), X)
+    assert_images(scene, images)
+
+
+def test_instant_ngp_camera_angle_and_distortion_warning(tmp_path, caplog):
+    K, E, _ = truth(2, centred=True, square_pixels=True)
+    K[:] = K[0]
+    images = view_images(2)
+    write_nerfstudio(tmp_path, K, E, images, distortion=0.1)
+    meta = json.loads((tmp_path / "transforms.json").read_text())
+    for key in ("fl_x", "fl_y", "cx", "cy", "w", "h"):  # size then comes from the image files
+        del meta[key]
+    meta["camera_angle_x"] = 2 * math.atan(W / (2 * float(K[0, 0, 0])))
+    for frame in meta["frames"]:
+        frame["file_path"] = frame["file_path"][:-4]  # Blender style: no extension
+    (tmp_path / "transforms.json").write_text(json.dumps(meta))
+    with caplog.at_level(logging.WARNING, logger="hrope.data"):
+        scene = load_scene(tmp_path / "transforms.json")
+    assert "distortion" in caplog.text
+    X = points_in_front(E, 2)
+    assert_reprojects(scene, project_cv(K, E, X), X)
+
+
+def test_nerfstudio_downsampled_folder_and_malformed_frame(tmp_path):
+    K, E, _ = truth(6)
+    K[:] = K[0]
+    write_nerfstudio(tmp_path, K, E, view_images(6))
+    small = view_images(7, size=(H // 2, W // 2))
+    for v in range(V):  # only a half-size copy, as some downloads ship
+        (tmp_path / "images" / f"frame_{v:05d}.png").unlink()
+        save_png(tmp_path / "images_2" / f"frame_{v:05d}.png", small[v])
+    scene = load_scene(tmp_path)
+    X = points_in_front(E, 6)
+    assert_reprojects(scene, project_cv(K, E, X) / 2, X)
+    assert_images(scene, small)
+    meta = json.loads((tmp_path / "transforms.json").read_text())
+    del meta["frames"][2]["transform_matrix"]
+    (tmp_path / "transforms.json").write_text(json.dumps(meta))
+    with pytest.raises(SceneError, match=r"transforms\.json frames\[2\]: needs 'file_path' and 'transform_matrix'"):
+        load_scene(tmp_path)
+    meta["frames"][2]["transform_matrix"] = (2 * torch.eye(4)).tolist()  # a scaled "rotation"
+    (tmp_path / "transforms.json").write_text(json.dumps(meta))
+    with pytest.raises(SceneError, match=r"transforms\.json frames\[2\]: invalid camera.*not a rotation"):
+        load_scene(tmp_path)
+
+
+# ---------------------------------------------------------------- COLMAP
+def rotation_to_quaternion(R: torch.Tensor) -> torch.Tensor:
+    """(w, x, y, z) via the axis-angle of R (independent of the loader's formula)."""
+    angle = torch.arccos(((torch.trace(R) - 1) / 2).clamp(-1, 1))
+    axis = torch.stack([R[2, 1] - R[1, 2], R[0, 2] - R[2, 0], R[1, 0] - R[0, 1]]) / (2 * torch.sin(angle))
+    q = torch.cat([torch.cos(angle / 2)[None], torch.sin(angle / 2) * axis])
+    assert torch.allclose(so3_exp(axis * angle), R, atol=1e-9)  # the fixture itself is right
+    return q
+
+
+def write_colmap(folder: Path, K, E, images, layout="sparse/0",
+                 models=("PINHOLE", "SIMPLE_PINHOLE", "SIMPLE_RADIAL", "OPENCV")) -> None:
+    model = folder / layout if layout else folder
+    model.mkdir(parents=True, exist_ok=True)
+    camera_lines, image_lines = ["# Camera list"], ["# Image list", "#   POINTS2D[] as (X, Y, POINT3D_ID)"]
+    for v in range(V):
+        fx, fy, cx, cy = (float(x) for x in (K[v, 0, 0], K[v, 1, 1], K[v, 0, 2], K[v, 1, 2]))
+        params = {"PINHOLE": [fx, fy, cx, cy], "SIMPLE_PINHOLE": [fx, cx, cy], "SIMPLE_RADIAL": [fx, cx, cy, 0.01],
+                  "OPENCV": [fx, fy, cx, cy, 0.01, 0.0, 0.0, 0.0]}[models[v]]
+        camera_lines.append(f"{v + 7} {models[v]} {W} {H} " + " ".join(repr(p) for p in params))
+        q = rotation_to_quaternion(E[v, :3, :3])
+        q = q if v % 2 else -q  # q and -q are the same rotation
+        t = E[v, :3, 3]
+        name = f"img_{v:02d}.png"
+        save_png(folder / "images" / name, images[v])
+        image_lines.append(f"{v + 1} " + " ".join(repr(float(x)) for x in [*q, *t]) + f" {v + 7} {name}")
+        image_lines.append("" if v % 2 else "10.5 3.25 -1 2.0 4.0 17")  # points line, possibly empty
+    (model / "cameras.txt").write_text("\n".join(camera_lines) + "\n")
+    (model / "images.txt").write_text("\n".join(image_lines) + "\n")
+
+
+@pytest.mark.parametrize("layout", ["sparse/0", ""])
+def test_colmap_reprojects(tmp_path, layout, caplog):
+    K, E, _ = truth(3)
+    for v in (1, 2):  # single-focal models
+        K[v, 1, 1] = K[v, 0, 0]
+    images = view_images(3)
+    write_colmap(tmp_path, K, E, images, layout)
+    assert detect_format(tmp_path) == "colmap"
+    with caplog.at_level(logging.WARNING, logger="hrope.data"):
+        scene = load_scene(tmp_path)
+    assert "SIMPLE_RADIAL" in caplog.text and "OPENCV" in caplog.text
+    X = points_in_front(E, 3)
+    assert_reprojects(scene, project_cv(K, E, X), X)
+    assert_images(scene, images)
+
+
+def test_colmap_unsupported_model_names_line(tmp_path):
+    K, E, _ = truth(4)
+    write_colmap(tmp_path, K, E, view_images(4))
+    cameras = tmp_path / "sparse/0/cameras.txt"
+    cameras.write_text(cameras.read_text().replace("PINHOLE 16", "FISHEYE_X 16", 1))
+    with pytest.raises(SceneError, match=r"cameras\.txt:2.*FISHEYE_X"):
+        load_scene(tmp_path)
+
+
+# ---------------------------------------------------------------- LLFF
+def write_llff(folder: Path, K, E, images, factor: int) -> None:
+    rows = []
+    for v in range(V):
+        c2w = torch.linalg.inv(E[v])
+        right, down, forward, centre = c2w[:3, 0], c2w[:3, 1], c2w[:3, 2], c2w[:3, 3]
+        hwf = torch.tensor([H, W, float(K[v, 0, 0])], dtype=torch.float64)
+        pose = torch.stack([down, right, -forward, centre, hwf], 1)  # LLFF [down, right, back]
+        rows.append(torch.cat([pose.reshape(-1), torch.tensor([0.5, 9.0], dtype=torch.float64)]))
+        save_png(folder / ("images" if factor == 1 else f"images_{factor}") / f"IMG_{v:03d}.png", images[v])
+    np.save(folder / "poses_bounds.npy", torch.stack(rows).numpy())
+
+
+def test_llff_reprojects_with_downsampled_images(tmp_path):
+    K, E, _ = truth(5, centred=True, square_pixels=True)
+    images = view_images(5, size=(H // 2, W // 2))
+    write_llff(tmp_path, K, E, images, factor=2)
+    assert detect_format(tmp_path) == "llff"
+    scene = load_llff(tmp_path, factor=2)
+    assert scene.image_size == (H // 2, W // 2)
+    X = points_in_front(E, 5)
+    assert_reprojects(scene, project_cv(K, E, X) / 2, X)  # a half-size image halves pixel coordinates
+    assert_images(scene, images)
+    with pytest.raises(SceneError, match="images"):
+        load_scene(tmp_path)  # no full-resolution `images` folder
+
+
+# ---------------------------------------------------------------- RealEstate10K
+def jpeg_tensor(array: np.ndarray) -> torch.Tensor:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="JPEG", quality=95)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def re10k_example(key: str, seed: int) -> tuple[dict, torch.Tensor, torch.Tensor, list[np.ndarray]]:
+    K, E, _ = truth(seed)
+    normalised = torch.stack([K[:, 0, 0] / W, K[:, 1, 1] / H, K[:, 0, 2] / W, K[:, 1, 2] / H], 1)
+    cameras = torch.cat([normalised, torch.zeros(V, 2, dtype=torch.float64), E[:, :3].reshape(V, 12)], 1)
+    images = flat_images()
+    example = {"key": key, "url": "https://example.invalid", "timestamps": torch.arange(V) * 1000,
+               "cameras": cameras.float(), "images": [jpeg_tensor(a) for a in images]}
+    return example, K, E, images
+
+
+def test_re10k_chunks_and_evaluation_index(tmp_path, caplog):
+    examples = [re10k_example(f"scene{i}", 10 + i) for i in range(3)]
+    torch.save([examples[0][0], examples[1][0]], tmp_path / "000000.torch")
+    torch.save([examples[2][0]], tmp_path / "000001.torch")
+    (tmp_path / "000002.torch").write_bytes(b"not a torch file")
+    with caplog.at_level(logging.WARNING, logger="hrope.data"):
+        source = RealEstate10KSource(tmp_path)
+    assert "000002.torch" in caplog.text and len(source) == 3
+    for i, (_, K, E, images) in enumerate(examples):
+        scene = source[i]
+        X = points_in_front(E, i)
+        assert_reprojects(scene, project_cv(K, E, X), X, atol=1e-3 * W)  # float32 storage in the chunk
+        assert_images(scene, images, atol=0.05)
+
+    index = {"scene1": {"context": [3, 0], "target": [1, 2, 0]}, "scene0": None, "missing": {"context": [0, 1],
+                                                                                             "target": [2]}}
+    (tmp_path / "evaluation_index.json").write_text(json.dumps(index))
+    assert read_evaluation_index(tmp_path / "evaluation_index.json")["scene1"] == ([3, 0], [1, 2, 0])
+    with caplog.at_level(logging.WARNING, logger="hrope.data"):
+        evaluation = RealEstate10KSource(tmp_path, evaluation_index=tmp_path / "evaluation_index.json",
+                                         image_size=(8, 8))
+    assert len(evaluation) == 1 and "1 of 2 evaluation scenes" in caplog.text
+    scene = evaluation[0]
+    assert scene.num_views == 5 and scene.image_size == (8, 8)
+    assert evaluation.context_target(0) == ([0, 1], [2, 3, 4])
+    order = [3, 0, 1, 2, 0]
+    colours = scene.images.mean((-1, -2))
+    expected = torch.stack([torch.from_numpy(examples[1][3][v][0, 0]).float() / 255 for v in order])
+    torch.testing.assert_close(colours, expected, atol=0.05, rtol=0)
+
+
+def test_re10k_corrupt_scene_is_skipped_and_counted(tmp_path, caplog):
+    good, _, _, _ = re10k_example("good", 20)
+    bad, _, _, _ = re10k_example("bad", 21)
+    bad["images"][2] = torch.tensor([1, 2, 3], dtype=torch.uint8)
+    torch.save([bad, good], tmp_path / "000000.torch")
+    source = RealEstate10KSource(tmp_path, num_views=3)
+    with caplog.at_level(logging.WARNING, logger="hrope.data"):
+        scene = source[0]  # "bad" sorts first
+    assert scene.name == "good" and source.num_skipped == 1 and "'bad'" in caplog.text
+    strict = RealEstate10KSource(tmp_path, skip_errors=False)
+    with pytest.raises(SceneError, match=r"'bad' frame 2"):
+        strict[0]
+
+
+def test_re10k_malformed_field_and_unsafe_pickle(tmp_path):
+    example, _, _, _ = re10k_example("odd", 22)
+    example["cameras"] = example["cameras"][:, :17]
+    torch.save([example], tmp_path / "000000.torch")
+    with pytest.raises(SceneError, match=r"000000\.torch scene 'odd': field 'cameras'"):
+        RealEstate10KSource(tmp_path, skip_errors=False)[0]
+
+    unsafe = tmp_path / "unsafe"
+    unsafe.mkdir()
+    torch.save([{"key": "x", "payload": logging.getLogger("x")}], unsafe / "000000.torch")
+    with pytest.raises(SceneError, match="no readable"):
+        RealEstate10KSource(unsafe)
+
+
+# ---------------------------------------------------------------- CO3Dv2
+def co3d_annotation(K, E, v, sequence, convention, size=(H, W)):
+    """PyTorch3D viewpoint of the OpenCV camera: X_p3d = F X_cv with F = diag(-1, -1, 1)."""
+    h, w = size
+    F = torch.diag(torch.tensor([-1.0, -1.0, 1.0], dtype=torch.float64))
+    R_rows = (F @ E[v, :3, :3]).T  # row-vector convention: X_p3d = X_world @ R + T
+    T = F @ E[v, :3, 3]
+    half = torch.tensor([w / 2, h / 2], dtype=torch.float64)
+    scale = torch.full((2,), min(h, w) / 2, dtype=torch.float64) if convention == "ndc_isotropic" else half
+    focal = torch.stack([K[v, 0, 0], K[v, 1, 1]]) / scale
+    principal = (half - torch.stack([K[v, 0, 2], K[v, 1, 2]])) / scale
+    return {"sequence_name": sequence, "frame_number": v, "frame_timestamp": 0.1 * v,
+            "image": {"path": f"teddybear/{sequence}/images/frame{v:06d}.jpg", "size": [h, w]},
+            "viewpoint": {"R": R_rows.tolist(), "T": T.tolist(), "focal_length": focal.tolist(),
+                          "principal_point": principal.tolist(), "intrinsics_format": convention}}
+
+
+def project_pytorch3d(annotation, X):
+    """Pixels of world points by PyTorch3D's own conventions (NDC +x left/+y up -> screen)."""
+    vp, (h, w) = annotation["viewpoint"], annotation["image"]["size"]
+    R, T = torch.tensor(vp["R"], dtype=torch.float64), torch.tensor(vp["T"], dtype=torch.float64)
+    cam = X @ R + T
+    ndc = torch.tensor(vp["focal_length"], dtype=torch.float64) * cam[:, :2] / cam[:, 2:] + torch.tensor(
+        vp["principal_point"], dtype=torch.float64)
+    half = torch.tensor([w / 2, h / 2], dtype=torch.float64)
+    scale = min(h, w) / 2 if vp["intrinsics_format"] == "ndc_isotropic" else half
+    return half - ndc * scale
+
+
+@pytest.mark.parametrize("convention", ["ndc_isotropic", "ndc_norm_image_bounds"])
+def test_co3d_reprojects(tmp_path, convention):
+    K, E, _ = truth(30)
+    annotations = [co3d_annotation(K, E, v, "101_1_2", convention) for v in range(V)]
+    K2, E2, _ = truth(31)
+    annotations += [co3d_annotation(K2, E2, v, "102_3_4", convention) for v in range(V)]
+    for a, image in zip(annotations, view_images(30) + view_images(31)):
+        save_png(tmp_path / a["image"]["path"], image)  # PNG bytes under a .jpg name: decoded by content
+    annotations = annotations[::-1]  # the loader sorts by frame_number
+    (tmp_path / "teddybear").mkdir(exist_ok=True)
+    with gzip.open(tmp_path / "teddybear" / "frame_annotations.jgz", "wt") as file:
+        json.dump(annotations, file)
+    source = CO3DSource(tmp_path, num_views=3)
+    assert len(source) == 2
+    scene = source[0]
+    picked = select_frames(V, 3, "even")
+    X = points_in_front(E, 30)[picked]
+    by_frame = {a["frame_number"]: a for a in annotations if a["sequence_name"] == "101_1_2"}
+    expected = torch.stack([project_pytorch3d(by_frame[v], X[i]) for i, v in enumerate(picked)])
+    assert_reprojects(scene, expected, X)
+    torch.testing.assert_close(expected, project_cv(K[picked], E[picked], X))  # the fixture matches the truth
+    assert_images(scene, [view_images(30)[v] for v in picked])
+
+
+def test_co3d_malformed_annotation_names_field(tmp_path):
+    K, E, _ = truth(32)
+    annotations = [co3d_annotation(K, E, v, "s", "ndc_isotropic") for v in range(V)]
+    del annotations[1]["viewpoint"]["focal_length"]
+    (tmp_path / "teddybear").mkdir()
+    with gzip.open(tmp_path / "teddybear" / "frame_annotations.jgz", "wt") as file:
+        json.dump(annotations, file)
+    with pytest.raises(SceneError, match=r"frame_number 1: field viewpoint\.focal_length"):
+        CO3DSource(tmp_path, skip_errors=False)[0]
+
+
+# ---------------------------------------------------------------- a rendered synthetic scene
+@pytest.mark.parametrize("writer", ["nerfstudio", "colmap"])
+def test_rendered_synthetic_scene_round_trips(tmp_path, writer):
+    """A scene of the synthetic renderer (cameras known exactly), written in a foreign format,
+    loads back to its own cameras and images."""
+    from hrope.data.synthetic import make_scene
+
+    original = make_scene(0, 0, "object", num_views=V, image_size=(H, W))
+    K, E = original.cameras.K[0].double(), original.cameras.world_to_cam[0].double()
+    images = [(image.permute(1, 2, 0) * 255).round().byte().numpy() for image in original.images]
+    if writer == "nerfstudio":
+        write_nerfstudio(tmp_path, K, E, images, shared=False)
+    else:
+        write_colmap(tmp_path, K, E, images, models=["PINHOLE"] * V)
+    scene = load_scene(tmp_path)
+    torch.testing.assert_close(scene.cameras.K, original.cameras.K, atol=1e-4, rtol=0)
+    torch.testing.assert_close(scene.cameras.world_to_cam, original.cameras.world_to_cam, atol=1e-5, rtol=0)
+    assert_images(scene, images)
+
+
+# ---------------------------------------------------------------- detection, sources, sampling
+def test_detection_error_lists_what_it_looked_for(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(SceneError) as info:
+        load_scene(tmp_path)
+    for expected in ("transforms.json", "sparse/0", "cameras.txt + images.txt", "poses_bounds.npy", "notes.txt"):
+        assert expected in str(info.value)
+
+
+def test_folder_source_skips_broken_scene(tmp_path, caplog):
+    K, E, _ = truth(40)
+    write_nerfstudio(tmp_path / "a_scene", K, E, view_images(40))
+    write_colmap(tmp_path / "b_broken", K, E, view_images(41))
+    (tmp_path / "b_broken" / "images" / "img_03.png").unlink()
+    write_colmap(tmp_path / "c_scene", K, E, view_images(42))
+    source = make_source("folder", tmp_path, num_views=2, image_size=(8, 8))
+    assert len(source) == 3
+    with caplog.at_level(logging.WARNING, logger="hrope.data"):
+        names = [source[i].name for i in range(3)]
+    assert names == ["a_scene", "c_scene", "c_scene"] and source.num_skipped == 1
+    assert "img_03.png" in caplog.text
+    with pytest.raises(SceneError, match="img_03.png"):
+        SceneFolderSource(tmp_path, skip_errors=False)[1]
+
+
+def test_source_frame_access_and_dataset_wrapper(tmp_path):
+    from hrope.data.dataset import SceneDataset
+
+    example, K, E, images = re10k_example("only", 50)
+    torch.save([example], tmp_path / "000000.torch")
+    source = RealEstate10KSource(tmp_path, num_views=2, sampling="random", image_size=(8, 8))
+    assert source.num_frames(0) == V
+    scene = source.load_views(0, [3, 1])
+    expected = torch.stack([torch.from_numpy(images[v][0, 0]).float() / 255 for v in (3, 1)])
+    torch.testing.assert_close(scene.images.mean((-1, -2)), expected, atol=0.05, rtol=0)
+    assert source[0].num_views == 2
+    example_views = SceneDataset(make_source("re10k", tmp_path), num_context=2, num_target=1, split="eval")[0]
+    assert example_views.num_views == 3
+
+    # scenes listed by index.json are opened lazily; a missing chunk is skipped when reached
+    (tmp_path / "index.json").write_text(json.dumps({"only": "000000.torch", "ghost": "000009.torch"}))
+    listed = RealEstate10KSource(tmp_path)
+    assert listed.keys == ["ghost", "only"]
+    assert listed[0].name == "only" and listed.num_skipped == 1
+
+
+def test_select_frames_even_and_random():
+    assert select_frames(10, 3, "even") in ([0, 4, 9], [0, 5, 9])  # 4.5 rounds either way
+    assert select_frames(5, None) == [0, 1, 2, 3, 4]
+    g = torch.Generator().manual_seed(0)
+    draws = [select_frames(100, 4, "random", max_span=10, generator=g) for _ in range(20)]
+    for d in draws:
+        assert d == sorted(set(d)) and len(d) == 4 and d[-1] - d[0] < 10
+    assert len({tuple(d) for d in draws}) > 1
+    with pytest.raises(SceneError, match="cannot pick"):
+        select_frames(2, 3)
