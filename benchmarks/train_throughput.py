@@ -1,0 +1,95 @@
+"""Training throughput of the `tiny` LVSM preset per encoding (DESIGN.md §8).
+
+One training step = forward + backward + AdamW on a fixed synthetic batch (data loading excluded),
+batch 4 scenes x (2 context + 1 target) views at 64x64. Encodings are measured in interleaved
+rounds; steps/s is the median over rounds, and the ratio is to `none` (the LVSM baseline).
+Writes benchmarks/results/train_throughput.{json,md}.
+
+    python benchmarks/train_throughput.py [--rounds 5] [--steps 5] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from hrope.data.batch import collate_scenes
+from hrope.data.synthetic import make_scene
+from hrope.model import LVSM, ModelConfig, count_parameters, encoding_names
+
+BATCH_SIZE = 4
+
+
+def step_function(encoding: str, batch):
+    torch.manual_seed(0)
+    model = LVSM(ModelConfig.from_dict({"preset": "tiny", "encoding": encoding}))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95))
+    target = batch.images[:, batch.num_context:]
+
+    def step():
+        loss = (model(batch).images - target).square().mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step, count_parameters(model)["total"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per encoding per round")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--encodings", nargs="*", default=None)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    encodings = args.encodings or [e for e in encoding_names() if not e.endswith("-ape")] + ["hrope-ape"]
+    if "none" not in encodings:
+        encodings.insert(0, "none")
+    scenes = [make_scene(0, i, "room", num_views=3, image_size=(64, 64)) for i in range(BATCH_SIZE)]
+    batch = collate_scenes(scenes, 2)
+    steps, params = {}, {}
+    for name in encodings:
+        steps[name], params[name] = step_function(name, batch)
+        steps[name]()  # warm-up
+    rates = {name: [] for name in encodings}
+    for _ in range(args.rounds):
+        for name in encodings:
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                steps[name]()
+            rates[name].append(args.steps / (time.perf_counter() - start))
+    base = statistics.median(rates["none"])
+    rows = []
+    for name in encodings:
+        rate = statistics.median(rates[name])
+        rows.append({"encoding": name, "steps_per_s": rate, "samples_per_s": rate * BATCH_SIZE,
+                     "ratio_to_none": rate / base, "parameters": params[name]})
+    command = "python " + " ".join(["benchmarks/train_throughput.py", *sys.argv[1:]])
+    meta = {"command": command, "torch": torch.__version__, "threads": args.threads, "rounds": args.rounds,
+            "steps_per_round": args.steps, "batch": f"{BATCH_SIZE} x (2 context + 1 target) at 64x64",
+            "machine": platform.processor() or platform.machine()}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "train_throughput.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
+    lines = [f"Training throughput, `tiny` preset (64x64, patch 8, d 128, 4 layers), batch {meta['batch']}, "
+             f"fp32 CPU, {args.threads} thread(s), median of {args.rounds} interleaved rounds of {args.steps} steps.",
+             f"Command: `{command}` (torch {torch.__version__}).", "",
+             "| encoding | steps/s | samples/s | ratio to none | parameters |", "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['encoding']} | {r['steps_per_s']:.2f} | {r['samples_per_s']:.1f} | "
+                     f"{r['ratio_to_none']:.2f} | {r['parameters']:,} |")
+    (out / "train_throughput.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

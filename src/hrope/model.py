@@ -1,0 +1,311 @@
+"""LVSM decoder-only novel-view-synthesis transformer with a switchable encoding (DESIGN.md §5).
+
+Context tokens = Linear(patchified [RGB in [-1, 1] ⊕ 6-channel Plücker rays]); target tokens =
+Linear(patchified rays only). Each target view is rendered from the sequence
+[all context tokens ; that target's tokens]: targets are folded into the batch (context repeated
+per target). Pre-norm blocks (LayerNorm without bias, attention with RMS QK-norm applied before
+the encoding, GELU MLP), full bidirectional attention through the encoding's prepared transform,
+final LayerNorm, Linear to patches, sigmoid. No biases except in the parameter heads.
+
+Encodings: any registry name (``hrope.ENCODINGS``) or ``<name>-ape`` for a parameterised one:
+the APE variant predicts the same per-token parameters, embeds them with a linear layer and
+ADDS them to the tokens (the block's residual stream, before the block that predicted them),
+and attends with no geometric encoding (``none``), with world-frame rays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+from torch import Tensor, nn
+
+from .cameras import Cameras
+from .encodings import ENCODINGS, Encoding, get_encoding
+from .predictors import (PREDICTORS, ParameterSource, build_source, encoding_inputs, flatten_values,
+                         parameter_specs)
+from .rays import RAY_FRAMES, plucker_rays
+
+__all__ = ["ModelConfig", "PRESETS", "LVSM", "LVSMOutput", "ModelError", "patchify", "unpatchify",
+           "count_parameters", "encoding_names"]
+
+APE_SUFFIX = "-ape"
+
+
+class ModelError(ValueError):
+    """Invalid model configuration or input."""
+
+
+@dataclass
+class ModelConfig:
+    """LVSM hyper-parameters. ``rays``: ``auto`` (world for ``none`` and ``*-ape``, camera frame
+    for relative encodings), ``world`` or ``camera``. ``predictor`` is used only by encodings that
+    need per-token parameters."""
+
+    image_size: int = 64
+    patch_size: int = 8
+    dim: int = 128
+    layers: int = 4
+    heads: int = 4
+    mlp_ratio: float = 4.0
+    qk_norm: bool = True
+    encoding: str = "none"
+    encoding_options: dict = field(default_factory=dict)
+    rays: str = "auto"
+    predictor: str = "learned"
+    predictor_options: dict = field(default_factory=dict)
+    depth_init: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.image_size % self.patch_size:
+            raise ModelError(f"image_size {self.image_size} is not divisible by patch_size {self.patch_size}")
+        if self.dim % self.heads or (self.dim // self.heads) % 2:
+            raise ModelError(f"dim {self.dim} must split into {self.heads} heads of even size")
+        if self.encoding not in encoding_names():
+            raise ModelError(f"unknown encoding {self.encoding!r}; available: {', '.join(encoding_names())}")
+        if self.rays not in ("auto", *RAY_FRAMES):
+            raise ModelError(f"rays must be 'auto', 'world' or 'camera', got {self.rays!r}")
+        if self.predictor not in PREDICTORS:
+            raise ModelError(f"unknown predictor {self.predictor!r}; available: {', '.join(PREDICTORS)}")
+
+    @property
+    def is_ape(self) -> bool:
+        return self.encoding.endswith(APE_SUFFIX)
+
+    @property
+    def base_encoding(self) -> str:
+        return self.encoding[: -len(APE_SUFFIX)] if self.is_ape else self.encoding
+
+    @property
+    def ray_frame(self) -> str:
+        if self.rays != "auto":
+            return self.rays
+        return "world" if self.is_ape or self.encoding == "none" else "camera"
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        side = self.image_size // self.patch_size
+        return side, side
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(values) - known - {"preset"}
+        if unknown:
+            raise ModelError(f"unknown model options {sorted(unknown)}; known: {sorted(known | {'preset'})}")
+        values = dict(values)
+        preset = values.pop("preset", None)
+        if preset is not None:
+            if preset not in PRESETS:
+                raise ModelError(f"unknown model preset {preset!r}; available: {', '.join(PRESETS)}")
+            values = {**PRESETS[preset], **values}
+        return cls(**values)
+
+
+PRESETS: dict[str, dict] = {
+    "tiny": dict(image_size=64, patch_size=8, dim=128, layers=4, heads=4),
+    "small": dict(image_size=128, patch_size=8, dim=384, layers=6, heads=8),
+    "paper": dict(image_size=256, patch_size=8, dim=768, layers=6, heads=16),
+}
+
+
+def encoding_names() -> list[str]:
+    """Registry names plus ``<name>-ape`` for every encoding that takes per-token parameters."""
+    names = list(ENCODINGS)
+    names += [n + APE_SUFFIX for n, cls in ENCODINGS.items() if cls.needs_planes or cls.param_names]
+    return names
+
+
+def patchify(x: Tensor, patch_size: int) -> Tensor:
+    """``(B, V, C, H, W)`` -> ``(B, V, P, C*p*p)``, patches row-major (x fastest)."""
+    B, V, C, H, W = x.shape
+    p = patch_size
+    x = x.reshape(B, V, C, H // p, p, W // p, p).permute(0, 1, 3, 5, 2, 4, 6)
+    return x.reshape(B, V, (H // p) * (W // p), C * p * p)
+
+
+def unpatchify(x: Tensor, patch_size: int, grid: tuple[int, int]) -> Tensor:
+    """Inverse of :func:`patchify`: ``(B, V, P, C*p*p)`` -> ``(B, V, C, H, W)``."""
+    B, V, _, D = x.shape
+    p, (gh, gw) = patch_size, grid
+    C = D // (p * p)
+    x = x.reshape(B, V, gh, gw, C, p, p).permute(0, 1, 4, 2, 5, 3, 6)
+    return x.reshape(B, V, C, gh * p, gw * p)
+
+
+def count_parameters(module: nn.Module) -> dict[str, int]:
+    """``{"total": ..., "trainable": ...}`` parameter counts."""
+    total = sum(p.numel() for p in module.parameters())
+    trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    return {"total": total, "trainable": trainable}
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention; q and k are RMS-normalised per head before the encoding."""
+
+    def __init__(self, dim: int, heads: int, qk_norm: bool) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+        head_dim = dim // heads
+        self.q_norm = nn.RMSNorm(head_dim) if qk_norm else nn.Identity()
+        self.k_norm = nn.RMSNorm(head_dim) if qk_norm else nn.Identity()
+
+    def forward(self, x: Tensor, prepared) -> Tensor:
+        B, N, D = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        out = prepared.attention(self.q_norm(q), self.k_norm(k), v)
+        return self.out(out.transpose(1, 2).reshape(B, N, D))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block; ``forward(x, prepared)`` attends through the encoding's
+    prepared transform (:meth:`hrope.Encoding.prepare`)."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: float, qk_norm: bool) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, bias=False)
+        self.attn = Attention(dim, heads, qk_norm)
+        self.norm2 = nn.LayerNorm(dim, bias=False)
+        hidden = int(dim * mlp_ratio)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden, bias=False), nn.GELU(), nn.Linear(hidden, dim, bias=False))
+
+    def forward(self, x: Tensor, prepared) -> Tensor:
+        x = x + self.attn(self.norm1(x), prepared)
+        return x + self.mlp(self.norm2(x))
+
+
+@dataclass
+class LVSMOutput:
+    """``images (B, Vt, 3, H, W)`` in [0, 1]; ``parameters``: per layer (or one entry for static
+    sources) the decoded per-token values ``{name: (B*Vt, (Vc+1)*P, ...)}`` on the folded
+    sequences (target-major: fold index = b * Vt + t); empty when the encoding takes none."""
+
+    images: Tensor
+    parameters: list[dict[str, Tensor]]
+
+
+class LVSM(nn.Module):
+    """Decoder-only LVSM. ``forward(batch)`` with ``batch.images (B, V, 3, H, W)`` (first
+    ``batch.num_context`` views are the context), ``batch.cameras`` (B, V) and, for geometric
+    predictors, ``batch.depth`` / ``batch.normals`` / ``batch.planes(p)``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        p2 = c.patch_size**2
+        self.context_tokenizer = nn.Linear(9 * p2, c.dim, bias=False)
+        self.target_tokenizer = nn.Linear(6 * p2, c.dim, bias=False)
+        self.input_norm = nn.LayerNorm(c.dim, bias=False)
+        self.blocks = nn.ModuleList(Block(c.dim, c.heads, c.mlp_ratio, c.qk_norm) for _ in range(c.layers))
+        self.output_norm = nn.LayerNorm(c.dim, bias=False)
+        self.head = nn.Linear(c.dim, 3 * p2, bias=False)
+        self._init_weights()
+        # Geometric encoding (a module: learnable options such as GTA's translation scale train).
+        base = get_encoding(c.base_encoding, **c.encoding_options)
+        self.encoding: Encoding = get_encoding("none") if c.is_ape else base
+        specs = parameter_specs(base, c.depth_init) if (base.needs_planes or base.param_names) else []
+        self.source: ParameterSource | None = None
+        self.ape: nn.ModuleList | None = None
+        if specs:
+            self.source = build_source(c.predictor, specs, dim=c.dim, num_layers=c.layers,
+                                       patch_size=c.patch_size, options=c.predictor_options)
+            if c.is_ape:
+                embed_dim = sum(s.embed_dim for s in specs)
+                count = c.layers if self.source.per_layer else 1
+                self.ape = nn.ModuleList(nn.Linear(embed_dim, c.dim, bias=False) for _ in range(count))
+
+    def _init_weights(self) -> None:
+        """LVSM's depth init: N(0, 0.02 / sqrt(2 (l + 1))) in block l, N(0, 0.02) elsewhere."""
+        for module in (self.context_tokenizer, self.target_tokenizer, self.head):
+            nn.init.normal_(module.weight, std=0.02)
+        for index, block in enumerate(self.blocks):
+            for module in block.modules():
+                if isinstance(module, nn.Linear):
+                    nn.init.normal_(module.weight, std=0.02 / (2 * (index + 1)) ** 0.5)
+
+    # ------------------------------------------------------------------ folding
+    @staticmethod
+    def fold_cameras(cameras: Cameras, num_context: int) -> Cameras:
+        """(B, Vc+Vt) cameras -> (B*Vt, Vc+1): each target view appended to the context views."""
+        B, V = cameras.batch_size, cameras.num_views
+        Vt = V - num_context
+        index = torch.arange(num_context, device=cameras.device).expand(Vt, -1)
+        index = torch.cat([index, torch.arange(num_context, V, device=cameras.device)[:, None]], dim=1)
+        K = cameras.K[:, index].flatten(0, 1)
+        E = cameras.world_to_cam[:, index].flatten(0, 1)
+        return Cameras(K, E, cameras.image_size, validate=False)
+
+    @staticmethod
+    def fold_tokens(x: Tensor, num_context: int, num_views: int) -> Tensor:
+        """Per-token ``(B, V*P, ...)`` -> folded ``(B*Vt, (Vc+1)*P, ...)`` (same order as the tokens)."""
+        B, N, *rest = x.shape
+        P, Vt = N // num_views, num_views - num_context
+        x = x.reshape(B, num_views, P, *rest)
+        context = x[:, None, :num_context].expand(B, Vt, num_context, P, *rest)
+        folded = torch.cat([context, x[:, num_context:, None]], dim=2)  # (B, Vt, Vc+1, P, ...)
+        return folded.reshape(B * Vt, (num_context + 1) * P, *rest)
+
+    # ------------------------------------------------------------------ forward
+    def tokens(self, images: Tensor, cameras: Cameras, num_context: int) -> Tensor:
+        """Folded input tokens ``(B*Vt, (Vc+1)*P, dim)``."""
+        c = self.config
+        rays = plucker_rays(cameras, c.ray_frame).to(images.dtype)
+        context = torch.cat([images[:, :num_context] * 2 - 1, rays[:, :num_context]], dim=2)
+        context = self.context_tokenizer(patchify(context, c.patch_size))  # (B, Vc, P, D)
+        target = self.target_tokenizer(patchify(rays[:, num_context:], c.patch_size))  # (B, Vt, P, D)
+        B, Vt, P, D = target.shape
+        context = context.flatten(1, 2)[:, None].expand(B, Vt, num_context * P, D)
+        return torch.cat([context, target], dim=2).reshape(B * Vt, (num_context + 1) * P, D)
+
+    def forward(self, batch) -> LVSMOutput:
+        c = self.config
+        images, cameras, num_context = batch.images, batch.cameras, int(batch.num_context)
+        B, V, _, H, W = images.shape
+        if (H, W) != (c.image_size, c.image_size):
+            raise ModelError(f"model is configured for {c.image_size}x{c.image_size} images, got {H}x{W}")
+        if not 0 < num_context < V:
+            raise ModelError(f"need at least one context and one target view, got {num_context} of {V}")
+        grid = c.grid
+        x = self.input_norm(self.tokens(images, cameras, num_context))
+        folded_cameras = self.fold_cameras(cameras, num_context)
+        parameters: list[dict[str, Tensor]] = []
+        source = self.source
+        per_layer = source is not None and source.per_layer
+        static_values: dict[str, Tensor] = {}
+        if source is not None and not per_layer:
+            static_values = source.static(batch, cameras, grid, num_context)
+            static_values = {k: self.fold_tokens(v, num_context, V) for k, v in static_values.items()}
+            parameters.append(static_values)
+            if self.ape is not None:
+                x = x + self.ape[0](flatten_values(static_values, source.specs).to(x.dtype))
+        # One prepare per forward unless parameters change per layer (learned, non-APE).
+        shared = None if per_layer and self.ape is None else self._prepare(folded_cameras, static_values)
+        for index, block in enumerate(self.blocks):
+            prepared = shared
+            if per_layer:  # predict from this block's normalised input
+                values = source.layer(index, block.norm1(x), folded_cameras, grid)
+                parameters.append(values)
+                if self.ape is not None:
+                    x = x + self.ape[index](flatten_values(values, source.specs).to(x.dtype))
+                else:
+                    prepared = self._prepare(folded_cameras, values)
+            x = block(x, prepared)
+        Vt = V - num_context
+        P = grid[0] * grid[1]
+        out = self.head(self.output_norm(x[:, num_context * P :]))
+        out = torch.sigmoid(unpatchify(out.reshape(B, Vt, P, -1), c.patch_size, grid))
+        return LVSMOutput(images=out, parameters=parameters)
+
+    def _prepare(self, cameras: Cameras, values: dict[str, Tensor]):
+        """The encoding bound to the folded cameras (APE variants attend with ``none``)."""
+        if self.ape is not None:
+            values = {}
+        planes, params = encoding_inputs(values)
+        return self.encoding.prepare(cameras, self.config.grid, self.config.dim // self.config.heads,
+                                     planes=planes, **params)

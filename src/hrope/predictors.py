@@ -1,0 +1,426 @@
+"""Per-patch parameter sources for the geometric encodings (DESIGN.md §4.4).
+
+An encoding may need per-token inputs: ``planes`` (hrope, hrope-lift, hrope-pf) or named params
+(``depth`` for hrope-depth, ``rotation`` for hrope-so3, ``transform`` for hrope-se3 / hrope-full,
+and whatever a query-frame encoding declares in ``param_names``). A :class:`ParameterSpec` says
+how a raw head output decodes into one such input; a source produces the inputs:
+
+- ``learned`` (:class:`LearnedSource`): one zero-initialised linear head per layer on the
+  layer's normalised input; every token (context and target) predicts from its own hidden state.
+- ``backbone`` (:class:`BackboneSource`): a frozen user module on the context images, features
+  resampled to the patch grid, a small trainable head (last layer zero-initialised).
+- ``external`` (:class:`ExternalSource`): per-pixel depth (+ optional normals) of the batch,
+  fitted per patch (:meth:`hrope.Planes.from_depth`).
+- ``oracle`` (:class:`OracleSource`): the batch's ground-truth planes (``batch.planes(p)``).
+
+Values are dicts ``{name: tensor (B, N, ...)}``; planes travel as their plane vector
+``m (B, N, 3)`` (camera frame, :class:`hrope.Planes`). Zero raw output decodes to the "neutral"
+value (hrope-lift planes: m = 0, the plane at infinity, so ``hrope-lift`` starts exactly as
+``prope``; hrope / hrope-pf planes: fronto-parallel at ``depth_init``; rotation / transforms:
+identity; depth: ``depth_init``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .cameras import Cameras
+from .encodings import Encoding, tangent_frames
+from .geometry import invert_intrinsics, make_se3, patch_center_rays
+from .planes import MIN_GRAZING_COS, Planes
+
+__all__ = [
+    "PredictorError", "ParameterSpec", "parameter_specs", "ParameterSource", "LearnedSource",
+    "BackboneSource", "ExternalSource", "OracleSource", "PREDICTORS", "build_source",
+    "encoding_inputs", "flatten_values", "load_backbone", "axis_angle_to_matrix", "plane_vectors", "token_rays",
+    "patch_planes_from_normals", "import_factory",
+]
+
+# Learned-head values at zero output for the query-frame encodings' uncertainty parameters.
+RAYROPE_INIT_HALFWIDTH = 3.0  # RayRoPE's init_sigma (log-depth half-width)
+WORLDROPE_INIT_SIGMA = 0.25  # fraction of depth_init
+
+# Default camera-facing normal of a predicted plane (camera frame, OpenCV: z forward).
+FACING_NORMAL = (0.0, 0.0, -1.0)
+
+
+class PredictorError(ValueError):
+    """Invalid predictor configuration or missing inputs (the message says what to supply)."""
+
+
+# ----------------------------------------------------------------------------- decoding
+def token_rays(cameras: Cameras, grid: tuple[int, int]) -> Tensor:
+    """Patch-centre rays ``(B, N, 3)`` (z = 1) of every token."""
+    return patch_center_rays(cameras.normalized_K(torch.float32), grid).flatten(1, 2)
+
+
+def plane_vectors(normal: Tensor, inverse_depth: Tensor, rays: Tensor) -> Tensor:
+    """Plane vectors ``m (B, N, 3)`` of planes with ``normal`` crossing the ray at z = 1/inverse_depth.
+
+    ``m = inverse_depth * n / (n·r̂)`` with ``|n·r̂| / |r̂|`` clamped to ``MIN_GRAZING_COS`` (sign kept),
+    as in :meth:`hrope.Planes.m`; inverse_depth 0 gives the plane at infinity (m = 0).
+    """
+    ray_norm = rays.norm(dim=-1)
+    cos = (normal * rays).sum(-1) / ray_norm
+    sign = torch.where(cos < 0, -1.0, 1.0).to(cos.dtype)
+    cos = sign * cos.abs().clamp_min(MIN_GRAZING_COS)
+    return normal * (inverse_depth / (cos * ray_norm))[..., None]
+
+
+def _unit_normal(offset: Tensor) -> Tensor:
+    base = torch.tensor(FACING_NORMAL, dtype=offset.dtype, device=offset.device)
+    return F.normalize(base + offset, dim=-1)
+
+
+def axis_angle_to_matrix(axis_angle: Tensor) -> Tensor:
+    """Rotation matrices ``(..., 3, 3)`` from axis-angle vectors ``(..., 3)`` (exp of the skew matrix)."""
+    x, y, z = axis_angle.unbind(-1)
+    zero = torch.zeros_like(x)
+    skew = torch.stack([zero, -z, y, z, zero, -x, -y, x, zero], -1).reshape(*axis_angle.shape, 3)
+    return torch.linalg.matrix_exp(skew)
+
+
+@dataclass(frozen=True)
+class ParameterSpec:
+    """How ``raw_dim`` head outputs per token decode into one encoding input.
+
+    ``decode(raw (B, N, raw_dim), cameras, grid) -> value (B, N, ...)``; ``embed_dim`` is the size
+    of the flattened value (the APE variants embed it).
+    """
+
+    name: str
+    raw_dim: int
+    embed_dim: int
+    decode: Callable[[Tensor, Cameras, tuple[int, int]], Tensor]
+
+
+def _planes_at_infinity_init(raw, cameras, grid):
+    # raw = (normal offset a (3), signed inverse depth b): m = b n / (n·r̂), n = normalise(n0 + a).
+    return plane_vectors(_unit_normal(raw[..., :3]), raw[..., 3], token_rays(cameras, grid))
+
+
+def _planes_in_front(depth_init: float):
+    def decode(raw, cameras, grid):
+        # positive z-depth depth_init * exp(b): fronto-parallel plane at depth_init at zero output.
+        inverse_depth = torch.exp(-raw[..., 3]) / depth_init
+        return plane_vectors(_unit_normal(raw[..., :3]), inverse_depth, token_rays(cameras, grid))
+    return decode
+
+
+def _shifted(offset: float):
+    return lambda raw, cameras, grid: raw[..., 0] + offset
+
+
+def _scaled(scale: float):
+    return lambda raw, cameras, grid: scale * raw[..., 0]
+
+
+def _positive(scale: float, scalar: bool = False):
+    if scalar:
+        return lambda raw, cameras, grid: scale * torch.exp(raw[..., 0])
+    return lambda raw, cameras, grid: scale * torch.exp(raw)
+
+
+def _rotation(raw, cameras, grid):
+    return axis_angle_to_matrix(raw)
+
+
+def _rigid(raw, cameras, grid):
+    return make_se3(axis_angle_to_matrix(raw[..., :3]), raw[..., 3:])
+
+
+def _full(raw, cameras, grid):
+    eye = torch.eye(4, dtype=raw.dtype, device=raw.device)
+    return eye + raw.reshape(*raw.shape[:-1], 4, 4)
+
+
+def parameter_specs(encoding: Encoding, depth_init: float = 1.0) -> list[ParameterSpec]:
+    """The per-token inputs ``encoding`` needs, with their learned-head decoders.
+
+    ``hrope-lift`` planes decode with a signed inverse depth (zero output = plane at infinity, so
+    it starts as PRoPE). ``hrope`` and ``hrope-pf`` planes cross every ray in front of the camera
+    (positive depth; zero output = fronto-parallel plane at ``depth_init``): for ``hrope`` the
+    plane at infinity would reduce H to K̂R and drop the camera translation, and ``hrope-pf``
+    needs a point on the ray.
+    """
+    specs = []
+    if encoding.needs_planes:
+        decode = _planes_at_infinity_init if encoding.name == "hrope-lift" else _planes_in_front(depth_init)
+        specs.append(ParameterSpec("planes", 4, 3, decode))
+    transform = _full if encoding.name == "hrope-full" else _rigid
+    table = {
+        "depth": ParameterSpec("depth", 1, 1, _positive(depth_init, scalar=True)),
+        "rotation": ParameterSpec("rotation", 3, 9, _rotation),
+        "transform": ParameterSpec("transform", 16 if transform is _full else 6, 16, transform),
+        # rayrope (RayRoPE's head: raw outputs in log-depth, init (log depth_init, 3))
+        "log_depth": ParameterSpec("log_depth", 1, 1, _shifted(math.log(depth_init))),
+        "log_depth_halfwidth": ParameterSpec("log_depth_halfwidth", 1, 1, _shifted(RAYROPE_INIT_HALFWIDTH)),
+        # worldrope: one hypothesis at init (split 0), sigmas WORLDROPE_INIT_SIGMA * depth_init
+        "depth_split": ParameterSpec("depth_split", 1, 1, _scaled(depth_init)),
+        "depth_sigma": ParameterSpec("depth_sigma", 2, 2, _positive(WORLDROPE_INIT_SIGMA * depth_init)),
+    }
+    for name in encoding.param_names:
+        if name not in table:
+            raise PredictorError(
+                f"no learned decoder for parameter {name!r} of encoding {encoding.name!r}; "
+                f"known: {sorted(table)} (add one to hrope.predictors.parameter_specs)"
+            )
+        specs.append(table[name])
+    return specs
+
+
+def encoding_inputs(values: dict[str, Tensor]) -> tuple[Planes | None, dict[str, Tensor]]:
+    """Split decoded values into ``(planes, params)`` for ``Encoding.prepare``."""
+    params = dict(values)
+    m = params.pop("planes", None)
+    return (Planes.from_m(m) if m is not None else None), params
+
+
+def flatten_values(values: dict[str, Tensor], specs: list[ParameterSpec]) -> Tensor:
+    """Concatenate decoded values ``(B, N, sum embed_dim)`` in spec order (the APE input)."""
+    return torch.cat([values[s.name].reshape(*values[s.name].shape[:2], -1) for s in specs], dim=-1)
+
+
+# ----------------------------------------------------------------------------- sources
+class ParameterSource(nn.Module):
+    """Base class. ``per_layer`` sources predict in every block from the block's normalised input;
+    the others give one set of values per forward pass (``static``) for all views of the batch."""
+
+    per_layer = False
+
+    def __init__(self, specs: list[ParameterSpec]) -> None:
+        super().__init__()
+        self.specs = specs
+
+    def static(self, batch, cameras: Cameras, grid: tuple[int, int], num_context: int) -> dict[str, Tensor]:
+        """Values ``{name: (B, V*P, ...)}`` for all V views of the (unfolded) batch."""
+        raise NotImplementedError
+
+    def layer(self, index: int, hidden: Tensor, cameras: Cameras, grid: tuple[int, int]) -> dict[str, Tensor]:
+        """Values from ``hidden (B, N, dim)``, the normalised input of block ``index``."""
+        raise NotImplementedError
+
+    def decode(self, raw: Tensor, cameras: Cameras, grid: tuple[int, int]) -> dict[str, Tensor]:
+        """Split ``raw (B, N, sum raw_dim)`` per spec and decode (geometry in float32)."""
+        raw = raw.float()
+        out, start = {}, 0
+        for spec in self.specs:
+            out[spec.name] = spec.decode(raw[..., start : start + spec.raw_dim], cameras, grid)
+            start += spec.raw_dim
+        return out
+
+    @property
+    def raw_dim(self) -> int:
+        return sum(s.raw_dim for s in self.specs)
+
+
+def _zero_linear(in_dim: int, out_dim: int) -> nn.Linear:
+    layer = nn.Linear(in_dim, out_dim)
+    nn.init.zeros_(layer.weight)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+class LearnedSource(ParameterSource):
+    """``learned``: a zero-initialised ``Linear(dim, raw_dim)`` per layer, per token."""
+
+    per_layer = True
+
+    def __init__(self, specs, dim: int, num_layers: int) -> None:
+        super().__init__(specs)
+        self.heads = nn.ModuleList(_zero_linear(dim, self.raw_dim) for _ in range(num_layers))
+
+    def layer(self, index, hidden, cameras, grid):
+        return self.decode(self.heads[index](hidden), cameras, grid)
+
+
+def load_backbone(module: nn.Module, checkpoint: str | Path) -> nn.Module:
+    """Load a LOCAL checkpoint into ``module`` (safetensors, or a torch file with weights_only=True)."""
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise PredictorError(f"backbone checkpoint not found: {path}")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(path))
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if isinstance(state, dict) and "state_dict" in state:
+            state = state["state_dict"]
+    module.load_state_dict(state)
+    return module
+
+
+class BackboneSource(ParameterSource):
+    """``backbone``: frozen ``module(images (B*Vc, 3, H, W) in [0, 1]) -> (B*Vc, C, h, w)`` features,
+    bilinearly resampled to the patch grid, then ``Linear(C, hidden) -> GELU -> Linear(hidden, raw)``
+    (last layer zero-initialised). Context views only; target views (no image) get zero raw output,
+    i.e. each decoder's initial value (e.g. identity transforms, hrope-lift's plane at infinity)."""
+
+    def __init__(self, specs, module: nn.Module, feature_dim: int, hidden_dim: int = 64) -> None:
+        super().__init__(specs)
+        self.backbone = module.eval().requires_grad_(False)
+        self.head = nn.Sequential(nn.Linear(feature_dim, hidden_dim), nn.GELU(), _zero_linear(hidden_dim, self.raw_dim))
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.backbone.eval()  # frozen: keep normalisation statistics fixed
+        return self
+
+    def static(self, batch, cameras, grid, num_context):
+        images = batch.images[:, :num_context]
+        B, Vc = images.shape[:2]
+        with torch.no_grad():
+            features = self.backbone(images.flatten(0, 1))
+        if features.ndim != 4:
+            raise PredictorError(f"backbone must return (B, C, h, w) feature maps, got {tuple(features.shape)}")
+        features = F.interpolate(features.float(), size=grid, mode="bilinear", align_corners=False)
+        tokens = features.flatten(2).transpose(1, 2).reshape(B, Vc * grid[0] * grid[1], -1)
+        raw = self.head(tokens)
+        targets = raw.new_zeros(B, (cameras.num_views - num_context) * grid[0] * grid[1], raw.shape[-1])
+        return self.decode(torch.cat([raw, targets], dim=1), cameras, grid)
+
+
+def _values_from_planes(specs, planes: Planes, cameras: Cameras, grid) -> dict[str, Tensor]:
+    """Every supported encoding input derived from known planes.
+
+    ``planes`` (m); ``depth`` / ``log_depth``: where the plane crosses the patch-centre ray;
+    uncertainties 0 (``log_depth_halfwidth``, ``depth_split``, ``depth_sigma``); ``rotation``: the
+    patch's tangent frame F^T (camera -> plane axes); ``transform``: [[F^T, -F^T p], [0, 1]] with p
+    the plane point on the ray (hrope-pf's G).
+    """
+    cameras = cameras.to(dtype=torch.float32)
+    m = planes.m(cameras, grid, torch.float32)
+    normal, depth = Planes.from_m(m).normal_and_depth(cameras, grid)
+    point = depth[..., None] * token_rays(cameras, grid)
+    frame_t = tangent_frames(normal).transpose(-1, -2)
+    derived = {
+        "planes": lambda: m,
+        "depth": lambda: depth,
+        "log_depth": lambda: depth.clamp_min(1e-6).log(),
+        "log_depth_halfwidth": lambda: torch.zeros_like(depth),
+        "depth_split": lambda: torch.zeros_like(depth),
+        "depth_sigma": lambda: torch.zeros(*depth.shape, 2, device=depth.device),
+        "rotation": lambda: frame_t,
+        "transform": lambda: make_se3(frame_t, -(frame_t @ point[..., None]).squeeze(-1)),
+    }
+    unknown = [s.name for s in specs if s.name not in derived]
+    if unknown:
+        raise PredictorError(f"geometry sources cannot provide {unknown}")
+    return {s.name: derived[s.name]() for s in specs}
+
+
+def patch_planes_from_normals(depth: Tensor, normals: Tensor, cameras: Cameras, patch_size: int) -> Planes:
+    """Per-patch planes with the mean pixel normal of the patch and the least-squares offset.
+
+    ``depth (B, V, H, W)``, ``normals (B, V, 3, H, W)`` camera frame. The offset solves
+    ``min_d Σ (n·X - d)^2`` over the patch's valid back-projected points X, i.e. the mean of n·X.
+    """
+    points_planes = Planes.from_depth(depth, cameras, patch_size)  # validates shapes
+    B, V, H, W = depth.shape
+    p, gh, gw = patch_size, H // patch_size, W // patch_size
+    ok = (torch.isfinite(depth) & (depth > 0)).float()
+    K_inv = invert_intrinsics(cameras.K.float())
+    ys, xs = torch.meshgrid(torch.arange(H, device=depth.device) + 0.5, torch.arange(W, device=depth.device) + 0.5,
+                            indexing="ij")
+    pix = torch.stack([xs, ys, torch.ones_like(xs)], -1).float()
+    z = torch.where(ok > 0, depth, torch.zeros_like(depth)).float()
+    points = torch.einsum("bvij,hwj->bvhwi", K_inv, pix) * z[..., None]  # (B, V, H, W, 3)
+
+    def per_patch(x: Tensor) -> Tensor:  # (B, V, H, W, C) -> sum over each patch (B, V*gh*gw, C)
+        x = x.reshape(B, V, gh, p, gw, p, -1).sum((3, 5))
+        return x.reshape(B, V * gh * gw, -1)
+
+    weight = ok[..., None]
+    n_sum = per_patch(normals.float().permute(0, 1, 3, 4, 2) * weight)
+    count = per_patch(weight)
+    normal = F.normalize(n_sum, dim=-1)
+    d = (normal * per_patch(points * weight)).sum(-1) / count.squeeze(-1).clamp_min(1)
+    good = (count.squeeze(-1) > 0) & (n_sum.norm(dim=-1) > 1e-6) & (d.abs() > 1e-6)
+    m = torch.where(good[..., None], normal / torch.where(good, d, torch.ones_like(d))[..., None],
+                    points_planes.m(cameras, (gh, gw), torch.float32))
+    return Planes.from_m(m)
+
+
+class ExternalSource(ParameterSource):
+    """``external``: planes from the batch's per-pixel ``depth`` (and ``normals`` when present and
+    ``use_normals``), one plane per patch. Needs ``batch.depth``."""
+
+    def __init__(self, specs, patch_size: int, use_normals: bool = True) -> None:
+        super().__init__(specs)
+        self.patch_size = patch_size
+        self.use_normals = use_normals
+
+    def static(self, batch, cameras, grid, num_context):
+        depth = getattr(batch, "depth", None)
+        if depth is None:
+            raise PredictorError("the 'external' predictor needs per-pixel depth maps in the batch (batch.depth)")
+        normals = getattr(batch, "normals", None)
+        if self.use_normals and normals is not None:
+            planes = patch_planes_from_normals(depth, normals, cameras, self.patch_size)
+        else:
+            planes = Planes.from_depth(depth.float(), cameras.to(dtype=torch.float32), self.patch_size)
+        return _values_from_planes(self.specs, planes, cameras, grid)
+
+
+class OracleSource(ParameterSource):
+    """``oracle``: the dataset's ground-truth per-patch planes ``batch.planes(patch_size)``, for all
+    views (context and target)."""
+
+    def __init__(self, specs, patch_size: int) -> None:
+        super().__init__(specs)
+        self.patch_size = patch_size
+
+    def static(self, batch, cameras, grid, num_context):
+        planes = batch.planes(self.patch_size) if hasattr(batch, "planes") else None
+        if planes is None:
+            raise PredictorError("the 'oracle' predictor needs ground-truth planes (batch.planes(patch_size))")
+        return _values_from_planes(self.specs, planes, cameras, grid)
+
+
+def import_factory(path: str) -> Callable[..., nn.Module]:
+    """The callable named by ``'package.module:name'`` (user code that builds the backbone)."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise PredictorError(f"backbone module must look like 'package.module:factory', got {path!r}")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+PREDICTORS = ("learned", "backbone", "external", "oracle")
+
+
+def build_source(name: str, specs: list[ParameterSpec], *, dim: int, num_layers: int, patch_size: int,
+                 options: dict | None = None) -> ParameterSource:
+    """A parameter source by name. ``options``: for ``backbone`` a ``module`` (nn.Module or import
+    path ``'pkg.mod:factory'`` + ``module_kwargs``), a local ``checkpoint`` path, ``feature_dim`` and
+    ``hidden_dim``; for ``external`` ``use_normals``."""
+    options = dict(options or {})
+    if name == "learned":
+        return LearnedSource(specs, dim, num_layers)
+    if name == "oracle":
+        return OracleSource(specs, patch_size)
+    if name == "external":
+        return ExternalSource(specs, patch_size, use_normals=options.get("use_normals", True))
+    if name == "backbone":
+        module = options.get("module")
+        if isinstance(module, str):
+            module = import_factory(module)(**options.get("module_kwargs", {}))
+        if not isinstance(module, nn.Module):
+            raise PredictorError(
+                "the 'backbone' predictor needs predictor_options.module: an nn.Module or an import "
+                "path 'package.module:factory' (called with predictor_options.module_kwargs)"
+            )
+        if options.get("checkpoint"):
+            load_backbone(module, options["checkpoint"])
+        if "feature_dim" not in options:
+            raise PredictorError("the 'backbone' predictor needs predictor_options.feature_dim (channels C)")
+        return BackboneSource(specs, module, int(options["feature_dim"]), int(options.get("hidden_dim", 64)))
+    raise PredictorError(f"unknown predictor {name!r}; available: {', '.join(PREDICTORS)}")

@@ -1,0 +1,361 @@
+"""Training loop: AdamW + warmup/cosine, clipping, bf16, NaN guard, exact resume, DDP.
+
+``train(config)`` trains the LVSM model of ``config["model"]`` on the dataset of
+``config["data"]`` and writes into ``config["train"]["out"]``: ``config.yaml`` (resolved config),
+``checkpoint.safetensors`` (atomic), ``tb/`` (TensorBoard scalars and image grids).
+
+Exact resume: batches are a pure function of (seed, step, rank) (:func:`batch_indices`), the
+learning rate a pure function of the step (:func:`learning_rate`), and the checkpoint holds the
+model, the AdamW state, the step and the RNG state, so a run killed after checkpoint k and
+resumed ends with the same parameters as an uninterrupted one (bit-equal on the same machine).
+
+DDP: launch with ``torchrun --nproc_per_node N -m hrope.cli train ...``; gloo on CPU, nccl on
+GPU. Each rank draws its own batch; gradients are averaged; rank 0 writes outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from .config import ConfigError, save_config
+from .data.rng import stream_seed
+from .model import LVSM, ModelConfig, count_parameters
+
+__all__ = [
+    "train", "TrainResult", "build_model", "build_dataset", "learning_rate", "batch_indices",
+    "save_checkpoint", "load_checkpoint", "load_model", "CheckpointError", "collate", "CHECKPOINT_NAME",
+]
+
+logger = logging.getLogger("hrope.train")
+CHECKPOINT_NAME = "checkpoint.safetensors"
+CHECKPOINT_FORMAT = "hrope-checkpoint-v1"
+
+
+class CheckpointError(ValueError):
+    """A missing or malformed checkpoint file."""
+
+
+# ----------------------------------------------------------------------------- building blocks
+def build_model(config: dict) -> LVSM:
+    """The LVSM of ``config["model"]``."""
+    return LVSM(ModelConfig.from_dict(config["model"]))
+
+
+class CachedDataset:
+    """Keeps every scene of ``dataset`` in memory after its first generation."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+        self._scenes: dict[int, object] = {}
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        if index not in self._scenes:
+            self._scenes[index] = self.dataset[index]
+        return self._scenes[index]
+
+
+def build_dataset(config: dict, split: str = "train"):
+    """The synthetic dataset of ``config["data"]`` (``split`` "train" or "eval": held-out scenes)."""
+    from .data.dataset import SyntheticDataset
+
+    data = config["data"]
+    image_size = ModelConfig.from_dict(config["model"]).image_size
+    num_scenes = data["num_scenes"] if split == "train" else config["eval"]["num_scenes"]
+    dataset = SyntheticDataset(kind=data["kind"], num_scenes=num_scenes, seed=data["seed"],
+                               image_size=(image_size, image_size), num_context=data["num_context"],
+                               num_target=data["num_target"], split=split)
+    return CachedDataset(dataset) if data["cache"] else dataset
+
+
+def collate(scenes, num_context: int, device: torch.device):
+    """A :class:`hrope.data.batch.SceneBatch` on ``device``."""
+    from .data.batch import collate_scenes
+
+    return collate_scenes(list(scenes), num_context).to(device)
+
+
+def learning_rate(step: int, train: dict) -> float:
+    """Linear warmup from 0 over ``warmup`` steps, then cosine decay to ``min_lr_ratio * lr``."""
+    lr, warmup, total = train["lr"], train["warmup"], train["steps"]
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    floor = train["min_lr_ratio"]
+    return lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def batch_indices(seed: int, step: int, rank: int, batch_size: int, num_scenes: int) -> list[int]:
+    """Scene indices of one rank's batch at ``step`` (deterministic; independent of history)."""
+    generator = torch.Generator().manual_seed(stream_seed("batch", seed, step, rank))
+    return torch.randint(num_scenes, (batch_size,), generator=generator).tolist()
+
+
+def make_optimizer(model: nn.Module, train: dict) -> torch.optim.AdamW:
+    """AdamW (betas 0.9, 0.95); weight decay on matrices only (not on norms, biases, scalars)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": train["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=train["lr"], betas=(0.9, 0.95))
+
+
+def perceptual_loss(config: dict, device: torch.device):
+    """The frozen LPIPS module when ``train.perceptual_weight > 0`` (needs local ``eval.lpips_weights``)."""
+    if not config["train"]["perceptual_weight"]:
+        return None
+    weights = config["eval"]["lpips_weights"]
+    if not weights:
+        raise ConfigError("train.perceptual_weight > 0 needs local LPIPS weights in eval.lpips_weights")
+    from .metrics import LPIPS
+
+    return LPIPS(weights).to(device)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                    step: int, config: dict) -> Path:
+    """Write ``path`` atomically (temp file + ``os.replace``) as safetensors.
+
+    Tensors: ``model.<name>``, ``optimizer.<param index>.<key>`` (AdamW state), ``rng.torch``
+    (and ``rng.cuda.<i>``). Metadata (JSON strings): ``format``, ``step``, ``config``,
+    ``optimizer_groups`` (hyper-parameters per group and their parameter indices), ``scheduler``
+    (the schedule is a pure function of the step).
+    """
+    path = Path(path)
+    tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    metadata = {"format": CHECKPOINT_FORMAT, "step": str(step), "config": json.dumps(config),
+                "scheduler": json.dumps({"kind": "warmup_cosine", "step": step})}
+    if optimizer is not None:
+        state = optimizer.state_dict()
+        for index, values in state["state"].items():
+            for key, value in values.items():
+                tensors[f"optimizer.{index}.{key}"] = torch.as_tensor(value).contiguous().cpu()
+        metadata["optimizer_groups"] = json.dumps(state["param_groups"])
+    tensors["rng.torch"] = torch.get_rng_state()
+    if torch.cuda.is_available():
+        for i, rng in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.cuda.{i}"] = rng
+    temporary = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(temporary), metadata=metadata)
+    os.replace(temporary, path)
+    return path
+
+
+def _read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    path = Path(path)
+    if path.is_dir():
+        path = path / CHECKPOINT_NAME
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+    except Exception as error:  # safetensors raises its own error types for corrupt files
+        raise CheckpointError(f"{path} is not a readable safetensors checkpoint: {error}") from None
+    if metadata.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path} is not an hrope checkpoint (format {metadata.get('format')!r})")
+    return tensors, metadata
+
+
+def load_checkpoint(path: str | Path, model: nn.Module | None = None,
+                    optimizer: torch.optim.Optimizer | None = None, restore_rng: bool = False) -> dict:
+    """Load a checkpoint into ``model`` / ``optimizer`` (either optional); returns
+    ``{"step": int, "config": dict}``. ``path`` may be the file or its run folder."""
+    tensors, metadata = _read_checkpoint(path)
+    if model is not None:
+        state = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+        model.load_state_dict(state)
+    if optimizer is not None:
+        if "optimizer_groups" not in metadata:
+            raise CheckpointError(f"{path} holds no optimizer state")
+        state: dict = {}
+        for key, value in tensors.items():
+            if key.startswith("optimizer."):
+                _, index, name = key.split(".", 2)
+                state.setdefault(int(index), {})[name] = value
+        optimizer.load_state_dict({"state": state, "param_groups": json.loads(metadata["optimizer_groups"])})
+    if restore_rng:
+        torch.set_rng_state(tensors["rng.torch"])
+        if torch.cuda.is_available():
+            cuda = [tensors[k] for k in sorted(tensors) if k.startswith("rng.cuda.")]
+            if cuda:
+                torch.cuda.set_rng_state_all(cuda)
+    return {"step": int(metadata["step"]), "config": json.loads(metadata["config"])}
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[LVSM, dict]:
+    """Model and resolved config from a checkpoint (file or run folder)."""
+    _, metadata = _read_checkpoint(path)
+    config = json.loads(metadata["config"])
+    model = build_model(config)
+    load_checkpoint(path, model)
+    return model.to(device).eval(), config
+
+
+# ----------------------------------------------------------------------------- distributed
+@dataclass
+class DistContext:
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+    owns_group: bool = False  # this call created the process group (and destroys it at the end)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed(device_option: str) -> DistContext:
+    """Join the torchrun process group when ``WORLD_SIZE > 1`` (gloo on CPU, nccl on GPU)."""
+    use_cuda = torch.cuda.is_available() if device_option == "auto" else device_option == "cuda"
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return DistContext(device=torch.device("cuda" if use_cuda else "cpu"))
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    return DistContext(rank, world_size, device, owns_group)
+
+
+# ----------------------------------------------------------------------------- training
+@dataclass
+class TrainResult:
+    model: LVSM
+    step: int
+    skipped_steps: int
+    last_loss: float
+    out: Path
+
+
+def _image_grid(batch, prediction: Tensor) -> Tensor:
+    """``(3, H, W*(Vc+2))``: context views | prediction | ground truth of the first sample/target."""
+    Vc = int(batch.num_context)
+    views = [*batch.images[0, :Vc], prediction[0, 0], batch.images[0, Vc]]
+    return torch.cat([v.detach().float().clamp(0, 1).cpu() for v in views], dim=-1)
+
+
+def _forward_backward(net, model, optimizer, batch, opts: dict, perceptual, ctx: DistContext):
+    """Loss, gradients and clipping for one batch; ``finite`` is agreed on by all ranks."""
+    num_context = int(batch.num_context)
+    with torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=bool(opts["bf16"])):
+        prediction = net(batch).images
+    target = batch.images[:, num_context:].float()
+    loss = F.mse_loss(prediction.float(), target)
+    if perceptual is not None:
+        distance = perceptual(prediction.float().flatten(0, 1), target.flatten(0, 1))
+        loss = loss + opts["perceptual_weight"] * distance.mean()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), opts["grad_clip"])
+    finite = torch.isfinite(loss.detach()) & torch.isfinite(grad_norm)
+    if ctx.world_size > 1:  # every rank skips together
+        flag = finite.float().to(ctx.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        finite = flag > 0
+    return prediction, loss.detach(), grad_norm, bool(finite)
+
+
+def train(config: dict, *, stop_at: int | None = None, progress: bool = True) -> TrainResult:
+    """Train (resuming from ``out/checkpoint.safetensors`` when present).
+
+    ``stop_at``: save a checkpoint and return after this step (as if the run were killed there).
+    """
+    from tqdm import tqdm
+
+    opts = config["train"]
+    for key in ("steps", "batch_size", "warmup", "checkpoint_every", "log_every"):
+        if not isinstance(opts[key], int) or opts[key] < (0 if key == "warmup" else 1):
+            raise ConfigError(f"train.{key} must be a positive integer, got {opts[key]!r}")
+    ctx = setup_distributed(opts["device"])
+    if opts["threads"]:
+        torch.set_num_threads(int(opts["threads"]))
+    out = Path(opts["out"])
+    torch.manual_seed(opts["seed"])
+    model = build_model(config).to(ctx.device)
+    optimizer = make_optimizer(model, opts)
+    checkpoint = out / CHECKPOINT_NAME
+    start = 0
+    if checkpoint.is_file():
+        start = load_checkpoint(checkpoint, model, optimizer, restore_rng=True)["step"]
+    if ctx.is_main:
+        save_config(config, out)
+        counts = count_parameters(model)
+        logger.info("model %s: %d parameters (%d trainable)", config["model"]["encoding"], counts["total"],
+                    counts["trainable"])
+    net = model
+    if ctx.world_size > 1:
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[ctx.device] if ctx.device.type == "cuda" else None)
+    dataset = build_dataset(config, "train")
+    perceptual = perceptual_loss(config, ctx.device)
+    writer = None
+    if ctx.is_main:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(out / "tb"))
+    num_context = config["data"]["num_context"]
+    skipped, loss_value, saved = 0, float("nan"), start
+    end = opts["steps"] if stop_at is None else min(stop_at, opts["steps"])
+    bar = tqdm(range(start, end), initial=start, total=opts["steps"], disable=not (progress and ctx.is_main),
+               desc=f"train {config['model']['encoding']}", dynamic_ncols=True)
+    tick, tick_step = time.perf_counter(), start
+    model.train()
+    for step in bar:
+        lr = learning_rate(step, opts)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        indices = batch_indices(opts["seed"], step, ctx.rank, opts["batch_size"], len(dataset))
+        batch = collate([dataset[i] for i in indices], num_context, ctx.device)
+        prediction, loss, grad_norm, finite = _forward_backward(net, model, optimizer, batch, opts, perceptual, ctx)
+        if not finite:
+            skipped += 1
+            logger.warning("step %d: non-finite loss or gradient (loss %s, grad norm %s); step skipped",
+                           step, float(loss), float(grad_norm))
+            if writer is not None:
+                writer.add_scalar("train/skipped_steps", skipped, step)
+            continue
+        optimizer.step()
+        loss_value = float(loss)
+        done = step + 1
+        if ctx.is_main and (done % opts["log_every"] == 0 or done == end):
+            now = time.perf_counter()
+            rate = (done - tick_step) / max(now - tick, 1e-9)
+            tick, tick_step = now, done
+            bar.set_postfix(loss=f"{loss_value:.4f}", steps_per_s=f"{rate:.2f}")
+            writer.add_scalar("train/loss", loss_value, done)
+            writer.add_scalar("train/lr", lr, done)
+            writer.add_scalar("train/grad_norm", float(grad_norm), done)
+            writer.add_scalar("train/steps_per_s", rate, done)
+        if ctx.is_main and opts["image_every"] and done % opts["image_every"] == 0:
+            writer.add_image("train/context|prediction|target", _image_grid(batch, prediction), done)
+        if ctx.is_main and done % opts["checkpoint_every"] == 0:
+            save_checkpoint(checkpoint, model, optimizer, done, config)
+            saved = done
+    bar.close()
+    final_step = max(end, start)
+    if ctx.is_main and (saved != final_step or not checkpoint.is_file()):
+        save_checkpoint(checkpoint, model, optimizer, final_step, config)
+    if writer is not None:
+        writer.close()
+    if ctx.owns_group:
+        dist.destroy_process_group()
+    return TrainResult(model=model, step=final_step, skipped_steps=skipped, last_loss=loss_value, out=out)

@@ -1,0 +1,96 @@
+"""Figures: image grids and predicted plane normals (the paper's Fig. 5).
+
+``hrope viz planes CHECKPOINT``: for held-out synthetic scenes, every context view as
+input | input overlaid with the predicted normals | predicted per-patch normal map | ground truth.
+Normals are in the camera frame, facing the camera, coloured ``(n + 1) / 2`` (x red, y green,
+z blue; OpenCV axes).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch import Tensor
+
+from .planes import Planes
+
+__all__ = ["save_image_grid", "normal_colours", "plane_normal_rows", "visualize_planes", "VizError"]
+
+PAD = 2
+OVERLAY_ALPHA = 0.6
+
+
+class VizError(ValueError):
+    """A checkpoint or input that cannot be visualised as asked."""
+
+
+def save_image_grid(rows: list[list[Tensor]], path: str | Path) -> Path:
+    """Save rows of ``(3, H, W)`` images in [0, 1] as one PNG (white padding between cells)."""
+    if not rows or not rows[0]:
+        raise VizError("nothing to draw")
+    H, W = rows[0][0].shape[-2:]
+    columns = max(len(r) for r in rows)
+    canvas = torch.ones(3, len(rows) * (H + PAD) + PAD, columns * (W + PAD) + PAD)
+    for i, row in enumerate(rows):
+        for j, image in enumerate(row):
+            y, x = PAD + i * (H + PAD), PAD + j * (W + PAD)
+            canvas[:, y : y + H, x : x + W] = image.detach().float().cpu().clamp(0, 1)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    array = (canvas.permute(1, 2, 0).numpy() * 255 + 0.5).astype(np.uint8)
+    Image.fromarray(array).save(path)
+    return path
+
+
+def normal_colours(normals: Tensor, grid: tuple[int, int], patch_size: int) -> Tensor:
+    """Per-token normals ``(P, 3)`` of one view -> ``(3, H, W)`` colour image, one block per patch."""
+    image = ((normals + 1) / 2).T.reshape(3, *grid)
+    return F.interpolate(image[None], scale_factor=patch_size, mode="nearest")[0].clamp(0, 1)
+
+
+def plane_normal_rows(model, batch, layer: int = -1) -> list[list[Tensor]]:
+    """Rows ``[input, overlay, predicted normals, ground-truth normals]`` for every context view of
+    every scene of ``batch`` (predictions from the first target's sequence, ``layer`` of the
+    predicted parameters)."""
+    config = model.config
+    if model.source is None or "planes" not in {s.name for s in model.source.specs}:
+        raise VizError(f"encoding {config.encoding!r} takes no planes; nothing to visualise")
+    with torch.no_grad():
+        output = model(batch)
+    grid, p = config.grid, config.patch_size
+    P = grid[0] * grid[1]
+    Vc = int(batch.num_context)
+    B, V = batch.images.shape[:2]
+    Vt = V - Vc
+    cameras = model.fold_cameras(batch.cameras, Vc).to(dtype=torch.float32)
+    m = output.parameters[layer]["planes"]
+    predicted, _ = Planes.from_m(m.float()).normal_and_depth(cameras, grid)  # (B*Vt, (Vc+1)P, 3)
+    truth_planes = batch.planes(p)
+    truth, _ = truth_planes.normal_and_depth(batch.cameras.to(dtype=torch.float32), grid)  # (B, V*P, 3)
+    rows = []
+    for b in range(B):
+        for v in range(Vc):
+            image = batch.images[b, v].float().cpu()
+            pred = normal_colours(predicted[b * Vt, v * P : (v + 1) * P].cpu(), grid, p)
+            true = normal_colours(truth[b, v * P : (v + 1) * P].cpu(), grid, p)
+            overlay = (1 - OVERLAY_ALPHA) * image + OVERLAY_ALPHA * pred
+            rows.append([image, overlay, pred, true])
+    return rows
+
+
+def visualize_planes(checkpoint: str | Path, out: str | Path | None = None, num_scenes: int = 4,
+                     layer: int = -1, device: str = "cpu") -> Path:
+    """Write ``planes.png`` (see module doc) for ``num_scenes`` held-out scenes; returns its path."""
+    from .train import build_dataset, collate, load_model
+
+    model, config = load_model(checkpoint, device)
+    dataset = build_dataset(config, "eval")
+    scenes = [dataset[i] for i in range(min(num_scenes, len(dataset)))]
+    batch = collate(scenes, config["data"]["num_context"], torch.device(device))
+    rows = plane_normal_rows(model, batch, layer)
+    out = Path(out) if out is not None else Path(checkpoint).parent / "viz"
+    return save_image_grid(rows, out / "planes.png")

@@ -1,0 +1,188 @@
+"""Parameter sources: decoders, learned / backbone / external / oracle, and their errors."""
+
+import math
+
+import pytest
+import torch
+from _lvsm_helpers import SMALL_MODEL, synthetic_batch
+from safetensors.torch import save_file
+from torch import nn
+
+from hrope import Planes, get_encoding
+from hrope.encodings import Encoding
+from hrope.model import LVSM, ModelConfig
+from hrope.predictors import (PredictorError, axis_angle_to_matrix, build_source, load_backbone,
+                              parameter_specs, patch_planes_from_normals, token_rays)
+
+GRID = (4, 4)
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return synthetic_batch(num_scenes=2, num_views=3)
+
+
+def decode(encoding: str, raw: torch.Tensor, cameras, depth_init: float = 1.0):
+    source = build_source("learned", parameter_specs(get_encoding(encoding), depth_init), dim=4, num_layers=1,
+                          patch_size=8)
+    return source.decode(raw, cameras, GRID)
+
+
+def test_axis_angle_to_matrix():
+    R = axis_angle_to_matrix(torch.tensor([0.0, 0.0, math.pi / 2]))
+    torch.testing.assert_close(R @ torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0.0, 1.0, 0.0]), atol=1e-6, rtol=0)
+    R = axis_angle_to_matrix(torch.randn(10, 3))
+    torch.testing.assert_close(R.transpose(-1, -2) @ R, torch.eye(3).expand(10, 3, 3), atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.linalg.det(R), torch.ones(10))
+
+
+def test_zero_output_decodes_to_neutral_values(batch):
+    cameras = batch.cameras
+    N = cameras.num_views * 16
+    zero = lambda width: torch.zeros(2, N, width)  # noqa: E731
+    assert (decode("hrope-lift", zero(4), cameras)["planes"] == 0).all()
+    torch.testing.assert_close(decode("hrope-so3", zero(3), cameras)["rotation"], torch.eye(3).expand(2, N, 3, 3))
+    torch.testing.assert_close(decode("hrope-se3", zero(6), cameras)["transform"], torch.eye(4).expand(2, N, 4, 4))
+    torch.testing.assert_close(decode("hrope-full", zero(16), cameras)["transform"], torch.eye(4).expand(2, N, 4, 4))
+    depth = decode("hrope-depth", zero(1), cameras, depth_init=2.5)["depth"]
+    torch.testing.assert_close(depth, torch.full((2, N), 2.5))
+
+
+def test_plane_decoders_give_planes_at_the_requested_depth(batch):
+    cameras = batch.cameras
+    N = cameras.num_views * 16
+    raw = torch.zeros(2, N, 4)
+    raw[..., 3] = 0.5  # inverse depth: planes cross every patch-centre ray at z = 2
+    m = decode("hrope-lift", raw, cameras)["planes"]
+    _, depth = Planes.from_m(m).normal_and_depth(cameras, GRID)
+    torch.testing.assert_close(depth, torch.full((2, N), 2.0))
+    torch.testing.assert_close(m[..., :2], torch.zeros(2, N, 2))  # fronto-parallel at zero normal offset
+    # hrope and hrope-pf: positive depth depth_init * exp(b), zero output = fronto-parallel at depth_init
+    for encoding in ("hrope", "hrope-pf"):
+        for b, expected in ((0.0, 3.0), (math.log(2.0), 6.0), (-1.0, 3.0 * math.exp(-1.0))):
+            raw = torch.zeros(2, N, 4)
+            raw[..., 3] = b
+            m = decode(encoding, raw, cameras, depth_init=3.0)["planes"]
+            _, depth = Planes.from_m(m).normal_and_depth(cameras, GRID)
+            torch.testing.assert_close(depth, torch.full((2, N), expected), rtol=1e-5, atol=0)
+
+
+def test_unknown_parameter_is_a_clear_error():
+    class Odd(Encoding):
+        name = "odd"
+        param_names = ("wobble",)
+
+    with pytest.raises(PredictorError, match="wobble"):
+        parameter_specs(Odd())
+    with pytest.raises(PredictorError, match="unknown predictor"):
+        build_source("psychic", [], dim=4, num_layers=1, patch_size=8)
+
+
+def test_oracle_source_gives_the_dataset_planes(batch):
+    specs = parameter_specs(get_encoding("hrope"))
+    values = build_source("oracle", specs, dim=4, num_layers=1, patch_size=8).static(batch, batch.cameras, GRID, 2)
+    expected = batch.planes(8).m(batch.cameras, GRID)
+    torch.testing.assert_close(values["planes"], expected)
+
+
+def single_plane_patches(batch, p: int = 8) -> torch.Tensor:
+    """``(B, N)`` mask of patches whose pixels all see one plane (exact plane_m constant, depth finite)."""
+    B, V, _, H, W = batch.plane_m.shape
+    m = batch.plane_m.reshape(B, V, 3, H // p, p, W // p, p)
+    spread = (m - m[:, :, :, :, :1, :, :1]).abs().amax(dim=(2, 4, 6))
+    finite = torch.isfinite(batch.depth).reshape(B, V, H // p, p, W // p, p).all(5).all(3)
+    return ((spread < 1e-6) & finite).reshape(B, -1)
+
+
+def test_external_source_recovers_planes_from_depth(batch):
+    """Where a patch sees one plane, the fit of depth (with or without normals) is the exact plane."""
+    exact = batch.planes(8).m(batch.cameras, GRID)
+    single = single_plane_patches(batch)
+    assert single.float().mean() > 0.25
+    for use_normals in (False, True):
+        source = build_source("external", parameter_specs(get_encoding("hrope")), dim=4, num_layers=1,
+                              patch_size=8, options={"use_normals": use_normals})
+        fitted = source.static(batch, batch.cameras, GRID, 2)["planes"]
+        torch.testing.assert_close(fitted[single], exact[single], atol=1e-4, rtol=1e-3)
+
+
+def test_normal_based_fit_is_exact_for_one_plane(batch):
+    cameras = batch.cameras
+    m_true = torch.tensor([0.1, -0.2, 0.4])  # plane m·X = 1
+    H, W = cameras.image_size
+    ys, xs = torch.meshgrid(torch.arange(H) + 0.5, torch.arange(W) + 0.5, indexing="ij")
+    pix = torch.stack([xs, ys, torch.ones_like(xs)], -1).float()
+    rays = torch.einsum("bvij,hwj->bvhwi", torch.linalg.inv(cameras.K), pix)
+    depth = 1.0 / (rays @ m_true)  # z along each pixel ray (rays have z = 1)
+    normals = (-m_true / m_true.norm()).reshape(1, 1, 3, 1, 1).expand(2, 3, 3, H, W)
+    fitted = patch_planes_from_normals(depth, normals, cameras, 8).m(cameras, GRID)
+    torch.testing.assert_close(fitted, m_true.expand_as(fitted), atol=1e-4, rtol=1e-4)
+    with pytest.raises(PredictorError, match="depth"):
+        build_source("external", [], dim=4, num_layers=1, patch_size=8).static(
+            type("NoDepth", (), {"depth": None})(), cameras, GRID, 2)
+
+
+@pytest.mark.parametrize("encoding", ["hrope-depth", "hrope-so3", "hrope-se3", "hrope-full", "rayrope", "worldrope"])
+def test_oracle_provides_every_encoding_parameter(encoding, batch):
+    model = LVSM(ModelConfig(**SMALL_MODEL, encoding=encoding, predictor="oracle"))
+    out = model(batch)
+    assert torch.isfinite(out.images).all() and len(out.parameters) == 1
+    if encoding == "hrope-so3":
+        R = out.parameters[0]["rotation"]
+        torch.testing.assert_close(R @ R.transpose(-1, -2), torch.eye(3).expand_as(R), atol=1e-5, rtol=0)
+
+
+class TinyBackbone(nn.Module):
+    def __init__(self, channels: int = 8) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, channels, 3, stride=2, padding=1)
+        self.norm = nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        return self.norm(self.conv(x))
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "pt"])
+def test_backbone_source_loads_local_weights_and_stays_frozen(fmt, tmp_path, batch):
+    torch.manual_seed(0)
+    saved = TinyBackbone()
+    path = tmp_path / f"backbone.{fmt}"
+    if fmt == "safetensors":
+        save_file(saved.state_dict(), str(path))
+    else:
+        torch.save(saved.state_dict(), path)
+    loaded = load_backbone(TinyBackbone(), path)
+    for a, b in zip(saved.state_dict().values(), loaded.state_dict().values()):
+        assert torch.equal(a, b)
+    options = {"module": TinyBackbone(), "checkpoint": str(path), "feature_dim": 8}
+    model = LVSM(ModelConfig(**SMALL_MODEL, encoding="hrope-lift", predictor="backbone", predictor_options=options))
+    model.train()
+    assert not model.source.backbone.training
+    out = model(batch)
+    (out.images - batch.images[:, 2:]).square().mean().backward()
+    assert all(p.grad is None for p in model.source.backbone.parameters())
+    assert all(p.grad is not None for p in model.source.head.parameters())
+    P = 16
+    target_planes = out.parameters[0]["planes"][:, 2 * P :]
+    assert (target_planes == 0).all()  # target views (no image): plane at infinity
+
+
+def test_backbone_errors(tmp_path):
+    with pytest.raises(PredictorError, match="not found"):
+        load_backbone(TinyBackbone(), tmp_path / "missing.safetensors")
+    with pytest.raises(PredictorError, match="predictor_options.module"):
+        LVSM(ModelConfig(**SMALL_MODEL, encoding="hrope", predictor="backbone"))
+    with pytest.raises(PredictorError, match="feature_dim"):
+        LVSM(ModelConfig(**SMALL_MODEL, encoding="hrope", predictor="backbone",
+                         predictor_options={"module": "test_predictors:TinyBackbone"}))
+
+
+def test_learned_heads_predict_per_layer_from_hidden_states(batch):
+    model = LVSM(ModelConfig(**SMALL_MODEL, encoding="hrope-lift"))
+    with torch.no_grad():
+        for head in model.source.heads:
+            head.bias[3] = 0.25
+    out = model(batch)
+    rays = token_rays(model.fold_cameras(batch.cameras, 2), GRID)
+    for values in out.parameters:  # inverse depth 0.25 everywhere: m·r̂ = 0.25
+        torch.testing.assert_close((values["planes"] * rays).sum(-1), torch.full(rays.shape[:2], 0.25))
