@@ -25,7 +25,10 @@ demo: $(STAMP)
 	$(PY) -m hrope.demo
 
 bench: $(STAMP)
-	$(PY) benchmarks/attention_overhead.py
+	$(PY) benchmarks/attention_overhead.py --threads 1
+	$(PY) benchmarks/query_frame_scaling.py --variants --threads 1
+	$(PY) benchmarks/render_speed.py --threads 1
+	$(PY) benchmarks/train_throughput.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -11,6 +11,7 @@ Tokens are view-major, then row-major inside a view (x fastest): N = V * grid_h 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -21,7 +22,7 @@ from torch import Tensor, nn
 from ..cameras import Cameras
 from ..geometry import geometry_dtype
 
-__all__ = ["HeadLayout", "rope_angles", "per_token_param", "TokenTransform", "Encoding", "Prepared", "EncodingError"]
+__all__ = ["HeadLayout", "rope_angles", "rope_tables", "per_token_param", "TokenTransform", "Encoding", "Prepared", "EncodingError"]
 
 ROPE_BASE = 100.0
 
@@ -82,6 +83,22 @@ def rope_angles(grid: tuple[int, int], num_freqs: int, *, base: float = ROPE_BAS
     return (pos[..., None] * freqs).to(dtype)
 
 
+@functools.lru_cache(maxsize=32)
+def rope_tables(grid: tuple[int, int], num_freqs: int, base: float, num_views: int,
+                device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """Full-width RoPE tables ``(N, 4F)`` over the channels ``[a_x | b_x | a_y | b_y]`` (float64,
+    cached): ``cos``, ``sin`` signed for R(θ) and its negation for R(-θ).
+
+    R(θ)(a, b) = (a cos - b sin, b cos + a sin) becomes two contiguous elementwise passes,
+    ``x * cos + flip_halves(x) * sin`` with flip_halves(a, b) = (b, a).
+    """
+    angles = rope_angles(grid, num_freqs, base=base, device=device)
+    angles = angles.repeat(num_views, 1, 1)[:, :, None, :]  # (N, 2 axes, 1, F)
+    cos, sin = angles.cos(), angles.sin()
+    signed_sin = torch.cat([-sin, sin], dim=2).flatten(1)
+    return torch.cat([cos, cos], dim=2).flatten(1), signed_sin, -signed_sin
+
+
 def per_token_param(x: Tensor, cameras: Cameras, grid, trailing: tuple[int, ...], what: str) -> Tensor:
     """A per-token input ``x (B, N, *trailing)``, checked finite, reshaped to ``(B, V, P, *trailing)``."""
     B, V, P = cameras.batch_size, cameras.num_views, grid[0] * grid[1]
@@ -127,16 +144,9 @@ class TokenTransform(Prepared):
         if geo is not None:
             self._tables.update(o=geo, q=geo.transpose(-1, -2), k=geo_inv)
         if layout.rope:
-            # Full-width tables (N, 4F) over the RoPE channels [a_x | b_x | a_y | b_y] so the rotation
-            # is two contiguous elementwise passes: R(θ)(a, b) = (a cos - b sin, b cos + a sin), with
-            # (b, a) obtained by flipping the halves.
-            device = geo.device if geo is not None else None
-            angles = rope_angles(grid, layout.num_freqs, base=rope_base, device=device)
-            angles = angles.repeat(num_views, 1, 1)[:, :, None, :]  # (N, 2 axes, 1, F)
-            cos, sin = angles.cos(), angles.sin()
-            self._tables["cos"] = torch.cat([cos, cos], dim=2).flatten(1)
-            self._tables["sin"] = torch.cat([-sin, sin], dim=2).flatten(1)
-            self._tables["-sin"] = -self._tables["sin"]
+            device = geo.device if geo is not None else torch.device("cpu")
+            cos, sin, neg_sin = rope_tables(tuple(grid), layout.num_freqs, rope_base, num_views, device)
+            self._tables.update({"cos": cos, "sin": sin, "-sin": neg_sin})
         self._cache: dict[tuple[str, torch.dtype, torch.device], Tensor] = {}
 
     def geometric_blocks(self) -> tuple[Tensor, Tensor] | None:

@@ -1,0 +1,156 @@
+"""Rows, tables and budgets of the NVS comparison benchmark (``benchmarks/nvs_table.py``).
+
+A *row* is one model variant: an encoding, its parameter source (``learned``, ``external``,
+``oracle``) and the number of context views. A *cell* is (dataset, row, seed): one training run
+plus its evaluation. Every cell of one budget shares the data, steps, model size, optimiser and
+seeds; only the row changes. Tables list rows; a row shared by several tables (e.g. ``hrope``
+in Tables 1 and 3 and Fig. 4a) is trained once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from hrope.config import resolve
+
+__all__ = ["Row", "Table", "Budget", "BUDGETS", "TABLE1_ENCODINGS", "ABLATIONS", "tables", "cell_config",
+           "config_hash", "Cell"]
+
+TABLE1_ENCODINGS = ("none", "gta", "prope", "cape", "rayrope", "urope", "worldrope", "hrope", "hrope-lift")
+ABLATIONS = ("hrope-depth", "hrope-so3", "hrope-pf", "hrope-se3", "hrope", "hrope-full")
+PLANE_SOURCES = ("learned", "external", "oracle")
+VIEW_COUNTS = (2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One model variant. ``external`` fits planes to the renderer's depth maps (no normals)."""
+
+    encoding: str
+    predictor: str = "learned"
+    num_context: int = 2
+
+    @property
+    def label(self) -> str:
+        text = self.encoding if self.predictor == "learned" else f"{self.encoding} ({self.predictor})"
+        return text if self.num_context == 2 else f"{text}, {self.num_context} views"
+
+    @property
+    def key(self) -> str:
+        """Folder name of the row's cells."""
+        return f"{self.encoding}.{self.predictor}.ctx{self.num_context}"
+
+
+@dataclass(frozen=True)
+class Cell:
+    dataset: str
+    row: Row
+    seed: int
+
+
+@dataclass(frozen=True)
+class Table:
+    """``reference(row)``: the row each row is compared with (Δ column), on the same dataset."""
+
+    name: str
+    title: str
+    rows: tuple[Row, ...]
+    datasets: tuple[str, ...]
+    reference: Callable[[Row], Row]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Everything shared by all cells. ``model``: LVSM preset + overrides; ``seeds``: training
+    seeds (model init and batch order; the scenes and held-out scenes are fixed by ``data_seed``)."""
+
+    name: str
+    model: dict
+    steps: int
+    batch_size: int
+    lr: float
+    warmup: int
+    train_scenes: int
+    eval_scenes: int
+    protocol_scenes: int
+    seeds: tuple[int, ...] = (0, 1)
+    data_seed: int = 0
+    ablation_datasets: tuple[str, ...] = ("room",)
+    zoom_factors: tuple[float, ...] = (1, 2, 3, 4, 5)
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+BUDGETS: dict[str, Budget] = {
+    # Smoke test: every table, toy models; <= 10 minutes on 2 idle CPU cores.
+    "quick": Budget("quick", {"preset": "tiny", "image_size": 32, "dim": 64, "layers": 2, "heads": 2},
+                    steps=40, batch_size=4, lr=1e-3, warmup=5, train_scenes=32, eval_scenes=8, protocol_scenes=4),
+    # The CPU benchmark: the `tiny` LVSM; about 3 hours on 2 idle CPU cores (one torch thread).
+    "full": Budget("full", {"preset": "tiny"}, steps=600, batch_size=4, lr=1e-3, warmup=50, train_scenes=512,
+                   eval_scenes=64, protocol_scenes=16),
+    # For a GPU (`--device cuda`): the `small` LVSM, longer training, 3 seeds, ablations on both datasets.
+    "gpu": Budget("gpu", {"preset": "small"}, steps=20000, batch_size=16, lr=4e-4, warmup=1000,
+                  train_scenes=10000, eval_scenes=256, protocol_scenes=128, seeds=(0, 1, 2),
+                  ablation_datasets=("room", "object")),
+}
+
+
+def _none_like(row: Row) -> Row:
+    return Row("none", num_context=row.num_context)
+
+
+def _learned_like(row: Row) -> Row:
+    return Row(row.encoding, num_context=row.num_context)
+
+
+def tables(budget: Budget) -> dict[str, Table]:
+    """The paper's comparisons at this budget (Fig. 6 evaluates Table 1's checkpoints, see nvs_table)."""
+    ablation = tuple(Row(e) for e in ("none", *ABLATIONS)) + tuple(Row(e + "-ape") for e in ABLATIONS)
+    return {
+        "table1": Table("table1", "Table 1 analogue: encodings (learned per-patch parameters)",
+                        tuple(Row(e) for e in TABLE1_ENCODINGS), ("room", "object"), _none_like),
+        "table3": Table("table3", "Table 3 analogue: plane source (learned, external = fit to rendered depth, "
+                        "oracle = ground truth)",
+                        tuple(Row(e, p) for e in ("hrope", "hrope-lift") for p in PLANE_SOURCES),
+                        budget.ablation_datasets, _learned_like),
+        "fig4a": Table("fig4a", "Fig. 4a analogue: per-patch parameterisations, relative vs additive (APE)",
+                       ablation, budget.ablation_datasets, lambda row: Row("none")),
+        "table2": Table("table2", "Table 2 analogue: number of context views",
+                        tuple(Row(e, num_context=n) for n in VIEW_COUNTS for e in ("none", "prope", "hrope")),
+                        budget.ablation_datasets, _none_like),
+    }
+
+
+VOLATILE_TRAIN_KEYS = ("out", "device", "threads", "log_every", "image_every", "checkpoint_every")
+
+
+def cell_config(budget: Budget, cell: Cell, out: Path, *, device: str = "cpu", threads: int = 1,
+                lpips_weights: str | None = None) -> dict:
+    """The resolved ``hrope.train`` config of one cell (its run folder is ``out``)."""
+    row = cell.row
+    model = {**budget.model, "encoding": row.encoding, "predictor": row.predictor}
+    if row.predictor == "external":
+        model["predictor_options"] = {"use_normals": False}
+    return resolve({
+        "model": model,
+        "data": {"kind": cell.dataset, "num_scenes": budget.train_scenes, "num_context": row.num_context,
+                 "num_target": 1, "seed": budget.data_seed, "cache": True},
+        "train": {"out": str(out), "steps": budget.steps, "batch_size": budget.batch_size, "lr": budget.lr,
+                  "warmup": budget.warmup, "seed": cell.seed, "device": device, "threads": threads,
+                  "log_every": max(1, budget.steps // 20), "image_every": 0,
+                  "checkpoint_every": max(1, budget.steps // 4)},
+        "eval": {"num_scenes": budget.eval_scenes, "batch_size": 8, "lpips_weights": lpips_weights,
+                 "num_grid_scenes": 0},
+    })
+
+
+def config_hash(config: dict) -> str:
+    """Short hash of everything that changes a cell's result (not paths, device or logging)."""
+    stable = {**config, "train": {k: v for k, v in config["train"].items() if k not in VOLATILE_TRAIN_KEYS}}
+    return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:10]

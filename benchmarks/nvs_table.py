@@ -1,0 +1,215 @@
+"""The HRoPE paper's novel-view-synthesis comparisons at small scale, on synthetic scenes.
+
+Trains one LVSM per (dataset, row, seed) cell with the same data, steps, model size, optimiser
+and seeds; only the encoding and its parameter source change. Tables (see nvs_rows.py):
+``table1`` (encodings, learned parameters; room and object scenes), ``table3`` (learned /
+external / oracle planes), ``fig4a`` (parameterisations and their APE versions), ``table2``
+(2/4/8 context views) and ``fig6`` (zoom, extrapolation, enlarged baseline on the Table 1
+checkpoints, no retraining; needs ``hrope.protocols``). Every finished cell is cached under
+``OUT/cache`` (git-ignored), keyed by a hash of its config, so an interrupted run continues
+where it stopped. Writes ``OUT/nvs_table.{json,md}`` and one PNG per table.
+
+    python benchmarks/nvs_table.py --quick                          # smoke run, <= 10 min on 2 CPU cores
+    OMP_NUM_THREADS=1 python benchmarks/nvs_table.py                # full CPU run (~3 h), resumable
+    python benchmarks/nvs_table.py --budget gpu --device cuda       # larger preset for a GPU
+    python benchmarks/nvs_table.py --tables table1,fig6 --rows none,prope,hrope
+    python benchmarks/nvs_table.py --report-only                    # tables from the finished cells only
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling nvs_* modules
+
+from nvs_cells import CellRunner, ProtocolUnavailable  # noqa: E402
+from nvs_report import claims, fig6_report, markdown, plots, table_report  # noqa: E402
+from nvs_rows import BUDGETS, Budget, Cell, tables  # noqa: E402
+
+__all__ = ["run_benchmark", "plan", "main", "TABLE_NAMES", "FIG6_PROTOCOLS"]
+
+TABLE_NAMES = ("table1", "fig6", "table3", "fig4a", "table2")
+FIG6_PROTOCOLS = ("zoom", "extrapolate", "baseline")
+REPORT_EVERY_S = 300.0  # rewrite the partial report at most this often during a run
+
+
+def git_commit() -> str:
+    """``git rev-parse HEAD`` (read-only), marked when the working tree has uncommitted changes."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True,
+                               check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return commit + (" + uncommitted changes" if dirty else "")
+
+
+def plan(budget: Budget, table_names, row_filter=None):
+    """Selected tables and the ordered, de-duplicated cells: Table 1 first, the rest after Fig. 6.
+
+    ``row_filter``: row labels or encoding names to keep (None keeps all). Fig. 6 needs the
+    Table 1 cells, so selecting it trains them. Returns ``(tables, first_cells, later_cells)``.
+    """
+    unknown = set(table_names) - set(TABLE_NAMES)
+    if unknown:
+        raise SystemExit(f"unknown table(s) {sorted(unknown)}; available: {', '.join(TABLE_NAMES)}")
+    keep = (lambda row: True) if not row_filter else (lambda row: row.label in row_filter or row.encoding in row_filter)
+    every = {name: replace(table, rows=tuple(filter(keep, table.rows))) for name, table in tables(budget).items()}
+    if not any(table.rows for table in every.values()):
+        raise SystemExit(f"--rows {sorted(row_filter)} matches no row")
+    selected = {name: table for name, table in every.items() if name in table_names}
+    seen: set = set()
+
+    def cells_of(table):
+        out = []
+        for dataset in table.datasets:
+            for seed in budget.seeds:
+                for row in table.rows:
+                    cell = Cell(dataset, row, seed)
+                    if cell not in seen:
+                        seen.add(cell)
+                        out.append(cell)
+        return out
+
+    needs_table1 = "table1" in selected or "fig6" in table_names
+    first = cells_of(every["table1"]) if needs_table1 else []
+    later = [cell for name in ("table3", "fig4a", "table2") if name in selected for cell in cells_of(selected[name])]
+    return selected, first, later
+
+
+def _collect(runner: CellRunner, cells) -> dict:
+    records: dict = {}
+    for cell in cells:
+        record = runner.cached(cell)
+        if record is not None:
+            records.setdefault((cell.dataset, cell.row), []).append(record)
+    return records
+
+
+def _run_fig6(runner: CellRunner, cells, *, compute: bool, log) -> dict:
+    """Fig. 6 protocol results of the Table 1 cells (``compute=False``: cached results only)."""
+    results: dict = {}
+    try:
+        for cell in cells:
+            if runner.cached(cell) is None:
+                continue
+            for protocol in FIG6_PROTOCOLS:
+                options = {"factors": tuple(runner.budget.zoom_factors)} if protocol == "zoom" else {}
+                result = runner.protocol(cell, protocol, compute=compute, **options)
+                if result is not None:
+                    results.setdefault((cell.dataset, cell.row, protocol), []).append(result)
+    except ProtocolUnavailable as error:
+        log(f"fig6: not available yet ({error}); skipped")
+        return {"status": f"not available yet ({error})"}
+    except Exception as error:  # a failing protocol must not stop the long training run
+        log(f"fig6 failed:\n{traceback.format_exc()}")
+        return {"status": f"failed: {type(error).__name__}: {error}"}
+    return {"status": "ok", "datasets": fig6_report(results)}
+
+
+def build_report(runner: CellRunner, selected: dict, cells, fig6: dict | None, *, command: str, started: float,
+                 device: str, threads: int) -> dict:
+    records = _collect(runner, cells)
+    report = {
+        "command": command, "commit": git_commit(), "budget": runner.budget.as_dict(),
+        "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "elapsed_seconds": time.perf_counter() - started, "device": device, "threads": threads,
+        "lpips": "computed with local weights" if runner.lpips_weights else "unavailable (no local LPIPS weights)",
+        "progress": {"finished": sum(len(v) for v in records.values()), "planned": len(cells),
+                     "trained_this_invocation": len(runner.trained)},
+        "tables": {name: table_report(table, records) for name, table in selected.items()},
+        "cells": [r for rs in records.values() for r in rs],
+    }
+    if fig6 is not None:
+        report["fig6"] = fig6
+    report["claims"] = claims(report)
+    return report
+
+
+def write_report(report: dict, out: Path) -> None:
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    report["plots"] = plots(report, out)
+    (out / "nvs_table.json").write_text(json.dumps(report, indent=2))
+    (out / "nvs_table.md").write_text(markdown(report))
+
+
+def run_benchmark(budget: Budget, out: Path, *, table_names=TABLE_NAMES, row_filter=None, device: str = "cpu",
+                  threads: int = 1, lpips_weights: str | None = None, report_only: bool = False,
+                  command: str = "", log=print) -> dict:
+    """Train/evaluate every planned cell (reusing cached ones) and write the report into ``out``."""
+    started = time.perf_counter()
+    out = Path(out)
+    runner = CellRunner(budget, out / "cache", device=device, threads=threads, lpips_weights=lpips_weights, log=log)
+    selected, first, later = plan(budget, table_names, row_filter)
+    cells = first + later
+    last_report = time.perf_counter()
+
+    def train_cells(batch):
+        nonlocal last_report
+        for cell in batch:
+            if report_only or runner.cached(cell) is not None:
+                continue
+            index = cells.index(cell) + 1
+            log(f"[{index}/{len(cells)}] {cell.dataset} | {cell.row.label} | seed {cell.seed}: training "
+                f"(elapsed {time.perf_counter() - started:.0f} s)")
+            record = runner.run(cell)
+            log(f"    PSNR {record['metrics']['psnr']:.2f}  SSIM {record['metrics']['ssim']:.3f}  "
+                f"{record['train_seconds']:.0f} s")
+            if time.perf_counter() - last_report > REPORT_EVERY_S:
+                write_report(build_report(runner, selected, cells, None, command=command, started=started,
+                                          device=device, threads=threads), out)
+                last_report = time.perf_counter()
+
+    train_cells(first)
+    fig6 = _run_fig6(runner, first, compute=not report_only, log=log) if "fig6" in table_names else None
+    train_cells(later)
+    report = build_report(runner, selected, cells, fig6, command=command, started=started, device=device,
+                          threads=threads)
+    write_report(report, out)
+    log(f"done: {report['progress']['finished']}/{len(cells)} cells, {len(runner.trained)} trained now, "
+        f"{report['elapsed_seconds']:.0f} s; wrote {out / 'nvs_table.md'}")
+    return report
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--quick", action="store_true", help="the smoke budget (same as --budget quick)")
+    parser.add_argument("--budget", choices=sorted(BUDGETS), default=None, help="default: full (quick with --quick)")
+    parser.add_argument("--out", default=None, help="default benchmarks/results/nvs (nvs_<budget> for other budgets)")
+    parser.add_argument("--tables", default=",".join(TABLE_NAMES), help=f"comma list of {', '.join(TABLE_NAMES)}")
+    parser.add_argument("--rows", default=None, help="comma list of row labels or encoding names to run")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per run (0 = torch default)")
+    parser.add_argument("--lpips-weights", default=None, help="local LPIPS safetensors (else LPIPS unavailable)")
+    parser.add_argument("--report-only", action="store_true", help="write the report from finished cells; train nothing")
+    args = parser.parse_args(argv)
+    if args.quick and args.budget not in (None, "quick"):
+        parser.error("--quick conflicts with --budget " + args.budget)
+    name = "quick" if args.quick else (args.budget or "full")
+    out = Path(args.out or ("benchmarks/results/nvs" if name == "full" else f"benchmarks/results/nvs_{name}"))
+    logging.basicConfig(level=logging.WARNING)
+    return run_benchmark(
+        BUDGETS[name], out, table_names=[t.strip() for t in args.tables.split(",") if t.strip()],
+        row_filter={r.strip() for r in args.rows.split(",")} if args.rows else None, device=args.device,
+        threads=args.threads, lpips_weights=args.lpips_weights, report_only=args.report_only,
+        command=shlex.join(["python", "benchmarks/nvs_table.py", *argv]),
+        log=lambda text: print(text, flush=True))
+
+
+if __name__ == "__main__":
+    main()
