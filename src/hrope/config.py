@@ -14,7 +14,8 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["ConfigError", "DEFAULTS", "SHORTCUTS", "load_config", "apply_overrides", "resolve", "save_config"]
+__all__ = ["ConfigError", "DEFAULTS", "SHORTCUTS", "load_config", "apply_overrides", "parse_overrides",
+           "update_config", "resolve", "save_config"]
 
 
 class ConfigError(ValueError):
@@ -24,8 +25,12 @@ class ConfigError(ValueError):
 DEFAULTS: dict = {
     "model": {"preset": "tiny", "encoding": "none", "predictor": "learned"},
     "data": {
-        "kind": "room",  # synthetic scene family: room | object
-        "num_scenes": 256,  # training scenes (generated on the fly, deterministic by seed)
+        "kind": "room",  # synthetic: room | object; real (hrope.data.SOURCE_KINDS): re10k | co3d | dl3dv | ...
+        "root": None,  # real data: the dataset folder (required for real kinds)
+        "eval_root": None,  # real data: held-out folder for evaluation (None = root)
+        "eval_index": None,  # RE10K evaluation index JSON (2 context + 3 targets per scene), eval only
+        "context_gap": None,  # [low, high] frames between the outer context views (None = kind default)
+        "num_scenes": 256,  # synthetic: training scenes; real data: at most this many (None = all)
         "num_context": 2,
         "num_target": 1,
         "seed": 0,
@@ -50,7 +55,7 @@ DEFAULTS: dict = {
         "threads": 0,  # torch CPU threads; 0 keeps torch's default
     },
     "eval": {
-        "num_scenes": 16,  # held-out scenes (the dataset's "eval" split)
+        "num_scenes": 16,  # held-out scenes (synthetic "eval" split; real data: the first N, None = all)
         "batch_size": 4,
         "lpips_weights": None,  # local safetensors with AlexNet + LPIPS heads; None = unavailable
         "num_grid_scenes": 4,
@@ -97,6 +102,11 @@ def resolve(values: dict | None = None) -> dict:
     return _merge(DEFAULTS, values or {})
 
 
+def update_config(config: dict, values: dict) -> dict:
+    """``config`` updated with ``{section: {key: value}}`` (unknown sections/keys raise)."""
+    return _merge(config, values)
+
+
 def load_config(path: str | Path) -> dict:
     """Read and resolve a YAML config file."""
     path = Path(path)
@@ -128,6 +138,11 @@ def parse_value(text: str):
 
 def apply_overrides(config: dict, args: list[str]) -> dict:
     """Apply ``["--train.lr", "1e-3", "--encoding", "prope", ...]`` (also ``--key=value``)."""
+    return _merge(config, parse_overrides(args))
+
+
+def parse_overrides(args: list[str]) -> dict:
+    """``{section: {key: value}}`` of override options (keys checked when applied)."""
     updates: dict = {}
     index = 0
     while index < len(args):
@@ -149,7 +164,7 @@ def apply_overrides(config: dict, args: list[str]) -> dict:
                 f"{['--' + s for s in SHORTCUTS]}"
             )
         updates.setdefault(section, {})[name] = parse_value(value)
-    return _merge(config, updates)
+    return updates
 
 
 def save_config(config: dict, folder: str | Path) -> Path:

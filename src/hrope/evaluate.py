@@ -15,13 +15,31 @@ from pathlib import Path
 
 import torch
 
-from .config import save_config
+from .config import save_config, update_config
 from .metrics import LPIPS, image_metrics
 from .viz import save_image_grid
 
-__all__ = ["evaluate", "evaluate_model", "markdown_table", "UNAVAILABLE"]
+__all__ = ["evaluate", "evaluate_model", "batch_metrics", "run_name", "apply_data_overrides", "markdown_table",
+           "UNAVAILABLE"]
 
 UNAVAILABLE = "unavailable"
+
+
+def batch_metrics(model, scenes, num_context: int, device, lpips: LPIPS | None = None, *,
+                  return_prediction: bool = False):
+    """Per-scene metric means ``{metric: [value per scene]}`` of one batch of ``scenes`` (each target
+    image scored, then averaged per scene); LPIPS only with ``lpips``. With ``return_prediction``
+    also returns ``(batch, prediction (B, Vt, 3, H, W))``."""
+    from .train import collate
+
+    batch = collate(scenes, num_context, torch.device(device))
+    with torch.no_grad():
+        prediction = model(batch).images.float()
+        target = batch.images[:, num_context:].float()
+        B, Vt = target.shape[:2]
+        values = image_metrics(prediction.flatten(0, 1), target.flatten(0, 1), lpips)
+    per_scene = {name: value.reshape(B, Vt).mean(1).tolist() for name, value in values.items()}
+    return (per_scene, batch, prediction) if return_prediction else per_scene
 
 
 def evaluate_model(model, dataset, num_context: int, *, batch_size: int = 4, lpips: LPIPS | None = None,
@@ -30,26 +48,27 @@ def evaluate_model(model, dataset, num_context: int, *, batch_size: int = 4, lpi
 
     Returns ``(means {metric: float or "unavailable"}, rows)``.
     """
-    from .train import collate
-
     model.eval()
     per_scene: dict[str, list[float]] = {"psnr": [], "ssim": [], "lpips": []}
     rows = []
-    with torch.no_grad():
-        for start in range(0, len(dataset), batch_size):
-            scenes = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
-            batch = collate(scenes, num_context, torch.device(device))
-            prediction = model(batch).images.float()
-            target = batch.images[:, num_context:].float()
-            B, Vt = target.shape[:2]
-            values = image_metrics(prediction.flatten(0, 1), target.flatten(0, 1), lpips)
-            for name, value in values.items():
-                per_scene[name] += value.reshape(B, Vt).mean(1).tolist()
-            for b in range(B):
-                if len(rows) < num_grid_scenes:
-                    rows.append([*batch.images[b, :num_context], prediction[b, 0], target[b, 0]])
+    for start in range(0, len(dataset), batch_size):
+        scenes = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
+        values, batch, prediction = batch_metrics(model, scenes, num_context, device, lpips, return_prediction=True)
+        for name, value in values.items():
+            per_scene[name] += value
+        for b in range(len(scenes)):
+            if len(rows) < num_grid_scenes:
+                rows.append([*batch.images[b, :num_context], prediction[b, 0], batch.images[b, num_context]])
     means = {name: (sum(v) / len(v) if v else UNAVAILABLE) for name, v in per_scene.items()}
     return means, rows
+
+
+def run_name(config: dict, model) -> str:
+    """A run's label: its encoding, plus the predictor for encodings with parameters."""
+    name = config["model"]["encoding"]
+    if model.source is not None:
+        name += f" ({config['model']['predictor']})"
+    return name
 
 
 def markdown_table(results: list[dict]) -> str:
@@ -64,12 +83,21 @@ def markdown_table(results: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def apply_data_overrides(config: dict, data: dict | None) -> dict:
+    """``config`` with keys of its ``data`` section replaced by ``data`` (unknown keys raise)."""
+    return update_config(config, {"data": data}) if data else config
+
+
 def evaluate(checkpoint: str | Path, out: str | Path | None = None, *, num_scenes: int | None = None,
-             device: str = "cpu", lpips_weights: str | None = None) -> dict:
-    """Evaluate ``checkpoint`` (file or run folder) and write the outputs; returns the results dict."""
+             device: str = "cpu", lpips_weights: str | None = None, data: dict | None = None) -> dict:
+    """Evaluate ``checkpoint`` (file or run folder) and write the outputs; returns the results dict.
+
+    ``data`` overrides keys of the run's ``data`` config section (e.g. a real dataset to test on).
+    """
     from .train import build_dataset, load_model
 
     model, config = load_model(checkpoint, device)
+    config = apply_data_overrides(config, data)
     if num_scenes is not None:
         config["eval"]["num_scenes"] = int(num_scenes)
     if lpips_weights is not None:
@@ -82,10 +110,7 @@ def evaluate(checkpoint: str | Path, out: str | Path | None = None, *, num_scene
                                  lpips=lpips, device=device, num_grid_scenes=config["eval"]["num_grid_scenes"])
     checkpoint = Path(checkpoint)
     out = Path(out) if out is not None else (checkpoint if checkpoint.is_dir() else checkpoint.parent) / "eval"
-    name = config["model"]["encoding"]
-    if model.source is not None:
-        name += f" ({config['model']['predictor']})"
-    results = {"name": name, "checkpoint": str(checkpoint), "num_scenes": len(dataset),
+    results = {"name": run_name(config, model), "checkpoint": str(checkpoint), "num_scenes": len(dataset),
                "num_context": num_context, "num_target": config["data"]["num_target"], "metrics": means,
                "lpips_backbone": "alexnet" if lpips is not None else None}
     save_config(config, out)

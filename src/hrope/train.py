@@ -35,7 +35,7 @@ from .data.rng import stream_seed
 from .model import LVSM, ModelConfig, count_parameters
 
 __all__ = [
-    "train", "TrainResult", "build_model", "build_dataset", "learning_rate", "batch_indices",
+    "train", "TrainResult", "build_model", "build_dataset", "build_source", "learning_rate", "batch_indices",
     "save_checkpoint", "load_checkpoint", "load_model", "CheckpointError", "collate", "CHECKPOINT_NAME",
 ]
 
@@ -70,17 +70,112 @@ class CachedDataset:
         return self._scenes[index]
 
 
+class FirstScenes:
+    """The first ``count`` examples of ``dataset`` (forwards ``set_epoch``)."""
+
+    def __init__(self, dataset, count: int) -> None:
+        self.dataset, self.count = dataset, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int):
+        if not 0 <= index < self.count:
+            raise IndexError(f"scene index {index} out of range 0..{self.count - 1}")
+        return self.dataset[index]
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+
+class IndexedViews:
+    """The scenes of a RealEstate10K source opened with an evaluation index (its context, then its
+    targets), normalised; the index must give ``num_context`` context views per scene."""
+
+    def __init__(self, source, num_context: int) -> None:
+        self.source, self.num_context = source, num_context
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: int):
+        from .data.normalize import normalize_scene
+
+        context, _ = self.source.context_target(index)
+        if len(context) != self.num_context:
+            raise ConfigError(f"data.eval_index gives {len(context)} context views, data.num_context is "
+                              f"{self.num_context}")
+        return normalize_scene(self.source[index], context)
+
+
+def build_source(config: dict, split: str = "train"):
+    """The real-data :class:`hrope.data.SceneSource` of ``config["data"]`` at the model's resolution.
+
+    ``split="eval"`` reads ``data.eval_root`` (default ``data.root``) and, for RE10K,
+    ``data.eval_index``. Views are resized + centre-cropped with exact intrinsics.
+    """
+    from .data.load import SOURCE_KINDS, make_source
+    from .data.scene import SceneError
+
+    data = config["data"]
+    if data["kind"] not in SOURCE_KINDS:
+        raise ConfigError(f"unknown data.kind {data['kind']!r}; expected room, object or one of {sorted(SOURCE_KINDS)}")
+    root = (data["eval_root"] or data["root"]) if split == "eval" else data["root"]
+    if not root:
+        raise ConfigError(f"data.root is required for data.kind {data['kind']!r} (the dataset folder)")
+    if data["eval_index"] and data["kind"] != "re10k":
+        raise ConfigError(f"data.eval_index is for data.kind 're10k', not {data['kind']!r}")
+    size = ModelConfig.from_dict(config["model"]).image_size
+    options = {"image_size": (size, size)}
+    if split == "eval" and data["eval_index"]:
+        options["evaluation_index"] = data["eval_index"]
+    try:
+        return make_source(data["kind"], root, **options)
+    except SceneError as error:
+        raise ConfigError(f"data.root {str(root)!r} ({data['kind']}): {error}") from None
+
+
 def build_dataset(config: dict, split: str = "train"):
-    """The synthetic dataset of ``config["data"]`` (``split`` "train" or "eval": held-out scenes)."""
-    from .data.dataset import SyntheticDataset
+    """The dataset of ``config["data"]`` (``split`` "train" or "eval": held-out scenes).
+
+    Synthetic kinds render ``data.num_scenes`` (train) or ``eval.num_scenes`` scenes (kept in
+    memory when ``data.cache``); real kinds wrap :func:`build_source` in
+    :class:`hrope.data.SceneDataset` (random views, redrawn at every training step through
+    ``set_epoch``; fixed views for evaluation, or the RE10K index's), limited to the first
+    ``num_scenes`` scenes when that is set, and never cached.
+    """
+    from .data.dataset import SceneDataset, SyntheticDataset
+    from .data.synthetic import KINDS
 
     data = config["data"]
     image_size = ModelConfig.from_dict(config["model"]).image_size
     num_scenes = data["num_scenes"] if split == "train" else config["eval"]["num_scenes"]
-    dataset = SyntheticDataset(kind=data["kind"], num_scenes=num_scenes, seed=data["seed"],
-                               image_size=(image_size, image_size), num_context=data["num_context"],
-                               num_target=data["num_target"], split=split)
-    return CachedDataset(dataset) if data["cache"] else dataset
+    gap = None if data["context_gap"] is None else tuple(data["context_gap"])
+    if data["kind"] in KINDS:
+        check_synthetic_data(config, num_scenes, split)
+        dataset = SyntheticDataset(kind=data["kind"], num_scenes=num_scenes, seed=data["seed"],
+                                   image_size=(image_size, image_size), num_context=data["num_context"],
+                                   num_target=data["num_target"], split=split, context_gap=gap)
+        return CachedDataset(dataset) if data["cache"] else dataset
+    if split == "eval" and data["eval_index"]:
+        dataset = IndexedViews(build_source(config, split), data["num_context"])
+    else:
+        dataset = SceneDataset(build_source(config, split), data["num_context"], data["num_target"], split=split,
+                               seed=data["seed"], context_gap=gap)
+    if num_scenes is not None and num_scenes < len(dataset):
+        dataset = FirstScenes(dataset, int(num_scenes))
+    return dataset  # never cached: real scenes are large, and training views change every step
+
+
+def check_synthetic_data(config: dict, num_scenes, split: str) -> None:
+    """Clear errors for real-data keys or a missing scene count with a synthetic ``data.kind``."""
+    data = config["data"]
+    if data["root"] or data["eval_root"] or data["eval_index"]:
+        raise ConfigError(f"data.root, data.eval_root and data.eval_index are for real data, not the synthetic "
+                          f"kind {data['kind']!r}")
+    if num_scenes is None:
+        raise ConfigError(f"{'data' if split == 'train' else 'eval'}.num_scenes must be a number for synthetic data")
 
 
 def collate(scenes, num_context: int, device: torch.device):
@@ -275,10 +370,12 @@ def _forward_backward(net, model, optimizer, batch, opts: dict, perceptual, ctx:
     return prediction, loss.detach(), grad_norm, bool(finite)
 
 
-def train(config: dict, *, stop_at: int | None = None, progress: bool = True) -> TrainResult:
+def train(config: dict, *, stop_at: int | None = None, progress: bool = True, dataset=None) -> TrainResult:
     """Train (resuming from ``out/checkpoint.safetensors`` when present).
 
     ``stop_at``: save a checkpoint and return after this step (as if the run were killed there).
+    ``dataset``: the training dataset to use instead of ``build_dataset(config, "train")`` (e.g.
+    one :class:`CachedDataset` shared by several runs, so its scenes are rendered once).
     """
     from tqdm import tqdm
 
@@ -305,7 +402,8 @@ def train(config: dict, *, stop_at: int | None = None, progress: bool = True) ->
     net = model
     if ctx.world_size > 1:
         net = nn.parallel.DistributedDataParallel(model, device_ids=[ctx.device] if ctx.device.type == "cuda" else None)
-    dataset = build_dataset(config, "train")
+    if dataset is None:
+        dataset = build_dataset(config, "train")
     perceptual = perceptual_loss(config, ctx.device)
     writer = None
     if ctx.is_main:
@@ -324,6 +422,8 @@ def train(config: dict, *, stop_at: int | None = None, progress: bool = True) ->
         for group in optimizer.param_groups:
             group["lr"] = lr
         indices = batch_indices(opts["seed"], step, ctx.rank, opts["batch_size"], len(dataset))
+        if hasattr(dataset, "set_epoch"):  # uncached datasets: fresh views at every step (a pure function of it)
+            dataset.set_epoch(step)
         batch = collate([dataset[i] for i in indices], num_context, ctx.device)
         prediction, loss, grad_norm, finite = _forward_backward(net, model, optimizer, batch, opts, perceptual, ctx)
         if not finite:

@@ -10,6 +10,7 @@ and spaces the targets evenly. Every example is passed through :func:`normalize_
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from torch.utils.data import Dataset
@@ -24,6 +25,7 @@ from .synthetic import KINDS, make_scene
 __all__ = ["sample_views", "ViewSampling", "SceneDataset", "SyntheticDataset", "DEFAULT_CONTEXT_GAP"]
 
 TARGET_MODES = ("interpolate", "extrapolate")
+logger = logging.getLogger("hrope.data")
 DEFAULT_CONTEXT_GAP = {"room": (25, 100), "object": (15, 60)}  # frames between the outer context views
 SPLITS = ("train", "eval")
 
@@ -111,28 +113,41 @@ class SceneDataset(ViewSampling, Dataset):
     """Examples drawn from any indexable source of :class:`Scene` (all frames of a video each).
 
     A source that also has ``num_frames(i)`` and ``load_views(i, frames)`` (like
-    :class:`hrope.data.SceneSource`) decodes only the sampled frames; if that fails with a
-    :class:`SceneError`, ``source[i]`` (which skips broken scenes with a warning) is used instead.
-    ``context_gap=None`` allows any gap the scene's length allows.
+    :class:`hrope.data.SceneSource`) decodes only the sampled frames, never a whole video; a scene
+    that cannot be loaded or is too short for the sampling is skipped (replaced by the next one)
+    with a warning counting the skipped scenes (``num_skipped``). ``context_gap=None`` allows any
+    gap the scene's length allows.
     """
 
     def __init__(self, source: Sequence[Scene], num_context: int = 2, num_target: int = 1, *, split: str = "train",
                  seed: int = 0, context_gap: tuple[int, int] | None = None, targets: str = "interpolate") -> None:
         super().__init__(num_context, num_target, split, seed, context_gap, targets)
         self.source = source
+        self._bad: set[int] = set()
 
     def __len__(self) -> int:
         return len(self.source)
 
+    @property
+    def num_skipped(self) -> int:
+        return len(self._bad)
+
     def __getitem__(self, index: int) -> Scene:
-        if hasattr(self.source, "load_views") and hasattr(self.source, "num_frames"):
+        if not (hasattr(self.source, "load_views") and hasattr(self.source, "num_frames")):
+            scene = self.source[index]
+            return self.normalized(scene.select_views(self.frames(index, scene.num_views)))
+        n = len(self.source)
+        error = None
+        for i in [(index + step) % n for step in range(n)]:
+            if i in self._bad:
+                continue
             try:
-                frames = self.frames(index, self.source.num_frames(index))
-                return self.normalized(self.source.load_views(index, frames))
-            except SceneError:
-                pass
-        scene = self.source[index]
-        return self.normalized(scene.select_views(self.frames(index, scene.num_views)))
+                return self.normalized(self.source.load_views(i, self.frames(i, self.source.num_frames(i))))
+            except ValueError as failure:  # a SceneError, or a video too short for the view sampling
+                error = failure
+                self._bad.add(i)
+                logger.warning("skipping scene %d (%d scene(s) skipped so far): %s", i, self.num_skipped, failure)
+        raise SceneError(f"none of the {n} scenes could be loaded (last error: {error})")
 
 
 class SyntheticDataset(ViewSampling, Dataset):
