@@ -90,7 +90,7 @@ def rope_tables(grid: tuple[int, int], num_freqs: int, base: float, num_views: i
     cached): ``cos``, ``sin`` signed for R(θ) and its negation for R(-θ).
 
     R(θ)(a, b) = (a cos - b sin, b cos + a sin) becomes two contiguous elementwise passes,
-    ``x * cos + flip_halves(x) * sin`` with flip_halves(a, b) = (b, a).
+    ``x * cos + swap(x) * sin`` with swap(a, b) = (b, a) per axis.
     """
     angles = rope_angles(grid, num_freqs, base=base, device=device)
     angles = angles.repeat(num_views, 1, 1)[:, :, None, :]  # (N, 2 axes, 1, F)
@@ -117,6 +117,15 @@ class Prepared:
         raise NotImplementedError
 
 
+def _block_diagonal(M: Tensor, count: int) -> Tensor:
+    """``blockdiag(M^T, ..., M^T)`` ``(..., count*b, count*b)`` for ``M (..., b, b)``: right-multiplying
+    row vectors of ``count`` tiles by it applies M to every tile."""
+    eye = torch.eye(count, dtype=M.dtype, device=M.device)
+    blocks = torch.einsum("ij,...kl->...ikjl", eye, M.transpose(-1, -2))
+    b = M.shape[-1]
+    return blocks.reshape(*M.shape[:-2], count * b, count * b)
+
+
 class TokenTransform(Prepared):
     """Precomputed block-diagonal D_t for every token; the precompute-then-apply object.
 
@@ -125,6 +134,8 @@ class TokenTransform(Prepared):
         num_views, grid: N = num_views * grid_h * grid_w tokens.
         geo, geo_inv: ``(B, V, 1 or P, b, b)`` geometric blocks D and D^-1, per view (1) or per
             token (P), in the geometry dtype; None when the layout has no geometric blocks.
+            Per-view blocks are applied as one block-diagonal ``(tiled, tiled)`` matrix per view
+            (a single matrix product); per-token blocks by a batched 4x4 / 3x3 product.
         transform_values: False for encodings that act on q and k only (CaPE).
 
     ``apply_q``, ``apply_k``, ``apply_v`` and ``apply_o`` take ``(B, heads, N, head_dim)``.
@@ -141,8 +152,14 @@ class TokenTransform(Prepared):
         self.grid = grid
         self.transform_values = transform_values
         self._tables: dict[str, Tensor] = {}
+        self._blocks: dict[str, Tensor] = {}
         if geo is not None:
-            self._tables.update(o=geo, q=geo.transpose(-1, -2), k=geo_inv)
+            self._blocks.update(o=geo, q=geo.transpose(-1, -2), k=geo_inv)
+            if geo.shape[2] == 1:  # per view: one block-diagonal matrix acting on all tiles at once
+                self._tables.update({key: _block_diagonal(M[:, :, 0], layout.num_blocks)
+                                     for key, M in self._blocks.items()})
+            else:
+                self._tables.update(self._blocks)
         if layout.rope:
             device = geo.device if geo is not None else torch.device("cpu")
             cos, sin, neg_sin = rope_tables(tuple(grid), layout.num_freqs, rope_base, num_views, device)
@@ -151,9 +168,9 @@ class TokenTransform(Prepared):
 
     def geometric_blocks(self) -> tuple[Tensor, Tensor] | None:
         """The geometric blocks ``(D, D^-1)``, each ``(B, V, 1 or P, b, b)``, or None."""
-        if "o" not in self._tables:
+        if "o" not in self._blocks:
             return None
-        return self._tables["o"], self._tables["k"]
+        return self._blocks["o"], self._blocks["k"]
 
     @property
     def num_tokens(self) -> int:
@@ -198,18 +215,19 @@ class TokenTransform(Prepared):
         parts = []
         with torch.autocast(x.device.type, enabled=False):
             if layout.num_blocks:
-                M = self._table(which, x)  # (B, V, 1 or P, b, b)
-                xg = x[..., : layout.tiled_dim].reshape(B, heads, V, P, layout.num_blocks, layout.block)
-                if M.shape[2] == 1:
-                    y = torch.einsum("bvij,bhvpnj->bhvpni", M[:, :, 0], xg)
-                else:
+                M = self._table(which, x)
+                xg = x[..., : layout.tiled_dim]
+                if M.ndim == 4:  # per view (B, V, tiled, tiled), acting on row vectors: one GEMM
+                    y = xg.reshape(B, heads, V, P, layout.tiled_dim) @ M[:, None]
+                else:  # per token (B, V, P, b, b)
+                    xg = xg.reshape(B, heads, V, P, layout.num_blocks, layout.block)
                     y = torch.einsum("bvpij,bhvpnj->bhvpni", M, xg)
                 parts.append(y.reshape(B, heads, N, layout.tiled_dim))
             if layout.geo_dim > layout.tiled_dim:
                 parts.append(x[..., layout.tiled_dim : layout.geo_dim])
             if layout.rope:
                 xr = x[..., layout.geo_dim :]
-                swapped = xr.unflatten(-1, (2, 2, layout.num_freqs)).flip(-2).flatten(-3)
+                swapped = xr.unflatten(-1, (2, 2 * layout.num_freqs)).roll(layout.num_freqs, -1).flatten(-2)
                 sin = self._table("sin" if rope_sign > 0 else "-sin", x)
                 parts.append(torch.addcmul(xr * self._table("cos", x), swapped, sin))
         if not parts:
