@@ -35,6 +35,7 @@ DEFAULTS: dict = {
         "num_target": 1,
         "seed": 0,
         "cache": True,  # keep generated scenes in memory
+        "prefetch": True,  # load the next step's scenes in a background thread while this step trains
     },
     "train": {
         "out": "runs/default",

@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,6 +177,38 @@ def check_synthetic_data(config: dict, num_scenes, split: str) -> None:
                           f"kind {data['kind']!r}")
     if num_scenes is None:
         raise ConfigError(f"{'data' if split == 'train' else 'eval'}.num_scenes must be a number for synthetic data")
+
+
+class StepLoader:
+    """The scenes of each training step, a pure function of (seed, step, rank).
+
+    With ``prefetch`` the next step's scenes are loaded in one background thread while the current
+    step trains (rendering and decoding release the GIL inside torch ops), so data generation
+    overlaps with the model; the dataset is only ever touched by that thread, in step order.
+    """
+
+    def __init__(self, dataset, seed: int, rank: int, batch_size: int, prefetch: bool) -> None:
+        self.dataset, self.seed, self.rank, self.batch_size = dataset, seed, rank, batch_size
+        self._pool = ThreadPoolExecutor(max_workers=1) if prefetch else None
+        self._pending: dict[int, Future] = {}
+
+    def _load(self, step: int) -> list:
+        if hasattr(self.dataset, "set_epoch"):  # uncached datasets: fresh views at every step
+            self.dataset.set_epoch(step)
+        indices = batch_indices(self.seed, step, self.rank, self.batch_size, len(self.dataset))
+        return [self.dataset[i] for i in indices]
+
+    def scenes(self, step: int, prefetch_next: bool = True) -> list:
+        if self._pool is None:
+            return self._load(step)
+        pending = self._pending.pop(step, None) or self._pool.submit(self._load, step)
+        if prefetch_next:
+            self._pending[step + 1] = self._pool.submit(self._load, step + 1)
+        return pending.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def collate(scenes, num_context: int, device: torch.device):
@@ -417,14 +450,12 @@ def train(config: dict, *, stop_at: int | None = None, progress: bool = True, da
                desc=f"train {config['model']['encoding']}", dynamic_ncols=True)
     tick, tick_step = time.perf_counter(), start
     model.train()
+    loader = StepLoader(dataset, opts["seed"], ctx.rank, opts["batch_size"], config["data"]["prefetch"])
     for step in bar:
         lr = learning_rate(step, opts)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        indices = batch_indices(opts["seed"], step, ctx.rank, opts["batch_size"], len(dataset))
-        if hasattr(dataset, "set_epoch"):  # uncached datasets: fresh views at every step (a pure function of it)
-            dataset.set_epoch(step)
-        batch = collate([dataset[i] for i in indices], num_context, ctx.device)
+        batch = collate(loader.scenes(step, prefetch_next=step + 1 < end), num_context, ctx.device)
         prediction, loss, grad_norm, finite = _forward_backward(net, model, optimizer, batch, opts, perceptual, ctx)
         if not finite:
             skipped += 1
@@ -451,6 +482,7 @@ def train(config: dict, *, stop_at: int | None = None, progress: bool = True, da
             save_checkpoint(checkpoint, model, optimizer, done, config)
             saved = done
     bar.close()
+    loader.close()
     final_step = max(end, start)
     if ctx.is_main and (saved != final_step or not checkpoint.is_file()):
         save_checkpoint(checkpoint, model, optimizer, final_step, config)
