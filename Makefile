@@ -1,7 +1,7 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
-# TORCH_SPEC selects the torch build installed first (a CPU wheel by default);
-# GPU users: `make test TORCH_SPEC="torch==2.13.0"` with their CUDA index configured, or
-# any torch in the range declared in pyproject.toml.
+# TORCH_SPEC selects the torch installed first (default torch==2.13.0; which build pip picks
+# depends on the configured index: the development machines resolve it to a local CPU wheel).
+# GPU users: point pip at their CUDA wheels; any torch in the range in pyproject.toml works.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0

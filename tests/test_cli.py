@@ -35,6 +35,9 @@ def test_train_eval_viz_smoke(tmp_path, capsys):
 
     assert run(["viz", "planes", str(out / "checkpoint.safetensors"), "--num-scenes", "1"]) == 0
     assert (out / "viz" / "planes.png").is_file()
+    (out / "viz" / "planes.png").unlink()
+    assert run(["viz", "planes", str(out), "--num-scenes", "1"]) == 0  # a run folder: same place
+    assert (out / "viz" / "planes.png").is_file()
 
 
 def test_viz_planes_needs_a_plane_encoding(tmp_path, capsys):

@@ -73,6 +73,7 @@ def _metrics_line(metrics: dict) -> str:
 def run_eval(args, extra: list[str]) -> None:
     from .evaluate import evaluate
     from .protocols import run_protocol, write_results
+    from .train import run_folder
 
     data = _data_overrides(extra)
     if args.protocol is None:
@@ -89,8 +90,7 @@ def run_eval(args, extra: list[str]) -> None:
         options["zoom_all"] = True
     results = [run_protocol(path, args.protocol, data, num_scenes=args.num_scenes, device=args.device,
                             lpips_weights=args.lpips_weights, **options) for path in args.checkpoints]
-    first = Path(args.checkpoints[0])
-    out = Path(args.out) if args.out else (first if first.is_dir() else first.parent) / "eval" / args.protocol
+    out = Path(args.out) if args.out else run_folder(args.checkpoints[0]) / "eval" / args.protocol
     write_results(results, out)
     for r in results:
         for point in r["points"]:

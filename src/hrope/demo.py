@@ -17,7 +17,6 @@ import logging
 import time
 from pathlib import Path
 
-import torch
 
 from .config import resolve
 from .evaluate import evaluate_model, markdown_table
@@ -60,17 +59,18 @@ def main(argv: list[str] | None = None) -> None:
               f"(elapsed {time.perf_counter() - start:.0f} s)", flush=True)
         config = demo_config(encoding, predictor, out / name, args.steps)
         model = train(config).model.eval()
+        device = next(model.parameters()).device  # train.device "auto" picks CUDA when available
         print(f"[{index + 1}/{len(DEMO_MODELS)}] {name}: evaluating on {config['eval']['num_scenes']} held-out "
               "scenes", flush=True)
         dataset = build_dataset(config, "eval")
-        metrics, rows = evaluate_model(model, dataset, config["data"]["num_context"],
+        metrics, rows = evaluate_model(model, dataset, config["data"]["num_context"], device=device,
                                        num_grid_scenes=config["eval"]["num_grid_scenes"])
         results.append({"name": name, "metrics": metrics})
         print(f"    PSNR {metrics['psnr']:.2f}  SSIM {metrics['ssim']:.3f}", flush=True)
         predictions.append([row[-2] for row in rows])
         reference_rows = rows
         if (encoding, predictor) == ("hrope", "learned"):
-            batch = collate([dataset[i] for i in range(2)], config["data"]["num_context"], torch.device("cpu"))
+            batch = collate([dataset[i] for i in range(2)], config["data"]["num_context"], device)
             normal_rows = plane_normal_rows(model, batch)
     elapsed = time.perf_counter() - start
     comparison = [[*row[:-2], row[-1], *(p[i] for p in predictions)] for i, row in enumerate(reference_rows)]

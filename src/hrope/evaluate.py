@@ -94,7 +94,7 @@ def evaluate(checkpoint: str | Path, out: str | Path | None = None, *, num_scene
 
     ``data`` overrides keys of the run's ``data`` config section (e.g. a real dataset to test on).
     """
-    from .train import build_dataset, load_model
+    from .train import build_dataset, load_model, run_folder
 
     model, config = load_model(checkpoint, device)
     config = apply_data_overrides(config, data)
@@ -109,7 +109,7 @@ def evaluate(checkpoint: str | Path, out: str | Path | None = None, *, num_scene
     means, rows = evaluate_model(model, dataset, num_context, batch_size=config["eval"]["batch_size"],
                                  lpips=lpips, device=device, num_grid_scenes=config["eval"]["num_grid_scenes"])
     checkpoint = Path(checkpoint)
-    out = Path(out) if out is not None else (checkpoint if checkpoint.is_dir() else checkpoint.parent) / "eval"
+    out = Path(out) if out is not None else run_folder(checkpoint) / "eval"
     results = {"name": run_name(config, model), "checkpoint": str(checkpoint), "num_scenes": len(dataset),
                "num_context": num_context, "num_target": config["data"]["num_target"], "metrics": means,
                "lpips_backbone": "alexnet" if lpips is not None else None}

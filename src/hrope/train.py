@@ -284,6 +284,12 @@ def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     return path
 
 
+def run_folder(checkpoint: str | Path) -> Path:
+    """The run folder of ``checkpoint`` (a run folder itself, or the checkpoint file inside one)."""
+    checkpoint = Path(checkpoint)
+    return checkpoint if checkpoint.is_dir() else checkpoint.parent
+
+
 def _read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, str]]:
     path = Path(path)
     if path.is_dir():
@@ -457,17 +463,17 @@ def train(config: dict, *, stop_at: int | None = None, progress: bool = True, da
             group["lr"] = lr
         batch = collate(loader.scenes(step, prefetch_next=step + 1 < end), num_context, ctx.device)
         prediction, loss, grad_norm, finite = _forward_backward(net, model, optimizer, batch, opts, perceptual, ctx)
-        if not finite:
+        done = step + 1
+        if finite:
+            optimizer.step()
+            loss_value = float(loss)
+        else:  # the step counter still advances, so checkpoints and resume stay on schedule
             skipped += 1
             logger.warning("step %d: non-finite loss or gradient (loss %s, grad norm %s); step skipped",
                            step, float(loss), float(grad_norm))
             if writer is not None:
                 writer.add_scalar("train/skipped_steps", skipped, step)
-            continue
-        optimizer.step()
-        loss_value = float(loss)
-        done = step + 1
-        if ctx.is_main and (done % opts["log_every"] == 0 or done == end):
+        if finite and ctx.is_main and (done % opts["log_every"] == 0 or done == end):
             now = time.perf_counter()
             rate = (done - tick_step) / max(now - tick, 1e-9)
             tick, tick_step = now, done
@@ -476,7 +482,7 @@ def train(config: dict, *, stop_at: int | None = None, progress: bool = True, da
             writer.add_scalar("train/lr", lr, done)
             writer.add_scalar("train/grad_norm", float(grad_norm), done)
             writer.add_scalar("train/steps_per_s", rate, done)
-        if ctx.is_main and opts["image_every"] and done % opts["image_every"] == 0:
+        if finite and ctx.is_main and opts["image_every"] and done % opts["image_every"] == 0:
             writer.add_image("train/context|prediction|target", _image_grid(batch, prediction), done)
         if ctx.is_main and done % opts["checkpoint_every"] == 0:
             save_checkpoint(checkpoint, model, optimizer, done, config)

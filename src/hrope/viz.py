@@ -70,6 +70,8 @@ def plane_normal_rows(model, batch, layer: int = -1) -> list[list[Tensor]]:
     m = output.parameters[layer]["planes"]
     predicted, _ = Planes.from_m(m.float()).normal_and_depth(cameras, grid)  # (B*Vt, (Vc+1)P, 3)
     truth_planes = batch.planes(p)
+    if truth_planes is None:
+        raise VizError("the evaluation data has no ground-truth planes or depth (synthetic scenes have both)")
     truth, _ = truth_planes.normal_and_depth(batch.cameras.to(dtype=torch.float32), grid)  # (B, V*P, 3)
     rows = []
     for b in range(B):
@@ -85,12 +87,12 @@ def plane_normal_rows(model, batch, layer: int = -1) -> list[list[Tensor]]:
 def visualize_planes(checkpoint: str | Path, out: str | Path | None = None, num_scenes: int = 4,
                      layer: int = -1, device: str = "cpu") -> Path:
     """Write ``planes.png`` (see module doc) for ``num_scenes`` held-out scenes; returns its path."""
-    from .train import build_dataset, collate, load_model
+    from .train import build_dataset, collate, load_model, run_folder
 
     model, config = load_model(checkpoint, device)
     dataset = build_dataset(config, "eval")
     scenes = [dataset[i] for i in range(min(num_scenes, len(dataset)))]
     batch = collate(scenes, config["data"]["num_context"], torch.device(device))
     rows = plane_normal_rows(model, batch, layer)
-    out = Path(out) if out is not None else Path(checkpoint).parent / "viz"
+    out = Path(out) if out is not None else run_folder(checkpoint) / "viz"
     return save_image_grid(rows, out / "planes.png")
