@@ -219,7 +219,8 @@ def collate(scenes, num_context: int, device: torch.device):
 
 
 def learning_rate(step: int, train: dict) -> float:
-    """Linear warmup from 0 over ``warmup`` steps, then cosine decay to ``min_lr_ratio * lr``."""
+    """Linear warmup (lr · (step + 1) / warmup at step ``step < warmup``), then cosine decay to
+    ``min_lr_ratio * lr`` at ``steps``."""
     lr, warmup, total = train["lr"], train["warmup"], train["steps"]
     if step < warmup:
         return lr * (step + 1) / warmup
