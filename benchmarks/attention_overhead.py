@@ -96,6 +96,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--encodings", nargs="*", default=None)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile every row (SDPA too) before timing")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
@@ -111,13 +112,19 @@ def main() -> None:
     inputs = {name: example_inputs(name, cameras, grid, gen) for name in names}
     encodings = {name: hrope.get_encoding(name) for name in names}
 
+    def attend(name):
+        """The row's attention as a function of (q, k, v)."""
+        if name == "sdpa":
+            return F.scaled_dot_product_attention
+        return lambda q, k, v: hrope.multiview_attention(q, k, v, encoding=encodings[name], cameras=cameras,
+                                                         grid=grid, **inputs[name])
+
+    # --compile: one compiled function per row, SDPA included (compilation happens in the warm-up)
+    functions = {name: torch.compile(attend(name)) if args.compile else attend(name) for name in ["sdpa", *names]}
+
     def run(name, backward: bool):
         qq, kk, vv = (x.detach().requires_grad_(backward) for x in (q, k, v))
-        if name == "sdpa":
-            out = F.scaled_dot_product_attention(qq, kk, vv)
-        else:
-            out = hrope.multiview_attention(qq, kk, vv, encoding=encodings[name], cameras=cameras, grid=grid,
-                                            **inputs[name])
+        out = functions[name](qq, kk, vv)
         if backward:
             out.sum().backward()
         return out
@@ -150,20 +157,21 @@ def main() -> None:
     results["load_average"] = [round(x, 2) for x in os.getloadavg()]
     results["config"] = {"B": 1, "heads": args.heads, "views": args.views, "grid": grid, "head_dim": args.head_dim,
                          "dtype": "float32", "device": "cpu", "threads": torch.get_num_threads(),
-                         "reps": args.reps, "torch": torch.__version__, "machine": platform.machine()}
-    write(results, names, args.out)
+                         "reps": args.reps, "torch": torch.__version__, "machine": platform.machine(),
+                         "compiled": args.compile}
+    write(results, names, args.out, "attention_overhead_compiled" if args.compile else "attention_overhead")
 
 
-def write(results: dict, names, out: Path) -> None:
+def write(results: dict, names, out: Path, stem: str = "attention_overhead") -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "attention_overhead.json").write_text(json.dumps(results, indent=2))
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=2))
     fwd, fb = results["forward"]["ratio"], results["forward_backward"]["ratio"]
     peers = [n for n in names if not n.startswith("hrope") and n not in ("none", "rope2d")]  # geometric peers
     best_peer = min(peers, key=lambda n: fwd[n]) if peers else None
     cfg = results["config"]
     lines = [
         f"Shape: B=1, {cfg['heads']} heads, {cfg['views']} views x {cfg['grid'][0]}x{cfg['grid'][1]} patches, "
-        f"head_dim {cfg['head_dim']}, fp32 CPU, {cfg['threads']} threads, {cfg['reps']} interleaved repetitions "
+        f"head_dim {cfg['head_dim']}, fp32 CPU, {cfg['threads']} threads{', torch.compile' if cfg.get('compiled') else ''}, {cfg['reps']} interleaved repetitions "
         f"(median of per-repetition ratios). Plain SDPA: {results['forward']['sdpa_ms']:.1f} ms forward, "
         f"{results['forward_backward']['sdpa_ms']:.1f} ms forward+backward. Load average at the end: "
         f"{results['load_average']}.",
@@ -176,7 +184,7 @@ def write(results: dict, names, out: Path) -> None:
     for n in names:
         lines.append(f"| {n} | {fwd[n]:.3f} | {fb[n]:.3f} | {ratio_to(n, 'prope')} | {ratio_to(n, best_peer)} "
                      f"| {results['saved_for_backward_ratio'][n]:.3f} |")
-    (out / "attention_overhead.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
