@@ -11,7 +11,6 @@ in ``protocols.json`` next to it, keyed by protocol, options and scene count.
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
@@ -20,9 +19,9 @@ from hrope.metrics import LPIPS
 from hrope.model import count_parameters
 from hrope.train import CHECKPOINT_NAME, build_dataset, load_checkpoint, train
 
-from nvs_rows import Budget, Cell, cell_config, config_hash
+from nvs_rows import Budget, Cell, cell_config, cell_settings, config_hash
 
-__all__ = ["CellRunner", "ProtocolUnavailable", "finite_metrics"]
+__all__ = ["CellRunner", "ProtocolUnavailable"]
 
 METRICS_NAME = "metrics.json"
 PROTOCOLS_NAME = "protocols.json"
@@ -46,20 +45,24 @@ class CellRunner:
     """
 
     def __init__(self, budget: Budget, cache: Path, *, device: str = "cpu", threads: int = 1,
-                 lpips_weights: str | None = None, max_datasets: int = 4, log=print) -> None:
+                 lpips_weights: str | None = None, max_datasets: int = 4) -> None:
         self.budget, self.cache, self.device, self.threads = budget, Path(cache), device, threads
-        self.lpips_weights, self.max_datasets, self.log = lpips_weights, max_datasets, log
+        self.lpips_weights, self.max_datasets = lpips_weights, max_datasets
         self._lpips = LPIPS(lpips_weights).to(device) if lpips_weights else None
         self._datasets: dict[tuple, object] = {}
         self.trained: list[Cell] = []  # cells trained (not read from the cache) by this runner
 
     # ------------------------------------------------------------------ paths and configs
-    def config(self, cell: Cell, folder: Path | None = None) -> dict:
-        return cell_config(self.budget, cell, folder or Path("."), device=self.device, threads=self.threads,
+    def config(self, cell: Cell, folder: Path) -> dict:
+        return cell_config(self.budget, cell, folder, device=self.device, threads=self.threads,
                            lpips_weights=self.lpips_weights)
 
+    def key(self, cell: Cell) -> str:
+        """The cell's config hash (its cache key, with dataset, row and seed)."""
+        return config_hash(cell_settings(self.budget, cell, self.lpips_weights))
+
     def folder(self, cell: Cell) -> Path:
-        return self.cache / cell.dataset / cell.row.key / f"seed{cell.seed}-{config_hash(self.config(cell))}"
+        return self.cache / cell.dataset / cell.row.key / f"seed{cell.seed}-{self.key(cell)}"
 
     def cached(self, cell: Cell) -> dict | None:
         """The cell's metrics when it has finished, else ``None``."""
@@ -67,11 +70,15 @@ class CellRunner:
         return json.loads(path.read_text()) if path.is_file() else None
 
     def dataset(self, config: dict, split: str):
+        """The rendered (in-memory) dataset of ``config``'s data section, shared by cells."""
         key = (config["data"]["kind"], config["data"]["num_context"], split)
         if key not in self._datasets:
             while len(self._datasets) >= self.max_datasets:
                 self._datasets.pop(next(iter(self._datasets)))
-            self._datasets[key] = build_dataset(config, split)
+            dataset = build_dataset(config, split)
+            for index in range(len(dataset)):  # render now, so training time excludes rendering
+                dataset[index]
+            self._datasets[key] = dataset
         return self._datasets[key]
 
     # ------------------------------------------------------------------ one cell
@@ -84,8 +91,9 @@ class CellRunner:
         config = self.config(cell, folder)
         checkpoint = folder / CHECKPOINT_NAME
         start = load_checkpoint(checkpoint)["step"] if checkpoint.is_file() else 0
+        dataset = self.dataset(config, "train")
         tick = time.perf_counter()
-        result = train(config, progress=False, dataset=self.dataset(config, "train"))
+        result = train(config, progress=False, dataset=dataset)
         seconds = time.perf_counter() - tick
         trained = result.step - start
         self.trained.append(cell)
@@ -95,7 +103,7 @@ class CellRunner:
         record = {
             "dataset": cell.dataset, "row": cell.row.label, "encoding": cell.row.encoding,
             "predictor": cell.row.predictor, "num_context": cell.row.num_context, "seed": cell.seed,
-            "config_hash": config_hash(config), "steps": result.step, "skipped_steps": result.skipped_steps,
+            "config_hash": self.key(cell), "steps": result.step, "skipped_steps": result.skipped_steps,
             "final_loss": result.last_loss, "parameters": count_parameters(model)["trainable"],
             # Seconds for all `steps`, extrapolated from this session when the run was resumed.
             "train_seconds": seconds * result.step / trained if trained else None,
@@ -129,10 +137,4 @@ class CellRunner:
                                           f"{error}") from None
             _write_json(path, stored)
         return stored[key]
-
-
-def finite_metrics(record: dict) -> bool:
-    """Whether every numeric metric of a cell record is finite."""
-    values = [v for v in record["metrics"].values() if not isinstance(v, str)]
-    return bool(values) and all(math.isfinite(v) for v in values)
 

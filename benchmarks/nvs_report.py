@@ -3,10 +3,11 @@
 Everything here works from the cell records (``metrics.json``) and Fig. 6 protocol results; the
 Markdown and the PNGs are generated from the report JSON only, never typed by hand.
 
-Noise rule: two rows differ "within seed noise" when ``|Δ mean| <= pooled std``, with
-``pooled std = sqrt((s_a² + s_b²) / 2)`` and ``s`` the sample standard deviation over seeds
-(a one-sigma screen, not a significance test). With fewer than 2 finished seeds per row there
-is no std and the difference is reported as "1 seed".
+Noise rule: two rows differ "within seed noise" when ``|Δ mean| <= max(pooled std, floor)``,
+with ``pooled std = sqrt((s_a² + s_b²) / 2)``, ``s`` the sample standard deviation over seeds,
+and a floor (0.05 dB PSNR, 0.002 SSIM) because a std from 2 seeds can be tiny by chance (a
+one-sigma screen, not a significance test). With fewer than 2 finished seeds per row there is no
+std and the difference is reported as "1 seed".
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from pathlib import Path
 
 from nvs_rows import Row, Table
 
-__all__ = ["stat", "compare", "table_report", "fig6_report", "claims", "markdown", "plots", "NOISE_RULE"]
+__all__ = ["stat", "compare", "table_report", "fig6_report", "claims", "markdown", "plots", "NOISE_RULE", "NOISE_FLOOR"]
 
-NOISE_RULE = ("differences with |Δ mean| <= pooled std over seeds (sqrt((s_a² + s_b²)/2)) are marked "
-              "'≈' (within seed noise); a one-sigma screen, not a significance test")
+NOISE_FLOOR = {"psnr": 0.05, "ssim": 0.002}
+NOISE_RULE = ("differences with |Δ mean| <= max(pooled std over seeds, floor) are marked '≈' (within seed "
+              "noise); pooled std = sqrt((s_a² + s_b²)/2), floor 0.05 dB PSNR / 0.002 SSIM; a one-sigma "
+              "screen, not a significance test")
 METRICS = (("psnr", "PSNR ↑", 2), ("ssim", "SSIM ↑", 3), ("lpips", "LPIPS ↓", 3))
 
 
@@ -32,7 +35,7 @@ def stat(values: list[float]) -> dict | None:
             "n": len(values)}
 
 
-def compare(a: dict | None, b: dict | None) -> dict | None:
+def compare(a: dict | None, b: dict | None, floor: float = 0.0) -> dict | None:
     """``a - b`` of two stats with the noise verdict: "higher", "lower", "within noise", "1 seed"."""
     if a is None or b is None:
         return None
@@ -40,7 +43,7 @@ def compare(a: dict | None, b: dict | None) -> dict | None:
     if a["std"] is None or b["std"] is None:
         return {"delta": delta, "pooled_std": None, "verdict": "1 seed"}
     pooled = math.sqrt((a["std"] ** 2 + b["std"] ** 2) / 2)
-    verdict = "within noise" if abs(delta) <= pooled else ("higher" if delta > 0 else "lower")
+    verdict = "within noise" if abs(delta) <= max(pooled, floor) else ("higher" if delta > 0 else "lower")
     return {"delta": delta, "pooled_std": pooled, "verdict": verdict}
 
 
@@ -72,7 +75,8 @@ def table_report(table: Table, records: dict[tuple, list[dict]]) -> dict:
             reference = row_summary(records.get((dataset, table.reference(row)), []), table.reference(row))
             summary["reference"] = reference["row"]
             for name in ("psnr", "ssim"):
-                summary[f"delta_{name}"] = None if row == table.reference(row) else compare(summary[name], reference[name])
+                summary[f"delta_{name}"] = (None if row == table.reference(row)
+                                            else compare(summary[name], reference[name], NOISE_FLOOR[name]))
             rows.append(summary)
         out["datasets"][dataset] = rows
     return out
@@ -127,7 +131,7 @@ def claims(report: dict) -> list[dict]:
         row_a, row_b = _find(report, table, dataset, a), _find(report, table, dataset, b)
         if row_a is None or row_b is None:  # a row left out with --rows
             continue
-        result = compare(row_a["psnr"], row_b["psnr"])
+        result = compare(row_a["psnr"], row_b["psnr"], NOISE_FLOOR["psnr"])
         verdict = "pending" if result is None else {"higher": "holds", "lower": "reversed"}.get(result["verdict"],
                                                                                              result["verdict"])
         out.append({"table": table, "dataset": dataset, "claim": f"{a} > {b}", "verdict": verdict,

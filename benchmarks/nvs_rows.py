@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
 from hrope.config import resolve
 
 __all__ = ["Row", "Table", "Budget", "BUDGETS", "TABLE1_ENCODINGS", "ABLATIONS", "tables", "cell_config",
-           "config_hash", "Cell"]
+           "cell_settings", "config_hash", "Cell"]
 
 TABLE1_ENCODINGS = ("none", "gta", "prope", "cape", "rayrope", "urope", "worldrope", "hrope", "hrope-lift")
 ABLATIONS = ("hrope-depth", "hrope-so3", "hrope-pf", "hrope-se3", "hrope", "hrope-full")
@@ -81,7 +81,6 @@ class Budget:
     data_seed: int = 0
     ablation_datasets: tuple[str, ...] = ("room",)
     zoom_factors: tuple[float, ...] = (1, 2, 3, 4, 5)
-    extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -90,7 +89,7 @@ class Budget:
 BUDGETS: dict[str, Budget] = {
     # Smoke test: every table, toy models; <= 10 minutes on 2 idle CPU cores.
     "quick": Budget("quick", {"preset": "tiny", "image_size": 32, "dim": 64, "layers": 2, "heads": 2},
-                    steps=40, batch_size=4, lr=1e-3, warmup=5, train_scenes=32, eval_scenes=8, protocol_scenes=4),
+                    steps=150, batch_size=4, lr=1e-3, warmup=10, train_scenes=64, eval_scenes=16, protocol_scenes=8),
     # The CPU benchmark: the `tiny` LVSM; about 3 hours on 2 idle CPU cores (one torch thread).
     "full": Budget("full", {"preset": "tiny"}, steps=600, batch_size=4, lr=1e-3, warmup=50, train_scenes=512,
                    eval_scenes=64, protocol_scenes=16),
@@ -127,30 +126,34 @@ def tables(budget: Budget) -> dict[str, Table]:
     }
 
 
-VOLATILE_TRAIN_KEYS = ("out", "device", "threads", "log_every", "image_every", "checkpoint_every")
+def cell_settings(budget: Budget, cell: Cell, lpips_weights: str | None = None) -> dict:
+    """The config values that determine a cell's result (the cache key hashes exactly these;
+    library defaults for keys not set here are not part of the key)."""
+    row = cell.row
+    model = {**budget.model, "encoding": row.encoding, "predictor": row.predictor}
+    if row.predictor == "external":
+        model["predictor_options"] = {"use_normals": False}
+    return {
+        "model": model,
+        "data": {"kind": cell.dataset, "num_scenes": budget.train_scenes, "num_context": row.num_context,
+                 "num_target": 1, "seed": budget.data_seed, "cache": True},
+        "train": {"steps": budget.steps, "batch_size": budget.batch_size, "lr": budget.lr,
+                  "warmup": budget.warmup, "seed": cell.seed},
+        "eval": {"num_scenes": budget.eval_scenes, "batch_size": 8, "lpips_weights": lpips_weights,
+                 "num_grid_scenes": 0},
+    }
 
 
 def cell_config(budget: Budget, cell: Cell, out: Path, *, device: str = "cpu", threads: int = 1,
                 lpips_weights: str | None = None) -> dict:
     """The resolved ``hrope.train`` config of one cell (its run folder is ``out``)."""
-    row = cell.row
-    model = {**budget.model, "encoding": row.encoding, "predictor": row.predictor}
-    if row.predictor == "external":
-        model["predictor_options"] = {"use_normals": False}
-    return resolve({
-        "model": model,
-        "data": {"kind": cell.dataset, "num_scenes": budget.train_scenes, "num_context": row.num_context,
-                 "num_target": 1, "seed": budget.data_seed, "cache": True},
-        "train": {"out": str(out), "steps": budget.steps, "batch_size": budget.batch_size, "lr": budget.lr,
-                  "warmup": budget.warmup, "seed": cell.seed, "device": device, "threads": threads,
-                  "log_every": max(1, budget.steps // 20), "image_every": 0,
-                  "checkpoint_every": max(1, budget.steps // 4)},
-        "eval": {"num_scenes": budget.eval_scenes, "batch_size": 8, "lpips_weights": lpips_weights,
-                 "num_grid_scenes": 0},
-    })
+    values = cell_settings(budget, cell, lpips_weights)
+    values["train"] = {**values["train"], "out": str(out), "device": device, "threads": threads,
+                       "log_every": max(1, budget.steps // 20), "image_every": 0,
+                       "checkpoint_every": max(1, budget.steps // 4)}
+    return resolve(values)
 
 
-def config_hash(config: dict) -> str:
-    """Short hash of everything that changes a cell's result (not paths, device or logging)."""
-    stable = {**config, "train": {k: v for k, v in config["train"].items() if k not in VOLATILE_TRAIN_KEYS}}
-    return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:10]
+def config_hash(settings: dict) -> str:
+    """Short hash of a cell's :func:`cell_settings` (not paths, device, threads or logging)."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]

@@ -19,6 +19,7 @@ where it stopped. Writes ``OUT/nvs_table.{json,md}`` and one PNG per table.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import shlex
 import subprocess
@@ -120,6 +121,7 @@ def _run_fig6(runner: CellRunner, cells, *, compute: bool, log) -> dict:
 
 def build_report(runner: CellRunner, selected: dict, cells, fig6: dict | None, *, command: str, started: float,
                  device: str, threads: int) -> dict:
+    """The report dict (JSON-ready) from the finished cells of ``cells``."""
     records = _collect(runner, cells)
     report = {
         "command": command, "commit": git_commit(), "budget": runner.budget.as_dict(),
@@ -138,8 +140,7 @@ def build_report(runner: CellRunner, selected: dict, cells, fig6: dict | None, *
 
 
 def write_report(report: dict, out: Path) -> None:
-    import json
-
+    """``out/nvs_table.json``, ``out/nvs_table.md`` and the PNG plots."""
     out.mkdir(parents=True, exist_ok=True)
     report["plots"] = plots(report, out)
     (out / "nvs_table.json").write_text(json.dumps(report, indent=2))
@@ -152,32 +153,33 @@ def run_benchmark(budget: Budget, out: Path, *, table_names=TABLE_NAMES, row_fil
     """Train/evaluate every planned cell (reusing cached ones) and write the report into ``out``."""
     started = time.perf_counter()
     out = Path(out)
-    runner = CellRunner(budget, out / "cache", device=device, threads=threads, lpips_weights=lpips_weights, log=log)
+    runner = CellRunner(budget, out / "cache", device=device, threads=threads, lpips_weights=lpips_weights)
     selected, first, later = plan(budget, table_names, row_filter)
     cells = first + later
-    last_report = time.perf_counter()
+    state = {"fig6": None, "last_report": time.perf_counter()}
+
+    def report_now() -> dict:
+        return build_report(runner, selected, cells, state["fig6"], command=command, started=started,
+                            device=device, threads=threads)
 
     def train_cells(batch):
-        nonlocal last_report
         for cell in batch:
             if report_only or runner.cached(cell) is not None:
                 continue
-            index = cells.index(cell) + 1
-            log(f"[{index}/{len(cells)}] {cell.dataset} | {cell.row.label} | seed {cell.seed}: training "
-                f"(elapsed {time.perf_counter() - started:.0f} s)")
+            log(f"[{cells.index(cell) + 1}/{len(cells)}] {cell.dataset} | {cell.row.label} | seed {cell.seed}: "
+                f"training (elapsed {time.perf_counter() - started:.0f} s)")
             record = runner.run(cell)
             log(f"    PSNR {record['metrics']['psnr']:.2f}  SSIM {record['metrics']['ssim']:.3f}  "
                 f"{record['train_seconds']:.0f} s")
-            if time.perf_counter() - last_report > REPORT_EVERY_S:
-                write_report(build_report(runner, selected, cells, None, command=command, started=started,
-                                          device=device, threads=threads), out)
-                last_report = time.perf_counter()
+            if time.perf_counter() - state["last_report"] > REPORT_EVERY_S:
+                write_report(report_now(), out)
+                state["last_report"] = time.perf_counter()
 
     train_cells(first)
-    fig6 = _run_fig6(runner, first, compute=not report_only, log=log) if "fig6" in table_names else None
+    if "fig6" in table_names:
+        state["fig6"] = _run_fig6(runner, first, compute=not report_only, log=log)
     train_cells(later)
-    report = build_report(runner, selected, cells, fig6, command=command, started=started, device=device,
-                          threads=threads)
+    report = report_now()
     write_report(report, out)
     log(f"done: {report['progress']['finished']}/{len(cells)} cells, {len(runner.trained)} trained now, "
         f"{report['elapsed_seconds']:.0f} s; wrote {out / 'nvs_table.md'}")

@@ -1,0 +1,98 @@
+"""The NVS comparison benchmark (benchmarks/nvs_table.py) on a toy budget: finite metrics for
+every row, per-cell cache that resumes, Markdown/JSON/PNG outputs, the noise rule."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from nvs_report import compare, stat  # noqa: E402
+from nvs_rows import BUDGETS, Cell, Row, cell_config, cell_settings, config_hash  # noqa: E402
+from nvs_table import main, run_benchmark  # noqa: E402
+
+TOY = replace(BUDGETS["quick"], steps=3, train_scenes=4, eval_scenes=2, protocol_scenes=2, warmup=1,
+              model={"preset": "tiny", "image_size": 16, "patch_size": 8, "dim": 48, "layers": 1, "heads": 2})
+TOY_TABLES = ["table1", "table3", "fig6"]
+TOY_ROWS = {"none", "hrope"}
+
+
+def _finite(value) -> bool:
+    return isinstance(value, dict) and math.isfinite(value["mean"]) and math.isfinite(value["std"])
+
+
+@pytest.mark.slow
+def test_toy_benchmark_every_row_finite_and_cache_resumes(tmp_path):
+    first = run_benchmark(TOY, tmp_path, table_names=TOY_TABLES, row_filter=TOY_ROWS, command="toy", log=lambda _: None)
+    # table1: none, hrope on room + object; table3 (room): hrope learned (shared), external, oracle; 2 seeds.
+    assert first["progress"] == {"finished": 12, "planned": 12, "trained_this_invocation": 12}
+    labels = set()
+    for table in first["tables"].values():
+        for rows in table["datasets"].values():
+            for row in rows:
+                labels.add(row["row"])
+                assert row["seeds"] == [0, 1]
+                assert _finite(row["psnr"]) and _finite(row["ssim"]), row
+                assert row["lpips"] == "unavailable"
+                assert row["parameters"] > 0
+    assert labels == {"none", "hrope", "hrope (external)", "hrope (oracle)"}
+    assert all(math.isfinite(cell["final_loss"]) for cell in first["cells"])
+    assert first["fig6"]["status"] == "ok", first["fig6"]
+    zoom = first["fig6"]["datasets"]["room"]["zoom"]["rows"]["hrope"]
+    assert [p["value"] for p in zoom] == list(TOY.zoom_factors) and all(_finite(p["psnr"]) for p in zoom)
+
+    markdown = (tmp_path / "nvs_table.md").read_text()
+    assert "Table 1 analogue" in markdown and "| hrope (oracle) |" in markdown and "`toy`" in markdown
+    assert json.loads((tmp_path / "nvs_table.json").read_text())["tables"] == first["tables"]
+    assert (tmp_path / "table1.png").stat().st_size > 0 and (tmp_path / "fig6_object.png").stat().st_size > 0
+
+    second = run_benchmark(TOY, tmp_path, table_names=TOY_TABLES, row_filter=TOY_ROWS, command="toy",
+                           log=lambda _: None)
+    assert second["progress"]["trained_this_invocation"] == 0
+    assert second["tables"] == first["tables"] and second["fig6"] == first["fig6"]
+
+    # A changed budget is a different cell (no stale reuse): it trains again.
+    third = run_benchmark(replace(TOY, steps=4), tmp_path, table_names=["table1"], row_filter={"none"},
+                          command="toy", log=lambda _: None)
+    assert third["progress"]["trained_this_invocation"] == 4
+
+
+def test_report_only_trains_nothing_and_marks_cells_pending(tmp_path, capsys):
+    report = main(["--quick", "--report-only", "--out", str(tmp_path), "--tables", "table2", "--rows", "none,prope"])
+    assert report["progress"]["finished"] == 0 and report["progress"]["trained_this_invocation"] == 0
+    rows = report["tables"]["table2"]["datasets"]["room"]
+    assert [r["row"] for r in rows] == ["none", "prope", "none, 4 views", "prope, 4 views", "none, 8 views",
+                                        "prope, 8 views"]
+    assert all(r["psnr"] is None for r in rows)
+    assert {c["verdict"] for c in report["claims"]} == {"pending"}
+    assert "pending" in (tmp_path / "nvs_table.md").read_text()
+
+
+def test_config_hash_tracks_the_budget_not_paths_or_device(tmp_path):
+    cell = Cell("room", Row("hrope", "oracle"), 0)
+    base = config_hash(cell_settings(TOY, cell))
+    assert config_hash(cell_settings(replace(TOY, steps=5), cell)) != base
+    assert config_hash(cell_settings(TOY, replace(cell, seed=1))) != base
+    assert config_hash(cell_settings(TOY, Cell("room", Row("hrope", "external"), 0))) != base
+    # The run config holds the settings plus paths/device/logging, which the key leaves out.
+    config = cell_config(TOY, cell, tmp_path / "a", device="cuda", threads=4)
+    assert config["train"]["out"] == str(tmp_path / "a") and config["train"]["steps"] == TOY.steps
+    assert config["model"]["encoding"] == "hrope" and config["model"]["predictor"] == "oracle"
+
+
+def test_noise_rule():
+    a, b = stat([20.0, 20.2]), stat([19.9, 20.1])  # Δ 0.1, pooled std 0.141
+    assert compare(a, b)["verdict"] == "within noise"
+    assert compare(stat([21.0, 21.2]), b)["verdict"] == "higher"
+    assert compare(b, stat([21.0, 21.2]))["verdict"] == "lower"
+    assert compare(stat([20.0]), b)["verdict"] == "1 seed"
+    assert compare(None, b) is None
+    assert compare(stat([20.1, 20.1]), stat([20.0, 20.0]))["verdict"] == "higher"  # std 0: any Δ counts
+    assert compare(stat([20.1, 20.1]), stat([20.0, 20.0]), floor=0.2)["verdict"] == "within noise"
+    assert stat([1.0, 3.0]) == {"mean": 2.0, "std": pytest.approx(math.sqrt(2.0)), "n": 2}
