@@ -129,6 +129,11 @@ class CellRunner:
         if key not in stored:
             if not compute:
                 return None
+            if not (folder / CHECKPOINT_NAME).is_file():
+                # finished cells keep their small JSON files in git, not their checkpoints: training
+                # is a pure function of the cell's config, so retraining restores the same model
+                config = self.config(cell, folder)
+                train(config, progress=False, dataset=self.dataset(config, "train"))
             try:
                 stored[key] = run_protocol(str(folder), protocol, num_scenes=self.budget.protocol_scenes,
                                            device=self.device, lpips_weights=self.lpips_weights, **options)

@@ -57,6 +57,17 @@ def test_toy_benchmark_every_row_finite_and_cache_resumes(tmp_path):
     assert second["progress"]["trained_this_invocation"] == 0
     assert second["tables"] == first["tables"] and second["fig6"] == first["fig6"]
 
+    # Committed cells keep metrics/protocol JSON but not checkpoints: a missing Fig. 6 result is
+    # recomputed from a retrained (identical) checkpoint.
+    checkpoints = list(tmp_path.glob("cache/room/hrope.learned.ctx2/*/checkpoint.safetensors"))
+    assert len(checkpoints) == 2
+    for checkpoint in checkpoints:
+        checkpoint.unlink()
+        (checkpoint.parent / "protocols.json").unlink()
+    fourth = run_benchmark(TOY, tmp_path, table_names=TOY_TABLES, row_filter=TOY_ROWS, command="toy",
+                           log=lambda _: None)
+    assert fourth["fig6"] == first["fig6"] and fourth["tables"] == first["tables"]
+
     # A changed budget is a different cell (no stale reuse): it trains again.
     third = run_benchmark(replace(TOY, steps=4), tmp_path, table_names=["table1"], row_filter={"none"},
                           command="toy", log=lambda _: None)
