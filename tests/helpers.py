@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 import hrope
@@ -99,4 +97,3 @@ def so3_exp(w: torch.Tensor) -> torch.Tensor:
 
 RELATIVE = ["none", "rope2d", "prope", "gta", "cape", "hrope", "hrope-lift",
             "hrope-depth", "hrope-so3", "hrope-se3", "hrope-pf", "hrope-full"]
-_ = math

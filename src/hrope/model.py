@@ -233,7 +233,7 @@ class LVSM(nn.Module):
     @staticmethod
     def fold_cameras(cameras: Cameras, num_context: int) -> Cameras:
         """(B, Vc+Vt) cameras -> (B*Vt, Vc+1): each target view appended to the context views."""
-        B, V = cameras.batch_size, cameras.num_views
+        V = cameras.num_views
         Vt = V - num_context
         index = torch.arange(num_context, device=cameras.device).expand(Vt, -1)
         index = torch.cat([index, torch.arange(num_context, V, device=cameras.device)[:, None]], dim=1)

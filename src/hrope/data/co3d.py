@@ -28,7 +28,7 @@ import torch
 
 from ..geometry import make_se3
 from .frames import Frame
-from .scene import Scene, SceneError
+from .scene import SceneError
 from .source import SceneSource
 
 __all__ = ["PYTORCH3D_TO_OPENCV", "co3d_frame", "read_frame_annotations", "CO3DSource"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import torch
 from torch import Tensor
 
 from ..cameras import Cameras

@@ -24,7 +24,7 @@ from .scene import Scene
 from .textures import MipTextures, make_texture
 from .trajectories import object_trajectory, room_trajectory, sample_intrinsics
 
-__all__ = ["KINDS", "make_scene", "scene_setup", "default_frames", "texture_size_for", "preview_grid"]
+__all__ = ["KINDS", "make_scene", "scene_setup", "default_frames", "texture_size_for"]
 
 KINDS = {"room": (room_layout, room_trajectory), "object": (object_layout, object_trajectory)}
 DEFAULT_SPAN = 100  # default frames cover this many frames of the video (a wide context pair)

@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..cameras import Cameras
-from ..geometry import geometry_dtype
 
 __all__ = ["HeadLayout", "rope_angles", "rope_tables", "per_token_param", "TokenTransform", "Encoding", "Prepared", "EncodingError"]
 
@@ -270,10 +269,6 @@ class Encoding(nn.Module):
         missing = [p for p in self.param_names if params.get(p) is None]
         if missing:
             raise EncodingError(f"encoding {self.name!r} needs params {missing}")
-
-    @staticmethod
-    def geometry_dtype_for(cameras: Cameras, dtype: torch.dtype | None) -> torch.dtype:
-        return geometry_dtype(dtype if dtype is not None else cameras.K.dtype)
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}"
