@@ -14,12 +14,26 @@ from torch import Tensor
 from .cameras import Cameras
 from .geometry import invert_intrinsics, patch_center_rays
 
-__all__ = ["Planes", "PlaneError"]
+__all__ = ["Planes", "PlaneError", "plane_vectors"]
 
 # A (normal, depth) plane seen at a grazing angle contains (almost) the camera centre and
 # m = n / (z n·r̂) diverges. |cos| of the angle between the normal and the patch-centre ray is
 # clamped to at least this value (about 87 degrees from the normal), keeping the sign.
 MIN_GRAZING_COS = 0.05
+
+
+def plane_vectors(normal: Tensor, inverse_depth: Tensor, rays: Tensor) -> Tensor:
+    """Plane vectors ``m = inverse_depth * n / (n·r̂)`` ``(..., 3)`` of planes with unit ``normal``
+    crossing the ray ``r̂`` (unit z) at z-depth ``1 / inverse_depth``.
+
+    ``|n·r̂| / |r̂|`` is clamped to at least ``MIN_GRAZING_COS`` (sign kept, + when exactly 0) so a
+    plane through the camera centre stays finite; inverse_depth 0 gives the plane at infinity.
+    """
+    ray_norm = rays.norm(dim=-1)
+    cos = (normal * rays).sum(-1) / ray_norm
+    sign = torch.where(cos < 0, -1.0, 1.0).to(cos.dtype)
+    cos = sign * cos.abs().clamp_min(MIN_GRAZING_COS)
+    return normal * (inverse_depth / (cos * ray_norm))[..., None]
 
 
 class PlaneError(ValueError):
@@ -83,11 +97,7 @@ class Planes:
         normal = self.normal if dtype is None else self.normal.to(dtype)
         depth = self.depth if dtype is None else self.depth.to(dtype)
         rays = patch_center_rays(cameras.normalized_K(normal.dtype), grid).flatten(1, 2)
-        ray_norm = rays.norm(dim=-1)
-        cos = (normal * rays).sum(-1) / ray_norm
-        sign = torch.where(cos < 0, -1.0, 1.0).to(cos.dtype)
-        cos = sign * cos.abs().clamp_min(MIN_GRAZING_COS)
-        return normal / (depth * cos * ray_norm)[..., None]
+        return plane_vectors(normal, 1.0 / depth, rays)
 
     def world_normal_and_kappa(self, cameras: Cameras, grid: tuple[int, int]) -> tuple[Tensor, Tensor]:
         """World-frame plane ``{X : kappa * n_w · X = 1}``: unit ``n_w (B, N, 3)``, ``kappa (B, N)``.

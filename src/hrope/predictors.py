@@ -35,12 +35,12 @@ from torch import Tensor, nn
 from .cameras import Cameras
 from .encodings import Encoding, tangent_frames
 from .geometry import invert_intrinsics, make_se3, patch_center_rays
-from .planes import MIN_GRAZING_COS, Planes
+from .planes import Planes, plane_vectors
 
 __all__ = [
     "PredictorError", "ParameterSpec", "parameter_specs", "ParameterSource", "LearnedSource",
     "BackboneSource", "ExternalSource", "OracleSource", "PREDICTORS", "build_source",
-    "encoding_inputs", "flatten_values", "load_backbone", "axis_angle_to_matrix", "plane_vectors", "token_rays",
+    "encoding_inputs", "flatten_values", "load_backbone", "axis_angle_to_matrix", "token_rays",
     "patch_planes_from_normals", "import_factory",
 ]
 
@@ -60,19 +60,6 @@ class PredictorError(ValueError):
 def token_rays(cameras: Cameras, grid: tuple[int, int]) -> Tensor:
     """Patch-centre rays ``(B, N, 3)`` (z = 1) of every token."""
     return patch_center_rays(cameras.normalized_K(torch.float32), grid).flatten(1, 2)
-
-
-def plane_vectors(normal: Tensor, inverse_depth: Tensor, rays: Tensor) -> Tensor:
-    """Plane vectors ``m (B, N, 3)`` of planes with ``normal`` crossing the ray at z = 1/inverse_depth.
-
-    ``m = inverse_depth * n / (n·r̂)`` with ``|n·r̂| / |r̂|`` clamped to ``MIN_GRAZING_COS`` (sign kept),
-    as in :meth:`hrope.Planes.m`; inverse_depth 0 gives the plane at infinity (m = 0).
-    """
-    ray_norm = rays.norm(dim=-1)
-    cos = (normal * rays).sum(-1) / ray_norm
-    sign = torch.where(cos < 0, -1.0, 1.0).to(cos.dtype)
-    cos = sign * cos.abs().clamp_min(MIN_GRAZING_COS)
-    return normal * (inverse_depth / (cos * ray_norm))[..., None]
 
 
 def _unit_normal(offset: Tensor) -> Tensor:
