@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..cameras import Cameras
+from .banded import banded_product, rope_diagonals
 
 __all__ = ["HeadLayout", "rope_angles", "rope_tables", "per_token_param", "TokenTransform", "Encoding", "Prepared", "EncodingError"]
 
@@ -83,19 +84,10 @@ def rope_angles(grid: tuple[int, int], num_freqs: int, *, base: float = ROPE_BAS
 
 
 @functools.lru_cache(maxsize=32)
-def rope_tables(grid: tuple[int, int], num_freqs: int, base: float, num_views: int,
-                device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-    """Full-width RoPE tables ``(N, 4F)`` over the channels ``[a_x | b_x | a_y | b_y]`` (float64,
-    cached): ``cos``, ``sin`` signed for R(θ) and its negation for R(-θ).
-
-    R(θ)(a, b) = (a cos - b sin, b cos + a sin) becomes two contiguous elementwise passes,
-    ``x * cos + swap(x) * sin`` with swap(a, b) = (b, a) per axis.
-    """
-    angles = rope_angles(grid, num_freqs, base=base, device=device)
-    angles = angles.repeat(num_views, 1, 1)[:, :, None, :]  # (N, 2 axes, 1, F)
-    cos, sin = angles.cos(), angles.sin()
-    signed_sin = torch.cat([-sin, sin], dim=2).flatten(1)
-    return torch.cat([cos, cos], dim=2).flatten(1), signed_sin, -signed_sin
+def rope_tables(grid: tuple[int, int], num_freqs: int, base: float, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """RoPE of R(θ) as the diagonal tables of :func:`~hrope.encodings.banded.rope_diagonals`
+    ``(P, 4F)``, ``(P, 3F)``, ``(P, 3F)`` (float64, cached per grid)."""
+    return rope_diagonals(rope_angles(grid, num_freqs, base=base, device=device))
 
 
 def per_token_param(x: Tensor, cameras: Cameras, grid, trailing: tuple[int, ...], what: str) -> Tensor:
@@ -116,15 +108,6 @@ class Prepared:
         raise NotImplementedError
 
 
-def _block_diagonal(M: Tensor, count: int) -> Tensor:
-    """``blockdiag(M^T, ..., M^T)`` ``(..., count*b, count*b)`` for ``M (..., b, b)``: right-multiplying
-    row vectors of ``count`` tiles by it applies M to every tile."""
-    eye = torch.eye(count, dtype=M.dtype, device=M.device)
-    blocks = torch.einsum("ij,...kl->...ikjl", eye, M.transpose(-1, -2))
-    b = M.shape[-1]
-    return blocks.reshape(*M.shape[:-2], count * b, count * b)
-
-
 class TokenTransform(Prepared):
     """Precomputed block-diagonal D_t for every token; the precompute-then-apply object.
 
@@ -133,14 +116,14 @@ class TokenTransform(Prepared):
         num_views, grid: N = num_views * grid_h * grid_w tokens.
         geo, geo_inv: ``(B, V, 1 or P, b, b)`` geometric blocks D and D^-1, per view (1) or per
             token (P), in the geometry dtype; None when the layout has no geometric blocks.
-            Per-view blocks are applied as one block-diagonal ``(tiled, tiled)`` matrix per view
-            (a single matrix product); per-token blocks by a batched 4x4 / 3x3 product.
         transform_values: False for encodings that act on q and k only (CaPE).
 
-    ``apply_q``, ``apply_k``, ``apply_v`` and ``apply_o`` take ``(B, heads, N, head_dim)``.
-    Cross-attention: build one transform for the query tokens and one for the key tokens and
-    use the first's ``apply_q``/``apply_o`` with the second's ``apply_k``/``apply_v``. Extra
-    tokens (registers, text) are sliced out before the transforms and concatenated back after.
+    Applied as a banded product (:mod:`hrope.encodings.banded`): a few elementwise passes per
+    tensor, in x's dtype. ``apply_q``, ``apply_k``, ``apply_v`` and ``apply_o`` take
+    ``(B, heads, N, head_dim)``. Cross-attention: build one transform for the query tokens and
+    one for the key tokens and use the first's ``apply_q``/``apply_o`` with the second's
+    ``apply_k``/``apply_v``. Extra tokens (registers, text) are sliced out before the transforms
+    and concatenated back after.
     """
 
     def __init__(self, layout: HeadLayout, num_views: int, grid: tuple[int, int],
@@ -151,25 +134,19 @@ class TokenTransform(Prepared):
         self.grid = grid
         self.transform_values = transform_values
         self._tables: dict[str, Tensor] = {}
-        self._blocks: dict[str, Tensor] = {}
         if geo is not None:
-            self._blocks.update(o=geo, q=geo.transpose(-1, -2), k=geo_inv)
-            if geo.shape[2] == 1:  # per view: one block-diagonal matrix acting on all tiles at once
-                self._tables.update({key: _block_diagonal(M[:, :, 0], layout.num_blocks)
-                                     for key, M in self._blocks.items()})
-            else:
-                self._tables.update(self._blocks)
+            self._tables.update(o=geo, q=geo.transpose(-1, -2), k=geo_inv)
         if layout.rope:
             device = geo.device if geo is not None else torch.device("cpu")
-            cos, sin, neg_sin = rope_tables(tuple(grid), layout.num_freqs, rope_base, num_views, device)
-            self._tables.update({"cos": cos, "sin": sin, "-sin": neg_sin})
+            cos, plus, minus = rope_tables(tuple(grid), layout.num_freqs, rope_base, device)
+            self._tables.update(cos=cos, plus=plus, minus=minus)
         self._cache: dict[tuple[str, torch.dtype, torch.device], Tensor] = {}
 
     def geometric_blocks(self) -> tuple[Tensor, Tensor] | None:
         """The geometric blocks ``(D, D^-1)``, each ``(B, V, 1 or P, b, b)``, or None."""
-        if "o" not in self._blocks:
+        if "o" not in self._tables:
             return None
-        return self._blocks["o"], self._blocks["k"]
+        return self._tables["o"], self._tables["k"]
 
     @property
     def num_tokens(self) -> int:
@@ -196,8 +173,10 @@ class TokenTransform(Prepared):
         out = F.scaled_dot_product_attention(self.apply_q(q), self.apply_k(k), self.apply_v(v), **sdpa_kwargs)
         return self.apply_o(out)
 
-    def _table(self, key: str, x: Tensor) -> Tensor:
-        """The ``key`` table cast to x's dtype and device (cached)."""
+    def _table(self, key: str, x: Tensor) -> Tensor | None:
+        """The ``key`` table cast to x's dtype and device (cached), or None if there is none."""
+        if key not in self._tables:
+            return None
         cache_key = (key, x.dtype, x.device)
         if cache_key not in self._cache:
             self._cache[cache_key] = self._tables[key].to(device=x.device, dtype=x.dtype)
@@ -209,29 +188,13 @@ class TokenTransform(Prepared):
             raise EncodingError(
                 f"expected (B, heads, {self.num_tokens}, {layout.head_dim}), got {tuple(x.shape)}"
             )
-        B, heads, N, _ = x.shape
-        V, P = self.num_views, N // self.num_views
-        parts = []
-        with torch.autocast(x.device.type, enabled=False):
-            if layout.num_blocks:
-                M = self._table(which, x)
-                xg = x[..., : layout.tiled_dim]
-                if M.ndim == 4:  # per view (B, V, tiled, tiled), acting on row vectors: one GEMM
-                    y = xg.reshape(B, heads, V, P, layout.tiled_dim) @ M[:, None]
-                else:  # per token (B, V, P, b, b)
-                    xg = xg.reshape(B, heads, V, P, layout.num_blocks, layout.block)
-                    y = torch.einsum("bvpij,bhvpnj->bhvpni", M, xg)
-                parts.append(y.reshape(B, heads, N, layout.tiled_dim))
-            if layout.geo_dim > layout.tiled_dim:
-                parts.append(x[..., layout.tiled_dim : layout.geo_dim])
-            if layout.rope:
-                xr = x[..., layout.geo_dim :]
-                swapped = xr.unflatten(-1, (2, 2 * layout.num_freqs)).roll(layout.num_freqs, -1).flatten(-2)
-                sin = self._table("sin" if rope_sign > 0 else "-sin", x)
-                parts.append(torch.addcmul(xr * self._table("cos", x), swapped, sin))
-        if not parts:
+        if not layout.num_blocks and not layout.rope:
             return x
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        rope = tuple(self._table(key, x) for key in ("cos", "plus", "minus")) if layout.rope else None
+        with torch.autocast(x.device.type, enabled=False):
+            y = banded_product(x.unflatten(-2, (self.num_views, -1)), self._table(which, x),
+                               layout.num_blocks, rope, rope_sign)
+        return y.flatten(-3, -2)
 
 
 class Encoding(nn.Module):

@@ -1,0 +1,88 @@
+"""The banded product (the fast path of every relative encoding) against dense per-token matrices."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hrope.encodings.banded import banded_product, rope_diagonals
+from hrope.encodings.base import HeadLayout, rope_angles
+
+GRID = (2, 3)
+
+
+def dense_transform(layout: HeadLayout, blocks, angles, rope_sign: float) -> torch.Tensor:
+    """D ``(B, V, P, head_dim, head_dim)`` written out entry by entry: M tiled, identity, then
+    R(sign θ) rotating channel pairs (f, f + F) of each axis block ``[a_x | b_x | a_y | b_y]``."""
+    B, V, P = blocks.shape[0], blocks.shape[1], angles.shape[0]
+    d, b, F = layout.head_dim, layout.block, layout.num_freqs
+    D = torch.zeros(B, V, P, d, d, dtype=torch.float64)
+    for n in range(layout.num_blocks):
+        D[..., n * b : (n + 1) * b, n * b : (n + 1) * b] = blocks.expand(B, V, P, b, b)
+    for c in range(layout.tiled_dim, layout.geo_dim):
+        D[..., c, c] = 1.0
+    for axis in range(2 if layout.rope else 0):
+        for f in range(F):
+            a = layout.geo_dim + 2 * F * axis + f
+            theta = rope_sign * angles[:, axis, f]
+            D[..., a, a], D[..., a, a + F] = theta.cos(), -theta.sin()
+            D[..., a + F, a], D[..., a + F, a + F] = theta.sin(), theta.cos()
+    return D
+
+
+def case(head_dim: int, block: int, rope: bool, per_token: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    layout = HeadLayout(head_dim, block=block, rope=rope)
+    B, heads, V, P = 2, 3, 2, GRID[0] * GRID[1]
+    blocks = torch.randn(B, V, P if per_token else 1, block, block, generator=g, dtype=torch.float64)
+    angles = rope_angles(GRID, layout.num_freqs)
+    x = torch.randn(B, heads, V, P, head_dim, generator=g, dtype=torch.float64)
+    tables = rope_diagonals(angles) if rope else None
+    return layout, blocks, angles, x, tables
+
+
+@pytest.mark.parametrize("head_dim", [32, 48, 64, 96])
+@pytest.mark.parametrize("block", [3, 4])
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("rope", [True, False])
+@pytest.mark.parametrize("rope_sign", [1.0, -1.0])
+def test_matches_dense_matrices(head_dim, block, per_token, rope, rope_sign):
+    layout, blocks, angles, x, tables = case(head_dim, block, rope, per_token)
+    y = banded_product(x, blocks, layout.num_blocks, tables, rope_sign)
+    D = dense_transform(layout, blocks, angles, rope_sign)
+    expected = torch.einsum("bvpij,bhvpj->bhvpi", D, x)
+    torch.testing.assert_close(y, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_rope_only_and_float32():
+    layout, blocks, angles, x, tables = case(64, 4, True, per_token=False)
+    layout = HeadLayout(64, block=0)
+    y = banded_product(x.float(), None, 0, tuple(t.float() for t in tables), 1.0)
+    D = dense_transform(layout, blocks[..., :0, :0], angles, 1.0)
+    torch.testing.assert_close(y, torch.einsum("bvpij,bhvpj->bhvpi", D, x).float(), rtol=1e-5, atol=1e-5)
+    assert y.dtype == torch.float32
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("block", [3, 4])
+def test_gradients_in_input_and_blocks(per_token, block):
+    """First and second derivatives w.r.t. x and the blocks match finite differences."""
+    layout, blocks, angles, x, tables = case(16, block, True, per_token)
+    x = x[:1, :2].clone().requires_grad_()
+    blocks = blocks[:1].clone().requires_grad_()
+
+    def f(x, blocks):
+        return banded_product(x, blocks, layout.num_blocks, tables, -1.0)
+
+    assert torch.autograd.gradcheck(f, (x, blocks))
+    assert torch.autograd.gradgradcheck(f, (x, blocks))
+
+
+def test_gradient_is_the_transposed_product():
+    """The input gradient of D x is D^T g: the same product with M^T and R(-θ)."""
+    layout, blocks, angles, x, tables = case(48, 3, True, per_token=True)
+    x.requires_grad_()
+    grad = torch.randn_like(x)
+    banded_product(x, blocks, layout.num_blocks, tables, 1.0).backward(grad)
+    D = dense_transform(layout, blocks, angles, 1.0)
+    torch.testing.assert_close(x.grad, torch.einsum("bvpji,bhvpj->bhvpi", D, grad), rtol=1e-12, atol=1e-12)
