@@ -7,6 +7,13 @@ Each repetition times plain SDPA and every encoding back to back (interleaved), 
 reported ratio is the median over repetitions of time(encoded) / time(SDPA) measured in that
 same repetition. Memory: bytes saved for backward by autograd, relative to plain SDPA.
 Writes benchmarks/results/attention_overhead.{json,md}.
+
+``--malloc-cache`` reruns the process with glibc told to keep freed memory
+(MALLOC_MMAP_THRESHOLD_=32 MiB, MALLOC_TRIM_THRESHOLD_=4 GiB; results in
+attention_overhead_malloc_cache.*). By default every new output tensor of a few MB is fresh
+memory from the OS and its first write page-faults (~2 ms per 4 MB here), which every
+out-of-place transform pays; with the cache the ratios measure the transforms' own work, as on a
+GPU with PyTorch's caching allocator or a CPU run under jemalloc/tcmalloc.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -25,7 +33,8 @@ import torch.nn.functional as F
 import hrope
 
 RESULTS = Path(__file__).resolve().parent / "results"
-TRAILING_SHAPES = {"depth_sigma": (2,)}  # per-token params with more than one number per token
+TRAILING_SHAPES = {"depth_sigma": (2,)}
+MALLOC_CACHE_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}  # per-token params with more than one number per token
 
 
 def example_inputs(name: str, cameras: hrope.Cameras, grid, generator) -> dict:
@@ -97,8 +106,12 @@ def main() -> None:
     parser.add_argument("--encodings", nargs="*", default=None)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--compile", action="store_true", help="torch.compile every row (SDPA too) before timing")
+    parser.add_argument("--malloc-cache", action="store_true",
+                        help="rerun with glibc keeping freed memory (see the module docstring)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    if args.malloc_cache and any(os.environ.get(k) != v for k, v in MALLOC_CACHE_ENV.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_CACHE_ENV})
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -158,8 +171,9 @@ def main() -> None:
     results["config"] = {"B": 1, "heads": args.heads, "views": args.views, "grid": grid, "head_dim": args.head_dim,
                          "dtype": "float32", "device": "cpu", "threads": torch.get_num_threads(),
                          "reps": args.reps, "torch": torch.__version__, "machine": platform.machine(),
-                         "compiled": args.compile}
-    write(results, names, args.out, "attention_overhead_compiled" if args.compile else "attention_overhead")
+                         "compiled": args.compile, "malloc_cache": args.malloc_cache}
+    stem = "attention_overhead" + ("_compiled" if args.compile else "") + ("_malloc_cache" if args.malloc_cache else "")
+    write(results, names, args.out, stem)
 
 
 def write(results: dict, names, out: Path, stem: str = "attention_overhead") -> None:
@@ -171,7 +185,9 @@ def write(results: dict, names, out: Path, stem: str = "attention_overhead") -> 
     cfg = results["config"]
     lines = [
         f"Shape: B=1, {cfg['heads']} heads, {cfg['views']} views x {cfg['grid'][0]}x{cfg['grid'][1]} patches, "
-        f"head_dim {cfg['head_dim']}, fp32 CPU, {cfg['threads']} threads{', torch.compile' if cfg.get('compiled') else ''}, {cfg['reps']} interleaved repetitions "
+        f"head_dim {cfg['head_dim']}, fp32 CPU, {cfg['threads']} threads"
+        f"{', torch.compile' if cfg.get('compiled') else ''}{', malloc cache' if cfg.get('malloc_cache') else ''}, "
+        f"{cfg['reps']} interleaved repetitions "
         f"(median of per-repetition ratios). Plain SDPA: {results['forward']['sdpa_ms']:.1f} ms forward, "
         f"{results['forward_backward']['sdpa_ms']:.1f} ms forward+backward. Load average at the end: "
         f"{results['load_average']}.",

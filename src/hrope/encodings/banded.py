@@ -82,19 +82,20 @@ def _tile_matrix(blocks: Tensor, num_blocks: int) -> Tensor:
 
 
 def _diagonals(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: tuple[Tensor, Tensor, Tensor] | None,
-               rope_sign: float) -> tuple[Tensor, dict[tuple[int, int], Tensor], Tensor | None]:
-    """What :func:`banded_product` applies to x ``(B, heads, V, P, head_dim)``: the main diagonal
-    ``(B or 1, 1, V or 1, P or 1, head_dim)``, the other diagonals keyed by (offset δ, first output
-    channel), and, for per-view blocks, the tile matrix of :func:`_tile_matrix` (the tiles are then
-    zero on the diagonals: one matrix product per view is cheaper than 2b - 1 diagonal passes)."""
+               rope_sign: float) -> tuple[Tensor | None, Tensor | None, dict[tuple[int, int], Tensor]]:
+    """What :func:`banded_product` applies to x ``(B, heads, V, P, head_dim)``.
+
+    Returns the tile matrix of :func:`_tile_matrix` for per-view blocks (else None), the main
+    diagonal ``(B or 1, 1, V or 1, P or 1, width)`` over the channels the tile matrix does not
+    cover (None if it covers all), and the other diagonals keyed by (offset δ, first channel).
+    """
     B, _, V, P, head_dim = x.shape
-    main, others, tile_matrix = [], {}, None
+    tile_matrix, main, others = None, [], {}
     tiled = 0
     if blocks is not None:
         tiled = num_blocks * blocks.shape[-1]
-        if blocks.shape[2] == 1:
+        if blocks.shape[2] == 1:  # per view: one product per view beats 2b - 1 diagonal passes
             tile_matrix = _tile_matrix(blocks, num_blocks)
-            main.append(x.new_zeros(1, 1, 1, 1, tiled).expand(B, 1, V, P, -1))
         else:
             diagonals = _block_diagonals(blocks, num_blocks)
             main.append(diagonals.pop(0).expand(B, 1, V, P, tiled))
@@ -109,19 +110,21 @@ def _diagonals(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: tuple[Te
         main.append(cos.expand(B, 1, V, P, -1))
         others[(F, geo_end)] = plus if rope_sign > 0 else -plus
         others[(-F, geo_end + F)] = minus if rope_sign > 0 else -minus
-    return torch.cat(main, dim=-1), others, tile_matrix
+    return tile_matrix, torch.cat(main, dim=-1) if main else None, others
 
 
 def _product(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: tuple[Tensor, Tensor, Tensor] | None,
              rope_sign: float) -> Tensor:
-    """The banded product of ``x (B, heads, V, P, head_dim)`` without autograd."""
-    main, others, tile_matrix = _diagonals(x, blocks, num_blocks, rope, rope_sign)
-    if tile_matrix is not None and tile_matrix.shape[-1] == x.shape[-1]:
-        return x @ tile_matrix  # the tiles cover every channel (cape): one product is all of D
-    out = x * main
+    """The banded product of ``x (B, heads, V, P, head_dim)`` without autograd, written into one
+    new tensor (no temporaries of x's size)."""
+    tile_matrix, main, others = _diagonals(x, blocks, num_blocks, rope, rope_sign)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    tiled = 0
     if tile_matrix is not None:
         tiled = tile_matrix.shape[-1]
-        out[..., :tiled].add_(x[..., :tiled] @ tile_matrix)
+        torch.matmul(x[..., :tiled], tile_matrix, out=out[..., :tiled])
+    if main is not None:
+        torch.mul(x[..., tiled:], main, out=out[..., tiled:])
     for (offset, start), table in others.items():
         stop = start + table.shape[-1]
         out[..., start:stop].addcmul_(x[..., start + offset : stop + offset], table)
