@@ -86,7 +86,7 @@ def _diagonals(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: tuple[Te
     """What :func:`banded_product` applies to x ``(B, heads, V, P, head_dim)``.
 
     Returns the tile matrix of :func:`_tile_matrix` for per-view blocks (else None), the main
-    diagonal ``(B or 1, 1, V or 1, P or 1, width)`` over the channels the tile matrix does not
+    diagonal, broadcastable to ``(B, 1, V, P, width)``, over the channels the tile matrix does not
     cover (None if it covers all), and the other diagonals keyed by (offset δ, first channel).
     """
     B, _, V, P, head_dim = x.shape
@@ -98,19 +98,21 @@ def _diagonals(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: tuple[Te
             tile_matrix = _tile_matrix(blocks, num_blocks)
         else:
             diagonals = _block_diagonals(blocks, num_blocks)
-            main.append(diagonals.pop(0).expand(B, 1, V, P, tiled))
+            main.append(diagonals.pop(0))
             others.update({(offset, max(0, -offset)): table for offset, table in diagonals.items()})
     rope_dim = rope[0].shape[-1] if rope is not None else 0
     geo_end = head_dim - rope_dim
     if geo_end > tiled:
-        main.append(x.new_ones(1, 1, 1, 1, geo_end - tiled).expand(B, 1, V, P, -1))
+        main.append(x.new_ones(geo_end - tiled))
     if rope is not None:
         cos, plus, minus = rope
         F = rope_dim // 4
-        main.append(cos.expand(B, 1, V, P, -1))
+        main.append(cos)
         others[(F, geo_end)] = plus if rope_sign > 0 else -plus
         others[(-F, geo_end + F)] = minus if rope_sign > 0 else -minus
-    return tile_matrix, torch.cat(main, dim=-1) if main else None, others
+    if len(main) > 1:
+        main = [torch.cat([part.expand(B, 1, V, P, -1) for part in main], dim=-1)]
+    return tile_matrix, main[0] if main else None, others
 
 
 def _product(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: tuple[Tensor, Tensor, Tensor] | None,
