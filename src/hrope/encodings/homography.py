@@ -90,22 +90,28 @@ class HRoPE(Encoding):
         self.max_inverse_distance = max_inverse_distance
 
     def homographies(self, cameras: Cameras, grid, planes) -> tuple[Tensor, Tensor]:
-        """SL(3)-normalised H̃ and H̃^-1, each ``(B, V, P, 3, 3)``."""
+        """SL(3)-normalised H̃ and H̃^-1, each ``(B, V, P, 3, 3)``.
+
+        Per view K̂, R, t; per token only the plane m, so both are rank-one updates of per-view
+        matrices: (s I + t m^T) R = s R + t (R^T m)^T and R^T (I - t m^T) = R^T - (R^T t) m^T.
+        """
         dtype = geometry_dtype(cameras.K.dtype)
-        K, E = per_token_geometry(cameras, grid, dtype)
-        R, t = E[..., :3, :3], E[..., :3, 3].expand(-1, -1, grid[0] * grid[1], -1)
-        m = self.clamp_planes(_token_planes(planes, cameras, grid, dtype), t)
-        s = 1.0 - (m * t).sum(-1)  # (B, V, P); never in (-eps, eps) after the clamp
-        eye = torch.eye(3, dtype=dtype, device=m.device)
-        outer = t[..., :, None] * m[..., None, :]
-        A = (s[..., None, None] * eye + outer) @ R  # scale-free d_w R + t n_w^T, up to d_c
-        A_inv = R.transpose(-1, -2) @ (eye - outer) / s[..., None, None]
-        # Eq. 5's H = K̂ A / s has det fx fy / s; dividing by its |det|^(1/3) gives the scale below
-        # (the sign of s is kept, so H̃ equals the literal normalised Eq. 5 matrix, det ±1).
-        scale = torch.sign(s) * (K[..., 0, 0] * K[..., 1, 1] * s.square()).pow(1.0 / 3.0)
-        scale = scale[..., None, None]
-        H = K @ A / scale
-        H_inv = A_inv @ invert_intrinsics(K) * scale
+        K = cameras.normalized_K(dtype)  # per view (B, V, 3, 3)
+        E = cameras.world_to_cam.to(dtype)
+        R, t = E[..., :3, :3], E[..., :3, 3:]  # (B, V, 3, 3), (B, V, 3, 1)
+        K_inv = invert_intrinsics(K)
+        R_T = R.transpose(-1, -2)
+        m = self.clamp_planes(_token_planes(planes, cameras, grid, dtype), t[:, :, None, :, 0])  # (B, V, P, 3)
+        s = (1.0 - (m @ t))[..., None]  # (B, V, P, 1, 1); never in (-eps, eps) after the clamp
+        # Eq. 5's H = K̂ A / s, A = s R + t (R^T m)^T (scale-free d_w R + t n_w^T), has det
+        # fx fy / s; dividing by its |det|^(1/3) gives the scale below (the sign of s is kept, so
+        # H̃ equals the literal normalised Eq. 5 matrix, det ±1).
+        focal = (K[..., 0, 0] * K[..., 1, 1])[:, :, None, None, None]
+        scale = torch.sign(s) * (focal * s.square()).pow(1.0 / 3.0)
+        KR, Kt = (K @ R)[:, :, None], (K @ t)[:, :, None]  # per view (B, V, 1, 3, 3), (B, V, 1, 3, 1)
+        RK_inv, Rt = (R_T @ K_inv)[:, :, None], (R_T @ t)[:, :, None]
+        H = (s * KR + Kt * (m @ R)[..., None, :]) / scale  # (m @ R) = (R^T m)^T per token
+        H_inv = (RK_inv - Rt * (m @ K_inv)[..., None, :]) * (scale / s)
         return H, H_inv
 
     def clamp_planes(self, m: Tensor, t: Tensor) -> Tensor:
