@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import hrope
+from helpers import encoding_inputs, random_cameras
 from hrope.encodings.banded import banded_product, rope_diagonals
 from hrope.encodings.base import HeadLayout, rope_angles
 
@@ -86,3 +88,24 @@ def test_gradient_is_the_transposed_product():
     banded_product(x, blocks, layout.num_blocks, tables, 1.0).backward(grad)
     D = dense_transform(layout, blocks, angles, 1.0)
     torch.testing.assert_close(x.grad, torch.einsum("bvpji,bhvpj->bhvpi", D, grad), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["rope2d", "prope", "cape", "hrope", "hrope-lift"])
+def test_projection_layout_inputs(name):
+    """q, k, v as transposed views of a (B, N, heads, head_dim) projection (not contiguous) give
+    the same outputs and input gradients as contiguous copies."""
+    grid = (2, 3)
+    cameras = random_cameras(B=2, V=2, seed=5)
+    inputs = encoding_inputs(name, cameras, grid, seed=5)
+    g = torch.Generator().manual_seed(5)
+    projected = torch.randn(3, 2, 12, 4, 32, generator=g, dtype=torch.float64)  # (qkv, B, N, heads, d)
+    views = [t.transpose(1, 2).requires_grad_() for t in projected.clone()]
+    copies = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in projected]
+    assert not views[0].is_contiguous()
+    outs = [hrope.multiview_attention(*qkv, encoding=name, cameras=cameras, grid=grid, **inputs)
+            for qkv in (views, copies)]
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-12, atol=1e-12)
+    for out in outs:
+        out.square().sum().backward()
+    for a, b in zip(views, copies):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-12, atol=1e-12)
