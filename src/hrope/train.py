@@ -31,7 +31,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from .config import ConfigError, save_config
+from .config import ConfigError, resolve, save_config
 from .data.rng import stream_seed
 from .model import LVSM, ModelConfig, count_parameters
 
@@ -261,7 +261,7 @@ def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     """Write ``path`` atomically (temp file + ``os.replace``) as safetensors.
 
     Tensors: ``model.<name>``, ``optimizer.<param index>.<key>`` (AdamW state), ``rng.torch``
-    (and ``rng.cuda.<i>``). Metadata (JSON strings): ``format``, ``step``, ``config``,
+    (and ``rng.cuda``, the current CUDA device's, when CUDA is in use). Metadata (JSON strings): ``format``, ``step``, ``config``,
     ``optimizer_groups`` (hyper-parameters per group and their parameter indices), ``scheduler``
     (the schedule is a pure function of the step).
     """
@@ -276,9 +276,8 @@ def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
                 tensors[f"optimizer.{index}.{key}"] = torch.as_tensor(value).contiguous().cpu()
         metadata["optimizer_groups"] = json.dumps(state["param_groups"])
     tensors["rng.torch"] = torch.get_rng_state()
-    if torch.cuda.is_available():
-        for i, rng in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"rng.cuda.{i}"] = rng
+    if torch.cuda.is_initialized():  # only a process that used CUDA; its current device only
+        tensors["rng.cuda"] = torch.cuda.get_rng_state()
     temporary = path.with_name(path.name + ".tmp")
     save_file(tensors, str(temporary), metadata=metadata)
     os.replace(temporary, path)
@@ -291,7 +290,7 @@ def run_folder(checkpoint: str | Path) -> Path:
     return checkpoint if checkpoint.is_dir() else checkpoint.parent
 
 
-def _read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+def _read_checkpoint(path: str | Path, with_tensors: bool = True) -> tuple[dict[str, Tensor], dict[str, str]]:
     path = Path(path)
     if path.is_dir():
         path = path / CHECKPOINT_NAME
@@ -300,7 +299,7 @@ def _read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, str
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
-            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()} if with_tensors else {}
     except Exception as error:  # safetensors raises its own error types for corrupt files
         raise CheckpointError(f"{path} is not a readable safetensors checkpoint: {error}") from None
     if metadata.get("format") != CHECKPOINT_FORMAT:
@@ -308,14 +307,19 @@ def _read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, str
     return tensors, metadata
 
 
+def _model_state(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+
+
 def load_checkpoint(path: str | Path, model: nn.Module | None = None,
                     optimizer: torch.optim.Optimizer | None = None, restore_rng: bool = False) -> dict:
     """Load a checkpoint into ``model`` / ``optimizer`` (either optional); returns
-    ``{"step": int, "config": dict}``. ``path`` may be the file or its run folder."""
-    tensors, metadata = _read_checkpoint(path)
+    ``{"step": int, "config": dict}`` (only the metadata is read when nothing is loaded). ``path``
+    may be the file or its run folder."""
+    loads = model is not None or optimizer is not None or restore_rng
+    tensors, metadata = _read_checkpoint(path, with_tensors=loads)
     if model is not None:
-        state = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
-        model.load_state_dict(state)
+        model.load_state_dict(_model_state(tensors))
     if optimizer is not None:
         if "optimizer_groups" not in metadata:
             raise CheckpointError(f"{path} holds no optimizer state")
@@ -327,19 +331,17 @@ def load_checkpoint(path: str | Path, model: nn.Module | None = None,
         optimizer.load_state_dict({"state": state, "param_groups": json.loads(metadata["optimizer_groups"])})
     if restore_rng:
         torch.set_rng_state(tensors["rng.torch"])
-        if torch.cuda.is_available():
-            cuda = [tensors[k] for k in sorted(tensors) if k.startswith("rng.cuda.")]
-            if cuda:
-                torch.cuda.set_rng_state_all(cuda)
-    return {"step": int(metadata["step"]), "config": json.loads(metadata["config"])}
+        if "rng.cuda" in tensors and torch.cuda.is_available():
+            torch.cuda.set_rng_state(tensors["rng.cuda"])
+    return {"step": int(metadata["step"]), "config": resolve(json.loads(metadata["config"]))}
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[LVSM, dict]:
-    """Model and resolved config from a checkpoint (file or run folder)."""
-    _, metadata = _read_checkpoint(path)
-    config = json.loads(metadata["config"])
+    """Model and resolved config from a checkpoint (file or run folder), read once."""
+    tensors, metadata = _read_checkpoint(path)
+    config = resolve(json.loads(metadata["config"]))
     model = build_model(config)
-    load_checkpoint(path, model)
+    model.load_state_dict(_model_state(tensors))
     return model.to(device).eval(), config
 
 
@@ -422,7 +424,8 @@ def train(config: dict, *, stop_at: int | None = None, progress: bool = True, da
     opts = config["train"]
     for key in ("steps", "batch_size", "warmup", "checkpoint_every", "log_every"):
         if not isinstance(opts[key], int) or opts[key] < (0 if key == "warmup" else 1):
-            raise ConfigError(f"train.{key} must be a positive integer, got {opts[key]!r}")
+            kind = "a non-negative" if key == "warmup" else "a positive"
+            raise ConfigError(f"train.{key} must be {kind} integer, got {opts[key]!r}")
     ctx = setup_distributed(opts["device"])
     if opts["threads"]:
         torch.set_num_threads(int(opts["threads"]))
@@ -458,43 +461,45 @@ def train(config: dict, *, stop_at: int | None = None, progress: bool = True, da
     tick, tick_step = time.perf_counter(), start
     model.train()
     loader = StepLoader(dataset, opts["seed"], ctx.rank, opts["batch_size"], config["data"]["prefetch"])
-    for step in bar:
-        lr = learning_rate(step, opts)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        batch = collate(loader.scenes(step, prefetch_next=step + 1 < end), num_context, ctx.device)
-        prediction, loss, grad_norm, finite = _forward_backward(net, model, optimizer, batch, opts, perceptual, ctx)
-        done = step + 1
-        if finite:
-            optimizer.step()
-            loss_value = float(loss)
-        else:  # the step counter still advances, so checkpoints and resume stay on schedule
-            skipped += 1
-            logger.warning("step %d: non-finite loss or gradient (loss %s, grad norm %s); step skipped",
-                           step, float(loss), float(grad_norm))
-            if writer is not None:
-                writer.add_scalar("train/skipped_steps", skipped, step)
-        if finite and ctx.is_main and (done % opts["log_every"] == 0 or done == end):
-            now = time.perf_counter()
-            rate = (done - tick_step) / max(now - tick, 1e-9)
-            tick, tick_step = now, done
-            bar.set_postfix(loss=f"{loss_value:.4f}", steps_per_s=f"{rate:.2f}")
-            writer.add_scalar("train/loss", loss_value, done)
-            writer.add_scalar("train/lr", lr, done)
-            writer.add_scalar("train/grad_norm", float(grad_norm), done)
-            writer.add_scalar("train/steps_per_s", rate, done)
-        if finite and ctx.is_main and opts["image_every"] and done % opts["image_every"] == 0:
-            writer.add_image("train/context|prediction|target", _image_grid(batch, prediction), done)
-        if ctx.is_main and done % opts["checkpoint_every"] == 0:
-            save_checkpoint(checkpoint, model, optimizer, done, config)
-            saved = done
-    bar.close()
-    loader.close()
-    final_step = max(end, start)
-    if ctx.is_main and (saved != final_step or not checkpoint.is_file()):
-        save_checkpoint(checkpoint, model, optimizer, final_step, config)
-    if writer is not None:
-        writer.close()
-    if ctx.owns_group:
-        dist.destroy_process_group()
+    try:
+        for step in bar:
+            lr = learning_rate(step, opts)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            batch = collate(loader.scenes(step, prefetch_next=step + 1 < end), num_context, ctx.device)
+            prediction, loss, grad_norm, finite = _forward_backward(net, model, optimizer, batch, opts, perceptual, ctx)
+            done = step + 1
+            if finite:
+                optimizer.step()
+                loss_value = float(loss)
+            else:  # the step counter still advances, so checkpoints and resume stay on schedule
+                skipped += 1
+                logger.warning("step %d: non-finite loss or gradient (loss %s, grad norm %s); step skipped",
+                               step, float(loss), float(grad_norm))
+                if writer is not None:
+                    writer.add_scalar("train/skipped_steps", skipped, step)
+            if finite and ctx.is_main and (done % opts["log_every"] == 0 or done == end):
+                now = time.perf_counter()
+                rate = (done - tick_step) / max(now - tick, 1e-9)
+                tick, tick_step = now, done
+                bar.set_postfix(loss=f"{loss_value:.4f}", steps_per_s=f"{rate:.2f}")
+                writer.add_scalar("train/loss", loss_value, done)
+                writer.add_scalar("train/lr", lr, done)
+                writer.add_scalar("train/grad_norm", float(grad_norm), done)
+                writer.add_scalar("train/steps_per_s", rate, done)
+            if finite and ctx.is_main and opts["image_every"] and done % opts["image_every"] == 0:
+                writer.add_image("train/context|prediction|target", _image_grid(batch, prediction), done)
+            if ctx.is_main and done % opts["checkpoint_every"] == 0:
+                save_checkpoint(checkpoint, model, optimizer, done, config)
+                saved = done
+        final_step = max(end, start)
+        if ctx.is_main and (saved != final_step or not checkpoint.is_file()):
+            save_checkpoint(checkpoint, model, optimizer, final_step, config)
+    finally:  # release the prefetch thread, the log writer and the process group on errors too
+        bar.close()
+        loader.close()
+        if writer is not None:
+            writer.close()
+        if ctx.owns_group:
+            dist.destroy_process_group()
     return TrainResult(model=model, step=final_step, skipped_steps=skipped, last_loss=loss_value, out=out)
