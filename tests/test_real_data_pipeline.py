@@ -193,6 +193,40 @@ def test_scene_dataset_skips_unloadable_scenes_without_decoding_whole_videos(cap
     assert all(len(frames) == 3 for _, frames in source.requested)
 
 
+def test_scene_dataset_honours_skip_errors_and_never_swallows_bugs():
+    video = make_scene(4, 0, "room", 12, (16, 16), frames=FRAMES)
+
+    class Source:
+        skip_errors = True
+
+        def __init__(self, failure):
+            self.failure = failure
+
+        def __len__(self):
+            return 2
+
+        def num_frames(self, index):
+            return video.num_views
+
+        def load_views(self, index, frames):
+            if index == 0:
+                raise self.failure
+            return video.select_views(frames)
+
+    make = lambda failure: SceneDataset(Source(failure), context_gap=(2, 5), split="eval")  # noqa: E731
+    assert make(SceneError("corrupt"))[0].num_views == 3  # skipped to scene 1
+    strict = Source(SceneError("corrupt"))
+    strict.skip_errors = False
+    with pytest.raises(SceneError, match="corrupt"):
+        SceneDataset(strict, context_gap=(2, 5), split="eval")[0]
+    with pytest.raises(ValueError, match="a bug") as info:
+        make(ValueError("a bug"))[0]
+    assert not isinstance(info.value, SceneError)
+    short = SceneDataset(Source(SceneError("unused")), context_gap=(20, 30), split="eval")
+    with pytest.raises(SceneError, match="none of the 2 scenes.*impossible view sampling"):
+        short[1]  # both videos too short: each skipped, then a clear error
+
+
 @pytest.mark.parametrize("name", ["re10k", "dl3dv", "co3d", "folder"])
 def test_example_configs_resolve(name):
     from hrope.config import load_config

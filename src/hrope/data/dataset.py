@@ -10,7 +10,6 @@ and spaces the targets evenly. Every example is passed through :func:`normalize_
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 from torch.utils.data import Dataset
@@ -20,14 +19,19 @@ from .config import SyntheticConfig
 from .normalize import normalize_scene
 from .rng import Rng, stream_seed
 from .scene import Scene, SceneError
+from .source import load_or_skip
 from .synthetic import KINDS, make_scene
 
-__all__ = ["sample_views", "ViewSampling", "SceneDataset", "SyntheticDataset", "DEFAULT_CONTEXT_GAP"]
+__all__ = ["sample_views", "TooFewFramesError", "ViewSampling", "SceneDataset", "SyntheticDataset",
+           "DEFAULT_CONTEXT_GAP"]
 
 TARGET_MODES = ("interpolate", "extrapolate")
-logger = logging.getLogger("hrope.data")
 DEFAULT_CONTEXT_GAP = {"room": (25, 100), "object": (15, 60)}  # frames between the outer context views
 SPLITS = ("train", "eval")
+
+
+class TooFewFramesError(SceneError):
+    """A video too short for the requested view sampling (a data error: the scene is skipped)."""
 
 
 def _evenly(low: int, high: int, count: int) -> list[int]:
@@ -41,21 +45,22 @@ def sample_views(num_frames: int, num_context: int, num_target: int, rng: Rng, *
     """Frame indices ``[context..., targets...]`` of one example from a video of ``num_frames``.
 
     ``context_gap`` (inclusive frame range of the first-to-last context distance) defaults to
-    any gap the video allows. Raises ValueError when the request cannot be met.
+    any gap the video allows. Raises :class:`TooFewFramesError` when the video is too short, and
+    ValueError for an invalid request.
     """
     if num_context < 1 or num_target < 0:
         raise ValueError(f"need num_context >= 1 and num_target >= 0, got {num_context}, {num_target}")
     if targets not in TARGET_MODES:
         raise ValueError(f"targets must be one of {TARGET_MODES}, got {targets!r}")
-    low, high = context_gap if context_gap is not None else (num_context - 1, num_frames - 1)
-    if not num_context - 1 <= low <= high:
+    if context_gap is not None and not num_context - 1 <= context_gap[0] <= context_gap[1]:
         raise ValueError(f"context_gap {context_gap} must satisfy {num_context - 1} <= low <= high "
                          f"(distinct context frames)")
+    low, high = context_gap if context_gap is not None else (num_context - 1, num_frames - 1)
     margin = lambda gap: max(1, gap // 2) if targets == "extrapolate" else 0  # noqa: E731
     high = min(high, max((g for g in range(low, high + 1) if g + 2 * margin(g) < num_frames), default=-1))
     if high < low:
-        raise ValueError(f"impossible view sampling: a context gap of {low} frames with {targets} targets needs "
-                         f"{low + 2 * margin(low) + 1} frames, the video has {num_frames}")
+        raise TooFewFramesError(f"impossible view sampling: a context gap of {low} frames with {targets} targets "
+                                f"needs {low + 2 * margin(low) + 1} frames, the video has {num_frames}")
     gap = rng.integer(low, high)
     first = margin(gap) + rng.integer(0, num_frames - 1 - gap - 2 * margin(gap))
     last = first + gap
@@ -114,9 +119,9 @@ class SceneDataset(ViewSampling, Dataset):
 
     A source that also has ``num_frames(i)`` and ``load_views(i, frames)`` (like
     :class:`hrope.data.SceneSource`) decodes only the sampled frames, never a whole video; a scene
-    that cannot be loaded or is too short for the sampling is skipped (replaced by the next one)
-    with a warning counting the skipped scenes (``num_skipped``). ``context_gap=None`` allows any
-    gap the scene's length allows.
+    that cannot be loaded or is too short for the sampling (a :class:`SceneError`) is skipped
+    (replaced by the next one) with a warning counting the skipped scenes (``num_skipped``), unless
+    the source has ``skip_errors=False``. ``context_gap=None`` allows any gap the scene's length allows.
     """
 
     def __init__(self, source: Sequence[Scene], num_context: int = 2, num_target: int = 1, *, split: str = "train",
@@ -136,18 +141,9 @@ class SceneDataset(ViewSampling, Dataset):
         if not (hasattr(self.source, "load_views") and hasattr(self.source, "num_frames")):
             scene = self.source[index]
             return self.normalized(scene.select_views(self.frames(index, scene.num_views)))
-        n = len(self.source)
-        error = None
-        for i in [(index + step) % n for step in range(n)]:
-            if i in self._bad:
-                continue
-            try:
-                return self.normalized(self.source.load_views(i, self.frames(i, self.source.num_frames(i))))
-            except ValueError as failure:  # a SceneError, or a video too short for the view sampling
-                error = failure
-                self._bad.add(i)
-                logger.warning("skipping scene %d (%d scene(s) skipped so far): %s", i, self.num_skipped, failure)
-        raise SceneError(f"none of the {n} scenes could be loaded (last error: {error})")
+        source = self.source
+        load = lambda i: self.normalized(source.load_views(i, self.frames(i, source.num_frames(i))))  # noqa: E731
+        return load_or_skip(source, index, load, self._bad, getattr(source, "skip_errors", True))
 
 
 class SyntheticDataset(ViewSampling, Dataset):

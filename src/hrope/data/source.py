@@ -11,11 +11,12 @@ training never crashes mid-epoch; ``num_skipped`` counts the distinct scenes ski
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from .frames import Frame, frames_to_scene, select_frames
 from .scene import Scene, SceneError
 
-__all__ = ["SceneSource"]
+__all__ = ["SceneSource", "load_or_skip"]
 
 logger = logging.getLogger("hrope.data")
 
@@ -75,19 +76,30 @@ class SceneSource:
         return frames_to_scene(frames, self.scene_name(i), self.image_size, self.views(i, len(frames)))
 
     def __getitem__(self, i: int) -> Scene:
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"scene index {i} out of range for {n} scenes")
-        i %= n
-        if not self.skip_errors:
-            return self.load(i)
-        for j in [(i + step) % n for step in range(n)]:
-            if j in self._bad:
-                continue
-            try:
-                return self.load(j)
-            except SceneError as error:
-                self._bad.add(j)
-                logger.warning("skipping %s (%d scene(s) skipped so far): %s", self.describe(j),
-                               self.num_skipped, error)
-        raise SceneError(f"none of the {n} scenes of {type(self).__name__} could be loaded")
+        return load_or_skip(self, i, self.load, self._bad, self.skip_errors)
+
+
+def load_or_skip(source, i: int, load: Callable[[int], Scene], skipped: set[int], skip_errors: bool = True) -> Scene:
+    """``load(i)``, or ``load`` of the next loadable scene when scene ``i`` raises a :class:`SceneError`.
+
+    Skipped scene indices go into ``skipped`` (never retried) with a warning; ``skip_errors=False``
+    re-raises instead. Other errors (bugs) always propagate.
+    """
+    n = len(source)
+    if not -n <= i < n:
+        raise IndexError(f"scene index {i} out of range for {n} scenes")
+    i %= n
+    if not skip_errors:
+        return load(i)
+    describe = getattr(source, "describe", lambda j: f"scene {j}")
+    error = None
+    for j in [(i + step) % n for step in range(n)]:
+        if j in skipped:
+            continue
+        try:
+            return load(j)
+        except SceneError as failure:
+            error = failure
+            skipped.add(j)
+            logger.warning("skipping %s (%d scene(s) skipped so far): %s", describe(j), len(skipped), failure)
+    raise SceneError(f"none of the {n} scenes of {type(source).__name__} could be loaded (last error: {error})")
