@@ -1,5 +1,6 @@
 """Parameter sources: decoders, learned / backbone / external / oracle, and their errors."""
 
+import dataclasses
 import math
 
 import pytest
@@ -120,6 +121,40 @@ def test_normal_based_fit_is_exact_for_one_plane(batch):
     with pytest.raises(PredictorError, match="depth"):
         build_source("external", [], dim=4, num_layers=1, patch_size=8).static(
             type("NoDepth", (), {"depth": None})(), cameras, GRID, 2)
+
+
+@pytest.mark.parametrize("use_normals", [False, True])
+def test_external_patches_without_depth_get_finite_params_at_depth_init(use_normals, batch):
+    """A patch with no valid depth pixel has the plane at infinity; its depth-like inputs use depth_init."""
+    depth = batch.depth.clone()
+    depth[:, 0, :8, :8] = float("nan")  # token 0 of view 0: no valid pixel
+    depth[:, 1, 8:16, :8] = 0.0  # token 4 of view 1: no valid pixel
+    holed = dataclasses.replace(batch, depth=depth)
+    missing = torch.zeros(2, 3 * 16, dtype=torch.bool)
+    missing[:, [0, 16 + 4]] = True
+    for encoding in ("hrope-depth", "rayrope", "worldrope", "hrope-so3", "hrope-se3", "hrope-lift"):
+        specs = parameter_specs(get_encoding(encoding), 2.5)
+        source = build_source("external", specs, dim=4, num_layers=1, patch_size=8,
+                              options={"use_normals": use_normals}, depth_init=2.5)
+        values = source.static(holed, holed.cameras, GRID, 2)
+        for name, value in values.items():
+            assert torch.isfinite(value).all(), (encoding, name)
+        if "depth" in values:
+            torch.testing.assert_close(values["depth"][missing], torch.full((4,), 2.5))
+        if "log_depth" in values:
+            torch.testing.assert_close(values["log_depth"][missing], torch.full((4,), math.log(2.5)))
+        if "transform" in values:  # fronto-parallel plane at depth_init: a rigid G that sends p = 2.5 r̂ to 0
+            G = values["transform"][missing]
+            R = G[..., :3, :3]
+            torch.testing.assert_close(R @ R.transpose(-1, -2), torch.eye(3).expand_as(R), atol=1e-5, rtol=0)
+            p = 2.5 * token_rays(holed.cameras, GRID)[missing]
+            torch.testing.assert_close((R @ p[..., None]).squeeze(-1) + G[..., :3, 3], torch.zeros(4, 3),
+                                       atol=1e-5, rtol=0)
+        if "planes" in values:
+            assert (values["planes"][missing] == 0).all()  # the source's plane itself is unchanged
+    model = LVSM(ModelConfig(**SMALL_MODEL, encoding="hrope-se3", predictor="external",
+                             predictor_options={"use_normals": use_normals}))
+    assert torch.isfinite(model(holed).images).all()
 
 
 @pytest.mark.parametrize("encoding", ["hrope-depth", "hrope-so3", "hrope-se3", "hrope-full", "rayrope", "worldrope"])

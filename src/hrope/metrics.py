@@ -81,7 +81,7 @@ class LPIPS(nn.Module):
         mapped = {}
         for key, value in state.items():
             if key.startswith("features."):
-                mapped["features." + key[len("features."):]] = value
+                mapped[key] = value
             elif key.startswith("lin") and key.endswith(".model.1.weight"):
                 mapped[f"heads.{key[3:key.index('.')]}.weight"] = value
         missing = set(self.state_dict()) - set(mapped) - {"shift", "scale"}

@@ -80,7 +80,8 @@ class ModelConfig:
     def ray_frame(self) -> str:
         if self.rays != "auto":
             return self.rays
-        return "world" if self.is_ape or self.encoding == "none" else "camera"
+        # camera-frame rays need an encoding that carries the relative pose; none and rope2d do not
+        return "world" if self.is_ape or self.encoding in ("none", "rope2d") else "camera"
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -214,7 +215,7 @@ class LVSM(nn.Module):
         self.ape: nn.ModuleList | None = None
         if specs:
             self.source = build_source(c.predictor, specs, dim=c.dim, num_layers=c.layers,
-                                       patch_size=c.patch_size, options=c.predictor_options)
+                                       patch_size=c.patch_size, options=c.predictor_options, depth_init=c.depth_init)
             if c.is_ape:
                 embed_dim = sum(s.embed_dim for s in specs)
                 count = c.layers if self.source.per_layer else 1
@@ -285,7 +286,9 @@ class LVSM(nn.Module):
             if self.ape is not None:
                 x = x + self.ape[0](flatten_values(static_values, source.specs).to(x.dtype))
         # One prepare per forward unless parameters change per layer (learned, non-APE).
-        shared = None if per_layer and self.ape is None else self._prepare(folded_cameras, static_values)
+        shared = None
+        if not per_layer or self.ape is not None:  # APE variants attend with no per-token values
+            shared = self._prepare(folded_cameras, {} if self.ape is not None else static_values)
         for index, block in enumerate(self.blocks):
             prepared = shared
             if per_layer:  # predict from this block's normalised input
@@ -303,9 +306,7 @@ class LVSM(nn.Module):
         return LVSMOutput(images=out, parameters=parameters)
 
     def _prepare(self, cameras: Cameras, values: dict[str, Tensor]):
-        """The encoding bound to the folded cameras (APE variants attend with ``none``)."""
-        if self.ape is not None:
-            values = {}
+        """The encoding bound to the folded cameras and per-token ``values``."""
         planes, params = encoding_inputs(values)
         return self.encoding.prepare(cameras, self.config.grid, self.config.dim // self.config.heads,
                                      planes=planes, **params)

@@ -276,33 +276,39 @@ class BackboneSource(ParameterSource):
         return self.decode(torch.cat([raw, targets], dim=1), cameras, grid)
 
 
-def _values_from_planes(specs, planes: Planes, cameras: Cameras, grid) -> dict[str, Tensor]:
+def _values_from_planes(specs, planes: Planes, cameras: Cameras, grid,
+                        depth_init: float = 1.0) -> dict[str, Tensor]:
     """Every supported encoding input derived from known planes.
 
-    ``planes`` (m); ``depth`` / ``log_depth``: where the plane crosses the patch-centre ray;
-    uncertainties 0 (``log_depth_halfwidth``, ``depth_split``, ``depth_sigma``); ``rotation``: the
-    patch's tangent frame F^T (camera -> plane axes); ``transform``: [[F^T, -F^T p], [0, 1]] with p
-    the plane point on the ray (hrope-pf's G).
+    ``planes`` (m, as given); ``depth`` / ``log_depth``: where the plane crosses the patch-centre
+    ray; uncertainties 0 (``log_depth_halfwidth``, ``depth_split``, ``depth_sigma``); ``rotation``:
+    the patch's tangent frame F^T (camera -> plane axes); ``transform``: [[F^T, -F^T p], [0, 1]] with
+    p the plane point on the ray (hrope-pf's G). A plane that never crosses the ray (m = 0, e.g. a
+    patch without valid depth, or m ⟂ r̂) stands in as the fronto-parallel plane at ``depth_init``
+    for every input but ``planes``, so all values stay finite.
     """
     cameras = cameras.to(dtype=torch.float32)
-    m = planes.m(cameras, grid, torch.float32)
-    normal, depth = Planes.from_m(m).normal_and_depth(cameras, grid)
-    point = depth[..., None] * token_rays(cameras, grid)
+    normal, depth = planes.normal_and_depth(cameras, grid, torch.float32)
+    missing = ~torch.isfinite(depth)
+    depth = torch.where(missing, torch.full_like(depth, depth_init), depth)
+    facing = torch.tensor(FACING_NORMAL, dtype=normal.dtype, device=normal.device)
+    normal = torch.where(missing[..., None], facing, normal)
     frame_t = tangent_frames(normal).transpose(-1, -2)
-    derived = {
-        "planes": lambda: m,
-        "depth": lambda: depth,
-        "log_depth": lambda: depth.clamp_min(1e-6).log(),
-        "log_depth_halfwidth": lambda: torch.zeros_like(depth),
-        "depth_split": lambda: torch.zeros_like(depth),
-        "depth_sigma": lambda: torch.zeros(*depth.shape, 2, device=depth.device),
-        "rotation": lambda: frame_t,
-        "transform": lambda: make_se3(frame_t, -(frame_t @ point[..., None]).squeeze(-1)),
+    point = depth[..., None] * token_rays(cameras, grid)
+    values = {
+        "planes": planes.m(cameras, grid, torch.float32),
+        "depth": depth,
+        "log_depth": depth.clamp_min(1e-6).log(),
+        "log_depth_halfwidth": torch.zeros_like(depth),
+        "depth_split": torch.zeros_like(depth),
+        "depth_sigma": depth.new_zeros(*depth.shape, 2),
+        "rotation": frame_t,
+        "transform": make_se3(frame_t, -(frame_t @ point[..., None]).squeeze(-1)),
     }
-    unknown = [s.name for s in specs if s.name not in derived]
+    unknown = [s.name for s in specs if s.name not in values]
     if unknown:
         raise PredictorError(f"geometry sources cannot provide {unknown}")
-    return {s.name: derived[s.name]() for s in specs}
+    return {s.name: values[s.name] for s in specs}
 
 
 def patch_planes_from_normals(depth: Tensor, normals: Tensor, cameras: Cameras, patch_size: int) -> Planes:
@@ -339,12 +345,14 @@ def patch_planes_from_normals(depth: Tensor, normals: Tensor, cameras: Cameras, 
 
 class ExternalSource(ParameterSource):
     """``external``: planes from the batch's per-pixel ``depth`` (and ``normals`` when present and
-    ``use_normals``), one plane per patch. Needs ``batch.depth``."""
+    ``use_normals``), one plane per patch. Needs ``batch.depth``. Patches without valid depth get
+    the plane at infinity; their depth-like inputs use ``depth_init`` (see ``_values_from_planes``)."""
 
-    def __init__(self, specs, patch_size: int, use_normals: bool = True) -> None:
+    def __init__(self, specs, patch_size: int, use_normals: bool = True, depth_init: float = 1.0) -> None:
         super().__init__(specs)
         self.patch_size = patch_size
         self.use_normals = use_normals
+        self.depth_init = depth_init
 
     def static(self, batch, cameras, grid, num_context):
         depth = getattr(batch, "depth", None)
@@ -355,22 +363,23 @@ class ExternalSource(ParameterSource):
             planes = patch_planes_from_normals(depth, normals, cameras, self.patch_size)
         else:
             planes = Planes.from_depth(depth.float(), cameras.to(dtype=torch.float32), self.patch_size)
-        return _values_from_planes(self.specs, planes, cameras, grid)
+        return _values_from_planes(self.specs, planes, cameras, grid, self.depth_init)
 
 
 class OracleSource(ParameterSource):
     """``oracle``: the dataset's ground-truth per-patch planes ``batch.planes(patch_size)``, for all
-    views (context and target)."""
+    views (context and target); ``depth_init`` as for ``external``."""
 
-    def __init__(self, specs, patch_size: int) -> None:
+    def __init__(self, specs, patch_size: int, depth_init: float = 1.0) -> None:
         super().__init__(specs)
         self.patch_size = patch_size
+        self.depth_init = depth_init
 
     def static(self, batch, cameras, grid, num_context):
         planes = batch.planes(self.patch_size) if hasattr(batch, "planes") else None
         if planes is None:
             raise PredictorError("the 'oracle' predictor needs ground-truth planes (batch.planes(patch_size))")
-        return _values_from_planes(self.specs, planes, cameras, grid)
+        return _values_from_planes(self.specs, planes, cameras, grid, self.depth_init)
 
 
 def import_factory(path: str) -> Callable[..., nn.Module]:
@@ -385,17 +394,19 @@ PREDICTORS = ("learned", "backbone", "external", "oracle")
 
 
 def build_source(name: str, specs: list[ParameterSpec], *, dim: int, num_layers: int, patch_size: int,
-                 options: dict | None = None) -> ParameterSource:
+                 options: dict | None = None, depth_init: float = 1.0) -> ParameterSource:
     """A parameter source by name. ``options``: for ``backbone`` a ``module`` (nn.Module or import
     path ``'pkg.mod:factory'`` + ``module_kwargs``), a local ``checkpoint`` path, ``feature_dim`` and
-    ``hidden_dim``; for ``external`` ``use_normals``."""
+    ``hidden_dim``; for ``external`` ``use_normals``. ``depth_init``: the depth that ``external`` and
+    ``oracle`` use for patches whose plane never crosses the patch-centre ray."""
     options = dict(options or {})
     if name == "learned":
         return LearnedSource(specs, dim, num_layers)
     if name == "oracle":
-        return OracleSource(specs, patch_size)
+        return OracleSource(specs, patch_size, depth_init)
     if name == "external":
-        return ExternalSource(specs, patch_size, use_normals=options.get("use_normals", True))
+        return ExternalSource(specs, patch_size, use_normals=options.get("use_normals", True),
+                              depth_init=depth_init)
     if name == "backbone":
         module = options.get("module")
         if isinstance(module, str):
