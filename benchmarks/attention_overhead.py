@@ -6,7 +6,7 @@ Shape: B=1, 8 heads, 2 views x 32x32 patches (N=2048), head_dim 64, fp32 on the 
 Each repetition times plain SDPA and every encoding back to back (interleaved), and the
 reported ratio is the median over repetitions of time(encoded) / time(SDPA) measured in that
 same repetition. Memory: bytes saved for backward by autograd, relative to plain SDPA.
-Writes benchmarks/results/attention_overhead.{json,md}.
+Writes benchmarks/results/attention_overhead.{json,md} (``--compile``: attention_overhead_compiled.*).
 
 ``--malloc-cache`` reruns the process with glibc told to keep freed memory
 (MALLOC_MMAP_THRESHOLD_=32 MiB, MALLOC_TRIM_THRESHOLD_=4 GiB; results in
@@ -33,8 +33,8 @@ import torch.nn.functional as F
 import hrope
 
 RESULTS = Path(__file__).resolve().parent / "results"
-TRAILING_SHAPES = {"depth_sigma": (2,)}
-MALLOC_CACHE_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}  # per-token params with more than one number per token
+TRAILING_SHAPES = {"depth_sigma": (2,)}  # per-token params with more than one number per token
+MALLOC_CACHE_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 
 
 def example_inputs(name: str, cameras: hrope.Cameras, grid, generator) -> dict:

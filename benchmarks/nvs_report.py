@@ -16,7 +16,7 @@ import math
 import statistics
 from pathlib import Path
 
-from nvs_rows import Row, Table
+from nvs_rows import ABLATIONS, VIEW_COUNTS, Row, Table
 
 __all__ = ["stat", "compare", "table_report", "fig6_report", "claims", "markdown", "plots", "NOISE_RULE", "NOISE_FLOOR"]
 
@@ -117,12 +117,12 @@ def claims(report: dict) -> list[dict]:
             for source in ("oracle", "external"):
                 pairs.append(("table3", dataset, f"{encoding} ({source})", encoding))
     for dataset in report["tables"].get("fig4a", {}).get("datasets", {}):
-        for other in ("hrope-depth", "hrope-so3", "hrope-pf", "hrope-se3", "hrope-full"):
+        for other in (a for a in ABLATIONS if a != "hrope"):
             pairs.append(("fig4a", dataset, "hrope", other))
-        for encoding in ("hrope-depth", "hrope-so3", "hrope-pf", "hrope-se3", "hrope", "hrope-full"):
+        for encoding in ABLATIONS:
             pairs.append(("fig4a", dataset, encoding, f"{encoding}-ape"))
     for dataset in report["tables"].get("table2", {}).get("datasets", {}):
-        for views in (2, 4, 8):
+        for views in VIEW_COUNTS:
             suffix = "" if views == 2 else f", {views} views"
             pairs.append(("table2", dataset, f"hrope{suffix}", f"prope{suffix}"))
             pairs.append(("table2", dataset, f"prope{suffix}", f"none{suffix}"))

@@ -6,8 +6,8 @@ and seeds; only the encoding and its parameter source change. Tables (see nvs_ro
 external / oracle planes), ``fig4a`` (parameterisations and their APE versions), ``table2``
 (2/4/8 context views) and ``fig6`` (zoom, extrapolation, enlarged baseline on the Table 1
 checkpoints, no retraining; needs ``hrope.protocols``). Every finished cell is cached under
-``OUT/cache`` (git-ignored), keyed by a hash of its config, so an interrupted run continues
-where it stopped. Writes ``OUT/nvs_table.{json,md}`` and one PNG per table.
+``OUT/cache`` (checkpoints and logs git-ignored, each cell's result JSON/YAML committed),
+keyed by a hash of its config, so an interrupted run continues where it stopped. Writes ``OUT/nvs_table.{json,md}`` and one PNG per table.
 
     python benchmarks/nvs_table.py --quick                          # smoke run, <= 10 min on 2 CPU cores
     OMP_NUM_THREADS=1 python benchmarks/nvs_table.py                # full CPU run (~3 h), resumable

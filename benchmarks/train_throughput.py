@@ -1,7 +1,8 @@
 """Training throughput of the `tiny` LVSM preset per encoding (DESIGN.md §8).
 
-One training step = forward + backward + AdamW on a fixed synthetic batch (data loading excluded),
-batch 4 scenes x (2 context + 1 target) views at 64x64. Encodings are measured in interleaved
+One training step = forward + backward + gradient clipping + AdamW (``hrope.train``'s model and
+optimiser) on a fixed synthetic batch (data loading excluded), batch 4 scenes x (2 context + 1
+target) views at 64x64. Encodings are measured in interleaved
 rounds; steps/s is the median over rounds, and the ratio is to `none` (the LVSM baseline).
 Writes benchmarks/results/train_throughput.{json,md}.
 
@@ -22,21 +23,26 @@ import torch
 
 from hrope.data.batch import collate_scenes
 from hrope.data.synthetic import make_scene
-from hrope.model import LVSM, ModelConfig, count_parameters, encoding_names
+from hrope.config import resolve
+from hrope.model import count_parameters, encoding_names
+from hrope.train import build_model, make_optimizer
 
 BATCH_SIZE = 4
 
 
 def step_function(encoding: str, batch):
+    """One training step as ``hrope.train`` takes it: its model, optimiser and gradient clipping."""
     torch.manual_seed(0)
-    model = LVSM(ModelConfig.from_dict({"preset": "tiny", "encoding": encoding}))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95))
+    config = resolve({"model": {"preset": "tiny", "encoding": encoding}})
+    model = build_model(config)
+    optimizer = make_optimizer(model, config["train"])
     target = batch.images[:, batch.num_context:]
 
     def step():
         loss = (model(batch).images - target).square().mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config["train"]["grad_clip"])
         optimizer.step()
 
     return step, count_parameters(model)["total"]
