@@ -11,6 +11,8 @@ Outputs in ``out`` (default: ``<run folder>/eval``): ``results.json``, ``results
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from itertools import islice
 from pathlib import Path
 
 import torch
@@ -19,8 +21,8 @@ from .config import save_config, update_config
 from .metrics import LPIPS, image_metrics
 from .viz import save_image_grid
 
-__all__ = ["evaluate", "evaluate_model", "batch_metrics", "run_name", "apply_data_overrides", "markdown_table",
-           "UNAVAILABLE"]
+__all__ = ["evaluate", "evaluate_model", "evaluate_scenes", "batch_metrics", "run_name", "apply_data_overrides",
+           "markdown_table", "UNAVAILABLE"]
 
 UNAVAILABLE = "unavailable"
 
@@ -42,24 +44,37 @@ def batch_metrics(model, scenes, num_context: int, device, lpips: LPIPS | None =
     return (per_scene, batch, prediction) if return_prediction else per_scene
 
 
+def evaluate_scenes(model, scenes: Iterable, num_context: int, *, batch_size: int = 4, lpips: LPIPS | None = None,
+                    device: str | torch.device = "cpu", num_grid_scenes: int = 0):
+    """Score ``scenes`` (any iterable of :class:`hrope.data.Scene`, read ``batch_size`` at a time).
+
+    Returns ``(means {metric: float or "unavailable"}, number of scenes, grid rows of the first
+    num_grid_scenes scenes)``.
+    """
+    model.eval()
+    per_scene: dict[str, list[float]] = {"psnr": [], "ssim": [], "lpips": []}
+    rows = []
+    scenes = iter(scenes)
+    while chunk := list(islice(scenes, batch_size)):
+        values, batch, prediction = batch_metrics(model, chunk, num_context, device, lpips, return_prediction=True)
+        for name, value in values.items():
+            per_scene[name] += value
+        for b in range(len(chunk)):
+            if len(rows) < num_grid_scenes:
+                rows.append([*batch.images[b, :num_context], prediction[b, 0], batch.images[b, num_context]])
+    means = {name: (sum(v) / len(v) if v else UNAVAILABLE) for name, v in per_scene.items()}
+    return means, len(per_scene["psnr"]), rows
+
+
 def evaluate_model(model, dataset, num_context: int, *, batch_size: int = 4, lpips: LPIPS | None = None,
                    device: str | torch.device = "cpu", num_grid_scenes: int = 0):
     """Per-metric means over the scenes of ``dataset`` and grid rows of the first scenes.
 
     Returns ``(means {metric: float or "unavailable"}, rows)``.
     """
-    model.eval()
-    per_scene: dict[str, list[float]] = {"psnr": [], "ssim": [], "lpips": []}
-    rows = []
-    for start in range(0, len(dataset), batch_size):
-        scenes = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
-        values, batch, prediction = batch_metrics(model, scenes, num_context, device, lpips, return_prediction=True)
-        for name, value in values.items():
-            per_scene[name] += value
-        for b in range(len(scenes)):
-            if len(rows) < num_grid_scenes:
-                rows.append([*batch.images[b, :num_context], prediction[b, 0], batch.images[b, num_context]])
-    means = {name: (sum(v) / len(v) if v else UNAVAILABLE) for name, v in per_scene.items()}
+    scenes = (dataset[i] for i in range(len(dataset)))
+    means, _, rows = evaluate_scenes(model, scenes, num_context, batch_size=batch_size, lpips=lpips, device=device,
+                                     num_grid_scenes=num_grid_scenes)
     return means, rows
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "make_se3",
     "patch_centers",
     "patch_center_rays",
+    "pixel_rays",
     "geometry_dtype",
 ]
 
@@ -98,3 +99,19 @@ def patch_center_rays(K_norm: Tensor, grid: tuple[int, int]) -> Tensor:
     x = (uv[:, 0] - cx) / fx
     y = (uv[:, 1] - cy) / fy
     return torch.stack([x, y, torch.ones_like(x)], dim=-1)
+
+
+def pixel_rays(K: Tensor, image_size: tuple[int, int]) -> Tensor:
+    """Camera-frame rays ``K^-1 (x + 0.5, y + 0.5, 1)`` through the pixel centres.
+
+    Pixel intrinsics ``K (B, V, 3, 3)`` -> ``(B, V, H, W, 3)`` in K's dtype, with unit z component,
+    so ``z * ray`` is the point at z-depth ``z``.
+    """
+    H, W = image_size
+    ys, xs = torch.meshgrid(
+        torch.arange(H, dtype=K.dtype, device=K.device) + 0.5,
+        torch.arange(W, dtype=K.dtype, device=K.device) + 0.5,
+        indexing="ij",
+    )
+    pix = torch.stack([xs, ys, torch.ones_like(xs)], -1)  # (H, W, 3)
+    return torch.einsum("bvij,hwj->bvhwi", invert_intrinsics(K), pix)

@@ -165,7 +165,8 @@ class Attention(nn.Module):
 
 class Block(nn.Module):
     """Pre-norm transformer block; ``forward(x, prepared)`` attends through the encoding's
-    prepared transform (:meth:`hrope.Encoding.prepare`)."""
+    prepared transform (:meth:`hrope.Encoding.prepare`). ``normed``: ``norm1(x)`` when the
+    caller has already computed it."""
 
     def __init__(self, dim: int, heads: int, mlp_ratio: float, qk_norm: bool) -> None:
         super().__init__()
@@ -175,8 +176,8 @@ class Block(nn.Module):
         hidden = int(dim * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden, bias=False), nn.GELU(), nn.Linear(hidden, dim, bias=False))
 
-    def forward(self, x: Tensor, prepared) -> Tensor:
-        x = x + self.attn(self.norm1(x), prepared)
+    def forward(self, x: Tensor, prepared, normed: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.norm1(x) if normed is None else normed, prepared)
         return x + self.mlp(self.norm2(x))
 
 
@@ -290,15 +291,17 @@ class LVSM(nn.Module):
         if not per_layer or self.ape is not None:  # APE variants attend with no per-token values
             shared = self._prepare(folded_cameras, {} if self.ape is not None else static_values)
         for index, block in enumerate(self.blocks):
-            prepared = shared
+            prepared, normed = shared, None
             if per_layer:  # predict from this block's normalised input
-                values = source.layer(index, block.norm1(x), folded_cameras, grid)
+                normed = block.norm1(x)
+                values = source.layer(index, normed, folded_cameras, grid)
                 parameters.append(values)
-                if self.ape is not None:
+                if self.ape is not None:  # x changes, so the block normalises it again
                     x = x + self.ape[index](flatten_values(values, source.specs).to(x.dtype))
+                    normed = None
                 else:
                     prepared = self._prepare(folded_cameras, values)
-            x = block(x, prepared)
+            x = block(x, prepared, normed)
         Vt = V - num_context
         P = grid[0] * grid[1]
         out = self.head(self.output_norm(x[:, num_context * P :]))

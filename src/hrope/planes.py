@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from .cameras import Cameras
-from .geometry import invert_intrinsics, patch_center_rays
+from .geometry import patch_center_rays, pixel_rays
 
 __all__ = ["Planes", "PlaneError", "plane_vectors"]
 
@@ -155,14 +155,7 @@ class Planes:
         if valid is not None:
             ok = ok & valid
         z = torch.where(ok, depth, torch.zeros_like(depth))
-        ys, xs = torch.meshgrid(
-            torch.arange(H, dtype=depth.dtype, device=depth.device) + 0.5,
-            torch.arange(W, dtype=depth.dtype, device=depth.device) + 0.5,
-            indexing="ij",
-        )
-        pix = torch.stack([xs, ys, torch.ones_like(xs)], -1)  # (H, W, 3)
-        K_inv = invert_intrinsics(cameras.K.to(depth.dtype))  # (B, V, 3, 3)
-        points = torch.einsum("bvij,hwj->bvhwi", K_inv, pix) * z[..., None]
+        points = pixel_rays(cameras.K.to(depth.dtype), (H, W)) * z[..., None]
         points = _patches(points, patch_size)  # (B, N, p*p, 3)
         weight = _patches(ok[..., None].to(depth.dtype), patch_size)  # (B, N, p*p, 1)
         count = weight.sum(-2)  # (B, N, 1)

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from .cameras import Cameras
 from .encodings import Encoding, tangent_frames
-from .geometry import invert_intrinsics, make_se3, patch_center_rays
+from .geometry import make_se3, patch_center_rays, pixel_rays
 from .planes import Planes, plane_vectors
 
 __all__ = [
@@ -321,12 +321,8 @@ def patch_planes_from_normals(depth: Tensor, normals: Tensor, cameras: Cameras, 
     B, V, H, W = depth.shape
     p, gh, gw = patch_size, H // patch_size, W // patch_size
     ok = (torch.isfinite(depth) & (depth > 0)).float()
-    K_inv = invert_intrinsics(cameras.K.float())
-    ys, xs = torch.meshgrid(torch.arange(H, device=depth.device) + 0.5, torch.arange(W, device=depth.device) + 0.5,
-                            indexing="ij")
-    pix = torch.stack([xs, ys, torch.ones_like(xs)], -1).float()
     z = torch.where(ok > 0, depth, torch.zeros_like(depth)).float()
-    points = torch.einsum("bvij,hwj->bvhwi", K_inv, pix) * z[..., None]  # (B, V, H, W, 3)
+    points = pixel_rays(cameras.K.float(), (H, W)) * z[..., None]  # (B, V, H, W, 3)
 
     def per_patch(x: Tensor) -> Tensor:  # (B, V, H, W, C) -> sum over each patch (B, V*gh*gw, C)
         x = x.reshape(B, V, gh, p, gw, p, -1).sum((3, 5))

@@ -271,30 +271,21 @@ def _point_metrics(model, videos, scenes, plans, image_size, *, zoom: float, zoo
                    device) -> dict:
     """Per-metric means over the scenes of one protocol point (scenes that fail to load are skipped);
     the targets (all views with ``zoom_all``) are zoomed ``zoom`` x."""
-    from .evaluate import UNAVAILABLE, batch_metrics
+    from .evaluate import evaluate_scenes
 
-    per_scene: dict[str, list[float]] = {name: [] for name in METRICS}
-    pending: list[Scene] = []
+    def loaded():
+        for i, (context, targets) in zip(scenes, plans):
+            try:
+                scene = videos.load(i, context + targets, image_size)
+                scene = zoom_views(scene, zoom, list(range(0 if zoom_all else len(context), scene.num_views)))
+            except SceneError as error:
+                logger.warning("skipping scene %d: %s", i, error)
+                continue
+            yield normalize_scene(scene, list(range(len(context))))
 
-    def flush():
-        for name, values in batch_metrics(model, pending, len(plans[0][0]), device, lpips).items():
-            per_scene[name] += values
-        pending.clear()
-
-    for i, (context, targets) in zip(scenes, plans):
-        try:
-            scene = videos.load(i, context + targets, image_size)
-            scene = zoom_views(scene, zoom, list(range(0 if zoom_all else len(context), scene.num_views)))
-        except SceneError as error:
-            logger.warning("skipping scene %d: %s", i, error)
-            continue
-        pending.append(normalize_scene(scene, list(range(len(context)))))
-        if len(pending) == batch_size:
-            flush()
-    if pending:
-        flush()
-    means = {name: (sum(v) / len(v) if v else UNAVAILABLE) for name, v in per_scene.items()}
-    return {"num_scenes": len(per_scene["psnr"]), "metrics": means}
+    means, count, _ = evaluate_scenes(model, loaded(), len(plans[0][0]), batch_size=batch_size, lpips=lpips,
+                                      device=device)
+    return {"num_scenes": count, "metrics": means}
 
 
 def run_protocol(model_or_checkpoint, protocol: str, dataset_config: dict | None = None, *,

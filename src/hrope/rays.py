@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .cameras import Cameras
-from .geometry import invert_intrinsics
+from .geometry import pixel_rays
 
 __all__ = ["plucker_rays", "RAY_FRAMES"]
 
@@ -29,15 +29,8 @@ def plucker_rays(cameras: Cameras, frame: str = "world") -> Tensor:
 
 
 def _plucker_rays(cameras: Cameras, frame: str) -> Tensor:
-    H, W = cameras.image_size
     K = cameras.K.float()
-    ys, xs = torch.meshgrid(
-        torch.arange(H, dtype=K.dtype, device=K.device) + 0.5,
-        torch.arange(W, dtype=K.dtype, device=K.device) + 0.5,
-        indexing="ij",
-    )
-    pix = torch.stack([xs, ys, torch.ones_like(xs)], -1)  # (H, W, 3)
-    dirs = torch.einsum("bvij,hwj->bvhwi", invert_intrinsics(K), pix)
+    dirs = pixel_rays(K, cameras.image_size)
     if frame == "world":
         R = cameras.R.to(K.dtype)
         dirs = torch.einsum("bvji,bvhwj->bvhwi", R, dirs)  # R^T d
