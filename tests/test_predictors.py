@@ -49,6 +49,21 @@ def test_zero_output_decodes_to_neutral_values(batch):
     torch.testing.assert_close(depth, torch.full((2, N), 2.5))
 
 
+def test_full_transform_decoder_is_never_singular(batch):
+    """hrope-full's head output A decodes to exp(A): invertible with det e^{tr A}, even where
+    I + A (the additive decoder it replaced) is singular."""
+    cameras = batch.cameras
+    N = cameras.num_views * 16
+    raw = 0.7 * torch.randn(2, N, 4, 4, generator=torch.Generator().manual_seed(0))
+    raw[:, 0] = -torch.eye(4)  # I + A = 0
+    G = decode("hrope-full", raw.flatten(-2), cameras)["transform"].double()
+    torch.testing.assert_close(torch.linalg.det(G), torch.exp(raw.double().diagonal(dim1=-2, dim2=-1).sum(-1)),
+                               rtol=1e-5, atol=0)
+    torch.testing.assert_close(G[:, 0], torch.eye(4, dtype=G.dtype).expand(2, 4, 4) / math.e, rtol=1e-6, atol=1e-7)
+    identity = torch.eye(4, dtype=G.dtype).expand_as(G)
+    torch.testing.assert_close(torch.linalg.inv(G) @ G, identity, rtol=0, atol=1e-9)
+
+
 def test_plane_decoders_give_planes_at_the_requested_depth(batch):
     cameras = batch.cameras
     N = cameras.num_views * 16

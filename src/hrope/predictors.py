@@ -125,8 +125,10 @@ def _rigid(raw, cameras, grid):
 
 
 def _full(raw, cameras, grid):
-    eye = torch.eye(4, dtype=raw.dtype, device=raw.device)
-    return eye + raw.reshape(*raw.shape[:-1], 4, 4)
+    """G = exp(A) for the 16 raw outputs A: identity at zero output and never singular
+    (det G = e^{tr A} > 0); I + A let training drive some tokens' G towards singular matrices,
+    whose inverses blew the gradients up (docs/model.md)."""
+    return torch.linalg.matrix_exp(raw.reshape(*raw.shape[:-1], 4, 4))
 
 
 def parameter_specs(encoding: Encoding, depth_init: float = 1.0) -> list[ParameterSpec]:
