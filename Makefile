@@ -27,6 +27,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/attention_overhead.py --threads 1
 	$(PY) benchmarks/attention_overhead.py --threads 1 --malloc-cache
+	$(PY) benchmarks/attention_overhead.py --threads 1 --warm-allocator 16
 	$(PY) benchmarks/query_frame_scaling.py --variants --threads 1
 	$(PY) benchmarks/render_speed.py --threads 1
 	$(PY) benchmarks/train_throughput.py

@@ -5,7 +5,10 @@
 Shape: B=1, 8 heads, 2 views x 32x32 patches (N=2048), head_dim 64, fp32 on the CPU by default.
 Each repetition times plain SDPA and every encoding back to back (interleaved), and the
 reported ratio is the median over repetitions of time(encoded) / time(SDPA) measured in that
-same repetition. Memory: bytes saved for backward by autograd, relative to plain SDPA.
+same repetition. Memory: bytes saved for backward by autograd, relative to plain SDPA. Page
+faults: the median number of minor page faults (fresh memory touched) per forward call.
+The row ``prope-einsum`` is PRoPE applied with the official PRoPE module's algorithm
+(benchmarks/prope_einsum.py), the peer our ``prope`` is measured against in the same run.
 Writes benchmarks/results/attention_overhead.{json,md} (``--compile``: attention_overhead_compiled.*).
 
 ``--malloc-cache`` reruns the process with glibc told to keep freed memory
@@ -13,7 +16,10 @@ Writes benchmarks/results/attention_overhead.{json,md} (``--compile``: attention
 attention_overhead_malloc_cache.*). By default every new output tensor of a few MB is fresh
 memory from the OS and its first write page-faults (~2 ms per 4 MB here), which every
 out-of-place transform pays; with the cache the ratios measure the transforms' own work, as on a
-GPU with PyTorch's caching allocator or a CPU run under jemalloc/tcmalloc.
+GPU with PyTorch's caching allocator or a CPU run under jemalloc/tcmalloc. glibc also keeps freed
+blocks once the process has freed one block of more than three q-sized tensors (its dynamic
+threshold); ``--warm-allocator 16`` frees one 16 MB block before timing, as the MLP activations
+of a d=512 transformer layer at this N do in a model (results in attention_overhead_warm.*).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -31,9 +38,11 @@ import torch
 import torch.nn.functional as F
 
 import hrope
+from prope_einsum import prope_einsum_attention
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TRAILING_SHAPES = {"depth_sigma": (2,)}  # per-token params with more than one number per token
+PEER = "prope-einsum"  # the official module's algorithm, see prope_einsum.py
 MALLOC_CACHE_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 
 
@@ -108,6 +117,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile every row (SDPA too) before timing")
     parser.add_argument("--malloc-cache", action="store_true",
                         help="rerun with glibc keeping freed memory (see the module docstring)")
+    parser.add_argument("--warm-allocator", type=int, default=0, metavar="MB",
+                        help="allocate, fill and free one block of MB megabytes before timing")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.malloc_cache and any(os.environ.get(k) != v for k, v in MALLOC_CACHE_ENV.items()):
@@ -115,20 +126,24 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.warm_allocator:
+        torch.empty(args.warm_allocator << 18).fill_(0.0)  # MB of float32, freed at once
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     grid = (args.grid, args.grid)
-    names = args.encodings or list(hrope.ENCODINGS)
+    names = args.encodings or [*hrope.ENCODINGS, PEER]
     cameras = make_cameras(1, args.views, (8 * args.grid, 8 * args.grid), gen)
     N = args.views * args.grid * args.grid
     q, k, v = (torch.randn(1, args.heads, N, args.head_dim) for _ in range(3))
-    inputs = {name: example_inputs(name, cameras, grid, gen) for name in names}
-    encodings = {name: hrope.get_encoding(name) for name in names}
+    inputs = {name: example_inputs(name, cameras, grid, gen) for name in names if name != PEER}
+    encodings = {name: hrope.get_encoding(name) for name in inputs}
 
     def attend(name):
         """The row's attention as a function of (q, k, v)."""
         if name == "sdpa":
             return F.scaled_dot_product_attention
+        if name == PEER:
+            return lambda q, k, v: prope_einsum_attention(q, k, v, cameras=cameras, grid=grid)
         return lambda q, k, v: hrope.multiview_attention(q, k, v, encoding=encodings[name], cameras=cameras,
                                                          grid=grid, **inputs[name])
 
@@ -143,27 +158,36 @@ def main() -> None:
         return out
 
     def timed(name, backward):
+        """Seconds and minor page faults of one call."""
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.perf_counter()
         if backward:
             run(name, True)
         else:
             with torch.no_grad():
                 run(name, False)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 
     results = {}
     for mode, backward in (("forward", False), ("forward_backward", True)):
         for name in ["sdpa", *names]:  # warm-up
             timed(name, backward)
         ratios = {name: [] for name in names}
+        faults = {name: [] for name in ["sdpa", *names]}
         sdpa_times = []
         for _ in range(args.reps):
-            base = timed("sdpa", backward)
+            base, faults_sdpa = timed("sdpa", backward)
             sdpa_times.append(base)
+            faults["sdpa"].append(faults_sdpa)
             for name in names:
-                ratios[name].append(timed(name, backward) / base)
+                seconds, row_faults = timed(name, backward)
+                ratios[name].append(seconds / base)
+                faults[name].append(row_faults)
         results[mode] = {"sdpa_ms": 1e3 * statistics.median(sdpa_times),
-                         "ratio": {n: statistics.median(r) for n, r in ratios.items()}}
+                         "ratio": {n: statistics.median(r) for n, r in ratios.items()},
+                         "ratio_quartiles": {n: quartiles(r) for n, r in ratios.items()},
+                         "ratios_per_repetition": ratios,
+                         "page_faults_per_call": {n: statistics.median(f) for n, f in faults.items()}}
 
     sdpa_saved = saved_bytes(lambda: run("sdpa", True))
     results["saved_for_backward_ratio"] = {n: saved_bytes(lambda n=n: run(n, True)) / sdpa_saved for n in names}
@@ -171,35 +195,53 @@ def main() -> None:
     results["config"] = {"B": 1, "heads": args.heads, "views": args.views, "grid": grid, "head_dim": args.head_dim,
                          "dtype": "float32", "device": "cpu", "threads": torch.get_num_threads(),
                          "reps": args.reps, "torch": torch.__version__, "machine": platform.machine(),
-                         "compiled": args.compile, "malloc_cache": args.malloc_cache}
-    stem = "attention_overhead" + ("_compiled" if args.compile else "") + ("_malloc_cache" if args.malloc_cache else "")
+                         "compiled": args.compile, "malloc_cache": args.malloc_cache,
+                         "warm_allocator_mb": args.warm_allocator}
+    stem = ("attention_overhead" + ("_compiled" if args.compile else "") + ("_malloc_cache" if args.malloc_cache else "")
+            + ("_warm" if args.warm_allocator else ""))
     write(results, names, args.out, stem)
+
+
+def quartiles(values: list[float]) -> list[float]:
+    """First and third quartiles (the spread of the per-repetition ratios)."""
+    q1, _, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
+    return [q1, q3]
 
 
 def write(results: dict, names, out: Path, stem: str = "attention_overhead") -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(results, indent=2))
     fwd, fb = results["forward"]["ratio"], results["forward_backward"]["ratio"]
+    per_rep = results["forward"]["ratios_per_repetition"]
+    spread = {n: "{:.2f}–{:.2f}".format(*results["forward"]["ratio_quartiles"][n]) for n in names}
     peers = [n for n in names if not n.startswith("hrope") and n not in ("none", "rope2d")]  # geometric peers
+    faults = {n: f"{f:.0f}" for n, f in results["forward"].get("page_faults_per_call", {}).items()}
     best_peer = min(peers, key=lambda n: fwd[n]) if peers else None
     cfg = results["config"]
+    settings = [name for name, on in (("torch.compile", cfg.get("compiled")), ("malloc cache", cfg.get("malloc_cache")),
+                                      (f"allocator warmed with one {cfg.get('warm_allocator_mb')} MB block",
+                                       cfg.get("warm_allocator_mb"))) if on]
     lines = [
         f"Shape: B=1, {cfg['heads']} heads, {cfg['views']} views x {cfg['grid'][0]}x{cfg['grid'][1]} patches, "
-        f"head_dim {cfg['head_dim']}, fp32 CPU, {cfg['threads']} threads"
-        f"{', torch.compile' if cfg.get('compiled') else ''}{', malloc cache' if cfg.get('malloc_cache') else ''}, "
+        f"head_dim {cfg['head_dim']}, fp32 CPU, {cfg['threads']} threads, {''.join(s + ', ' for s in settings)}"
         f"{cfg['reps']} interleaved repetitions "
-        f"(median of per-repetition ratios). Plain SDPA: {results['forward']['sdpa_ms']:.1f} ms forward, "
-        f"{results['forward_backward']['sdpa_ms']:.1f} ms forward+backward. Load average at the end: "
-        f"{results['load_average']}.",
+        "(median of per-repetition ratios, quartiles in brackets; ratios between two encodings are "
+        f"paired per repetition too). Plain SDPA: {results['forward']['sdpa_ms']:.1f} ms forward, "
+        f"{results['forward_backward']['sdpa_ms']:.1f} ms forward+backward, {faults.get('sdpa', 'n/a')} page "
+        f"faults per forward call. Load average at the end: {results['load_average']}.",
         "",
-        f"| encoding | forward / SDPA | fwd+bwd / SDPA | forward / prope | forward / fastest peer ({best_peer}) "
-        "| saved-for-backward / SDPA |",
-        "|---|---|---|---|---|---|",
+        f"| encoding | forward / SDPA | fwd+bwd / SDPA | forward / prope | forward / {PEER} "
+        f"| forward / fastest peer ({best_peer}) | saved-for-backward / SDPA | page faults / forward |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    ratio_to = lambda n, ref: f"{fwd[n] / fwd[ref]:.3f}" if ref in fwd else "n/a"  # noqa: E731
+    def ratio_to(n, ref):
+        """Median over repetitions of time(n) / time(ref) measured in the same repetition."""
+        return f"{statistics.median(a / b for a, b in zip(per_rep[n], per_rep[ref])):.3f}" if ref in per_rep else "n/a"
+
     for n in names:
-        lines.append(f"| {n} | {fwd[n]:.3f} | {fb[n]:.3f} | {ratio_to(n, 'prope')} | {ratio_to(n, best_peer)} "
-                     f"| {results['saved_for_backward_ratio'][n]:.3f} |")
+        lines.append(f"| {n} | {fwd[n]:.3f} ({spread[n]}) | {fb[n]:.3f} | {ratio_to(n, 'prope')} | {ratio_to(n, PEER)} "
+                     f"| {ratio_to(n, best_peer)} | {results['saved_for_backward_ratio'][n]:.3f} "
+                     f"| {faults.get(n, 'n/a')} |")
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
