@@ -2,7 +2,9 @@
 
     python benchmarks/attention_overhead.py [--reps 15] [--encodings prope hrope ...]
 
-Shape: B=1, 8 heads, 2 views x 32x32 patches (N=2048), head_dim 64, fp32 on the CPU by default.
+Shape: B=1, 8 heads, 2 views x 32x32 patches (N=2048), head_dim 64, fp32 on the CPU by default
+(``--device cuda`` synchronises the GPU around every timed call; ``--dtype bfloat16`` for the
+half-precision SDPA kernels).
 Each repetition times plain SDPA and every encoding back to back (interleaved), and the
 reported ratio is the median over repetitions of time(encoded) / time(SDPA) measured in that
 same repetition. Memory: bytes saved for backward by autograd, relative to plain SDPA. Page
@@ -50,12 +52,13 @@ def example_inputs(name: str, cameras: hrope.Cameras, grid, generator) -> dict:
     """Planes / per-token params for encoding ``name``: random planes facing the camera at depth
     1–2, depths 1–2, random rotations, identity transforms; other params 0.1 * U(0, 1)."""
     B, N = cameras.batch_size, cameras.num_views * grid[0] * grid[1]
+    device = cameras.K.device
     enc = hrope.get_encoding(name)
     kwargs: dict = {"planes": None, "params": {}}
     if enc.needs_planes:
         normal = torch.randn(B, N, 3, generator=generator) * 0.3
         normal[..., 2] = -1.0
-        kwargs["planes"] = hrope.Planes(normal, 1.0 + torch.rand(B, N, generator=generator))
+        kwargs["planes"] = hrope.Planes(normal.to(device), (1.0 + torch.rand(B, N, generator=generator)).to(device))
     for p in enc.param_names:
         if p == "depth":
             value = 1.0 + torch.rand(B, N, generator=generator)
@@ -65,7 +68,7 @@ def example_inputs(name: str, cameras: hrope.Cameras, grid, generator) -> dict:
             value = torch.eye(4).repeat(B, N, 1, 1)
         else:  # log-depth half-widths, depth splits and sigmas of the query-frame encodings
             value = 0.1 * torch.rand(B, N, *TRAILING_SHAPES.get(p, ()), generator=generator)
-        kwargs["params"][p] = value
+        kwargs["params"][p] = value.to(device)
     return kwargs
 
 
@@ -114,6 +117,8 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--encodings", nargs="*", default=None)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     parser.add_argument("--compile", action="store_true", help="torch.compile every row (SDPA too) before timing")
     parser.add_argument("--malloc-cache", action="store_true",
                         help="rerun with glibc keeping freed memory (see the module docstring)")
@@ -132,9 +137,14 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     grid = (args.grid, args.grid)
     names = args.encodings or [*hrope.ENCODINGS, PEER]
-    cameras = make_cameras(1, args.views, (8 * args.grid, 8 * args.grid), gen)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    cameras = make_cameras(1, args.views, (8 * args.grid, 8 * args.grid), gen).to(device=device)
     N = args.views * args.grid * args.grid
-    q, k, v = (torch.randn(1, args.heads, N, args.head_dim) for _ in range(3))
+    q, k, v = (torch.randn(1, args.heads, N, args.head_dim, generator=gen).to(device, dtype) for _ in range(3))
+
+    def synchronize():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
     inputs = {name: example_inputs(name, cameras, grid, gen) for name in names if name != PEER}
     encodings = {name: hrope.get_encoding(name) for name in inputs}
 
@@ -159,6 +169,7 @@ def main() -> None:
 
     def timed(name, backward):
         """Seconds and minor page faults of one call."""
+        synchronize()
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.perf_counter()
         if backward:
@@ -166,6 +177,7 @@ def main() -> None:
         else:
             with torch.no_grad():
                 run(name, False)
+        synchronize()
         return time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 
     results = {}
@@ -193,12 +205,13 @@ def main() -> None:
     results["saved_for_backward_ratio"] = {n: saved_bytes(lambda n=n: run(n, True)) / sdpa_saved for n in names}
     results["load_average"] = [round(x, 2) for x in os.getloadavg()]
     results["config"] = {"B": 1, "heads": args.heads, "views": args.views, "grid": grid, "head_dim": args.head_dim,
-                         "dtype": "float32", "device": "cpu", "threads": torch.get_num_threads(),
+                         "dtype": args.dtype, "device": str(device), "threads": torch.get_num_threads(),
                          "reps": args.reps, "torch": torch.__version__, "machine": platform.machine(),
                          "compiled": args.compile, "malloc_cache": args.malloc_cache,
                          "warm_allocator_mb": args.warm_allocator}
-    stem = ("attention_overhead" + ("_compiled" if args.compile else "") + ("_malloc_cache" if args.malloc_cache else "")
-            + ("_warm" if args.warm_allocator else ""))
+    stem = ("attention_overhead" + ("" if device.type == "cpu" else f"_{device.type}")
+            + ("" if args.dtype == "float32" else f"_{args.dtype}") + ("_compiled" if args.compile else "")
+            + ("_malloc_cache" if args.malloc_cache else "") + ("_warm" if args.warm_allocator else ""))
     write(results, names, args.out, stem)
 
 
@@ -223,7 +236,8 @@ def write(results: dict, names, out: Path, stem: str = "attention_overhead") -> 
                                        cfg.get("warm_allocator_mb"))) if on]
     lines = [
         f"Shape: B=1, {cfg['heads']} heads, {cfg['views']} views x {cfg['grid'][0]}x{cfg['grid'][1]} patches, "
-        f"head_dim {cfg['head_dim']}, fp32 CPU, {cfg['threads']} threads, {''.join(s + ', ' for s in settings)}"
+        f"head_dim {cfg['head_dim']}, {cfg.get('dtype', 'float32')} {cfg.get('device', 'cpu')}, {cfg['threads']} threads, "
+        f"{''.join(s + ', ' for s in settings)}"
         f"{cfg['reps']} interleaved repetitions "
         "(median of per-repetition ratios, quartiles in brackets; ratios between two encodings are "
         f"paired per repetition too). Plain SDPA: {results['forward']['sdpa_ms']:.1f} ms forward, "

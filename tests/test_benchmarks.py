@@ -27,3 +27,27 @@ def test_prope_einsum_equals_prope(views, grid, head_dim):
     got = prope_einsum_attention(q, k, v, cameras=cameras, grid=grid)
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
     assert not torch.allclose(got, hrope.multiview_attention(q, k, v, encoding="rope2d", cameras=cameras, grid=grid))
+
+
+def test_attention_overhead_writes_ratios_faults_and_memory(tmp_path, monkeypatch):
+    """A two-repetition run of benchmarks/attention_overhead.py on a tiny shape: every row gets a
+    positive forward ratio with its quartiles, page faults and a saved-memory ratio, in JSON and
+    Markdown."""
+    import json
+
+    import attention_overhead
+
+    rows = ["prope", "hrope", attention_overhead.PEER]
+    monkeypatch.setattr(sys, "argv", ["attention_overhead.py", "--reps", "2", "--grid", "2", "--heads", "2",
+                                      "--head-dim", "16", "--threads", "1", "--encodings", *rows,
+                                      "--out", str(tmp_path)])
+    attention_overhead.main()
+    results = json.loads((tmp_path / "attention_overhead.json").read_text())
+    for mode in ("forward", "forward_backward"):
+        assert set(results[mode]["ratio"]) == set(rows)
+        assert all(r > 0 for r in results[mode]["ratio"].values())
+        assert all(len(results[mode]["ratios_per_repetition"][n]) == 2 for n in rows)
+    assert set(results["forward"]["page_faults_per_call"]) == {"sdpa", *rows}
+    assert all(1.0 <= results["saved_for_backward_ratio"][n] < 1.5 for n in ("prope", "hrope"))
+    table = (tmp_path / "attention_overhead.md").read_text()
+    assert all(f"| {n} |" in table for n in rows)
