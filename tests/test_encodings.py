@@ -15,7 +15,9 @@ import hrope
 from helpers import RELATIVE, encoding_inputs, random_cameras, random_planes, random_qkv, random_se3
 from hrope.reference import dense_attention, token_matrices
 
-VECTORS = Path(__file__).resolve().parents[2] / "shared" / "testdata" / "prope_official_vectors.json"
+# Outputs of the official PRoPE module (prope and its Ks=None GTA mode) on fixed inputs, shipped with
+# the tests so that a plain clone can run them.
+VECTORS = Path(__file__).resolve().parent / "data" / "prope_official_vectors.json"
 
 
 def reference_planes(name, planes, cameras, grid):
