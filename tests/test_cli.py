@@ -58,6 +58,15 @@ def test_clear_errors(tmp_path, capsys):
     assert "unknown config key 'train.learning_rate'" in capsys.readouterr().err
 
 
+def test_override_before_the_path_is_a_clear_error(tmp_path, capsys):
+    assert run(["eval", "--data.kind", "folder", str(tmp_path / "run")]) == 2
+    assert "--data.kind comes before the checkpoint path; put overrides after it" in capsys.readouterr().err
+    assert run(["train", "--steps", "5", TINY]) == 2
+    assert "--steps comes before the config path; put overrides after it" in capsys.readouterr().err
+    assert run(["eval", "--zoom-all", str(tmp_path / "nope")]) == 2  # a known flag: the usual errors
+    assert "need --protocol" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_console_entry_point_reports_errors_with_exit_status_2(tmp_path):
     result = subprocess.run([sys.executable, "-m", "hrope.cli", "eval", str(tmp_path / "missing")],

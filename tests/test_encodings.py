@@ -20,21 +20,11 @@ from hrope.reference import dense_attention, token_matrices
 VECTORS = Path(__file__).resolve().parent / "data" / "prope_official_vectors.json"
 
 
-def reference_planes(name, planes, cameras, grid):
-    """The planes the reference must see: ``hrope`` applies its documented clamps first."""
-    if name != "hrope" or planes is None:
-        return planes
-    enc = hrope.get_encoding("hrope")
-    t = cameras.t.repeat_interleave(grid[0] * grid[1], dim=1)
-    return hrope.Planes.from_m(enc.clamp_planes(planes.m(cameras, grid), t))
-
-
 def both(name, q, k, v, cameras, grid, planes=None, params=None, **kw):
     fast = hrope.multiview_attention(q, k, v, encoding=name, cameras=cameras, grid=grid, planes=planes,
                                      params=params, **kw)
     ref = hrope.reference.multiview_attention(q, k, v, encoding=name, cameras=cameras, grid=grid,
-                                              planes=reference_planes(name, planes, cameras, grid),
-                                              params=params, **kw)
+                                              planes=planes, params=params, **kw)
     return fast, ref
 
 

@@ -62,6 +62,8 @@ def multiview_attention(
     float64 q) and cast to q's dtype.
     """
     check_qkv(q, k, v, cameras, grid)
+    if sdpa_kwargs.get("is_causal") and sdpa_kwargs.get("attn_mask") is not None:
+        raise EncodingError("pass either attn_mask or is_causal, not both")
     if q.dtype == torch.float64 and cameras.K.dtype != torch.float64:
         cameras = cameras.to(dtype=torch.float64)
     prepared = get_encoding(encoding).prepare(cameras, tuple(grid), q.shape[-1], planes=planes, **(params or {}))

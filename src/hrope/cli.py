@@ -5,12 +5,14 @@
                [--data.key VALUE ...]
     hrope eval CHECKPOINT [CHECKPOINT ...] --protocol standard|views|zoom|extrapolate|baseline
                [--factors F ...] [--zoom-all] [--out DIR] [same options as above]
-    hrope viz planes CHECKPOINT [--out DIR] [--num-scenes N] [--layer L]
+    hrope viz planes CHECKPOINT [--out DIR] [--num-scenes N] [--layer L] [--device cpu|cuda]
 
 CHECKPOINT is a ``checkpoint.safetensors`` file or the run folder holding it. ``--data.key VALUE``
 overrides the run's data config (e.g. ``--data.kind re10k --data.root DIR --data.eval_index FILE``).
-With ``--protocol`` all checkpoints go into one table/plot (``--out`` is required for several).
-Configuration errors and missing files end with a one-line message and exit status 2.
+Overrides go after the CONFIG/CHECKPOINT argument (``--key VALUE`` before it is an error). Without
+``--protocol``, ``eval`` scores the run's own held-out split; with it, all checkpoints go into one
+table/plot (``--out`` is required for several). Configuration errors and missing files end with a
+one-line message and exit status 2.
 """
 
 from __future__ import annotations
@@ -32,28 +34,59 @@ def _parser() -> argparse.ArgumentParser:
     train = commands.add_parser(
         "train", help="train a model (overrides: --section.key value)",
         epilog="overrides: --section.key VALUE or --section.key=VALUE (sections model, data, train, eval; "
-               "see configs/tiny.yaml); shortcuts: " + ", ".join("--" + s for s in SHORTCUTS),
+               "see configs/tiny.yaml), after CONFIG; shortcuts: " + ", ".join("--" + s for s in SHORTCUTS),
     )
     train.add_argument("config", help="YAML config file (e.g. configs/tiny.yaml)")
-    evaluate = commands.add_parser("eval", help="evaluate a checkpoint on held-out scenes")
-    evaluate.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT")
-    evaluate.add_argument("--protocol", default=None, help="standard | views | zoom | extrapolate | baseline")
+    evaluate = commands.add_parser(
+        "eval", help="evaluate a checkpoint on held-out scenes",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="without --protocol: scores the run's own held-out split (the data and eval sections\n"
+               "of its config.yaml) and writes <run>/eval.\n"
+               "overrides of the run's data section: --data.KEY VALUE or --data.KEY=VALUE, placed\n"
+               "after the CHECKPOINT arguments, e.g.\n"
+               "  hrope eval runs/x --data.kind folder --data.root DIR --data.eval_root null",
+    )
+    evaluate.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
+                          help="checkpoint.safetensors file or the run folder holding it")
+    evaluate.add_argument("--protocol", default=None,
+                          help="standard | views | zoom | extrapolate | baseline (default: none, the run's "
+                               "own held-out split)")
     evaluate.add_argument("--factors", type=float, nargs="+", default=None,
-                          help="the protocol's axis values (views: 2 4 8; zoom: 1 2 3 4 5; ...)")
-    evaluate.add_argument("--zoom-all", action="store_true", help="zoom protocol: zoom the context views too")
-    evaluate.add_argument("--out", default=None)
-    evaluate.add_argument("--num-scenes", type=int, default=None)
-    evaluate.add_argument("--device", default="cpu")
-    evaluate.add_argument("--lpips-weights", default=None, help="local LPIPS (AlexNet) safetensors file")
+                          help="the protocol's axis values (default per protocol: views 2 4 8; zoom 1 2 3 4 5; "
+                               "extrapolate 0.25 0.5 1; baseline 1 1.5 2 3)")
+    evaluate.add_argument("--zoom-all", action="store_true",
+                          help="zoom protocol: zoom the context views too (default: targets only)")
+    evaluate.add_argument("--out", default=None,
+                          help="output folder (default: <run>/eval, or <run>/eval/<protocol>; required for "
+                               "several checkpoints)")
+    evaluate.add_argument("--num-scenes", type=int, default=None,
+                          help="held-out scenes to score (default: the run's eval.num_scenes)")
+    evaluate.add_argument("--device", default="cpu", help="cpu | cuda (default: cpu)")
+    evaluate.add_argument("--lpips-weights", default=None,
+                          help="local LPIPS (AlexNet) safetensors file (default: the run's eval.lpips_weights; "
+                               "none = LPIPS unavailable)")
     viz = commands.add_parser("viz", help="figures")
     viz_commands = viz.add_subparsers(dest="figure", required=True)
-    planes = viz_commands.add_parser("planes", help="predicted plane normals vs ground truth")
-    planes.add_argument("checkpoint")
-    planes.add_argument("--out", default=None)
-    planes.add_argument("--num-scenes", type=int, default=4)
-    planes.add_argument("--layer", type=int, default=-1)
-    planes.add_argument("--device", default="cpu")
+    planes = viz_commands.add_parser("planes", help="predicted plane normals vs ground truth (plane encodings)")
+    planes.add_argument("checkpoint", help="checkpoint.safetensors file or the run folder holding it")
+    planes.add_argument("--out", default=None, help="output folder for planes.png (default: <run>/viz)")
+    planes.add_argument("--num-scenes", type=int, default=4, help="held-out scenes, one row per context view "
+                                                                  "(default: 4)")
+    planes.add_argument("--layer", type=int, default=-1, help="layer whose planes are shown (default: -1, the last)")
+    planes.add_argument("--device", default="cpu", help="cpu | cuda (default: cpu)")
     return parser
+
+
+def _check_override_order(argv: list[str], args, extra: list[str]) -> None:
+    """Raise a clear error when an override stands before the CONFIG/CHECKPOINT argument
+    (``eval --data.kind folder RUN``: argparse would take ``folder`` as the checkpoint)."""
+    name, positional = (("config", args.config) if args.command == "train" else ("checkpoint", args.checkpoints[0]))
+    start = argv.index(args.command) + 1
+    index = argv.index(positional, start)
+    option = argv[index - 1]
+    if index > start and option in extra and option.startswith("--") and "=" not in option:
+        raise ConfigError(f"{option} comes before the {name} path; put overrides after it "
+                          f"(hrope {args.command} {name.upper()} {option} VALUE)")
 
 
 def _data_overrides(extra: list[str]) -> dict:
@@ -111,6 +144,8 @@ def run(argv: list[str]) -> int:
     if args.command == "viz" and extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        if args.command in ("train", "eval"):
+            _check_override_order(argv, args, extra)
         if args.command == "train":
             from .config import apply_overrides, load_config
 

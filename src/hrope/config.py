@@ -1,7 +1,8 @@
 """Run configuration: YAML files with ``--key value`` / dotted command-line overrides.
 
-A config has four sections (every key and its default is in :data:`DEFAULTS`):
-``model`` (:class:`hrope.model.ModelConfig` fields plus ``preset``), ``data``, ``train``, ``eval``.
+A config has four sections: ``model`` (``preset`` plus :class:`hrope.model.ModelConfig` fields,
+whose defaults come from the preset), ``data``, ``train`` and ``eval`` (every key and its default
+in :data:`DEFAULTS`).
 Overrides are ``--section.key value`` (value parsed as YAML, so ``1e-3``, ``true``, ``[1, 2]``
 work) or one of the shortcuts in :data:`SHORTCUTS` (``--encoding prope``). Unknown keys are
 errors. Every run writes its resolved config (``config.yaml``) next to its outputs.

@@ -266,6 +266,20 @@ class LVSM(nn.Module):
         return torch.cat([context, target], dim=2).reshape(B * Vt, (num_context + 1) * P, D)
 
     def forward(self, batch) -> LVSMOutput:
+        """Render every target view from the context views (each target decoded on its own sequence).
+
+        Args:
+            batch: a :class:`hrope.data.SceneBatch` or any object with ``images (B, V, 3, H, W)`` in
+                [0, 1] (H = W = ``image_size``), ``cameras`` :class:`hrope.Cameras` ``(B, V)`` and
+                ``num_context`` Vc (0 < Vc < V; views ``Vc:`` are the Vt = V - Vc targets). The
+                ``external`` predictor also reads ``depth (B, V, H, W)`` (and ``normals
+                (B, V, 3, H, W)`` when present), the ``oracle`` one ``planes(patch_size)``.
+
+        Returns:
+            :class:`LVSMOutput`: ``images (B, Vt, 3, H, W)`` in [0, 1] and ``parameters``, the
+            per-token values ``{name: (B*Vt, (Vc+1)*P, ...)}`` per layer (one entry for static
+            sources; empty when the encoding takes none), P = grid_h * grid_w.
+        """
         c = self.config
         images, cameras, num_context = batch.images, batch.cameras, int(batch.num_context)
         B, V, _, H, W = images.shape

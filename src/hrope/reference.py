@@ -1,7 +1,8 @@
 """Dense float64 references of the encodings (tests only; never used by the fast path).
 
 For each token the full ``head_dim x head_dim`` matrix D_t is built from the formulas of
-DESIGN.md §3–4 (no closed-form inverses, no clamps), then attention is computed explicitly:
+DESIGN.md §3–4 (no closed-form inverses; the only clamps are the documented input clamps that the
+fast path applies too, see :func:`multiview_attention`), then attention is computed explicitly:
 
     a_ij = softmax_j((D_i^T q_i)·(D_j^-1 k_j) * scale),   o_i = D_i Σ_j a_ij D_j^-1 v_j.
 
@@ -16,10 +17,11 @@ import torch
 from torch import Tensor
 
 from .cameras import Cameras
-from .encodings import Encoding, HeadLayout, get_encoding, rope_angles, tangent_frames
+from .encodings import Encoding, EncodingError, HeadLayout, get_encoding, rope_angles, tangent_frames
 from .encodings.query_frame import MIN_DEPTH, POSITION_MARGIN
 from .encodings.rayrope import COORDINATE_PERIODS, RAY_OFFSETS
 from .geometry import lift, normalize_intrinsics
+from .planes import Planes
 
 __all__ = ["multiview_attention", "token_matrices", "dense_attention", "query_frame_matrices",
            "query_frame_attention"]
@@ -67,7 +69,10 @@ def _geometric_blocks(encoding: Encoding, cameras: Cameras, grid, planes, params
             E[..., :3, 3] = E[..., :3, 3] * encoding.translation_scale.double()
         return E
     if name == "hrope":
-        n_w, kappa = planes.world_normal_and_kappa(cameras, grid)
+        # the documented plane clamps (docs/encodings.md), taken from the encoding itself: they
+        # are input preprocessing, not part of the Eq. 5 matrix this reference rebuilds
+        m = encoding.clamp_planes(planes.m(cameras, grid, torch.float64), E[..., :3, 3])
+        n_w, kappa = Planes.from_m(m).world_normal_and_kappa(cameras, grid)
         R, t = E[..., :3, :3], E[..., :3, 3]
         H = K @ (R + kappa[..., None, None] * t[..., :, None] * n_w[..., None, :])
         H = H / torch.linalg.det(H).abs().pow(1.0 / 3.0)[..., None, None]
@@ -137,22 +142,52 @@ def token_matrices(encoding: str | Encoding, cameras: Cameras, grid, head_dim: i
     return D, layout
 
 
+def _sdpa_options(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float,
+                  is_causal: bool, enable_gqa: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """SDPA's keyword options for the dense references: k and v with their heads repeated
+    (``enable_gqa``) and the mask to apply (``is_causal`` -> the lower-triangular boolean mask)."""
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p must be 0.0 for the dense reference, got {dropout_p}: "
+                         "a deterministic reference cannot reproduce random dropout")
+    if is_causal:
+        if attn_mask is not None:
+            raise EncodingError("pass either attn_mask or is_causal, not both")
+        attn_mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    if enable_gqa and k.shape[1] != q.shape[1]:
+        if q.shape[1] % k.shape[1]:
+            raise EncodingError(f"enable_gqa: {q.shape[1]} query heads are not a multiple of "
+                                f"{k.shape[1]} key/value heads")
+        repeat = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    return k, v, attn_mask
+
+
+def _softmax(logits: Tensor, attn_mask: Tensor | None) -> Tensor:
+    """Softmax over keys after SDPA's mask: boolean (False = masked out) or additive."""
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            logits = logits.masked_fill(~attn_mask, float("-inf"))
+        else:
+            logits = logits + attn_mask.double()
+    return torch.softmax(logits, dim=-1)
+
+
 def dense_attention(q: Tensor, k: Tensor, v: Tensor, D_q: Tensor, D_k: Tensor, *,
-                    transform_values: bool = True, attn_mask: Tensor | None = None,
-                    scale: float | None = None) -> Tensor:
-    """Explicit attention with per-token matrices ``D_q (B, Nq, d, d)``, ``D_k (B, Nk, d, d)``."""
+                    transform_values: bool = True, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
+                    is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Tensor:
+    """Explicit attention with per-token matrices ``D_q (B, Nq, d, d)``, ``D_k (B, Nk, d, d)``.
+
+    q ``(B, heads, Nq, d)``, k and v ``(B, heads, Nk, d)``; returns float64 ``(B, heads, Nq, d)``.
+    SDPA's options as in :func:`multiview_attention`.
+    """
+    k, v, attn_mask = _sdpa_options(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
     q, k, v = q.double(), k.double(), v.double()
     D_k_inv = torch.linalg.inv(D_k)[:, None]
     q_t = (D_q.transpose(-1, -2)[:, None] @ q[..., None]).squeeze(-1)
     k_t = (D_k_inv @ k[..., None]).squeeze(-1)
     v_t = (D_k_inv @ v[..., None]).squeeze(-1) if transform_values else v
     logits = q_t @ k_t.transpose(-1, -2) * (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            logits = logits.masked_fill(~attn_mask, float("-inf"))
-        else:
-            logits = logits + attn_mask.double()
-    out = torch.softmax(logits, dim=-1) @ v_t
+    out = _softmax(logits, attn_mask) @ v_t
     if transform_values:
         out = (D_q[:, None] @ out[..., None]).squeeze(-1)
     return out
@@ -160,15 +195,27 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, D_q: Tensor, D_k: Tensor, *
 
 def multiview_attention(q: Tensor, k: Tensor, v: Tensor, *, encoding: str | Encoding, cameras: Cameras,
                         grid, planes=None, params: dict | None = None, attn_mask: Tensor | None = None,
-                        scale: float | None = None) -> Tensor:
-    """Float64 dense reference of :func:`hrope.multiview_attention` (same signature, same output)."""
+                        dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                        enable_gqa: bool = False) -> Tensor:
+    """Dense float64 reference of :func:`hrope.multiview_attention`: same arguments and output.
+
+    q, k, v ``(B, heads, N, head_dim)``; returns float64 ``(B, heads, N, head_dim)`` computed on the
+    CPU from every token's full ``head_dim x head_dim`` matrix. SDPA's options: ``attn_mask``
+    (boolean, True = attend, or additive), ``is_causal`` (lower-triangular over all N tokens; not
+    with ``attn_mask``), ``scale``, ``enable_gqa``, and ``dropout_p`` only as 0.0 (ValueError
+    otherwise: a deterministic reference cannot reproduce dropout). The fast path's documented input
+    clamps are included (``hrope``'s plane clamps via the encoding's own ``clamp_planes``: they
+    preprocess the input, the Eq. 5 matrix is rebuilt here independently), so float64 fast-path
+    outputs equal this to about 1e-9.
+    """
     encoding = get_encoding(encoding)
+    sdpa = {"attn_mask": attn_mask, "dropout_p": dropout_p, "is_causal": is_causal, "scale": scale,
+            "enable_gqa": enable_gqa}
     if encoding.query_frame:
-        return query_frame_attention(q, k, v, encoding=encoding, cameras=cameras, grid=grid, params=params,
-                                     attn_mask=attn_mask, scale=scale)
+        return query_frame_attention(q, k, v, encoding=encoding, cameras=cameras, grid=grid, params=params, **sdpa)
     D, _ = token_matrices(encoding, cameras, grid, q.shape[-1], planes, params)
     transform_values = encoding.name != "cape"
-    return dense_attention(q, k, v, D, D, transform_values=transform_values, attn_mask=attn_mask, scale=scale)
+    return dense_attention(q, k, v, D, D, transform_values=transform_values, **sdpa)
 
 
 # ----------------------------------------------------------------------------- query-frame encodings
@@ -359,13 +406,17 @@ def query_frame_matrices(encoding: str | Encoding, cameras: Cameras, grid, head_
 
 def query_frame_attention(q: Tensor, k: Tensor, v: Tensor, *, encoding: str | Encoding, cameras: Cameras,
                           grid, params: dict | None = None, attn_mask: Tensor | None = None,
-                          scale: float | None = None) -> Tensor:
+                          dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                          enable_gqa: bool = False) -> Tensor:
     """Dense reference of a query-frame encoding: with M_j^(c) from :func:`query_frame_matrices`,
 
         a_ij = softmax_j((M_i^T q_i)·(M_j^(c)T k_j) * scale),   o_i = M_i Σ_j a_ij M_j^(c)T v_j,
 
     c the view of query i and M_i = M_i^(c) (the transpose, not the inverse, on the key side).
+    q, k, v ``(B, heads, N, head_dim)``; returns float64 ``(B, heads, N, head_dim)``. SDPA's
+    options as in :func:`multiview_attention` (``is_causal`` is causal over the whole sequence).
     """
+    k, v, attn_mask = _sdpa_options(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
     q, k, v = q.double(), k.double(), v.double()
     B, H, N, d = q.shape
     M = query_frame_matrices(encoding, cameras, grid, d, params)  # (B, V, N, d, d)
@@ -378,10 +429,5 @@ def query_frame_attention(q: Tensor, k: Tensor, v: Tensor, *, encoding: str | En
     k_t = (M_k.transpose(-1, -2)[:, None] @ k[:, :, None, :, :, None]).squeeze(-1)  # (B, H, Nq, Nk, d)
     v_t = (M_k.transpose(-1, -2)[:, None] @ v[:, :, None, :, :, None]).squeeze(-1)
     logits = (q_t[:, :, :, None, :] * k_t).sum(-1) * (scale if scale is not None else 1.0 / math.sqrt(d))
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            logits = logits.masked_fill(~attn_mask, float("-inf"))
-        else:
-            logits = logits + attn_mask.double()
-    out = (torch.softmax(logits, dim=-1)[..., None] * v_t).sum(-2)
+    out = (_softmax(logits, attn_mask)[..., None] * v_t).sum(-2)
     return (M_q[:, None] @ out[..., None]).squeeze(-1)

@@ -3,6 +3,10 @@
 >>> enc = get_encoding("hrope-lift")
 >>> transform = enc.prepare(cameras, grid, head_dim, planes=planes)
 >>> out = transform.apply_o(sdpa(transform.apply_q(q), transform.apply_k(k), transform.apply_v(v)))
+
+``prepare`` returns a :class:`TokenTransform` for the relative encodings and a
+:class:`QueryFrameTransform` for the query-frame ones (rayrope, urope, worldrope), which
+re-encode keys and values per query view; ``transform.attention(q, k, v)`` works for both.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from .ablations import HRoPEDepth, HRoPEFull, HRoPEPF, HRoPESE3, HRoPESO3, tange
 from .base import Encoding, EncodingError, HeadLayout, Prepared, TokenTransform, rope_angles
 from .camera import GTA, CaPE, NoEncoding, PRoPE, RoPE2D
 from .homography import HRoPE, HRoPELift
+from .query_frame import QueryFrameTransform
 from .rayrope import RayRoPE
 from .urope import URoPE
 from .worldrope import WorldRoPE
@@ -37,6 +42,7 @@ def get_encoding(name: str | Encoding, **options) -> Encoding:
 
 __all__ = [
     "ENCODINGS", "get_encoding", "Encoding", "EncodingError", "HeadLayout", "Prepared", "TokenTransform",
+    "QueryFrameTransform",
     "rope_angles", "tangent_frames", "NoEncoding", "RoPE2D", "PRoPE", "GTA", "CaPE", "HRoPE", "HRoPELift",
     "HRoPEDepth", "HRoPESO3", "HRoPESE3", "HRoPEPF", "HRoPEFull", "RayRoPE", "URoPE", "WorldRoPE",
 ]

@@ -56,6 +56,8 @@ class PatchTransformEncoding(Encoding):
         raise NotImplementedError
 
     def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+        """The subclass's input: ``depth (B, N)``, ``rotation (B, N, 3, 3)``, ``transform (B, N, 4, 4)`` or
+        ``planes (B, N)`` (hrope-pf); D_t = lift(K̂_c) G_u E_c tiles + RoPE."""
         self.check_inputs(planes, params)
         dtype = geometry_dtype(cameras.K.dtype)
         G, G_inv = self.patch_transforms(cameras, grid, dtype, planes, **params)

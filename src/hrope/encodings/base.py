@@ -105,6 +105,7 @@ class Prepared:
     """An encoding bound to one set of cameras, grid and per-token parameters."""
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs) -> Tensor:
+        """Encoded SDPA over all N tokens: q, k, v ``(B, heads, N, head_dim)`` -> ``(B, heads, N, head_dim)``."""
         raise NotImplementedError
 
 
@@ -154,22 +155,26 @@ class TokenTransform(Prepared):
 
     # --------------------------------------------------------------------------- apply
     def apply_q(self, x: Tensor) -> Tensor:
-        """``D^T x`` (queries)."""
+        """``D_i^T q_i`` (queries): x ``(B, heads, N, head_dim)`` -> same shape."""
         return self._apply(x, "q", rope_sign=-1.0)
 
     def apply_k(self, x: Tensor) -> Tensor:
-        """``D^-1 x`` (keys)."""
+        """``D_j^-1 k_j`` (keys): x ``(B, heads, N, head_dim)`` -> same shape."""
         return self._apply(x, "k", rope_sign=-1.0)
 
     def apply_v(self, x: Tensor) -> Tensor:
-        """``D^-1 x`` (values); identity when values are not transformed."""
+        """``D_j^-1 v_j`` (values; identity when values are not transformed): x ``(B, heads, N, head_dim)``
+        -> same shape."""
         return self._apply(x, "k", rope_sign=-1.0) if self.transform_values else x
 
     def apply_o(self, x: Tensor) -> Tensor:
-        """``D x`` (attention outputs); identity when values are not transformed."""
+        """``D_i o_i`` (attention outputs; identity when values are not transformed): x
+        ``(B, heads, N, head_dim)`` -> same shape."""
         return self._apply(x, "o", rope_sign=1.0) if self.transform_values else x
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs) -> Tensor:
+        """``apply_o(sdpa(apply_q(q), apply_k(k), apply_v(v)))``, logits q_i^T D_i D_j^-1 k_j: q, k, v
+        ``(B, heads, N, head_dim)`` -> ``(B, heads, N, head_dim)``; ``sdpa_kwargs`` go to SDPA."""
         out = F.scaled_dot_product_attention(self.apply_q(q), self.apply_k(k), self.apply_v(v), **sdpa_kwargs)
         return self.apply_o(out)
 
@@ -219,6 +224,23 @@ class Encoding(nn.Module):
         return TokenTransform(layout, cameras.num_views, grid, geo, geo_inv, rope_base=self.rope_base, **options)
 
     def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes=None, **params) -> Prepared:
+        """Bind the encoding to one batch of N = V * grid_h * grid_w tokens (view-major).
+
+        Args:
+            cameras: :class:`hrope.Cameras` ``(B, V)``.
+            grid: ``(grid_h, grid_w)`` patches per view.
+            head_dim: channels per attention head.
+            planes: :class:`hrope.Planes` ``(B, N)``, one plane per token, for encodings with
+                ``needs_planes``; otherwise None.
+            **params: the per-token inputs named by ``param_names``, e.g. ``depth (B, N)``,
+                ``rotation (B, N, 3, 3)``, ``transform (B, N, 4, 4)``, or the query-frame
+                encodings' ``log_depth``, ``depth_split``, ... (unknown or missing names raise).
+
+        Returns:
+            A :class:`TokenTransform` (the D_t of every token) for the relative encodings, a
+            :class:`~hrope.encodings.query_frame.QueryFrameTransform` for ``rayrope``, ``urope``
+            and ``worldrope``.
+        """
         raise NotImplementedError
 
     def check_inputs(self, planes, params: dict) -> None:

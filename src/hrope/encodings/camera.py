@@ -28,6 +28,7 @@ class NoEncoding(Encoding):
     name = "none"
 
     def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+        """No planes or params; D_t = I (plain SDPA)."""
         self.check_inputs(planes, params)
         return self.token_transform(HeadLayout(head_dim, block=0, rope=False), cameras, grid)
 
@@ -38,6 +39,7 @@ class RoPE2D(Encoding):
     name = "rope2d"
 
     def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+        """No planes or params; D_t = 2D RoPE of the token's patch indices."""
         self.check_inputs(planes, params)
         return self.token_transform(HeadLayout(head_dim, block=0), cameras, grid)
 
@@ -48,6 +50,7 @@ class PRoPE(Encoding):
     name = "prope"
 
     def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+        """No planes or params; D_t = blockdiag(P_c tiles, RoPE) from the cameras alone."""
         self.check_inputs(planes, params)
         dtype = geometry_dtype(cameras.K.dtype)
         K = cameras.normalized_K(dtype)
@@ -77,6 +80,7 @@ class GTA(Encoding):
             self.translation_scale = None
 
     def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+        """No planes or params; D_t = blockdiag(E_c tiles, RoPE) from the cameras alone."""
         self.check_inputs(planes, params)
         dtype = geometry_dtype(cameras.K.dtype)
         E = cameras.world_to_cam.to(dtype)
@@ -97,6 +101,7 @@ class CaPE(Encoding):
     name = "cape"
 
     def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+        """No planes or params; D_t = E_c tiles over all channels, on q and k only (v, o untouched)."""
         self.check_inputs(planes, params)
         E = cameras.world_to_cam.to(geometry_dtype(cameras.K.dtype))
         layout = HeadLayout(head_dim, block=4, rope=False)

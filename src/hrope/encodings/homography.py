@@ -55,6 +55,7 @@ class HRoPELift(Encoding):
     needs_planes = True
 
     def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+        """Needs ``planes (B, N)``; D_t = blockdiag(Λ_t E_c tiles, RoPE)."""
         self.check_inputs(planes, params)
         dtype = geometry_dtype(cameras.K.dtype)
         K, E = per_token_geometry(cameras, grid, dtype)
@@ -128,6 +129,7 @@ class HRoPE(Encoding):
         return m + (s - clamped) * t / torch.where(t_sq > 0, t_sq, torch.ones_like(t_sq))
 
     def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+        """Needs ``planes (B, N)``; D_t = blockdiag(H̃_t tiles, RoPE)."""
         self.check_inputs(planes, params)
         H, H_inv = self.homographies(cameras, grid, planes)
         if self.lift4:

@@ -321,6 +321,8 @@ class QueryFrameEncoding(Encoding):
         raise NotImplementedError
 
     def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> QueryFrameTransform:
+        """The subclass's params: rayrope ``log_depth``, ``log_depth_halfwidth`` ``(B, N)``; urope none;
+        worldrope ``depth``, ``depth_split`` ``(B, N)`` and ``depth_sigma (B, N, 2)``. No planes."""
         self.check_inputs(planes, params)
         if head_dim % 2:
             raise EncodingError(f"encoding {self.name!r} needs an even head_dim, got {head_dim}")
