@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench bench-gpu install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ bench: $(STAMP)
 	$(PY) benchmarks/query_frame_scaling.py --variants --threads 1
 	$(PY) benchmarks/render_speed.py --threads 1
 	$(PY) benchmarks/train_throughput.py
+
+bench-gpu: $(STAMP)  # on a CUDA machine, with a CUDA build of torch (TORCH_SPEC)
+	$(PY) benchmarks/device_check.py --device cuda
+	$(PY) benchmarks/attention_overhead.py --device cuda --reps 30
+	$(PY) benchmarks/attention_overhead.py --device cuda --dtype bfloat16 --reps 30
+	$(PY) benchmarks/train_throughput.py --device cuda
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

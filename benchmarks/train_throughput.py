@@ -6,7 +6,9 @@ target) views at 64x64. Encodings are measured in interleaved
 rounds; steps/s is the median over rounds, and the ratio is to `none` (the LVSM baseline).
 Writes benchmarks/results/train_throughput.{json,md}.
 
-    python benchmarks/train_throughput.py [--rounds 5] [--steps 5] [--threads 1]
+    python benchmarks/train_throughput.py [--rounds 5] [--steps 5] [--threads 1] [--device cuda]
+
+``--device cuda`` synchronises the GPU after each round and writes train_throughput_cuda.*.
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ BATCH_SIZE = 4
 
 
 def step_function(encoding: str, batch):
-    """One training step as ``hrope.train`` takes it: its model, optimiser and gradient clipping."""
+    """One training step as ``hrope.train`` takes it: its model, optimiser and gradient clipping,
+    on the batch's device."""
     torch.manual_seed(0)
     config = resolve({"model": {"preset": "tiny", "encoding": encoding}})
-    model = build_model(config)
+    model = build_model(config).to(batch.images.device)
     optimizer = make_optimizer(model, config["train"])
     target = batch.images[:, batch.num_context:]
 
@@ -54,14 +57,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per encoding per round")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--encodings", nargs="*", default=None)
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
+    device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     encodings = args.encodings or [e for e in encoding_names() if not e.endswith("-ape")] + ["hrope-ape"]
     if "none" not in encodings:
         encodings.insert(0, "none")
     scenes = [make_scene(0, i, "room", num_views=3, image_size=(64, 64)) for i in range(BATCH_SIZE)]
-    batch = collate_scenes(scenes, 2)
+    batch = collate_scenes(scenes, 2).to(device)
+
+    def synchronize():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     steps, params = {}, {}
     for name in encodings:
         steps[name], params[name] = step_function(name, batch)
@@ -69,9 +79,11 @@ def main() -> None:
     rates = {name: [] for name in encodings}
     for _ in range(args.rounds):
         for name in encodings:
+            synchronize()
             start = time.perf_counter()
             for _ in range(args.steps):
                 steps[name]()
+            synchronize()
             rates[name].append(args.steps / (time.perf_counter() - start))
     base = statistics.median(rates["none"])
     rows = []
@@ -82,18 +94,19 @@ def main() -> None:
     command = "python " + " ".join(["benchmarks/train_throughput.py", *sys.argv[1:]])
     meta = {"command": command, "torch": torch.__version__, "threads": args.threads, "rounds": args.rounds,
             "steps_per_round": args.steps, "batch": f"{BATCH_SIZE} x (2 context + 1 target) at 64x64",
-            "machine": platform.processor() or platform.machine()}
+            "machine": platform.processor() or platform.machine(), "device": str(device)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "train_throughput.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
+    stem = "train_throughput" + ("" if device.type == "cpu" else f"_{device.type}")
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
     lines = [f"Training throughput, `tiny` preset (64x64, patch 8, d 128, 4 layers), batch {meta['batch']}, "
-             f"fp32 CPU, {args.threads} thread(s), median of {args.rounds} interleaved rounds of {args.steps} steps.",
+             f"fp32 {device}, {args.threads} thread(s), median of {args.rounds} interleaved rounds of {args.steps} steps.",
              f"Command: `{command}` (torch {torch.__version__}).", "",
              "| encoding | steps/s | samples/s | ratio to none | parameters |", "|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['encoding']} | {r['steps_per_s']:.2f} | {r['samples_per_s']:.1f} | "
                      f"{r['ratio_to_none']:.2f} | {r['parameters']:,} |")
-    (out / "train_throughput.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

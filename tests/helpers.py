@@ -59,8 +59,15 @@ def random_qkv(B, heads, N, head_dim, seed=0, dtype=torch.float64):
 
 
 def ablation_params(name, B, N, seed=0, dtype=torch.float64) -> dict:
-    """Valid random per-token params of the ablation encodings."""
+    """Valid random per-token params of the ablation and query-frame encodings."""
     g = torch.Generator().manual_seed(seed + 3000)
+    if name == "rayrope":
+        return {"log_depth": 0.5 + 1.5 * torch.rand(B, N, generator=g, dtype=dtype),
+                "log_depth_halfwidth": 0.5 * torch.rand(B, N, generator=g, dtype=dtype)}
+    if name == "worldrope":
+        return {"depth": 2 + 3 * torch.rand(B, N, generator=g, dtype=dtype),
+                "depth_split": torch.rand(B, N, generator=g, dtype=dtype),
+                "depth_sigma": 0.5 * torch.rand(B, N, 2, generator=g, dtype=dtype)}
     if name == "hrope-depth":
         return {"depth": 0.5 + 3 * torch.rand(B, N, generator=g, dtype=dtype)}
     if name == "hrope-so3":

@@ -51,3 +51,18 @@ def test_attention_overhead_writes_ratios_faults_and_memory(tmp_path, monkeypatc
     assert all(1.0 <= results["saved_for_backward_ratio"][n] < 1.5 for n in ("prope", "hrope"))
     table = (tmp_path / "attention_overhead.md").read_text()
     assert all(f"| {n} |" in table for n in rows)
+
+
+def test_device_check_passes_here_and_fails_when_the_tolerance_is_impossible(tmp_path, monkeypatch):
+    """benchmarks/device_check.py (the first GPU check) on the CPU: every dtype of a few encodings
+    within tolerance of the float64 reference with finite gradients; exit status 1 on failure."""
+    import json
+
+    import device_check
+
+    rows = ["prope", "hrope", "urope"]
+    assert device_check.main(["--device", "cpu", "--encodings", *rows, "--out", str(tmp_path)]) == 0
+    checks = json.loads((tmp_path / "device_check_cpu.json").read_text())["checks"]
+    assert len(checks) == 3 * len(device_check.TOLERANCE) and all(c["ok"] for c in checks)
+    monkeypatch.setattr(device_check, "TOLERANCE", {torch.float32: 1e-12})
+    assert device_check.main(["--device", "cpu", "--encodings", "hrope", "--out", str(tmp_path)]) == 1

@@ -1,0 +1,81 @@
+"""Every encoding on one device against the float64 reference: the first thing to run on a GPU.
+
+    python benchmarks/device_check.py --device cuda      # about a minute
+    make bench-gpu                                       # this, then the GPU benchmarks
+
+For each registered encoding and each dtype (float32, bfloat16, float16), random valid cameras,
+planes and per-token parameters on the device: forward through ``hrope.multiview_attention``
+(outputs compared with ``hrope.reference.multiview_attention`` in float64), then a backward
+pass with a unit-scale random output gradient (all gradients finite). The largest error relative to the reference's largest output is
+checked against a tolerance per dtype. Writes ``device_check_<device>.json``; exits 1 if any
+check fails. ``--device cpu`` runs the same checks here (tests/test_benchmarks.py does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+import hrope
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers import encoding_inputs, random_cameras, random_qkv  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}  # relative to max |reference|
+
+
+def _moved(inputs: dict, device) -> dict:
+    """``encoding_inputs`` (float64, CPU) in float32 on ``device``."""
+    planes = inputs["planes"]
+    if planes is not None:
+        planes = hrope.Planes(planes.normal.float().to(device), planes.depth.float().to(device))
+    return {"planes": planes, "params": {k: v.float().to(device) for k, v in inputs["params"].items()}}
+
+
+def check(name: str, dtype: torch.dtype, device: torch.device, seed: int = 0) -> dict:
+    """Relative forward error against the reference and finiteness of every gradient."""
+    grid, views, head_dim = (4, 6), 3, 64
+    cameras = random_cameras(B=2, V=views, image_size=(32, 48), seed=seed)
+    inputs = encoding_inputs(name, cameras, grid, seed=seed)
+    qkv64 = random_qkv(2, 4, views * grid[0] * grid[1], head_dim, seed=seed)
+    reference = hrope.reference.multiview_attention(*qkv64, encoding=name, cameras=cameras, grid=grid, **inputs)
+    qkv = [x.to(device, dtype).requires_grad_() for x in qkv64]
+    out = hrope.multiview_attention(*qkv, encoding=name, cameras=cameras.to(device=device, dtype=torch.float32),
+                                    grid=grid, **_moved(inputs, device))
+    error = ((out.double().cpu() - reference).abs().max() / reference.abs().max()).item()
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(device)
+    (out.float() * weight).sum().backward()  # unit-scale output gradient (no loss scaling needed)
+    finite = all(bool(torch.isfinite(x.grad).all()) for x in qkv)
+    return {"encoding": name, "dtype": str(dtype).removeprefix("torch."), "relative_error": error,
+            "tolerance": TOLERANCE[dtype], "gradients_finite": finite,
+            "ok": finite and out.dtype == dtype and error <= TOLERANCE[dtype]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--encodings", nargs="*", default=None)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    rows = [check(name, dtype, device) for name in (args.encodings or list(hrope.ENCODINGS)) for dtype in TOLERANCE]
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"device_check_{device.type}.json").write_text(
+        json.dumps({"device": name, "torch": torch.__version__, "checks": rows}, indent=2))
+    for row in rows:
+        print(f"{'ok  ' if row['ok'] else 'FAIL'} {row['encoding']:<12} {row['dtype']:<9} "
+              f"error {row['relative_error']:.1e} (tolerance {row['tolerance']:.0e}) "
+              f"gradients {'finite' if row['gradients_finite'] else 'NOT finite'}")
+    failed = [f"{r['encoding']}/{r['dtype']}" for r in rows if not r["ok"]]
+    print(f"{len(rows) - len(failed)} of {len(rows)} checks passed on {name}" + (f"; failed: {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
