@@ -122,7 +122,14 @@ def test_enable_gqa_repeats_key_value_heads(name):
     repeated = hrope.reference.multiview_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1),
                                                    **kwargs)
     torch.testing.assert_close(grouped, repeated, rtol=0, atol=0)
-    # equal head counts: a no-op, as for the fast path (which passes enable_gqa to SDPA)
+    # the fast path with grouped heads (transforms act per token, the same on every head)
+    fast = hrope.multiview_attention(q, k, v, enable_gqa=True, **kwargs)
+    torch.testing.assert_close(fast, grouped, rtol=1e-9, atol=1e-9)
+    with pytest.raises(hrope.EncodingError, match="share one shape"):
+        hrope.multiview_attention(q, k, v, **kwargs)  # fewer k/v heads need enable_gqa=True
+    with pytest.raises(hrope.EncodingError, match="share one shape"):
+        hrope.multiview_attention(q[:, :3], k, v, enable_gqa=True, **kwargs)  # 3 is not a multiple of 2
+    # equal head counts: a no-op
     q, k, v = random_qkv(1, 2, 2 * P, 24, seed=6)
     fast, ref = fast_and_reference(name, q, k, v, cameras, enable_gqa=True)
     torch.testing.assert_close(fast, ref, rtol=1e-9, atol=1e-9)

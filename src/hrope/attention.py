@@ -11,16 +11,20 @@ from .encodings import Encoding, EncodingError, get_encoding
 __all__ = ["multiview_attention", "check_qkv"]
 
 
-def check_qkv(q: Tensor, k: Tensor, v: Tensor, cameras: Cameras, grid: tuple[int, int]) -> None:
-    """Shapes: q, k, v ``(B, heads, N, head_dim)`` alike, N = V * grid_h * grid_w, B = cameras' B."""
+def check_qkv(q: Tensor, k: Tensor, v: Tensor, cameras: Cameras, grid: tuple[int, int],
+              enable_gqa: bool = False) -> None:
+    """Shapes: q, k, v ``(B, heads, N, head_dim)`` alike, N = V * grid_h * grid_w, B = cameras' B;
+    with ``enable_gqa`` k and v may have fewer heads, a divisor of q's (grouped-query attention)."""
     if not isinstance(cameras, Cameras):
         raise EncodingError(f"cameras must be hrope.Cameras, got {type(cameras).__name__}")
     if len(grid) != 2 or min(grid) <= 0:
         raise EncodingError(f"grid must be (grid_h, grid_w) with positive entries, got {grid}")
-    if q.ndim != 4 or q.shape != k.shape or q.shape != v.shape:
+    grouped = (enable_gqa and q.ndim == 4 and k.ndim == 4 and k.shape == v.shape and k.shape[1] > 0
+               and q.shape[1] % k.shape[1] == 0 and q.shape[::2] == k.shape[::2] and q.shape[-1] == k.shape[-1])
+    if not grouped and (q.ndim != 4 or q.shape != k.shape or q.shape != v.shape):
         raise EncodingError(
-            "q, k, v must share one shape (B, heads, N, head_dim); got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+            "q, k, v must share one shape (B, heads, N, head_dim) (with enable_gqa=True, k and v may have "
+            f"a divisor of q's heads); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
     B, _, N, _ = q.shape
     expected = cameras.num_views * grid[0] * grid[1]
@@ -61,7 +65,7 @@ def multiview_attention(
     Returns ``(B, heads, N, head_dim)``, like SDPA. Geometry is computed in float32 (float64 for
     float64 q) and cast to q's dtype.
     """
-    check_qkv(q, k, v, cameras, grid)
+    check_qkv(q, k, v, cameras, grid, enable_gqa=sdpa_kwargs.get("enable_gqa", False))
     if sdpa_kwargs.get("is_causal") and sdpa_kwargs.get("attn_mask") is not None:
         raise EncodingError("pass either attn_mask or is_causal, not both")
     if q.dtype == torch.float64 and cameras.K.dtype != torch.float64:
