@@ -145,6 +145,7 @@ def main() -> None:
     def synchronize():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+
     inputs = {name: example_inputs(name, cameras, grid, gen) for name in names if name != PEER}
     encodings = {name: hrope.get_encoding(name) for name in inputs}
 
