@@ -58,7 +58,7 @@ def random_qkv(B, heads, N, head_dim, seed=0, dtype=torch.float64):
     return tuple(torch.randn(B, heads, N, head_dim, generator=g, dtype=dtype) for _ in range(3))
 
 
-def ablation_params(name, B, N, seed=0, dtype=torch.float64) -> dict:
+def encoding_params(name, B, N, seed=0, dtype=torch.float64) -> dict:
     """Valid random per-token params of the ablation and query-frame encodings."""
     g = torch.Generator().manual_seed(seed + 3000)
     if name == "rayrope":
@@ -86,7 +86,7 @@ def encoding_inputs(name, cameras, grid, seed=0, dtype=torch.float64) -> dict:
     enc = hrope.get_encoding(name)
     return {
         "planes": random_planes(B, N, seed, dtype) if enc.needs_planes else None,
-        "params": ablation_params(name, B, N, seed, dtype),
+        "params": encoding_params(name, B, N, seed, dtype),
     }
 
 

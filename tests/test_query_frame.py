@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hrope
+from helpers import encoding_params
 from hrope.encodings import EncodingError
 from hrope.encodings.query_frame import MIN_DEPTH, POSITION_MARGIN, project_to_patches
 from hrope.encodings.rayrope import COORDINATE_PERIODS
@@ -51,16 +52,6 @@ def random_cameras(B: int, V: int, seed: int = 0, dtype=torch.float64) -> hrope.
     return hrope.Cameras(K.to(dtype), make_se3(R, t).to(dtype), IMAGE_SIZE)
 
 
-def random_params(name: str, B: int, N: int, seed: int = 0, dtype=torch.float64) -> dict:
-    gen = torch.Generator().manual_seed(seed + 1)
-    rand = lambda *shape: torch.rand(*shape, generator=gen, dtype=torch.float64).to(dtype)  # noqa: E731
-    if name == "rayrope":
-        return {"log_depth": 0.5 + 1.5 * rand(B, N), "log_depth_halfwidth": 0.5 * rand(B, N)}
-    if name == "worldrope":
-        return {"depth": 2 + 3 * rand(B, N), "depth_split": rand(B, N), "depth_sigma": 0.5 * rand(B, N, 2)}
-    return {}
-
-
 def random_qkv(B: int, H: int, N: int, d: int, seed: int = 0, dtype=torch.float64):
     gen = torch.Generator().manual_seed(seed + 2)
     return tuple(torch.randn(B, H, N, d, generator=gen, dtype=torch.float64).to(dtype) for _ in range(3))
@@ -86,7 +77,7 @@ def test_fast_matches_reference(name, head_dim):
     B, V, H, grid = 2, 3, 2, (2, 3)  # non-square grid; 50 leaves identity pairs in every layout
     N = V * grid[0] * grid[1]
     cameras = random_cameras(B, V, seed=1)
-    params = random_params(name, B, N)
+    params = encoding_params(name, B, N)
     q, k, v = random_qkv(B, H, N, head_dim)
     fast = run(name, q, k, v, cameras, grid, params)
     ref = hrope.reference.multiview_attention(q, k, v, encoding=name, cameras=cameras, grid=grid, params=params)
@@ -98,7 +89,7 @@ def test_fast_matches_reference_with_mask_and_scale(name):
     B, V, H, d, grid = 1, 2, 2, 24, (2, 2)
     N = V * 4
     cameras = random_cameras(B, V, seed=3)
-    params = random_params(name, B, N, seed=3)
+    params = encoding_params(name, B, N, seed=3)
     q, k, v = random_qkv(B, H, N, d, seed=3)
     mask = torch.rand(N, N, generator=torch.Generator().manual_seed(3)) > 0.3
     mask |= torch.eye(N, dtype=torch.bool)
@@ -120,7 +111,7 @@ def test_fast_matches_reference_property(name, views, grid_h, grid_w, seed):
     grid = (grid_h, grid_w)
     N = views * grid_h * grid_w
     cameras = random_cameras(1, views, seed=seed)
-    params = random_params(name, 1, N, seed=seed)
+    params = encoding_params(name, 1, N, seed=seed)
     q, k, v = random_qkv(1, 1, N, 24, seed=seed)
     fast = run(name, q, k, v, cameras, grid, params)
     ref = hrope.reference.multiview_attention(q, k, v, encoding=name, cameras=cameras, grid=grid, params=params)
@@ -133,7 +124,7 @@ def test_loop_equals_fold(name):
     B, V, H, d, grid = 2, 3, 2, 48, (3, 2)
     N = V * 6
     cameras = random_cameras(B, V, seed=4, dtype=torch.float32)
-    params = random_params(name, B, N, seed=4, dtype=torch.float32)
+    params = encoding_params(name, B, N, seed=4, dtype=torch.float32)
     q, k, v = random_qkv(B, H, N, d, seed=4, dtype=torch.float32)
     bool_mask = torch.rand(N, N, generator=torch.Generator().manual_seed(4)) > 0.2
     bool_mask |= torch.eye(N, dtype=torch.bool)
@@ -164,7 +155,7 @@ def test_recompute_gives_same_gradients_with_less_saved_memory(name):
     B, V, H, d, grid = 1, 4, 2, 48, (2, 3)
     N = V * 6
     cameras = random_cameras(B, V, seed=19)
-    params = random_params(name, B, N, seed=19)
+    params = encoding_params(name, B, N, seed=19)
     q, k, v = random_qkv(B, H, N, d, seed=19)
     out, grads, saved = saved_bytes_and_grads(name, q, k, v, cameras, grid, params)
     out_r, grads_r, saved_r = saved_bytes_and_grads(name, q, k, v, cameras, grid, params, recompute=True)
@@ -182,7 +173,7 @@ def test_precompute_then_apply_per_query_view(name):
     B, V, H, d, grid = 1, 3, 2, 24, (2, 2)
     P, N = 4, 12
     cameras = random_cameras(B, V, seed=6)
-    params = random_params(name, B, N, seed=6)
+    params = encoding_params(name, B, N, seed=6)
     q, k, v = random_qkv(B, H, N, d, seed=6)
     prepared = hrope.get_encoding(name).prepare(cameras, grid, d, **params)
     outs = []
@@ -209,7 +200,7 @@ def test_world_frame_invariance(name):
     B, V, H, d, grid = 2, 3, 2, 48, (2, 3)
     N = V * 6
     cameras = random_cameras(B, V, seed=7)
-    params = random_params(name, B, N, seed=7)
+    params = encoding_params(name, B, N, seed=7)
     q, k, v = random_qkv(B, H, N, d, seed=7)
     gen = torch.Generator().manual_seed(8)
     G = make_se3(random_rotations(gen, B), 5 * torch.randn(B, 3, generator=gen, dtype=torch.float64))
@@ -256,7 +247,7 @@ def test_same_camera_reduces_to_patch_index_rope(name, options):
     V, H, d, grid = 3, 2, 40, (2, 3)
     N = V * 6
     cameras = same_camera_everywhere(random_cameras(1, V, seed=9))
-    params = random_params(name, 1, N, seed=9)
+    params = encoding_params(name, 1, N, seed=9)
     q, k, v = random_qkv(1, H, N, d, seed=9)
     angles, freqs = patch_index_angles(grid, V, d)
     amplitude = None
@@ -307,11 +298,11 @@ def test_zero_uncertainty_is_deterministic():
     B, V, d, grid = 1, 3, 48, (2, 3)
     N = V * 6
     cameras = random_cameras(B, V, seed=11)
-    ray = random_params("rayrope", B, N, seed=11)
+    ray = encoding_params("rayrope", B, N, seed=11)
     ray["log_depth_halfwidth"] = torch.zeros(B, N, dtype=torch.float64)
     ones = torch.ones(B, V, N, d // 2, dtype=torch.float64)
     torch.testing.assert_close(coefficient_moduli("rayrope", cameras, grid, d, ray), ones)
-    world = random_params("worldrope", B, N, seed=11)
+    world = encoding_params("worldrope", B, N, seed=11)
     world.update(depth_split=torch.zeros(B, N, dtype=torch.float64),
                  depth_sigma=torch.zeros(B, N, 2, dtype=torch.float64))
     torch.testing.assert_close(coefficient_moduli("worldrope", cameras, grid, d, world, footprint=False), ones)
@@ -333,7 +324,7 @@ def test_worldrope_uncertainty_attenuates_high_frequencies_monotonically():
     B, V, d, grid = 1, 3, 48, (2, 3)
     N = V * 6
     cameras = random_cameras(B, V, seed=13)
-    params = random_params("worldrope", B, N, seed=13)
+    params = encoding_params("worldrope", B, N, seed=13)
     params["depth_split"] = torch.zeros(B, N, dtype=torch.float64)  # one component: a pure Gaussian
     moduli = []
     for scale in (0.0, 0.05, 0.2, 0.5, 1.0, 3.0):
@@ -426,7 +417,7 @@ def test_degenerate_geometry_gives_finite_outputs_and_gradients(name):
     cameras = degenerate_cameras().to(dtype=torch.float32)
     V, H, d, grid = 5, 2, 48, (2, 2)
     N = V * 4
-    params = random_params(name, 1, N, seed=15, dtype=torch.float32)
+    params = encoding_params(name, 1, N, seed=15, dtype=torch.float32)
     if name == "rayrope":  # extreme depths, including below MIN_DEPTH and beyond the cap
         params["log_depth"][0, :4] = torch.tensor([-50.0, 50.0, -4.6, 3.0])
     if name == "worldrope":  # near component in front of the camera plane, huge sigma
@@ -454,7 +445,7 @@ def test_low_precision_with_and_without_autocast(name, dtype):
     B, V, H, d, grid = 1, 2, 2, 48, (2, 3)
     N = V * 6
     cameras = random_cameras(B, V, seed=16, dtype=torch.float32)
-    params = random_params(name, B, N, seed=16, dtype=torch.float32)
+    params = encoding_params(name, B, N, seed=16, dtype=torch.float32)
     q, k, v = random_qkv(B, H, N, d, seed=16, dtype=torch.float32)
     expected = run(name, q, k, v, cameras, grid, params)
     low = run(name, q.to(dtype), k.to(dtype), v.to(dtype), cameras, grid, params)
@@ -474,7 +465,7 @@ def test_gradcheck_float64(name, execution):
     B, V, H, d, grid = 1, 2, 1, 24, (1, 2)
     N = V * 2
     cameras = random_cameras(B, V, seed=17)
-    params = random_params(name, B, N, seed=17)
+    params = encoding_params(name, B, N, seed=17)
     q, k, v = random_qkv(B, H, N, d, seed=17)
     names = list(params)
     inputs = [x.requires_grad_() for x in (q, k, v, *params.values())]
@@ -497,7 +488,7 @@ def test_clear_errors():
     with pytest.raises(EncodingError, match="unknown params"):
         hrope.get_encoding("urope").prepare(cameras, grid, 48, depth=torch.ones(1, N))
     with pytest.raises(EncodingError, match="head_dim >= 24"):
-        hrope.get_encoding("rayrope").prepare(cameras, grid, 16, **random_params("rayrope", 1, N))
+        hrope.get_encoding("rayrope").prepare(cameras, grid, 16, **encoding_params("rayrope", 1, N))
     with pytest.raises(EncodingError, match="even head_dim"):
         hrope.get_encoding("urope").prepare(cameras, grid, 47)
     with pytest.raises(EncodingError, match="execution"):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import hrope
-from helpers import ablation_params, random_cameras, random_planes, random_qkv, random_rotation
+from helpers import encoding_params, random_cameras, random_planes, random_qkv, random_rotation
 
 
 def cams_with(K=None, E=None, image_size=(32, 48)):
@@ -120,12 +120,12 @@ def test_encoding_parameter_errors():
         attend("hrope-so3", params={"rotation": -random_rotation(1, 8)})
     with pytest.raises(hrope.EncodingError, match="singular"):
         attend("hrope-full", params={"transform": torch.zeros(1, 8, 4, 4, dtype=torch.float64)})
-    bad = ablation_params("hrope-depth", 1, 8)
+    bad = encoding_params("hrope-depth", 1, 8)
     bad["depth"][0, 3] = float("nan")
     with pytest.raises(hrope.EncodingError, match="finite"):
         attend("hrope-depth", params=bad)
     with pytest.raises(hrope.EncodingError, match="bottom row"):
-        G = ablation_params("hrope-se3", 1, 8)["transform"].clone()
+        G = encoding_params("hrope-se3", 1, 8)["transform"].clone()
         G[..., 3, 0] = 1
         attend("hrope-se3", params={"transform": G})
 

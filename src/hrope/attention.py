@@ -19,9 +19,9 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, cameras: Cameras, grid: tuple[int
         raise EncodingError(f"cameras must be hrope.Cameras, got {type(cameras).__name__}")
     if len(grid) != 2 or min(grid) <= 0:
         raise EncodingError(f"grid must be (grid_h, grid_w) with positive entries, got {grid}")
-    grouped = (enable_gqa and q.ndim == 4 and k.ndim == 4 and k.shape == v.shape and k.shape[1] > 0
-               and q.shape[1] % k.shape[1] == 0 and q.shape[::2] == k.shape[::2] and q.shape[-1] == k.shape[-1])
-    if not grouped and (q.ndim != 4 or q.shape != k.shape or q.shape != v.shape):
+    same_but_heads = q.ndim == 4 and k.shape == v.shape and k.shape[:1] + k.shape[2:] == q.shape[:1] + q.shape[2:]
+    heads_ok = k.shape[1] == q.shape[1] or (enable_gqa and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0)
+    if not (same_but_heads and heads_ok):
         raise EncodingError(
             "q, k, v must share one shape (B, heads, N, head_dim) (with enable_gqa=True, k and v may have "
             f"a divisor of q's heads); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
@@ -66,8 +66,6 @@ def multiview_attention(
     float64 q) and cast to q's dtype.
     """
     check_qkv(q, k, v, cameras, grid, enable_gqa=sdpa_kwargs.get("enable_gqa", False))
-    if sdpa_kwargs.get("is_causal") and sdpa_kwargs.get("attn_mask") is not None:
-        raise EncodingError("pass either attn_mask or is_causal, not both")
     if q.dtype == torch.float64 and cameras.K.dtype != torch.float64:
         cameras = cameras.to(dtype=torch.float64)
     prepared = get_encoding(encoding).prepare(cameras, tuple(grid), q.shape[-1], planes=planes, **(params or {}))

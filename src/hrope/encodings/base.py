@@ -175,6 +175,8 @@ class TokenTransform(Prepared):
     def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs) -> Tensor:
         """``apply_o(sdpa(apply_q(q), apply_k(k), apply_v(v)))``, logits q_i^T D_i D_j^-1 k_j: q, k, v
         ``(B, heads, N, head_dim)`` -> ``(B, heads, N, head_dim)``; ``sdpa_kwargs`` go to SDPA."""
+        if sdpa_kwargs.get("is_causal") and sdpa_kwargs.get("attn_mask") is not None:  # as QueryFrameTransform
+            raise EncodingError("pass either attn_mask or is_causal, not both")
         out = F.scaled_dot_product_attention(self.apply_q(q), self.apply_k(k), self.apply_v(v), **sdpa_kwargs)
         return self.apply_o(out)
 
