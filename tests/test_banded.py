@@ -7,7 +7,7 @@ import torch
 
 import hrope
 from helpers import encoding_inputs, random_cameras
-from hrope.encodings.banded import banded_product, rope_diagonals
+from hrope.encodings.banded import banded_operator, banded_product, inverse_rope, rope_diagonals
 from hrope.encodings.base import HeadLayout, rope_angles
 
 GRID = (2, 3)
@@ -49,17 +49,42 @@ def case(head_dim: int, block: int, rope: bool, per_token: bool, seed: int = 0):
 @pytest.mark.parametrize("rope", [True, False])
 @pytest.mark.parametrize("rope_sign", [1.0, -1.0])
 def test_matches_dense_matrices(head_dim, block, per_token, rope, rope_sign):
+    """D x, with R(-θ) from the swapped tables of R(θ), and D^T x from the same tables."""
     layout, blocks, angles, x, tables = case(head_dim, block, rope, per_token)
-    y = banded_product(x, blocks, layout.num_blocks, tables, rope_sign)
+    if rope and rope_sign < 0:
+        tables = inverse_rope(tables)
     D = dense_transform(layout, blocks, angles, rope_sign)
-    expected = torch.einsum("bvpij,bhvpj->bhvpi", D, x)
-    torch.testing.assert_close(y, expected, rtol=1e-12, atol=1e-12)
+    y = banded_product(x, blocks, layout.num_blocks, tables)
+    torch.testing.assert_close(y, torch.einsum("bvpij,bhvpj->bhvpi", D, x), rtol=1e-12, atol=1e-12)
+    transposed = banded_operator(blocks, layout.num_blocks, tables, head_dim).transpose().apply(x)
+    torch.testing.assert_close(transposed, torch.einsum("bvpji,bhvpj->bhvpi", D, x), rtol=1e-12, atol=1e-12)
+
+
+def test_precomputed_operator_is_used_and_keeps_block_gradients():
+    """An operator passed in is what gets applied (a different one changes y), and gradients
+    still reach the blocks."""
+    layout, blocks, angles, x, tables = case(32, 4, True, per_token=True)
+    blocks.requires_grad_()
+    operator = banded_operator(blocks.detach(), layout.num_blocks, tables, 32)
+    y = banded_product(x, blocks, layout.num_blocks, tables, operator)
+    torch.testing.assert_close(y, banded_product(x, blocks, layout.num_blocks, tables))
+    other = banded_operator(2 * blocks.detach(), layout.num_blocks, tables, 32)
+    assert not torch.allclose(banded_product(x, blocks, layout.num_blocks, tables, other), y)
+    (grad,) = torch.autograd.grad(y.sum(), blocks)
+    (expected,) = torch.autograd.grad(banded_product(x, blocks, layout.num_blocks, tables).sum(), blocks)
+    torch.testing.assert_close(grad, expected)
+    assert grad.abs().sum() > 0
+
+
+def test_identity_operator_is_rejected():
+    with pytest.raises(ValueError, match="identity"):
+        banded_operator(None, 0, None, 16)
 
 
 def test_rope_only_and_float32():
     layout, blocks, angles, x, tables = case(64, 4, True, per_token=False)
     layout = HeadLayout(64, block=0)
-    y = banded_product(x.float(), None, 0, tuple(t.float() for t in tables), 1.0)
+    y = banded_product(x.float(), None, 0, tuple(t.float() for t in tables))
     D = dense_transform(layout, blocks[..., :0, :0], angles, 1.0)
     torch.testing.assert_close(y, torch.einsum("bvpij,bhvpj->bhvpi", D, x).float(), rtol=1e-5, atol=1e-5)
     assert y.dtype == torch.float32
@@ -74,7 +99,7 @@ def test_gradients_in_input_and_blocks(per_token, block):
     blocks = blocks[:1].clone().requires_grad_()
 
     def f(x, blocks):
-        return banded_product(x, blocks, layout.num_blocks, tables, -1.0)
+        return banded_product(x, blocks, layout.num_blocks, inverse_rope(tables))
 
     assert torch.autograd.gradcheck(f, (x, blocks))
     assert torch.autograd.gradgradcheck(f, (x, blocks))
@@ -85,7 +110,7 @@ def test_gradient_is_the_transposed_product():
     layout, blocks, angles, x, tables = case(48, 3, True, per_token=True)
     x.requires_grad_()
     grad = torch.randn_like(x)
-    banded_product(x, blocks, layout.num_blocks, tables, 1.0).backward(grad)
+    banded_product(x, blocks, layout.num_blocks, tables).backward(grad)
     D = dense_transform(layout, blocks, angles, 1.0)
     torch.testing.assert_close(x.grad, torch.einsum("bvpji,bhvpj->bhvpi", D, grad), rtol=1e-12, atol=1e-12)
 

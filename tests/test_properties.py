@@ -90,7 +90,7 @@ def test_gradient_property_would_catch_a_wrong_backward(monkeypatch):
 
     def untransposed_backward(ctx, grad):
         x, blocks = ctx.saved_tensors
-        grad_x = banded.banded_product(grad, blocks, ctx.num_blocks, ctx.rope, ctx.rope_sign)
+        grad_x = banded.banded_product(grad, blocks, ctx.num_blocks, ctx.rope)
         return grad_x, None, None, None, None, None, None
 
     cameras = random_cameras(B=1, V=2, seed=1)

@@ -12,25 +12,32 @@ with per-token diagonal tables T_δ broadcast over heads. Each diagonal is one e
 multiply-add over a contiguous channel range: a few memory passes, no batched small matrix
 products and no channel permutations (both slow on CPUs for narrow rows). Per-view blocks are
 the exception: their tiles are applied as one block-diagonal matrix product per view, which
-costs less than 2b - 1 diagonal passes. The transpose, used for the gradient, is the same
-product with M^T and R(-θ).
+costs less than 2b - 1 diagonal passes.
 
-Tables: ``blocks`` M ``(B, V, 1 or P, b, b)`` (per view or per token) and RoPE tables over the
-RoPE channels, ``cos (P, 4F)`` and the two signed sine diagonals ``(P, 3F)`` of
-:func:`rope_diagonals`.
+The tables do not depend on x: :func:`banded_operator` builds them once (an encoding caches
+them per prepared transform and reuses them for every tensor and layer), and the transpose D^T
+reuses the same tables: its diagonal -δ at channel c + δ is T_δ[c] (:meth:`BandedOperator.transpose`).
+
+Inputs: ``blocks`` M ``(B, V, 1 or P, b, b)`` (per view or per token) and ``rope``, the RoPE
+tables of one rotation R(θ) over the RoPE channels from :func:`rope_diagonals`: ``cos (P, 4F)``
+and the sine diagonals ``plus``, ``minus`` ``(P, 3F)``. R(-θ) = R(θ)^T has the same cosines and
+the two sine tables swapped (:func:`inverse_rope`).
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["rope_diagonals", "banded_product"]
+__all__ = ["rope_diagonals", "inverse_rope", "BandedOperator", "banded_operator", "banded_product"]
+
+RopeTables = tuple[Tensor, Tensor, Tensor]
 
 
-def rope_diagonals(angles: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def rope_diagonals(angles: Tensor) -> RopeTables:
     """RoPE as diagonals for angles ``(P, 2 axes, F)``: ``cos (P, 4F)`` on δ = 0, and the sine
     tables of R(θ) on δ = +F ``(P, 3F)`` (channels [0, 3F) of the RoPE part) and δ = -F
     ``(P, 3F)`` (channels [F, 4F)).
@@ -44,6 +51,13 @@ def rope_diagonals(angles: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     plus = torch.cat([-sin[:, 0], zeros, -sin[:, 1]], dim=-1)
     minus = torch.cat([sin[:, 0], zeros, sin[:, 1]], dim=-1)
     return cos_table, plus, minus
+
+
+def inverse_rope(rope: RopeTables) -> RopeTables:
+    """The tables of R(-θ) = R(θ)^T from those of R(θ): the +F table of R(-θ) holds +sin, i.e.
+    R(θ)'s -F table, and vice versa (no new tensors)."""
+    cos, plus, minus = rope
+    return cos, minus, plus
 
 
 @functools.lru_cache(maxsize=32)
@@ -81,56 +95,85 @@ def _tile_matrix(blocks: Tensor, num_blocks: int) -> Tensor:
     return matrix.reshape(blocks.shape[0], 1, blocks.shape[1], tiled, tiled)
 
 
-def _diagonals(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: tuple[Tensor, Tensor, Tensor] | None,
-               rope_sign: float) -> tuple[Tensor | None, Tensor | None, dict[tuple[int, int], Tensor]]:
-    """What :func:`banded_product` applies to x ``(B, heads, V, P, head_dim)``.
+@dataclass(frozen=True)
+class BandedOperator:
+    """D for every token, ready to apply to x ``(B, heads, V, P, head_dim)``.
 
-    Returns the tile matrix of :func:`_tile_matrix` for per-view blocks (else None), the main
-    diagonal, broadcastable to ``(B, 1, V, P, width)``, over the channels the tile matrix does not
-    cover (None if it covers all), and the other diagonals keyed by (offset δ, first channel).
+    ``tile_matrix`` ``(B, 1, V, tiled, tiled)`` right-multiplies channels [0, tiled) (per-view
+    blocks) or is None; ``main`` is the main diagonal over channels [main_start, head_dim)
+    (broadcastable to ``(B, 1, V, P, width)``) or None if the tile matrix covers every channel;
+    ``diagonals`` are (offset δ, first output channel, table): y[c] += table[c - first] x[c + δ].
     """
-    B, _, V, P, head_dim = x.shape
-    tile_matrix, main, others = None, [], {}
+
+    tile_matrix: Tensor | None
+    main_start: int
+    main: Tensor | None
+    diagonals: tuple[tuple[int, int, Tensor], ...]
+
+    def transpose(self) -> BandedOperator:
+        """D^T from the same tables: the diagonal δ starting at channel s becomes the diagonal -δ
+        starting at s + δ."""
+        return BandedOperator(
+            None if self.tile_matrix is None else self.tile_matrix.mT,
+            self.main_start,
+            self.main,
+            tuple((-offset, start + offset, table) for offset, start, table in self.diagonals),
+        )
+
+    def apply(self, x: Tensor) -> Tensor:
+        """``D x`` for x ``(B, heads, V, P, head_dim)`` without autograd, written into one new
+        tensor (no temporaries of x's size)."""
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        if self.tile_matrix is not None:
+            tiled = self.tile_matrix.shape[-1]
+            torch.matmul(x[..., :tiled], self.tile_matrix, out=out[..., :tiled])
+        if self.main is not None:
+            torch.mul(x[..., self.main_start:], self.main, out=out[..., self.main_start:])
+        for offset, start, table in self.diagonals:
+            stop = start + table.shape[-1]
+            out[..., start:stop].addcmul_(x[..., start + offset : stop + offset], table)
+        return out
+
+
+def banded_operator(blocks: Tensor | None, num_blocks: int, rope: RopeTables | None, head_dim: int) -> BandedOperator:
+    """The tables of D = blockdiag(M tiled ``num_blocks`` times, identity, R) for ``blocks`` M
+    ``(B, V, 1 or P, b, b)`` or None (no tiles) and ``rope`` the tables of R (or None), all in
+    the dtype D will be applied in. Not differentiable (see :func:`banded_product`)."""
+    if blocks is None and rope is None:
+        raise ValueError("D without blocks and RoPE is the identity; there is nothing to apply")
+    tile_matrix, main, diagonals = None, [], []
     tiled = 0
     if blocks is not None:
         tiled = num_blocks * blocks.shape[-1]
         if blocks.shape[2] == 1:  # per view: one product per view beats 2b - 1 diagonal passes
             tile_matrix = _tile_matrix(blocks, num_blocks)
         else:
-            diagonals = _block_diagonals(blocks, num_blocks)
-            main.append(diagonals.pop(0))
-            others.update({(offset, max(0, -offset)): table for offset, table in diagonals.items()})
+            tables = _block_diagonals(blocks, num_blocks)
+            main.append(tables.pop(0))
+            diagonals.extend((offset, max(0, -offset), table) for offset, table in tables.items())
+    main_start = tiled if tile_matrix is not None else 0
     rope_dim = rope[0].shape[-1] if rope is not None else 0
     geo_end = head_dim - rope_dim
     if geo_end > tiled:
-        main.append(x.new_ones(geo_end - tiled))
+        ones_like = blocks if blocks is not None else rope[0]
+        main.append(ones_like.new_ones(geo_end - tiled))
     if rope is not None:
         cos, plus, minus = rope
         F = rope_dim // 4
         main.append(cos)
-        others[(F, geo_end)] = plus if rope_sign > 0 else -plus
-        others[(-F, geo_end + F)] = minus if rope_sign > 0 else -minus
+        diagonals.extend([(F, geo_end, plus), (-F, geo_end + F, minus)])
     if len(main) > 1:
+        B, V, P = _token_grid(blocks, rope)
         main = [torch.cat([part.expand(B, 1, V, P, -1) for part in main], dim=-1)]
-    return tile_matrix, main[0] if main else None, others
+    return BandedOperator(tile_matrix, main_start, main[0] if main else None, tuple(diagonals))
 
 
-def _product(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: tuple[Tensor, Tensor, Tensor] | None,
-             rope_sign: float) -> Tensor:
-    """The banded product of ``x (B, heads, V, P, head_dim)`` without autograd, written into one
-    new tensor (no temporaries of x's size)."""
-    tile_matrix, main, others = _diagonals(x, blocks, num_blocks, rope, rope_sign)
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    tiled = 0
-    if tile_matrix is not None:
-        tiled = tile_matrix.shape[-1]
-        torch.matmul(x[..., :tiled], tile_matrix, out=out[..., :tiled])
-    if main is not None:
-        torch.mul(x[..., tiled:], main, out=out[..., tiled:])
-    for (offset, start), table in others.items():
-        stop = start + table.shape[-1]
-        out[..., start:stop].addcmul_(x[..., start + offset : stop + offset], table)
-    return out
+def _token_grid(blocks: Tensor | None, rope: RopeTables | None) -> tuple[int, int, int]:
+    """(B, V, P) the main diagonal's parts broadcast to (P = 1 when nothing varies per token)."""
+    B, V, P = blocks.shape[:3] if blocks is not None else (1, 1, 1)
+    if rope is not None:
+        P = rope[0].shape[0]
+    return B, V, P
 
 
 class _BandedProduct(torch.autograd.Function):
@@ -138,21 +181,23 @@ class _BandedProduct(torch.autograd.Function):
     block gradient Σ_{heads, tiles} grad_y x^T per block; RoPE tables are constants."""
 
     @staticmethod
-    def forward(ctx, x, blocks, num_blocks, cos, plus, minus, rope_sign):
+    def forward(ctx, x, blocks, num_blocks, cos, plus, minus, operator):
         rope = None if cos is None else (cos, plus, minus)
-        ctx.num_blocks, ctx.rope_sign = num_blocks, rope_sign
-        ctx.rope = rope
+        ctx.num_blocks, ctx.rope = num_blocks, rope
         blocks_need_grad = blocks is not None and ctx.needs_input_grad[1]
         ctx.save_for_backward(x if blocks_need_grad else None, blocks)
-        return _product(x, blocks, num_blocks, rope, rope_sign)
+        if operator is None:
+            operator = banded_operator(blocks, num_blocks, rope, x.shape[-1])
+        return operator.apply(x)
 
     @staticmethod
     def backward(ctx, grad):
         x, blocks = ctx.saved_tensors
         grad_x = grad_blocks = None
         if ctx.needs_input_grad[0]:
-            blocks_t = None if blocks is None else blocks.transpose(-1, -2)
-            grad_x = banded_product(grad, blocks_t, ctx.num_blocks, ctx.rope, -ctx.rope_sign)
+            blocks_t = None if blocks is None else blocks.mT
+            rope_t = None if ctx.rope is None else inverse_rope(ctx.rope)
+            grad_x = banded_product(grad, blocks_t, ctx.num_blocks, rope_t)
         if x is not None:
             b = blocks.shape[-1]
             tiles = ctx.num_blocks * b
@@ -162,13 +207,14 @@ class _BandedProduct(torch.autograd.Function):
         return grad_x, grad_blocks, None, None, None, None, None
 
 
-def banded_product(x: Tensor, blocks: Tensor | None, num_blocks: int,
-                   rope: tuple[Tensor, Tensor, Tensor] | None, rope_sign: float) -> Tensor:
+def banded_product(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: RopeTables | None,
+                   operator: BandedOperator | None = None) -> Tensor:
     """``y = D x`` per token for ``x (B, heads, V, P, head_dim)``.
 
-    D = blockdiag(M tiled ``num_blocks`` times, identity, R(rope_sign · θ)), ``blocks`` M
-    ``(B, V, 1 or P, b, b)`` or None (no tiles), ``rope`` the tables of :func:`rope_diagonals`
-    (or None), all in x's dtype. Differentiable in x and ``blocks``.
+    D = blockdiag(M tiled ``num_blocks`` times, identity, R), ``blocks`` M ``(B, V, 1 or P, b, b)``
+    or None (no tiles), ``rope`` the tables of R (:func:`rope_diagonals`, or None), all in x's
+    dtype. ``operator``: the precomputed :func:`banded_operator` of exactly these arguments
+    (built here when None). Differentiable in x and ``blocks``.
     """
     cos, plus, minus = rope if rope is not None else (None, None, None)
-    return _BandedProduct.apply(x, blocks, num_blocks, cos, plus, minus, rope_sign)
+    return _BandedProduct.apply(x, blocks, num_blocks, cos, plus, minus, operator)

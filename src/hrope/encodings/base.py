@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..cameras import Cameras
-from .banded import banded_product, rope_diagonals
+from .banded import banded_operator, banded_product, inverse_rope, rope_diagonals
 
 __all__ = ["HeadLayout", "rope_angles", "rope_tables", "per_token_param", "TokenTransform", "Encoding", "Prepared", "EncodingError"]
 
@@ -120,7 +120,10 @@ class TokenTransform(Prepared):
         transform_values: False for encodings that act on q and k only (CaPE).
 
     Applied as a banded product (:mod:`hrope.encodings.banded`): a few elementwise passes per
-    tensor, in x's dtype. ``apply_q``, ``apply_k``, ``apply_v`` and ``apply_o`` take
+    tensor, in x's dtype. The tables of D and D^-1 are built on first use (per dtype and device)
+    and reused by every later call, D^T sharing D's: keep one object per batch for all layers.
+    It holds them while it lives (for per-token b x b blocks about b * N * head_dim numbers each,
+    whatever the number of heads). ``apply_q``, ``apply_k``, ``apply_v`` and ``apply_o`` take
     ``(B, heads, N, head_dim)``. Cross-attention: build one transform for the query tokens and
     one for the key tokens and use the first's ``apply_q``/``apply_o`` with the second's
     ``apply_k``/``apply_v``. Extra tokens (registers, text) are sliced out before the transforms
@@ -134,20 +137,20 @@ class TokenTransform(Prepared):
         self.num_views = num_views
         self.grid = grid
         self.transform_values = transform_values
-        self._tables: dict[str, Tensor] = {}
+        self._geo: dict[str, Tensor] = {}
         if geo is not None:
-            self._tables.update(o=geo, q=geo.transpose(-1, -2), k=geo_inv)
+            self._geo.update(o=geo, k=geo_inv)
+        self._rope = None
         if layout.rope:
             device = geo.device if geo is not None else torch.device("cpu")
-            cos, plus, minus = rope_tables(tuple(grid), layout.num_freqs, rope_base, device)
-            self._tables.update(cos=cos, plus=plus, minus=minus)
-        self._cache: dict[tuple[str, torch.dtype, torch.device], Tensor] = {}
+            self._rope = rope_tables(tuple(grid), layout.num_freqs, rope_base, device)
+        self._cache: dict[tuple, object] = {}
 
     def geometric_blocks(self) -> tuple[Tensor, Tensor] | None:
         """The geometric blocks ``(D, D^-1)``, each ``(B, V, 1 or P, b, b)``, or None."""
-        if "o" not in self._tables:
+        if not self._geo:
             return None
-        return self._tables["o"], self._tables["k"]
+        return self._geo["o"], self._geo["k"]
 
     @property
     def num_tokens(self) -> int:
@@ -156,21 +159,21 @@ class TokenTransform(Prepared):
     # --------------------------------------------------------------------------- apply
     def apply_q(self, x: Tensor) -> Tensor:
         """``D_i^T q_i`` (queries): x ``(B, heads, N, head_dim)`` -> same shape."""
-        return self._apply(x, "q", rope_sign=-1.0)
+        return self._apply(x, "o", transpose=True)
 
     def apply_k(self, x: Tensor) -> Tensor:
         """``D_j^-1 k_j`` (keys): x ``(B, heads, N, head_dim)`` -> same shape."""
-        return self._apply(x, "k", rope_sign=-1.0)
+        return self._apply(x, "k")
 
     def apply_v(self, x: Tensor) -> Tensor:
         """``D_j^-1 v_j`` (values; identity when values are not transformed): x ``(B, heads, N, head_dim)``
         -> same shape."""
-        return self._apply(x, "k", rope_sign=-1.0) if self.transform_values else x
+        return self._apply(x, "k") if self.transform_values else x
 
     def apply_o(self, x: Tensor) -> Tensor:
         """``D_i o_i`` (attention outputs; identity when values are not transformed): x
         ``(B, heads, N, head_dim)`` -> same shape."""
-        return self._apply(x, "o", rope_sign=1.0) if self.transform_values else x
+        return self._apply(x, "o") if self.transform_values else x
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs) -> Tensor:
         """``apply_o(sdpa(apply_q(q), apply_k(k), apply_v(v)))``, logits q_i^T D_i D_j^-1 k_j: q, k, v
@@ -180,16 +183,31 @@ class TokenTransform(Prepared):
         out = F.scaled_dot_product_attention(self.apply_q(q), self.apply_k(k), self.apply_v(v), **sdpa_kwargs)
         return self.apply_o(out)
 
-    def _table(self, key: str, x: Tensor) -> Tensor | None:
-        """The ``key`` table cast to x's dtype and device (cached), or None if there is none."""
-        if key not in self._tables:
-            return None
-        cache_key = (key, x.dtype, x.device)
-        if cache_key not in self._cache:
-            self._cache[cache_key] = self._tables[key].to(device=x.device, dtype=x.dtype)
-        return self._cache[cache_key]
+    def _cached(self, key: tuple, make):
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
 
-    def _apply(self, x: Tensor, which: str, rope_sign: float) -> Tensor:
+    def _inputs(self, which: str, x: Tensor) -> tuple[Tensor | None, tuple[Tensor, Tensor, Tensor] | None]:
+        """The blocks and RoPE tables of D ("o") or D^-1 ("k") in x's dtype and device (cached;
+        a cast made under no_grad is not reused where gradients must reach the blocks)."""
+        blocks = None
+        if which in self._geo:
+            blocks = self._cached(("blocks", which, x.dtype, x.device, torch.is_grad_enabled()),
+                                  lambda: self._geo[which].to(device=x.device, dtype=x.dtype))
+        rope = None
+        if self._rope is not None:
+            rope = self._cached(("rope", x.dtype, x.device),
+                                lambda: tuple(t.to(device=x.device, dtype=x.dtype) for t in self._rope))
+            if which == "k":
+                rope = inverse_rope(rope)
+        return blocks, rope
+
+    def _apply(self, x: Tensor, which: str, transpose: bool = False) -> Tensor:
+        """D x ("o"), D^T x ("o", transpose) or D^-1 x ("k") for x ``(B, heads, N, head_dim)``.
+
+        The banded operator of D and of D^-1 is built once per dtype and device and reused by
+        every call (D^T shares D's tables); gradients reach the blocks through banded_product."""
         layout = self.layout
         if x.shape[-1] != layout.head_dim or x.shape[-2] != self.num_tokens:
             raise EncodingError(
@@ -197,10 +215,19 @@ class TokenTransform(Prepared):
             )
         if not layout.num_blocks and not layout.rope:
             return x
-        rope = tuple(self._table(key, x) for key in ("cos", "plus", "minus")) if layout.rope else None
         with torch.autocast(x.device.type, enabled=False):
-            y = banded_product(x.unflatten(-2, (self.num_views, -1)), self._table(which, x),
-                               layout.num_blocks, rope, rope_sign)
+            blocks, rope = self._inputs(which, x)
+
+            def build():
+                with torch.no_grad():
+                    return banded_operator(blocks, layout.num_blocks, rope, layout.head_dim)
+
+            operator = self._cached(("operator", which, x.dtype, x.device), build)
+            if transpose:
+                operator = operator.transpose()
+                blocks = None if blocks is None else blocks.mT
+                rope = None if rope is None else inverse_rope(rope)
+            y = banded_product(x.unflatten(-2, (self.num_views, -1)), blocks, layout.num_blocks, rope, operator)
         return y.flatten(-3, -2)
 
 

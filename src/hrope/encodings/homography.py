@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ..cameras import Cameras
-from ..geometry import geometry_dtype, invert_intrinsics, invert_se3, lift
+from ..geometry import geometry_dtype, invert_intrinsics, lift
 from .base import ROPE_BASE, Encoding, HeadLayout, TokenTransform
 
 __all__ = ["HRoPE", "HRoPELift", "per_token_geometry"]
@@ -57,18 +57,31 @@ class HRoPELift(Encoding):
     def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
         """Needs ``planes (B, N)``; D_t = blockdiag(Λ_t E_c tiles, RoPE)."""
         self.check_inputs(planes, params)
+        D, D_inv = self.lifts(cameras, grid, planes)
+        return self.token_transform(HeadLayout(head_dim, block=4), cameras, grid, D, D_inv)
+
+    @staticmethod
+    def lifts(cameras: Cameras, grid, planes) -> tuple[Tensor, Tensor]:
+        """D_t = Λ_t E_c and D_t^-1 = E_c^-1 Λ_t^-1, each ``(B, V, P, 4, 4)``.
+
+        Only the plane varies per token, so both are per-view matrices with one per-token row or
+        a rank-one update (no per-token matrix products):
+        D = [[K̂R, K̂t], [-(R^T m)^T, 1 - m·t]],
+        D^-1 = [[R^T K̂^-1 - (R^T t)(K̂^-T m)^T, -R^T t], [(K̂^-T m)^T, 1]].
+        """
         dtype = geometry_dtype(cameras.K.dtype)
-        K, E = per_token_geometry(cameras, grid, dtype)
-        m = _token_planes(planes, cameras, grid, dtype)
+        K, E = per_token_geometry(cameras, grid, dtype)  # (B, V, 1, 3, 3), (B, V, 1, 4, 4)
+        R, t = E[..., :3, :3], E[..., :3, 3:]
+        m = _token_planes(planes, cameras, grid, dtype)[..., None, :]  # (B, V, P, 1, 3)
         K_inv = invert_intrinsics(K)
-        lam = lift(K).expand(*m.shape[:-1], 4, 4).clone()
-        lam[..., 3, :3] = -m
-        lam_inv = lift(K_inv).expand(*m.shape[:-1], 4, 4).clone()
-        lam_inv[..., 3, :3] = (m[..., None, :] @ K_inv).squeeze(-2)
-        D = lam @ E
-        D_inv = invert_se3(E) @ lam_inv
-        layout = HeadLayout(head_dim, block=4)
-        return self.token_transform(layout, cameras, grid, D, D_inv)
+        R_T = R.transpose(-1, -2)
+        shape = (*m.shape[:-2], 3, 1)
+        top = torch.cat([K @ R, K @ t], dim=-1).expand(*shape[:-2], 3, 4)
+        bottom = torch.cat([-(m @ R), 1.0 - m @ t], dim=-1)
+        mK = m @ K_inv  # (K̂^-T m)^T
+        top_inv = torch.cat([R_T @ K_inv - (R_T @ t) * mK, (-(R_T @ t)).expand(shape)], dim=-1)
+        bottom_inv = torch.cat([mK, torch.ones_like(mK[..., :1])], dim=-1)
+        return torch.cat([top, bottom], dim=-2), torch.cat([top_inv, bottom_inv], dim=-2)
 
 
 class HRoPE(Encoding):
