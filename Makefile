@@ -28,6 +28,9 @@ bench: $(STAMP)
 	$(PY) benchmarks/attention_overhead.py --threads 1
 	$(PY) benchmarks/attention_overhead.py --threads 1 --malloc-cache
 	$(PY) benchmarks/attention_overhead.py --threads 1 --warm-allocator 16
+	for state in "" --malloc-cache "--warm-allocator 16"; do \
+	  $(PY) benchmarks/attention_overhead.py --threads 1 --reps 30 --encodings prope hrope hrope-lift prope-einsum \
+	    --out benchmarks/results/targets $$state || exit 1; done
 	$(PY) benchmarks/query_frame_scaling.py --variants --threads 1
 	$(PY) benchmarks/render_speed.py --threads 1
 	$(PY) benchmarks/train_throughput.py
