@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 import hrope
-from helpers import encoding_inputs, random_cameras
+from helpers import encoding_inputs, random_cameras, random_qkv
 from hrope.encodings.banded import banded_operator, banded_product, inverse_rope, rope_diagonals
 from hrope.encodings.base import HeadLayout, rope_angles
 
@@ -134,3 +136,43 @@ def test_projection_layout_inputs(name):
         out.square().sum().backward()
     for a, b in zip(views, copies):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_prepared_transform_builds_each_operator_once(monkeypatch):
+    """q, k, v, o and a second layer share two operator builds (D and D^-1), per dtype."""
+    from hrope.encodings import base
+
+    builds = []
+    monkeypatch.setattr(base, "banded_operator", lambda *args: builds.append(args) or banded_operator(*args))
+    cameras = random_cameras(B=1, V=2, seed=3)
+    inputs = encoding_inputs("hrope-lift", cameras, GRID, seed=3)
+    prepared = hrope.get_encoding("hrope-lift").prepare(cameras, GRID, 32, planes=inputs["planes"])
+    q, k, v = random_qkv(1, 2, 12, 32, seed=3)
+    for _layer in range(2):
+        prepared.attention(q, k, v)
+    assert len(builds) == 2
+    prepared.attention(q.float(), k.float(), v.float())
+    assert len(builds) == 4
+
+
+def test_reused_transform_passes_gradients_to_the_planes():
+    """One prepared transform used by two layers gives the plane the same gradient as one
+    transform per layer, also after a no-grad call cached its tables."""
+    cameras = random_cameras(B=1, V=2, seed=4)
+    inputs = encoding_inputs("hrope", cameras, GRID, seed=4)
+    m = inputs["planes"].m(cameras, GRID).detach().requires_grad_()
+    q, k, v = random_qkv(1, 2, 12, 32, seed=4)
+    encoding = hrope.get_encoding("hrope")
+
+    def two_layers(shared: bool):
+        prepare = functools.partial(encoding.prepare, cameras, GRID, 32, planes=hrope.Planes.from_m(m))
+        first = prepare()
+        with torch.no_grad():
+            first.attention(q.float(), k.float(), v.float())
+        second = first if shared else prepare()
+        out = second.attention(first.attention(q, k, v).float(), k.float(), v.float())
+        return torch.autograd.grad(out.square().sum(), m)[0]
+
+    shared, separate = two_layers(True), two_layers(False)
+    assert shared.abs().sum() > 0
+    torch.testing.assert_close(shared, separate, rtol=1e-5, atol=1e-7)
