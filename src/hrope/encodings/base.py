@@ -184,6 +184,7 @@ class TokenTransform(Prepared):
         return self.apply_o(out)
 
     def _cached(self, key: tuple, make):
+        """``make()`` on the first call with ``key``, the stored value after."""
         if key not in self._cache:
             self._cache[key] = make()
         return self._cache[key]
