@@ -31,6 +31,8 @@ bench: $(STAMP)
 	for state in "" --malloc-cache "--warm-allocator 16"; do \
 	  $(PY) benchmarks/attention_overhead.py --threads 1 --reps 30 --encodings prope hrope hrope-lift prope-einsum \
 	    --out benchmarks/results/targets $$state || exit 1; done
+	$(PY) benchmarks/attention_overhead.py --threads 1 --prepared-once
+	$(PY) benchmarks/attention_overhead.py --threads 1 --prepared-once --warm-allocator 16
 	$(PY) benchmarks/query_frame_scaling.py --variants --threads 1
 	$(PY) benchmarks/render_speed.py --threads 1
 	$(PY) benchmarks/train_throughput.py

@@ -12,6 +12,11 @@ faults: the median number of minor page faults (fresh memory touched) per forwar
 The row ``prope-einsum`` is PRoPE applied with the official PRoPE module's algorithm
 (benchmarks/prope_einsum.py), the peer our ``prope`` is measured against in the same run.
 Writes benchmarks/results/attention_overhead.{json,md} (``--compile``: attention_overhead_compiled.*).
+By default every call prepares its transform, as ``hrope.multiview_attention`` does;
+``--prepared-once`` prepares each encoding before timing and times only ``prepared.attention``:
+the cost of one more layer in a model that reuses the prepared transform in all its layers
+(results in attention_overhead_prepared_once.*); ``prope-einsum`` then precomputes its tables
+too, as the official module's cached closures do.
 
 ``--malloc-cache`` reruns the process with glibc told to keep freed memory
 (MALLOC_MMAP_THRESHOLD_=32 MiB, MALLOC_TRIM_THRESHOLD_=4 GiB; results in
@@ -40,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 import hrope
-from prope_einsum import prope_einsum_attention
+from prope_einsum import prope_einsum_apply, prope_einsum_attention, prope_einsum_tables
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TRAILING_SHAPES = {"depth_sigma": (2,)}  # per-token params with more than one number per token
@@ -124,6 +129,9 @@ def main() -> None:
                         help="rerun with glibc keeping freed memory (see the module docstring)")
     parser.add_argument("--warm-allocator", type=int, default=0, metavar="MB",
                         help="allocate, fill and free one block of MB megabytes before timing")
+    parser.add_argument("--prepared-once", action="store_true",
+                        help="prepare each encoding once before timing and time only its attention (one layer of a "
+                             "model that reuses the prepared transform in every layer)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.malloc_cache and any(os.environ.get(k) != v for k, v in MALLOC_CACHE_ENV.items()):
@@ -153,8 +161,14 @@ def main() -> None:
         """The row's attention as a function of (q, k, v)."""
         if name == "sdpa":
             return F.scaled_dot_product_attention
+        if name == PEER and args.prepared_once:  # as the official module's cached closures
+            tables = prope_einsum_tables(cameras, grid, args.head_dim, dtype, device)
+            return lambda q, k, v: prope_einsum_apply(q, k, v, tables)
         if name == PEER:
             return lambda q, k, v: prope_einsum_attention(q, k, v, cameras=cameras, grid=grid)
+        if args.prepared_once:
+            params = inputs[name]["params"]
+            return encodings[name].prepare(cameras, grid, args.head_dim, planes=inputs[name]["planes"], **params).attention
         return lambda q, k, v: hrope.multiview_attention(q, k, v, encoding=encodings[name], cameras=cameras,
                                                          grid=grid, **inputs[name])
 
@@ -209,10 +223,12 @@ def main() -> None:
                          "dtype": args.dtype, "device": str(device), "threads": torch.get_num_threads(),
                          "reps": args.reps, "torch": torch.__version__, "machine": platform.machine(),
                          "compiled": args.compile, "malloc_cache": args.malloc_cache,
+                         "prepared_once": args.prepared_once,
                          "warm_allocator_mb": args.warm_allocator}
     stem = ("attention_overhead" + ("" if device.type == "cpu" else f"_{device.type}")
             + ("" if args.dtype == "float32" else f"_{args.dtype}") + ("_compiled" if args.compile else "")
-            + ("_malloc_cache" if args.malloc_cache else "") + ("_warm" if args.warm_allocator else ""))
+            + ("_malloc_cache" if args.malloc_cache else "") + ("_warm" if args.warm_allocator else "")
+            + ("_prepared_once" if args.prepared_once else ""))
     write(results, names, args.out, stem)
 
 
@@ -233,6 +249,7 @@ def write(results: dict, names, out: Path, stem: str = "attention_overhead") -> 
     best_peer = min(peers, key=lambda n: fwd[n]) if peers else None
     cfg = results["config"]
     settings = [name for name, on in (("torch.compile", cfg.get("compiled")), ("malloc cache", cfg.get("malloc_cache")),
+                                      ("each transform prepared once before timing", cfg.get("prepared_once")),
                                       (f"allocator warmed with one {cfg.get('warm_allocator_mb')} MB block",
                                        cfg.get("warm_allocator_mb"))) if on]
     lines = [

@@ -29,10 +29,11 @@ def test_prope_einsum_equals_prope(views, grid, head_dim):
     assert not torch.allclose(got, hrope.multiview_attention(q, k, v, encoding="rope2d", cameras=cameras, grid=grid))
 
 
-def test_attention_overhead_writes_ratios_faults_and_memory(tmp_path, monkeypatch):
+@pytest.mark.parametrize("options", [[], ["--prepared-once"]])
+def test_attention_overhead_writes_ratios_faults_and_memory(tmp_path, monkeypatch, options):
     """A two-repetition run of benchmarks/attention_overhead.py on a tiny shape: every row gets a
     positive forward ratio with its quartiles, page faults and a saved-memory ratio, in JSON and
-    Markdown."""
+    Markdown (also with the transforms prepared once, in their own files)."""
     import json
 
     import attention_overhead
@@ -40,16 +41,19 @@ def test_attention_overhead_writes_ratios_faults_and_memory(tmp_path, monkeypatc
     rows = ["prope", "hrope", attention_overhead.PEER]
     monkeypatch.setattr(sys, "argv", ["attention_overhead.py", "--reps", "2", "--grid", "2", "--heads", "2",
                                       "--head-dim", "16", "--threads", "1", "--encodings", *rows,
-                                      "--out", str(tmp_path)])
+                                      "--out", str(tmp_path), *options])
     attention_overhead.main()
-    results = json.loads((tmp_path / "attention_overhead.json").read_text())
+    stem = "attention_overhead" + ("_prepared_once" if options else "")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{stem}.json", f"{stem}.md"]
+    results = json.loads((tmp_path / f"{stem}.json").read_text())
+    assert results["config"]["prepared_once"] == bool(options)
     for mode in ("forward", "forward_backward"):
         assert set(results[mode]["ratio"]) == set(rows)
         assert all(r > 0 for r in results[mode]["ratio"].values())
         assert all(len(results[mode]["ratios_per_repetition"][n]) == 2 for n in rows)
     assert set(results["forward"]["page_faults_per_call"]) == {"sdpa", *rows}
     assert all(1.0 <= results["saved_for_backward_ratio"][n] < 1.5 for n in ("prope", "hrope"))
-    table = (tmp_path / "attention_overhead.md").read_text()
+    table = (tmp_path / f"{stem}.md").read_text()
     assert all(f"| {n} |" in table for n in rows)
 
 
