@@ -41,6 +41,7 @@ bench-gpu: $(STAMP)  # on a CUDA machine, with a CUDA build of torch (TORCH_SPEC
 	$(PY) benchmarks/device_check.py --device cuda
 	$(PY) benchmarks/attention_overhead.py --device cuda --reps 30
 	$(PY) benchmarks/attention_overhead.py --device cuda --dtype bfloat16 --reps 30
+	$(PY) benchmarks/attention_overhead.py --device cuda --dtype bfloat16 --reps 30 --prepared-once
 	$(PY) benchmarks/train_throughput.py --device cuda
 
 clean:
