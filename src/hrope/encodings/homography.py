@@ -70,17 +70,19 @@ class HRoPELift(Encoding):
         D^-1 = [[R^T K̂^-1 - (R^T t)(K̂^-T m)^T, -R^T t], [(K̂^-T m)^T, 1]].
         """
         dtype = geometry_dtype(cameras.K.dtype)
-        K, E = per_token_geometry(cameras, grid, dtype)  # (B, V, 1, 3, 3), (B, V, 1, 4, 4)
-        R, t = E[..., :3, :3], E[..., :3, 3:]
-        m = _token_planes(planes, cameras, grid, dtype)[..., None, :]  # (B, V, P, 1, 3)
-        K_inv = invert_intrinsics(K)
-        R_T = R.transpose(-1, -2)
-        shape = (*m.shape[:-2], 3, 1)
-        top = torch.cat([K @ R, K @ t], dim=-1).expand(*shape[:-2], 3, 4)
-        bottom = torch.cat([-(m @ R), 1.0 - m @ t], dim=-1)
-        mK = m @ K_inv  # (K̂^-T m)^T
-        top_inv = torch.cat([R_T @ K_inv - (R_T @ t) * mK, (-(R_T @ t)).expand(shape)], dim=-1)
-        bottom_inv = torch.cat([mK, torch.ones_like(mK[..., :1])], dim=-1)
+        K = cameras.normalized_K(dtype)  # per view (B, V, 3, 3)
+        E = cameras.world_to_cam.to(dtype)
+        R, t = E[..., :3, :3], E[..., :3, 3:]  # (B, V, 3, 3), (B, V, 3, 1)
+        K_inv, R_T = invert_intrinsics(K), R.transpose(-1, -2)
+        R_T_t = R_T @ t
+        m = _token_planes(planes, cameras, grid, dtype)  # (B, V, P, 3)
+        tokens = m.shape[:-1]
+        mK = m @ K_inv  # rows (K̂^-T m)^T
+        top = torch.cat([K @ R, K @ t], dim=-1)[:, :, None].expand(*tokens, 3, 4)
+        bottom = torch.cat([-(m @ R), 1.0 - m @ t], dim=-1)[..., None, :]
+        top_inv = torch.cat([(R_T @ K_inv)[:, :, None] - R_T_t[:, :, None] * mK[..., None, :],
+                             (-R_T_t)[:, :, None].expand(*tokens, 3, 1)], dim=-1)
+        bottom_inv = torch.cat([mK, torch.ones_like(mK[..., :1])], dim=-1)[..., None, :]
         return torch.cat([top, bottom], dim=-2), torch.cat([top_inv, bottom_inv], dim=-2)
 
 
