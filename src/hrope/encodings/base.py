@@ -121,9 +121,13 @@ class TokenTransform(Prepared):
 
     Applied as a banded product (:mod:`hrope.encodings.banded`): a few elementwise passes per
     tensor, in x's dtype. The tables of D and D^-1 are built on first use (per dtype and device)
-    and reused by every later call, D^T sharing D's: keep one object per batch for all layers.
-    It holds them while it lives (for per-token b x b blocks about b * N * head_dim numbers each,
-    whatever the number of heads). ``apply_q``, ``apply_k``, ``apply_v`` and ``apply_o`` take
+    and reused by every later forward call, D^T sharing D's: keep one object per batch for all
+    layers. It holds them while it lives (for per-token b x b blocks about b * N * head_dim
+    numbers each, whatever the number of heads); the backward pass rebuilds the ones it needs
+    from the saved blocks instead of keeping them for backward. With geometry that needs
+    gradients (learned planes), one object shared by layers under reentrant
+    ``torch.utils.checkpoint`` fails (each layer's recomputation backpropagates through the shared
+    blocks again): use ``use_reentrant=False`` or one object per checkpointed layer. ``apply_q``, ``apply_k``, ``apply_v`` and ``apply_o`` take
     ``(B, heads, N, head_dim)``. Cross-attention: build one transform for the query tokens and
     one for the key tokens and use the first's ``apply_q``/``apply_o`` with the second's
     ``apply_k``/``apply_v``. Extra tokens (registers, text) are sliced out before the transforms
@@ -208,7 +212,8 @@ class TokenTransform(Prepared):
         """D x ("o"), D^T x ("o", transpose) or D^-1 x ("k") for x ``(B, heads, N, head_dim)``.
 
         The banded operator of D and of D^-1 is built once per dtype and device and reused by
-        every call (D^T shares D's tables); gradients reach the blocks through banded_product."""
+        every forward call (D^T shares D's tables); gradients reach the blocks through
+        banded_product, whose backward rebuilds its transposed tables from the blocks."""
         layout = self.layout
         if x.shape[-1] != layout.head_dim or x.shape[-2] != self.num_tokens:
             raise EncodingError(

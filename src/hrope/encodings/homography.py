@@ -21,7 +21,7 @@ from ..cameras import Cameras
 from ..geometry import geometry_dtype, invert_intrinsics, lift
 from .base import ROPE_BASE, Encoding, HeadLayout, TokenTransform
 
-__all__ = ["HRoPE", "HRoPELift", "per_token_geometry"]
+__all__ = ["HRoPE", "HRoPELift"]
 
 # Clamps of the Eq. 5 form (documented in docs/encodings.md):
 # |s| = |1 - m·t| >= MIN_WORLD_OFFSET_RATIO (planes through the world origin are degenerate in the
@@ -29,14 +29,6 @@ __all__ = ["HRoPE", "HRoPELift", "per_token_geometry"]
 # units). Together they bound the condition number of every H̃.
 MIN_WORLD_OFFSET_RATIO = 0.05
 MAX_INVERSE_DISTANCE = 100.0
-
-
-def per_token_geometry(cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype):
-    """Normalised K̂ ``(B, V, 1, 3, 3)`` and world-to-camera E ``(B, V, 1, 4, 4)``, broadcastable
-    against per-token ``(B, V, P, ...)`` tensors."""
-    K = cameras.normalized_K(dtype)[:, :, None]
-    E = cameras.world_to_cam.to(dtype)[:, :, None]
-    return K, E
 
 
 def _token_planes(planes, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype) -> Tensor:
