@@ -261,9 +261,9 @@ def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     """Write ``path`` atomically (temp file + ``os.replace``) as safetensors.
 
     Tensors: ``model.<name>``, ``optimizer.<param index>.<key>`` (AdamW state), ``rng.torch``
-    (and ``rng.cuda``, the current CUDA device's, when CUDA is in use). Metadata (JSON strings): ``format``, ``step``, ``config``,
-    ``optimizer_groups`` (hyper-parameters per group and their parameter indices), ``scheduler``
-    (the schedule is a pure function of the step).
+    (and ``rng.cuda``, the current CUDA device's, when CUDA is in use). Metadata (JSON strings):
+    ``format``, ``step``, ``config``, ``optimizer_groups`` (hyper-parameters per group and their
+    parameter indices), ``scheduler`` (the schedule is a pure function of the step).
     """
     path = Path(path)
     tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in model.state_dict().items()}

@@ -127,11 +127,12 @@ class TokenTransform(Prepared):
     from the saved blocks instead of keeping them for backward. With geometry that needs
     gradients (learned planes), one object shared by layers under reentrant
     ``torch.utils.checkpoint`` fails (each layer's recomputation backpropagates through the shared
-    blocks again): use ``use_reentrant=False`` or one object per checkpointed layer. ``apply_q``, ``apply_k``, ``apply_v`` and ``apply_o`` take
-    ``(B, heads, N, head_dim)``. Cross-attention: build one transform for the query tokens and
-    one for the key tokens and use the first's ``apply_q``/``apply_o`` with the second's
-    ``apply_k``/``apply_v``. Extra tokens (registers, text) are sliced out before the transforms
-    and concatenated back after.
+    blocks again): use ``use_reentrant=False`` or one object per checkpointed layer.
+
+    ``apply_q``, ``apply_k``, ``apply_v`` and ``apply_o`` take ``(B, heads, N, head_dim)``.
+    Cross-attention: build one transform for the query tokens and one for the key tokens and use
+    the first's ``apply_q``/``apply_o`` with the second's ``apply_k``/``apply_v``. Extra tokens
+    (registers, text) are sliced out before the transforms and concatenated back after.
     """
 
     def __init__(self, layout: HeadLayout, num_views: int, grid: tuple[int, int],

@@ -14,6 +14,8 @@ since s + m·t = 1). H̃ = H / |det H|^(1/3) has det ±1 (unit |det|, SL(3) up t
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -35,6 +37,30 @@ def _token_planes(planes, cameras: Cameras, grid: tuple[int, int], dtype: torch.
     """Plane vectors reshaped to ``(B, V, P, 3)``."""
     m = planes.m(cameras, grid, dtype)
     return m.reshape(cameras.batch_size, cameras.num_views, grid[0] * grid[1], 3)
+
+
+class _Views(NamedTuple):
+    """What both HRoPE forms take from the cameras: K̂, K̂^-1, R ``(B, V, 3, 3)`` and t ``(B, V, 3, 1)``
+    per view, and the per-view parts K̂R, K̂t, R^T K̂^-1, R^T t of the per-token matrices, as
+    ``(B, V, 1, 3, 3 or 1)`` to broadcast against ``(B, V, P, ...)``."""
+
+    K: Tensor
+    K_inv: Tensor
+    R: Tensor
+    t: Tensor
+    KR: Tensor
+    Kt: Tensor
+    RK_inv: Tensor
+    Rt: Tensor
+
+
+def _views(cameras: Cameras, dtype: torch.dtype) -> _Views:
+    K = cameras.normalized_K(dtype)
+    E = cameras.world_to_cam.to(dtype)
+    R, t = E[..., :3, :3], E[..., :3, 3:]
+    K_inv, R_T = invert_intrinsics(K), R.transpose(-1, -2)
+    per_view = [x[:, :, None] for x in (K @ R, K @ t, R_T @ K_inv, R_T @ t)]
+    return _Views(K, K_inv, R, t, *per_view)
 
 
 class HRoPELift(Encoding):
@@ -62,18 +88,13 @@ class HRoPELift(Encoding):
         D^-1 = [[R^T K̂^-1 - (R^T t)(K̂^-T m)^T, -R^T t], [(K̂^-T m)^T, 1]].
         """
         dtype = geometry_dtype(cameras.K.dtype)
-        K = cameras.normalized_K(dtype)  # per view (B, V, 3, 3)
-        E = cameras.world_to_cam.to(dtype)
-        R, t = E[..., :3, :3], E[..., :3, 3:]  # (B, V, 3, 3), (B, V, 3, 1)
-        K_inv, R_T = invert_intrinsics(K), R.transpose(-1, -2)
-        R_T_t = R_T @ t
+        v = _views(cameras, dtype)
         m = _token_planes(planes, cameras, grid, dtype)  # (B, V, P, 3)
         tokens = m.shape[:-1]
-        mK = m @ K_inv  # rows (K̂^-T m)^T
-        top = torch.cat([K @ R, K @ t], dim=-1)[:, :, None].expand(*tokens, 3, 4)
-        bottom = torch.cat([-(m @ R), 1.0 - m @ t], dim=-1)[..., None, :]
-        top_inv = torch.cat([(R_T @ K_inv)[:, :, None] - R_T_t[:, :, None] * mK[..., None, :],
-                             (-R_T_t)[:, :, None].expand(*tokens, 3, 1)], dim=-1)
+        mK = m @ v.K_inv  # rows (K̂^-T m)^T
+        top = torch.cat([v.KR, v.Kt], dim=-1).expand(*tokens, 3, 4)
+        bottom = torch.cat([-(m @ v.R), 1.0 - m @ v.t], dim=-1)[..., None, :]
+        top_inv = torch.cat([v.RK_inv - v.Rt * mK[..., None, :], (-v.Rt).expand(*tokens, 3, 1)], dim=-1)
         bottom_inv = torch.cat([mK, torch.ones_like(mK[..., :1])], dim=-1)[..., None, :]
         return torch.cat([top, bottom], dim=-2), torch.cat([top_inv, bottom_inv], dim=-2)
 
@@ -104,22 +125,16 @@ class HRoPE(Encoding):
         matrices: (s I + t m^T) R = s R + t (R^T m)^T and R^T (I - t m^T) = R^T - (R^T t) m^T.
         """
         dtype = geometry_dtype(cameras.K.dtype)
-        K = cameras.normalized_K(dtype)  # per view (B, V, 3, 3)
-        E = cameras.world_to_cam.to(dtype)
-        R, t = E[..., :3, :3], E[..., :3, 3:]  # (B, V, 3, 3), (B, V, 3, 1)
-        K_inv = invert_intrinsics(K)
-        R_T = R.transpose(-1, -2)
-        m = self.clamp_planes(_token_planes(planes, cameras, grid, dtype), t[:, :, None, :, 0])  # (B, V, P, 3)
-        s = (1.0 - (m @ t))[..., None]  # (B, V, P, 1, 1); never in (-eps, eps) after the clamp
+        v = _views(cameras, dtype)
+        m = self.clamp_planes(_token_planes(planes, cameras, grid, dtype), v.t[:, :, None, :, 0])  # (B, V, P, 3)
+        s = (1.0 - (m @ v.t))[..., None]  # (B, V, P, 1, 1); never in (-eps, eps) after the clamp
         # Eq. 5's H = K̂ A / s, A = s R + t (R^T m)^T (scale-free d_w R + t n_w^T), has det
         # fx fy / s; dividing by its |det|^(1/3) gives the scale below (the sign of s is kept, so
         # H̃ equals the literal normalised Eq. 5 matrix, det ±1).
-        focal = (K[..., 0, 0] * K[..., 1, 1])[:, :, None, None, None]
+        focal = (v.K[..., 0, 0] * v.K[..., 1, 1])[:, :, None, None, None]
         scale = torch.sign(s) * (focal * s.square()).pow(1.0 / 3.0)
-        KR, Kt = (K @ R)[:, :, None], (K @ t)[:, :, None]  # per view (B, V, 1, 3, 3), (B, V, 1, 3, 1)
-        RK_inv, Rt = (R_T @ K_inv)[:, :, None], (R_T @ t)[:, :, None]
-        H = (s * KR + Kt * (m @ R)[..., None, :]) / scale  # (m @ R) = (R^T m)^T per token
-        H_inv = (RK_inv - Rt * (m @ K_inv)[..., None, :]) * (scale / s)
+        H = (s * v.KR + v.Kt * (m @ v.R)[..., None, :]) / scale  # (m @ R) = (R^T m)^T per token
+        H_inv = (v.RK_inv - v.Rt * (m @ v.K_inv)[..., None, :]) * (scale / s)
         return H, H_inv
 
     def clamp_planes(self, m: Tensor, t: Tensor) -> Tensor:
