@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(PY) -m pytest -n 2 -q
 
 demo: $(STAMP)
-	$(PY) -m hrope.demo
+	$(PY) -m hrope.nvs.demo
 
 bench: $(STAMP)
 	$(PY) benchmarks/attention_overhead.py --threads 1

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 import hrope
+import hrope.reference
+from hrope.testing import encoding_inputs, random_cameras, random_qkv
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from helpers import encoding_inputs, random_cameras, random_qkv  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}  # relative to max |reference|

@@ -3,7 +3,7 @@
 A cell (dataset, row, seed) lives in ``<cache>/<dataset>/<row key>/seed<k>-<config hash>/``:
 the training run (``checkpoint.safetensors``, ``config.yaml``, ``tb/``) and, once trained and
 evaluated, ``metrics.json``. A cell with ``metrics.json`` is never retrained; a cell killed
-mid-training resumes from its last checkpoint (``hrope.train`` resumes exactly). A changed
+mid-training resumes from its last checkpoint (``hrope.nvs.train`` resumes exactly). A changed
 budget changes the hash, so stale cells are not reused. Fig. 6 results of a cell are cached
 in ``protocols.json`` next to it, keyed by protocol, options and scene count.
 """
@@ -14,10 +14,12 @@ import json
 import time
 from pathlib import Path
 
-from hrope.evaluate import evaluate_model
-from hrope.metrics import LPIPS
-from hrope.model import count_parameters
-from hrope.train import CHECKPOINT_NAME, build_dataset, load_checkpoint, train
+from hrope.nvs.evaluate import evaluate_model
+from hrope.nvs.metrics import LPIPS
+from hrope.nvs.model import count_parameters
+from hrope.nvs.checkpoints import CHECKPOINT_NAME, load_checkpoint
+from hrope.nvs.datasets import build_dataset
+from hrope.nvs.train import train
 
 from nvs_rows import Budget, Cell, cell_config, cell_settings, config_hash
 
@@ -28,7 +30,7 @@ PROTOCOLS_NAME = "protocols.json"
 
 
 class ProtocolUnavailable(RuntimeError):
-    """``hrope.protocols`` is missing or not implemented yet."""
+    """``hrope.nvs.protocols`` is missing or not implemented yet."""
 
 
 def _write_json(path: Path, value) -> None:
@@ -114,14 +116,14 @@ class CellRunner:
 
     # ------------------------------------------------------------------ Fig. 6 protocols
     def protocol(self, cell: Cell, protocol: str, *, compute: bool = True, **options) -> dict | None:
-        """``hrope.protocols.run_protocol`` on the cell's trained checkpoint (cached per cell;
+        """``hrope.nvs.protocols.run_protocol`` on the cell's trained checkpoint (cached per cell;
         ``compute=False`` returns None instead of computing a missing result).
 
         Raises :class:`ProtocolUnavailable` when the protocols module is not implemented."""
         try:
-            from hrope.protocols import run_protocol
+            from hrope.nvs.protocols import run_protocol
         except ImportError as error:
-            raise ProtocolUnavailable(f"hrope.protocols cannot be imported: {error}") from None
+            raise ProtocolUnavailable(f"hrope.nvs.protocols cannot be imported: {error}") from None
         folder = self.folder(cell)
         path = folder / PROTOCOLS_NAME
         stored = json.loads(path.read_text()) if path.is_file() else {}
@@ -138,7 +140,7 @@ class CellRunner:
                 stored[key] = run_protocol(str(folder), protocol, num_scenes=self.budget.protocol_scenes,
                                            device=self.device, lpips_weights=self.lpips_weights, **options)
             except NotImplementedError as error:
-                raise ProtocolUnavailable(f"hrope.protocols.run_protocol({protocol!r}) is not implemented yet: "
+                raise ProtocolUnavailable(f"hrope.nvs.protocols.run_protocol({protocol!r}) is not implemented yet: "
                                           f"{error}") from None
             _write_json(path, stored)
         return stored[key]

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from hrope.config import resolve
+from hrope.nvs.config import resolve
 
 __all__ = ["Row", "Table", "Budget", "BUDGETS", "TABLE1_ENCODINGS", "ABLATIONS", "tables", "cell_config",
            "cell_settings", "config_hash", "Cell"]
@@ -146,7 +146,7 @@ def cell_settings(budget: Budget, cell: Cell, lpips_weights: str | None = None) 
 
 def cell_config(budget: Budget, cell: Cell, out: Path, *, device: str = "cpu", threads: int = 1,
                 lpips_weights: str | None = None) -> dict:
-    """The resolved ``hrope.train`` config of one cell (its run folder is ``out``)."""
+    """The resolved ``hrope.nvs.train`` config of one cell (its run folder is ``out``)."""
     values = cell_settings(budget, cell, lpips_weights)
     values["train"] = {**values["train"], "out": str(out), "device": device, "threads": threads,
                        "log_every": max(1, budget.steps // 20), "image_every": 0,

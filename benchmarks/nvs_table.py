@@ -5,7 +5,7 @@ and seeds; only the encoding and its parameter source change. Tables (see nvs_ro
 ``table1`` (encodings, learned parameters; room and object scenes), ``table3`` (learned /
 external / oracle planes), ``fig4a`` (parameterisations and their APE versions), ``table2``
 (2/4/8 context views) and ``fig6`` (zoom, extrapolation, enlarged baseline on the Table 1
-checkpoints, no retraining; needs ``hrope.protocols``). Every finished cell is cached under
+checkpoints, no retraining; needs ``hrope.nvs.protocols``). Every finished cell is cached under
 ``OUT/cache`` (checkpoints and logs git-ignored, each cell's result JSON/YAML committed),
 keyed by a hash of its config, so an interrupted run continues where it stopped. Writes ``OUT/nvs_table.{json,md}`` and one PNG per table.
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from hrope.data import SyntheticDataset, collate_scenes, make_scene
-from hrope.data.render import render
-from hrope.data.synthetic import scene_setup
+from hrope.nvs.data import SyntheticDataset, collate_scenes, make_scene
+from hrope.nvs.data.render import render
+from hrope.nvs.data.synthetic import scene_setup
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_S = 0.5

@@ -1,6 +1,6 @@
 """Training throughput of the `tiny` LVSM preset per encoding (DESIGN.md §8).
 
-One training step = forward + backward + gradient clipping + AdamW (``hrope.train``'s model and
+One training step = forward + backward + gradient clipping + AdamW (``hrope.nvs.train``'s model and
 optimiser) on a fixed synthetic batch (data loading excluded), batch 4 scenes x (2 context + 1
 target) views at 64x64. Encodings are measured in interleaved
 rounds; steps/s is the median over rounds, and the ratio is to `none` (the LVSM baseline).
@@ -23,17 +23,18 @@ from pathlib import Path
 
 import torch
 
-from hrope.data.batch import collate_scenes
-from hrope.data.synthetic import make_scene
-from hrope.config import resolve
-from hrope.model import count_parameters, encoding_names
-from hrope.train import build_model, make_optimizer
+from hrope.nvs.data.batch import collate_scenes
+from hrope.nvs.data.synthetic import make_scene
+from hrope.nvs.config import resolve
+from hrope.nvs.model import count_parameters, encoding_names
+from hrope.nvs.model import build_model
+from hrope.nvs.train import make_optimizer
 
 BATCH_SIZE = 4
 
 
 def step_function(encoding: str, batch):
-    """One training step as ``hrope.train`` takes it: its model, optimiser and gradient clipping,
+    """One training step as ``hrope.nvs.train`` takes it: its model, optimiser and gradient clipping,
     on the batch's device."""
     torch.manual_seed(0)
     config = resolve({"model": {"preset": "tiny", "encoding": encoding}})

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from hrope.data.batch import collate_scenes
-from hrope.data.synthetic import make_scene
+from hrope.nvs.data.batch import collate_scenes
+from hrope.nvs.data.synthetic import make_scene
 
 torch.set_num_threads(1)  # small ops: one thread is fastest and avoids contention under xdist
 
@@ -21,7 +21,7 @@ def synthetic_batch(num_scenes: int = 1, num_views: int = 3, num_context: int = 
 
 def small_config(**model) -> dict:
     """A resolved run config for a 2-layer 32x32 model on a handful of synthetic scenes."""
-    from hrope.config import resolve
+    from hrope.nvs.config import resolve
 
     return resolve({
         "model": {**SMALL_MODEL, "preset": None, **model},

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import hrope
-from hrope.data.scene import Scene
-from hrope.data.transforms import resize_crop, resize_crop_plan, resize_crop_scene
+from hrope.nvs.data.scene import Scene
+from hrope.nvs.data.transforms import resize_crop, resize_crop_plan, resize_crop_scene
 
 
 def coordinate_image(size):

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from hrope.data import (Scene, SceneDataset, SceneError, SyntheticDataset, collate_scenes, make_scene,
+from hrope.nvs.data import (Scene, SceneDataset, SceneError, SyntheticDataset, collate_scenes, make_scene,
                         normalize_scene, sample_views)
-from hrope.data.normalize import context_baseline
-from hrope.data.rng import Rng
+from hrope.nvs.data.normalize import context_baseline
+from hrope.nvs.data.rng import Rng
 from hrope.geometry import invert_se3
 
 from helpers import random_se3

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from hrope.demo import DEMO_MODELS, main
+from hrope.nvs.demo import DEMO_MODELS, main
 
 
 @pytest.mark.slow

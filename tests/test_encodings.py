@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hrope
+import hrope.reference
 from helpers import RELATIVE, encoding_inputs, random_cameras, random_planes, random_qkv, random_se3
 from hrope.reference import dense_attention, token_matrices
 

@@ -20,12 +20,12 @@ import torch
 from PIL import Image
 
 from helpers import random_rotation, so3_exp
-from hrope.data.co3d import CO3DSource
-from hrope.data.frames import select_frames
-from hrope.data.llff import load_llff
-from hrope.data.load import SceneFolderSource, detect_format, load_scene, make_source
-from hrope.data.re10k import RealEstate10KSource, read_evaluation_index
-from hrope.data.scene import SceneError
+from hrope.nvs.data.co3d import CO3DSource
+from hrope.nvs.data.frames import select_frames
+from hrope.nvs.data.llff import load_llff
+from hrope.nvs.data.load import SceneFolderSource, detect_format, load_scene, make_source
+from hrope.nvs.data.re10k import RealEstate10KSource, read_evaluation_index
+from hrope.nvs.data.scene import SceneError
 
 H, W = 12, 16  # non-square so that width/height mix-ups show
 V = 4
@@ -138,7 +138,7 @@ def test_instant_ngp_camera_angle_and_distortion_warning(tmp_path, caplog):
     for frame in meta["frames"]:
         frame["file_path"] = frame["file_path"][:-4]  # Blender style: no extension
     (tmp_path / "transforms.json").write_text(json.dumps(meta))
-    with caplog.at_level(logging.WARNING, logger="hrope.data"):
+    with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
         scene = load_scene(tmp_path / "transforms.json")
     assert "distortion" in caplog.text
     X = points_in_front(E, 2)
@@ -207,7 +207,7 @@ def test_colmap_reprojects(tmp_path, layout, caplog):
     images = view_images(3)
     write_colmap(tmp_path, K, E, images, layout)
     assert detect_format(tmp_path) == "colmap"
-    with caplog.at_level(logging.WARNING, logger="hrope.data"):
+    with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
         scene = load_scene(tmp_path)
     assert "SIMPLE_RADIAL" in caplog.text and "OPENCV" in caplog.text
     X = points_in_front(E, 3)
@@ -273,7 +273,7 @@ def test_re10k_chunks_and_evaluation_index(tmp_path, caplog):
     torch.save([examples[0][0], examples[1][0]], tmp_path / "000000.torch")
     torch.save([examples[2][0]], tmp_path / "000001.torch")
     (tmp_path / "000002.torch").write_bytes(b"not a torch file")
-    with caplog.at_level(logging.WARNING, logger="hrope.data"):
+    with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
         source = RealEstate10KSource(tmp_path)
     assert "000002.torch" in caplog.text and len(source) == 3
     for i, (_, K, E, images) in enumerate(examples):
@@ -286,7 +286,7 @@ def test_re10k_chunks_and_evaluation_index(tmp_path, caplog):
                                                                                              "target": [2]}}
     (tmp_path / "evaluation_index.json").write_text(json.dumps(index))
     assert read_evaluation_index(tmp_path / "evaluation_index.json")["scene1"] == ([3, 0], [1, 2, 0])
-    with caplog.at_level(logging.WARNING, logger="hrope.data"):
+    with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
         evaluation = RealEstate10KSource(tmp_path, evaluation_index=tmp_path / "evaluation_index.json",
                                          image_size=(8, 8))
     assert len(evaluation) == 1 and "1 of 2 evaluation scenes" in caplog.text
@@ -305,7 +305,7 @@ def test_re10k_corrupt_scene_is_skipped_and_counted(tmp_path, caplog):
     bad["images"][2] = torch.tensor([1, 2, 3], dtype=torch.uint8)
     torch.save([bad, good], tmp_path / "000000.torch")
     source = RealEstate10KSource(tmp_path, num_views=3)
-    with caplog.at_level(logging.WARNING, logger="hrope.data"):
+    with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
         scene = source[0]  # "bad" sorts first
     assert scene.name == "good" and source.num_skipped == 1 and "'bad'" in caplog.text
     strict = RealEstate10KSource(tmp_path, skip_errors=False)
@@ -396,7 +396,7 @@ def test_co3d_malformed_annotation_names_field(tmp_path):
 def test_rendered_synthetic_scene_round_trips(tmp_path, writer):
     """A scene of the synthetic renderer (cameras known exactly), written in a foreign format,
     loads back to its own cameras and images."""
-    from hrope.data.synthetic import make_scene
+    from hrope.nvs.data.synthetic import make_scene
 
     original = make_scene(0, 0, "object", num_views=V, image_size=(H, W))
     K, E = original.cameras.K[0].double(), original.cameras.world_to_cam[0].double()
@@ -428,7 +428,7 @@ def test_folder_source_skips_broken_scene(tmp_path, caplog):
     write_colmap(tmp_path / "c_scene", K, E, view_images(42))
     source = make_source("folder", tmp_path, num_views=2, image_size=(8, 8))
     assert len(source) == 3
-    with caplog.at_level(logging.WARNING, logger="hrope.data"):
+    with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
         names = [source[i].name for i in range(3)]
     assert names == ["a_scene", "c_scene", "c_scene"] and source.num_skipped == 1
     assert "img_03.png" in caplog.text
@@ -437,7 +437,7 @@ def test_folder_source_skips_broken_scene(tmp_path, caplog):
 
 
 def test_source_frame_access_and_dataset_wrapper(tmp_path):
-    from hrope.data.dataset import SceneDataset
+    from hrope.nvs.data.dataset import SceneDataset
 
     example, K, E, images = re10k_example("only", 50)
     torch.save([example], tmp_path / "000000.torch")

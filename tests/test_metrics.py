@@ -7,7 +7,7 @@ from skimage.metrics import structural_similarity
 
 from _lvsm_helpers import random_lpips_weights
 
-from hrope.metrics import LPIPS, MetricError, image_metrics, psnr, ssim
+from hrope.nvs.metrics import LPIPS, MetricError, image_metrics, psnr, ssim
 
 
 def test_psnr_per_image():

@@ -5,9 +5,9 @@ import torch
 from _lvsm_helpers import SMALL_MODEL, synthetic_batch
 
 from hrope.encodings import ENCODINGS
-from hrope.model import (LVSM, PRESETS, ModelConfig, ModelError, count_parameters, encoding_names, patchify,
+from hrope.nvs.model import (LVSM, PRESETS, ModelConfig, ModelError, count_parameters, encoding_names, patchify,
                          unpatchify)
-from hrope.predictors import axis_angle_to_matrix
+from hrope.nvs.predictors import axis_angle_to_matrix
 from hrope.geometry import make_se3
 from hrope.rays import plucker_rays
 

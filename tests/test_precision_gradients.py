@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import hrope
+import hrope.reference
 from helpers import RELATIVE, encoding_inputs, random_cameras, random_qkv
 
 GRID = (2, 2)

@@ -11,8 +11,8 @@ from torch import nn
 
 from hrope import Planes, get_encoding
 from hrope.encodings import Encoding
-from hrope.model import LVSM, ModelConfig
-from hrope.predictors import (PredictorError, axis_angle_to_matrix, build_source, load_backbone,
+from hrope.nvs.model import LVSM, ModelConfig
+from hrope.nvs.predictors import (PredictorError, axis_angle_to_matrix, build_parameter_source, load_backbone,
                               parameter_specs, patch_planes_from_normals, token_rays)
 
 GRID = (4, 4)
@@ -24,7 +24,7 @@ def batch():
 
 
 def decode(encoding: str, raw: torch.Tensor, cameras, depth_init: float = 1.0):
-    source = build_source("learned", parameter_specs(get_encoding(encoding), depth_init), dim=4, num_layers=1,
+    source = build_parameter_source("learned", parameter_specs(get_encoding(encoding), depth_init), dim=4, num_layers=1,
                           patch_size=8)
     return source.decode(raw, cameras, GRID)
 
@@ -91,12 +91,12 @@ def test_unknown_parameter_is_a_clear_error():
     with pytest.raises(PredictorError, match="wobble"):
         parameter_specs(Odd())
     with pytest.raises(PredictorError, match="unknown predictor"):
-        build_source("psychic", [], dim=4, num_layers=1, patch_size=8)
+        build_parameter_source("psychic", [], dim=4, num_layers=1, patch_size=8)
 
 
 def test_oracle_source_gives_the_dataset_planes(batch):
     specs = parameter_specs(get_encoding("hrope"))
-    values = build_source("oracle", specs, dim=4, num_layers=1, patch_size=8).static(batch, batch.cameras, GRID, 2)
+    values = build_parameter_source("oracle", specs, dim=4, num_layers=1, patch_size=8).static(batch, batch.cameras, GRID, 2)
     expected = batch.planes(8).m(batch.cameras, GRID)
     torch.testing.assert_close(values["planes"], expected)
 
@@ -116,7 +116,7 @@ def test_external_source_recovers_planes_from_depth(batch):
     single = single_plane_patches(batch)
     assert single.float().mean() > 0.25
     for use_normals in (False, True):
-        source = build_source("external", parameter_specs(get_encoding("hrope")), dim=4, num_layers=1,
+        source = build_parameter_source("external", parameter_specs(get_encoding("hrope")), dim=4, num_layers=1,
                               patch_size=8, options={"use_normals": use_normals})
         fitted = source.static(batch, batch.cameras, GRID, 2)["planes"]
         torch.testing.assert_close(fitted[single], exact[single], atol=1e-4, rtol=1e-3)
@@ -134,7 +134,7 @@ def test_normal_based_fit_is_exact_for_one_plane(batch):
     fitted = patch_planes_from_normals(depth, normals, cameras, 8).m(cameras, GRID)
     torch.testing.assert_close(fitted, m_true.expand_as(fitted), atol=1e-4, rtol=1e-4)
     with pytest.raises(PredictorError, match="depth"):
-        build_source("external", [], dim=4, num_layers=1, patch_size=8).static(
+        build_parameter_source("external", [], dim=4, num_layers=1, patch_size=8).static(
             type("NoDepth", (), {"depth": None})(), cameras, GRID, 2)
 
 
@@ -149,7 +149,7 @@ def test_external_patches_without_depth_get_finite_params_at_depth_init(use_norm
     missing[:, [0, 16 + 4]] = True
     for encoding in ("hrope-depth", "rayrope", "worldrope", "hrope-so3", "hrope-se3", "hrope-lift"):
         specs = parameter_specs(get_encoding(encoding), 2.5)
-        source = build_source("external", specs, dim=4, num_layers=1, patch_size=8,
+        source = build_parameter_source("external", specs, dim=4, num_layers=1, patch_size=8,
                               options={"use_normals": use_normals}, depth_init=2.5)
         values = source.static(holed, holed.cameras, GRID, 2)
         for name, value in values.items():

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hrope
+import hrope.reference
 from helpers import RELATIVE, encoding_inputs, random_cameras, random_qkv
 
 GEOMETRIC = [n for n in RELATIVE if n not in ("none", "rope2d")]

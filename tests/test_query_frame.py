@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hrope
+import hrope.reference
 from helpers import encoding_params
 from hrope.encodings import EncodingError
 from hrope.encodings.query_frame import MIN_DEPTH, POSITION_MARGIN, project_to_patches

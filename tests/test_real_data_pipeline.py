@@ -14,11 +14,11 @@ import torch
 from _lvsm_helpers import SMALL_MODEL  # noqa: F401  (sets one torch thread)
 from PIL import Image
 
-from hrope.cli import run
-from hrope.config import resolve
-from hrope.data import SceneDataset, SceneError, make_scene, normalize_scene, resize_crop_scene
-from hrope.protocols import SourceVideos, protocol_plans
-from hrope.train import build_dataset, build_source
+from hrope.nvs.cli import run
+from hrope.nvs.config import resolve
+from hrope.nvs.data import SceneDataset, SceneError, make_scene, normalize_scene, resize_crop_scene
+from hrope.nvs.protocols import SourceVideos, protocol_plans
+from hrope.nvs.datasets import build_dataset, build_scene_source
 
 TINY = str(Path(__file__).parents[1] / "configs" / "tiny.yaml")
 SMALL = ["--model.image_size", "32", "--model.dim", "48", "--model.layers", "2", "--model.heads", "2",
@@ -109,7 +109,7 @@ def test_real_dataset_items_are_cropped_with_exact_intrinsics_and_normalised(fix
 def test_re10k_evaluation_index_drives_the_protocol_frames(fixtures):
     root, _ = fixtures
     config = real_config(root, kind="re10k", root=str(root / "re10k"), eval_index=str(root / "index.json"))
-    videos = SourceVideos(build_source(config, "eval"), None, None)
+    videos = SourceVideos(build_scene_source(config, "eval"), None, None)
     assert len(videos) == 1  # the null entry is left out
     _, standard, _ = protocol_plans(videos, "standard", (1,), 0)
     assert standard[0] == [([1, 10], [3, 6, 8])]
@@ -186,7 +186,7 @@ def test_scene_dataset_skips_unloadable_scenes_without_decoding_whole_videos(cap
 
     source = Source()
     dataset = SceneDataset(source, num_context=2, num_target=1, context_gap=(2, 5), split="eval")
-    with caplog.at_level(logging.WARNING, logger="hrope.data"):
+    with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
         first, third = dataset[0], dataset[2]
     assert first.num_views == third.num_views == 3 and dataset.num_skipped == 2
     assert "frame 3 is corrupt" in caplog.text and "2 scene(s) skipped" in caplog.text
@@ -229,8 +229,8 @@ def test_scene_dataset_honours_skip_errors_and_never_swallows_bugs():
 
 @pytest.mark.parametrize("name", ["re10k", "dl3dv", "co3d", "folder"])
 def test_example_configs_resolve(name):
-    from hrope.config import load_config
-    from hrope.data import SOURCE_KINDS
+    from hrope.nvs.config import load_config
+    from hrope.nvs.data import SOURCE_KINDS
 
     config = load_config(Path(__file__).parents[1] / "configs" / f"{name}.yaml")
     assert config["data"]["kind"] in SOURCE_KINDS and config["data"]["root"]

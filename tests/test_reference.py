@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import hrope
+import hrope.reference
 from helpers import random_cameras, random_planes, random_qkv
 from hrope.encodings.homography import HRoPE
 

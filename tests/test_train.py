@@ -12,11 +12,13 @@ import torch
 from _lvsm_helpers import random_lpips_weights, small_config, synthetic_batch
 from safetensors.torch import load_file, save_file
 
-import hrope.train as train_module
-from hrope.config import ConfigError, apply_overrides, load_config, resolve
-from hrope.evaluate import evaluate_model
-from hrope.train import (CheckpointError, build_dataset, build_model, learning_rate, load_checkpoint, load_model,
-                         make_optimizer, save_checkpoint, train)
+import hrope.nvs.train as train_module
+from hrope.nvs.config import ConfigError, apply_overrides, load_config, resolve
+from hrope.nvs.evaluate import evaluate_model
+from hrope.nvs.checkpoints import CheckpointError, load_checkpoint, load_model, save_checkpoint
+from hrope.nvs.datasets import build_dataset
+from hrope.nvs.model import build_model
+from hrope.nvs.train import learning_rate, make_optimizer, train
 
 
 def config_in(tmp_path: Path, name: str = "run", **model) -> dict:
@@ -148,7 +150,7 @@ DDP_SCRIPT = textwrap.dedent("""
     import os, sys, torch
     sys.path.insert(0, {tests!r})
     from _lvsm_helpers import small_config
-    from hrope.train import train
+    from hrope.nvs.train import train
     from safetensors.torch import save_file
     config = small_config(encoding="prope")
     config["train"].update(out={out!r}, steps=2)

@@ -1,10 +1,11 @@
-"""hrope: geometric relative positional encodings for multi-view transformers.
+"""hrope: geometric relative positional encodings for multi-view transformers (torch only).
 
-Layer 1 (torch only): :class:`Cameras`, :class:`Planes`, :func:`multiview_attention`, the
-registry :data:`ENCODINGS` and the dense float64 references in :mod:`hrope.reference`.
+The library: :class:`Cameras`, :class:`Planes`, :func:`multiview_attention`, the registry
+:data:`ENCODINGS` / :func:`get_encoding`, and the dense float64 references in
+:mod:`hrope.reference` (``import hrope.reference``; not imported here). The novel-view-synthesis
+toolkit lives in :mod:`hrope.nvs` (``pip install 'hrope[nvs]'``).
 """
 
-from . import reference
 from .attention import multiview_attention
 from .cameras import CameraError, Cameras
 from .encodings import ENCODINGS, Encoding, EncodingError, Prepared, QueryFrameTransform, TokenTransform, get_encoding
@@ -14,5 +15,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cameras", "CameraError", "Planes", "PlaneError", "multiview_attention", "ENCODINGS", "Encoding",
-    "EncodingError", "Prepared", "TokenTransform", "QueryFrameTransform", "get_encoding", "reference", "__version__",
+    "EncodingError", "Prepared", "TokenTransform", "QueryFrameTransform", "get_encoding", "__version__",
 ]

@@ -78,6 +78,7 @@ class HRoPEDepth(PatchTransformEncoding):
 
     name = "hrope-depth"
     param_names = ("depth",)
+    has_ape_variant = True
 
     def patch_transforms(self, cameras, grid, dtype, planes, *, depth):
         z = per_token_param(depth.to(dtype), cameras, grid, (), "depth")
@@ -91,6 +92,7 @@ class HRoPESO3(PatchTransformEncoding):
 
     name = "hrope-so3"
     param_names = ("rotation",)
+    has_ape_variant = True
 
     def patch_transforms(self, cameras, grid, dtype, planes, *, rotation):
         R = per_token_param(rotation.to(dtype), cameras, grid, (3, 3), "rotation")
@@ -103,6 +105,8 @@ class HRoPESE3(PatchTransformEncoding):
 
     name = "hrope-se3"
     param_names = ("transform",)
+    transform_kind = "rigid"
+    has_ape_variant = True
 
     def patch_transforms(self, cameras, grid, dtype, planes, *, transform):
         G = per_token_param(transform.to(dtype), cameras, grid, (4, 4), "transform")
@@ -123,6 +127,8 @@ class HRoPEPF(PatchTransformEncoding):
 
     name = "hrope-pf"
     needs_planes = True
+    neutral_planes = "fronto-parallel"  # needs a point on every ray
+    # no APE variant: it would embed the same planes, decoded the same way, as hrope-ape
 
     def patch_transforms(self, cameras, grid, dtype, planes):
         normal, depth = planes.normal_and_depth(cameras, grid, dtype)
@@ -141,6 +147,8 @@ class HRoPEFull(PatchTransformEncoding):
 
     name = "hrope-full"
     param_names = ("transform",)
+    transform_kind = "invertible"
+    has_ape_variant = True
 
     def patch_transforms(self, cameras, grid, dtype, planes, *, transform):
         G = per_token_param(transform.to(dtype), cameras, grid, (4, 4), "transform")

@@ -144,7 +144,7 @@ class TokenTransform(Prepared):
         self.transform_values = transform_values
         self._geo: dict[str, Tensor] = {}
         if geo is not None:
-            self._geo.update(o=geo, k=geo_inv)
+            self._geo.update(D=geo, D_inv=geo_inv)
         self._rope = None
         if layout.rope:
             device = geo.device if geo is not None else torch.device("cpu")
@@ -155,7 +155,7 @@ class TokenTransform(Prepared):
         """The geometric blocks ``(D, D^-1)``, each ``(B, V, 1 or P, b, b)``, or None."""
         if not self._geo:
             return None
-        return self._geo["o"], self._geo["k"]
+        return self._geo["D"], self._geo["D_inv"]
 
     @property
     def num_tokens(self) -> int:
@@ -164,21 +164,21 @@ class TokenTransform(Prepared):
     # --------------------------------------------------------------------------- apply
     def apply_q(self, x: Tensor) -> Tensor:
         """``D_i^T q_i`` (queries): x ``(B, heads, N, head_dim)`` -> same shape."""
-        return self._apply(x, "o", transpose=True)
+        return self._apply(x, "D", transpose=True)
 
     def apply_k(self, x: Tensor) -> Tensor:
         """``D_j^-1 k_j`` (keys): x ``(B, heads, N, head_dim)`` -> same shape."""
-        return self._apply(x, "k")
+        return self._apply(x, "D_inv")
 
     def apply_v(self, x: Tensor) -> Tensor:
         """``D_j^-1 v_j`` (values; identity when values are not transformed): x ``(B, heads, N, head_dim)``
         -> same shape."""
-        return self._apply(x, "k") if self.transform_values else x
+        return self._apply(x, "D_inv") if self.transform_values else x
 
     def apply_o(self, x: Tensor) -> Tensor:
         """``D_i o_i`` (attention outputs; identity when values are not transformed): x
         ``(B, heads, N, head_dim)`` -> same shape."""
-        return self._apply(x, "o") if self.transform_values else x
+        return self._apply(x, "D") if self.transform_values else x
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs) -> Tensor:
         """``apply_o(sdpa(apply_q(q), apply_k(k), apply_v(v)))``, logits q_i^T D_i D_j^-1 k_j: q, k, v
@@ -195,7 +195,7 @@ class TokenTransform(Prepared):
         return self._cache[key]
 
     def _inputs(self, which: str, x: Tensor) -> tuple[Tensor | None, tuple[Tensor, Tensor, Tensor] | None]:
-        """The blocks and RoPE tables of D ("o") or D^-1 ("k") in x's dtype and device (cached;
+        """The blocks and RoPE tables of ``which`` ("D" or "D_inv") in x's dtype and device (cached;
         a cast made under no_grad is not reused where gradients must reach the blocks)."""
         blocks = None
         if which in self._geo:
@@ -205,12 +205,12 @@ class TokenTransform(Prepared):
         if self._rope is not None:
             rope = self._cached(("rope", x.dtype, x.device),
                                 lambda: tuple(t.to(device=x.device, dtype=x.dtype) for t in self._rope))
-            if which == "k":
+            if which == "D_inv":
                 rope = inverse_rope(rope)
         return blocks, rope
 
     def _apply(self, x: Tensor, which: str, transpose: bool = False) -> Tensor:
-        """D x ("o"), D^T x ("o", transpose) or D^-1 x ("k") for x ``(B, heads, N, head_dim)``.
+        """D x ("D"), D^T x ("D", transpose) or D^-1 x ("D_inv") for x ``(B, heads, N, head_dim)``.
 
         The banded operator of D and of D^-1 is built once per dtype and device and reused by
         every forward call (D^T shares D's tables); gradients reach the blocks through
@@ -245,19 +245,32 @@ class Encoding(nn.Module):
     and returns a :class:`Prepared` (a :class:`TokenTransform` for relative encodings).
     """
 
+    # Facts about an encoding, read by the toolkit and the tests instead of checks on its name.
     name: ClassVar[str] = ""
-    needs_planes: ClassVar[bool] = False
-    param_names: ClassVar[tuple[str, ...]] = ()
-    query_frame: ClassVar[bool] = False
+    needs_planes: ClassVar[bool] = False  # prepare needs planes=hrope.Planes(...)
+    param_names: ClassVar[tuple[str, ...]] = ()  # the per-token params prepare needs
+    query_frame: ClassVar[bool] = False  # keys re-encoded per query view (QueryFrameTransform)
+    encodes_pose: ClassVar[bool] = True  # attention sees the relative camera pose (else tokens need world rays)
+    transforms_values: ClassVar[bool] = True  # v and the output are transformed too (False: q and k only)
+    neutral_planes: ClassVar[str | None] = None  # planes at zero learned output: "infinity" or "fronto-parallel"
+    transform_kind: ClassVar[str | None] = None  # the ``transform`` param: "rigid" or "invertible" (any GL(4))
+    has_ape_variant: ClassVar[bool] = False  # "<name>-ape" (inputs added to the tokens) is a distinct model
+
+    @classmethod
+    def takes_token_inputs(cls) -> bool:
+        """Whether ``prepare`` needs per-token planes or params."""
+        return cls.needs_planes or bool(cls.param_names)
 
     def __init__(self, rope_base: float = ROPE_BASE) -> None:
         super().__init__()
         self.rope_base = rope_base
 
     def token_transform(self, layout: HeadLayout, cameras: Cameras, grid, geo: Tensor | None = None,
-                        geo_inv: Tensor | None = None, **options) -> TokenTransform:
-        """A :class:`TokenTransform` over ``cameras``' views with this encoding's RoPE base."""
-        return TokenTransform(layout, cameras.num_views, grid, geo, geo_inv, rope_base=self.rope_base, **options)
+                        geo_inv: Tensor | None = None) -> TokenTransform:
+        """A :class:`TokenTransform` over ``cameras``' views with this encoding's RoPE base and
+        ``transforms_values``."""
+        return TokenTransform(layout, cameras.num_views, grid, geo, geo_inv, rope_base=self.rope_base,
+                              transform_values=self.transforms_values)
 
     def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes=None, **params) -> Prepared:
         """Bind the encoding to one batch of N = V * grid_h * grid_w tokens (view-major).

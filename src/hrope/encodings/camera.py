@@ -26,6 +26,7 @@ class NoEncoding(Encoding):
     """``none``: plain SDPA (the LVSM baseline; geometry enters through absolute Plücker rays)."""
 
     name = "none"
+    encodes_pose = False
 
     def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
         """No planes or params; D_t = I (plain SDPA)."""
@@ -37,6 +38,7 @@ class RoPE2D(Encoding):
     """``rope2d``: 2D RoPE on integer patch indices, geometric part identity."""
 
     name = "rope2d"
+    encodes_pose = False
 
     def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
         """No planes or params; D_t = 2D RoPE of the token's patch indices."""
@@ -99,11 +101,11 @@ class CaPE(Encoding):
     """
 
     name = "cape"
+    transforms_values = False
 
     def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
         """No planes or params; D_t = E_c tiles over all channels, on q and k only (v, o untouched)."""
         self.check_inputs(planes, params)
         E = cameras.world_to_cam.to(geometry_dtype(cameras.K.dtype))
         layout = HeadLayout(head_dim, block=4, rope=False)
-        return self.token_transform(layout, cameras, grid, per_view(E), per_view(invert_se3(E)),
-                                    transform_values=False)
+        return self.token_transform(layout, cameras, grid, per_view(E), per_view(invert_se3(E)))

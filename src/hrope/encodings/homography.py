@@ -41,8 +41,8 @@ def _token_planes(planes, cameras: Cameras, grid: tuple[int, int], dtype: torch.
 
 class _Views(NamedTuple):
     """What both HRoPE forms take from the cameras: K̂, K̂^-1, R ``(B, V, 3, 3)`` and t ``(B, V, 3, 1)``
-    per view, and the per-view parts K̂R, K̂t, R^T K̂^-1, R^T t of the per-token matrices, as
-    ``(B, V, 1, 3, 3 or 1)`` to broadcast against ``(B, V, P, ...)``."""
+    per view, and the per-view parts K̂R, K̂t, R^T K̂^-1 (``RT_K_inv``), R^T t (``RT_t``) of the
+    per-token matrices, as ``(B, V, 1, 3, 3 or 1)`` to broadcast against ``(B, V, P, ...)``."""
 
     K: Tensor
     K_inv: Tensor
@@ -50,8 +50,8 @@ class _Views(NamedTuple):
     t: Tensor
     KR: Tensor
     Kt: Tensor
-    RK_inv: Tensor
-    Rt: Tensor
+    RT_K_inv: Tensor
+    RT_t: Tensor
 
 
 def _views(cameras: Cameras, dtype: torch.dtype) -> _Views:
@@ -71,6 +71,8 @@ class HRoPELift(Encoding):
 
     name = "hrope-lift"
     needs_planes = True
+    neutral_planes = "infinity"  # m = 0: exactly prope
+    has_ape_variant = True
 
     def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
         """Needs ``planes (B, N)``; D_t = blockdiag(Λ_t E_c tiles, RoPE)."""
@@ -94,7 +96,7 @@ class HRoPELift(Encoding):
         mK = m @ v.K_inv  # rows (K̂^-T m)^T
         top = torch.cat([v.KR, v.Kt], dim=-1).expand(*tokens, 3, 4)
         bottom = torch.cat([-(m @ v.R), 1.0 - m @ v.t], dim=-1)[..., None, :]
-        top_inv = torch.cat([v.RK_inv - v.Rt * mK[..., None, :], (-v.Rt).expand(*tokens, 3, 1)], dim=-1)
+        top_inv = torch.cat([v.RT_K_inv - v.RT_t * mK[..., None, :], (-v.RT_t).expand(*tokens, 3, 1)], dim=-1)
         bottom_inv = torch.cat([mK, torch.ones_like(mK[..., :1])], dim=-1)[..., None, :]
         return torch.cat([top, bottom], dim=-2), torch.cat([top_inv, bottom_inv], dim=-2)
 
@@ -109,6 +111,8 @@ class HRoPE(Encoding):
 
     name = "hrope"
     needs_planes = True
+    neutral_planes = "fronto-parallel"  # the plane at infinity would drop the camera translation (H = K̂R)
+    has_ape_variant = True
 
     def __init__(self, lift4: bool = False, rope_base: float = ROPE_BASE,
                  min_world_offset_ratio: float = MIN_WORLD_OFFSET_RATIO,
@@ -134,7 +138,7 @@ class HRoPE(Encoding):
         focal = (v.K[..., 0, 0] * v.K[..., 1, 1])[:, :, None, None, None]
         scale = torch.sign(s) * (focal * s.square()).pow(1.0 / 3.0)
         H = (s * v.KR + v.Kt * (m @ v.R)[..., None, :]) / scale  # (m @ R) = (R^T m)^T per token
-        H_inv = (v.RK_inv - v.Rt * (m @ v.K_inv)[..., None, :]) * (scale / s)
+        H_inv = (v.RT_K_inv - v.RT_t * (m @ v.K_inv)[..., None, :]) * (scale / s)
         return H, H_inv
 
     def clamp_planes(self, m: Tensor, t: Tensor) -> Tensor:

@@ -32,14 +32,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cameras import Cameras
-from .encodings import Encoding, tangent_frames
-from .geometry import make_se3, patch_center_rays, pixel_rays
-from .planes import Planes, plane_vectors
+from ..cameras import Cameras
+from ..encodings import Encoding, tangent_frames
+from ..geometry import make_se3, patch_center_rays, pixel_rays
+from ..planes import Planes, plane_vectors
 
 __all__ = [
     "PredictorError", "ParameterSpec", "parameter_specs", "ParameterSource", "LearnedSource",
-    "BackboneSource", "ExternalSource", "OracleSource", "PREDICTORS", "build_source",
+    "BackboneSource", "ExternalSource", "OracleSource", "PREDICTORS", "build_parameter_source",
     "encoding_inputs", "flatten_values", "load_backbone", "axis_angle_to_matrix", "token_rays",
     "patch_planes_from_normals", "import_factory",
 ]
@@ -142,9 +142,9 @@ def parameter_specs(encoding: Encoding, depth_init: float = 1.0) -> list[Paramet
     """
     specs = []
     if encoding.needs_planes:
-        decode = _planes_at_infinity_init if encoding.name == "hrope-lift" else _planes_in_front(depth_init)
+        decode = _planes_at_infinity_init if encoding.neutral_planes == "infinity" else _planes_in_front(depth_init)
         specs.append(ParameterSpec("planes", 4, 3, decode))
-    transform = _full if encoding.name == "hrope-full" else _rigid
+    transform = _full if encoding.transform_kind == "invertible" else _rigid
     table = {
         "depth": ParameterSpec("depth", 1, 1, _positive(depth_init, scalar=True)),
         "rotation": ParameterSpec("rotation", 3, 9, _rotation),
@@ -160,7 +160,7 @@ def parameter_specs(encoding: Encoding, depth_init: float = 1.0) -> list[Paramet
         if name not in table:
             raise PredictorError(
                 f"no learned decoder for parameter {name!r} of encoding {encoding.name!r}; "
-                f"known: {sorted(table)} (add one to hrope.predictors.parameter_specs)"
+                f"known: {sorted(table)} (add one to hrope.nvs.predictors.parameter_specs)"
             )
         specs.append(table[name])
     return specs
@@ -391,7 +391,7 @@ def import_factory(path: str) -> Callable[..., nn.Module]:
 PREDICTORS = ("learned", "backbone", "external", "oracle")
 
 
-def build_source(name: str, specs: list[ParameterSpec], *, dim: int, num_layers: int, patch_size: int,
+def build_parameter_source(name: str, specs: list[ParameterSpec], *, dim: int, num_layers: int, patch_size: int,
                  options: dict | None = None, depth_init: float = 1.0) -> ParameterSource:
     """A parameter source by name. ``options``: for ``backbone`` a ``module`` (nn.Module or import
     path ``'pkg.mod:factory'`` + ``module_kwargs``), a local ``checkpoint`` path, ``feature_dim`` and

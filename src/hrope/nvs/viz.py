@@ -16,7 +16,9 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 
-from .planes import Planes
+from ..planes import Planes
+from .checkpoints import load_model, run_folder
+from .datasets import build_dataset, collate
 
 __all__ = ["save_image_grid", "normal_colours", "plane_normal_rows", "visualize_planes", "VizError"]
 
@@ -87,8 +89,6 @@ def plane_normal_rows(model, batch, layer: int = -1) -> list[list[Tensor]]:
 def visualize_planes(checkpoint: str | Path, out: str | Path | None = None, num_scenes: int = 4,
                      layer: int = -1, device: str = "cpu") -> Path:
     """Write ``planes.png`` (see module doc) for ``num_scenes`` held-out scenes; returns its path."""
-    from .train import build_dataset, collate, load_model, run_folder
-
     model, config = load_model(checkpoint, device)
     dataset = build_dataset(config, "eval")
     scenes = [dataset[i] for i in range(min(num_scenes, len(dataset)))]

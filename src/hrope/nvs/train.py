@@ -9,13 +9,12 @@ learning rate a pure function of the step (:func:`learning_rate`), and the check
 model, the AdamW state, the step and the RNG state, so a run killed after checkpoint k and
 resumed ends with the same parameters as an uninterrupted one (bit-equal on the same machine).
 
-DDP: launch with ``torchrun --nproc_per_node N -m hrope.cli train ...``; gloo on CPU, nccl on
+DDP: launch with ``torchrun --nproc_per_node N -m hrope.nvs.cli train ...``; gloo on CPU, nccl on
 GPU. Each rank draws its own batch; gradients are averaged; rank 0 writes outputs.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -27,156 +26,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from .config import ConfigError, resolve, save_config
+from .checkpoints import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from .config import ConfigError, save_config
 from .data.rng import stream_seed
-from .model import LVSM, ModelConfig, count_parameters
+from .datasets import build_dataset, collate
+from .metrics import LPIPS
+from .model import LVSM, build_model, count_parameters
 
-__all__ = [
-    "train", "TrainResult", "build_model", "build_dataset", "build_source", "learning_rate", "batch_indices",
-    "save_checkpoint", "load_checkpoint", "load_model", "CheckpointError", "collate", "CHECKPOINT_NAME",
-]
+__all__ = ["train", "TrainResult", "StepLoader", "learning_rate", "batch_indices", "make_optimizer",
+           "perceptual_loss", "setup_distributed"]
 
-logger = logging.getLogger("hrope.train")
-CHECKPOINT_NAME = "checkpoint.safetensors"
-CHECKPOINT_FORMAT = "hrope-checkpoint-v1"
-
-
-class CheckpointError(ValueError):
-    """A missing or malformed checkpoint file."""
-
-
-# ----------------------------------------------------------------------------- building blocks
-def build_model(config: dict) -> LVSM:
-    """The LVSM of ``config["model"]``."""
-    return LVSM(ModelConfig.from_dict(config["model"]))
-
-
-class CachedDataset:
-    """Keeps every scene of ``dataset`` in memory after its first generation."""
-
-    def __init__(self, dataset) -> None:
-        self.dataset = dataset
-        self._scenes: dict[int, object] = {}
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int):
-        if index not in self._scenes:
-            self._scenes[index] = self.dataset[index]
-        return self._scenes[index]
-
-
-class FirstScenes:
-    """The first ``count`` examples of ``dataset`` (forwards ``set_epoch``)."""
-
-    def __init__(self, dataset, count: int) -> None:
-        self.dataset, self.count = dataset, count
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, index: int):
-        if not 0 <= index < self.count:
-            raise IndexError(f"scene index {index} out of range 0..{self.count - 1}")
-        return self.dataset[index]
-
-    def set_epoch(self, epoch: int) -> None:
-        if hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(epoch)
-
-
-class IndexedViews:
-    """The scenes of a RealEstate10K source opened with an evaluation index (its context, then its
-    targets), normalised; the index must give ``num_context`` context views per scene."""
-
-    def __init__(self, source, num_context: int) -> None:
-        self.source, self.num_context = source, num_context
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def __getitem__(self, index: int):
-        from .data.normalize import normalize_scene
-
-        context, _ = self.source.context_target(index)
-        if len(context) != self.num_context:
-            raise ConfigError(f"data.eval_index gives {len(context)} context views, data.num_context is "
-                              f"{self.num_context}")
-        return normalize_scene(self.source[index], context)
-
-
-def build_source(config: dict, split: str = "train"):
-    """The real-data :class:`hrope.data.SceneSource` of ``config["data"]`` at the model's resolution.
-
-    ``split="eval"`` reads ``data.eval_root`` (default ``data.root``) and, for RE10K,
-    ``data.eval_index``. Views are resized + centre-cropped with exact intrinsics.
-    """
-    from .data.load import SOURCE_KINDS, make_source
-    from .data.scene import SceneError
-
-    data = config["data"]
-    if data["kind"] not in SOURCE_KINDS:
-        raise ConfigError(f"unknown data.kind {data['kind']!r}; expected room, object or one of {sorted(SOURCE_KINDS)}")
-    root = (data["eval_root"] or data["root"]) if split == "eval" else data["root"]
-    if not root:
-        raise ConfigError(f"data.root is required for data.kind {data['kind']!r} (the dataset folder)")
-    if data["eval_index"] and data["kind"] != "re10k":
-        raise ConfigError(f"data.eval_index is for data.kind 're10k', not {data['kind']!r}")
-    size = ModelConfig.from_dict(config["model"]).image_size
-    options = {"image_size": (size, size)}
-    if split == "eval" and data["eval_index"]:
-        options["evaluation_index"] = data["eval_index"]
-    try:
-        return make_source(data["kind"], root, **options)
-    except SceneError as error:
-        raise ConfigError(f"data.root {str(root)!r} ({data['kind']}): {error}") from None
-
-
-def build_dataset(config: dict, split: str = "train"):
-    """The dataset of ``config["data"]`` (``split`` "train" or "eval": held-out scenes).
-
-    Synthetic kinds render ``data.num_scenes`` (train) or ``eval.num_scenes`` scenes (kept in
-    memory when ``data.cache``); real kinds wrap :func:`build_source` in
-    :class:`hrope.data.SceneDataset` (random views, redrawn at every training step through
-    ``set_epoch``; fixed views for evaluation, or the RE10K index's), limited to the first
-    ``num_scenes`` scenes when that is set, and never cached.
-    """
-    from .data.dataset import SceneDataset, SyntheticDataset
-    from .data.synthetic import KINDS
-
-    data = config["data"]
-    image_size = ModelConfig.from_dict(config["model"]).image_size
-    num_scenes = data["num_scenes"] if split == "train" else config["eval"]["num_scenes"]
-    gap = None if data["context_gap"] is None else tuple(data["context_gap"])
-    if data["kind"] in KINDS:
-        check_synthetic_data(config, num_scenes, split)
-        dataset = SyntheticDataset(kind=data["kind"], num_scenes=num_scenes, seed=data["seed"],
-                                   image_size=(image_size, image_size), num_context=data["num_context"],
-                                   num_target=data["num_target"], split=split, context_gap=gap)
-        return CachedDataset(dataset) if data["cache"] else dataset
-    if split == "eval" and data["eval_index"]:
-        dataset = IndexedViews(build_source(config, split), data["num_context"])
-    else:
-        dataset = SceneDataset(build_source(config, split), data["num_context"], data["num_target"], split=split,
-                               seed=data["seed"], context_gap=gap)
-    if num_scenes is not None and num_scenes < len(dataset):
-        dataset = FirstScenes(dataset, int(num_scenes))
-    return dataset  # never cached: real scenes are large, and training views change every step
-
-
-def check_synthetic_data(config: dict, num_scenes, split: str) -> None:
-    """Clear errors for real-data keys or a missing scene count with a synthetic ``data.kind``."""
-    data = config["data"]
-    if data["root"] or data["eval_root"] or data["eval_index"]:
-        raise ConfigError(f"data.root, data.eval_root and data.eval_index are for real data, not the synthetic "
-                          f"kind {data['kind']!r}")
-    if num_scenes is None:
-        raise ConfigError(f"{'data' if split == 'train' else 'eval'}.num_scenes must be a number for synthetic data")
+logger = logging.getLogger("hrope.nvs.train")
 
 
 class StepLoader:
@@ -211,13 +73,6 @@ class StepLoader:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def collate(scenes, num_context: int, device: torch.device):
-    """A :class:`hrope.data.batch.SceneBatch` on ``device``."""
-    from .data.batch import collate_scenes
-
-    return collate_scenes(list(scenes), num_context).to(device)
-
-
 def learning_rate(step: int, train: dict) -> float:
     """Linear warmup (lr · (step + 1) / warmup at step ``step < warmup``), then cosine decay to
     ``min_lr_ratio * lr`` at ``steps``."""
@@ -250,99 +105,7 @@ def perceptual_loss(config: dict, device: torch.device):
     weights = config["eval"]["lpips_weights"]
     if not weights:
         raise ConfigError("train.perceptual_weight > 0 needs local LPIPS weights in eval.lpips_weights")
-    from .metrics import LPIPS
-
     return LPIPS(weights).to(device)
-
-
-# ----------------------------------------------------------------------------- checkpoints
-def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                    step: int, config: dict) -> Path:
-    """Write ``path`` atomically (temp file + ``os.replace``) as safetensors.
-
-    Tensors: ``model.<name>``, ``optimizer.<param index>.<key>`` (AdamW state), ``rng.torch``
-    (and ``rng.cuda``, the current CUDA device's, when CUDA is in use). Metadata (JSON strings):
-    ``format``, ``step``, ``config``, ``optimizer_groups`` (hyper-parameters per group and their
-    parameter indices), ``scheduler`` (the schedule is a pure function of the step).
-    """
-    path = Path(path)
-    tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    metadata = {"format": CHECKPOINT_FORMAT, "step": str(step), "config": json.dumps(config),
-                "scheduler": json.dumps({"kind": "warmup_cosine", "step": step})}
-    if optimizer is not None:
-        state = optimizer.state_dict()
-        for index, values in state["state"].items():
-            for key, value in values.items():
-                tensors[f"optimizer.{index}.{key}"] = torch.as_tensor(value).contiguous().cpu()
-        metadata["optimizer_groups"] = json.dumps(state["param_groups"])
-    tensors["rng.torch"] = torch.get_rng_state()
-    if torch.cuda.is_initialized():  # only a process that used CUDA; its current device only
-        tensors["rng.cuda"] = torch.cuda.get_rng_state()
-    temporary = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(temporary), metadata=metadata)
-    os.replace(temporary, path)
-    return path
-
-
-def run_folder(checkpoint: str | Path) -> Path:
-    """The run folder of ``checkpoint`` (a run folder itself, or the checkpoint file inside one)."""
-    checkpoint = Path(checkpoint)
-    return checkpoint if checkpoint.is_dir() else checkpoint.parent
-
-
-def _read_checkpoint(path: str | Path, with_tensors: bool = True) -> tuple[dict[str, Tensor], dict[str, str]]:
-    path = Path(path)
-    if path.is_dir():
-        path = path / CHECKPOINT_NAME
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint not found: {path}")
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            metadata = handle.metadata() or {}
-            tensors = {key: handle.get_tensor(key) for key in handle.keys()} if with_tensors else {}
-    except Exception as error:  # safetensors raises its own error types for corrupt files
-        raise CheckpointError(f"{path} is not a readable safetensors checkpoint: {error}") from None
-    if metadata.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path} is not an hrope checkpoint (format {metadata.get('format')!r})")
-    return tensors, metadata
-
-
-def _model_state(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-    return {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
-
-
-def load_checkpoint(path: str | Path, model: nn.Module | None = None,
-                    optimizer: torch.optim.Optimizer | None = None, restore_rng: bool = False) -> dict:
-    """Load a checkpoint into ``model`` / ``optimizer`` (either optional); returns
-    ``{"step": int, "config": dict}`` (only the metadata is read when nothing is loaded). ``path``
-    may be the file or its run folder."""
-    loads = model is not None or optimizer is not None or restore_rng
-    tensors, metadata = _read_checkpoint(path, with_tensors=loads)
-    if model is not None:
-        model.load_state_dict(_model_state(tensors))
-    if optimizer is not None:
-        if "optimizer_groups" not in metadata:
-            raise CheckpointError(f"{path} holds no optimizer state")
-        state: dict = {}
-        for key, value in tensors.items():
-            if key.startswith("optimizer."):
-                _, index, name = key.split(".", 2)
-                state.setdefault(int(index), {})[name] = value
-        optimizer.load_state_dict({"state": state, "param_groups": json.loads(metadata["optimizer_groups"])})
-    if restore_rng:
-        torch.set_rng_state(tensors["rng.torch"])
-        if "rng.cuda" in tensors and torch.cuda.is_available():
-            torch.cuda.set_rng_state(tensors["rng.cuda"])
-    return {"step": int(metadata["step"]), "config": resolve(json.loads(metadata["config"]))}
-
-
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[LVSM, dict]:
-    """Model and resolved config from a checkpoint (file or run folder), read once."""
-    tensors, metadata = _read_checkpoint(path)
-    config = resolve(json.loads(metadata["config"]))
-    model = build_model(config)
-    model.load_state_dict(_model_state(tensors))
-    return model.to(device).eval(), config
 
 
 # ----------------------------------------------------------------------------- distributed

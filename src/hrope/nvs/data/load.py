@@ -70,7 +70,7 @@ def load_scene(path: str | Path, image_size: tuple[int, int] | None = None, view
 
 class SceneFolderSource(SceneSource):
     """Every sub-folder of ``root`` in a detectable format (e.g. a DL3DV or LLFF collection), or
-    ``root`` itself when it is one scene; ``options`` as in :class:`hrope.data.source.SceneSource`."""
+    ``root`` itself when it is one scene; ``options`` as in :class:`hrope.nvs.data.source.SceneSource`."""
 
     def __init__(self, root: str | Path, **options) -> None:
         super().__init__(**options)

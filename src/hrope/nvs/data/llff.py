@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..geometry import invert_se3
+from ...geometry import invert_se3
 from .frames import Frame, frames_to_scene
 from .scene import Scene, SceneError
 

@@ -17,7 +17,7 @@ from dataclasses import replace
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..cameras import Cameras
+from ...cameras import Cameras
 from .scene import Scene, SceneError
 
 __all__ = ["scale_intrinsics", "crop_intrinsics", "resize_crop_plan", "resize_crop", "resize_crop_scene"]

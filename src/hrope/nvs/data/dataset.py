@@ -118,7 +118,7 @@ class SceneDataset(ViewSampling, Dataset):
     """Examples drawn from any indexable source of :class:`Scene` (all frames of a video each).
 
     A source that also has ``num_frames(i)`` and ``load_views(i, frames)`` (like
-    :class:`hrope.data.SceneSource`) decodes only the sampled frames, never a whole video; a scene
+    :class:`hrope.nvs.data.SceneSource`) decodes only the sampled frames, never a whole video; a scene
     that cannot be loaded or is too short for the sampling (a :class:`SceneError`) is skipped
     (replaced by the next one) with a warning counting the skipped scenes (``num_skipped``), unless
     the source has ``skip_errors=False``. ``context_gap=None`` allows any gap the scene's length allows.

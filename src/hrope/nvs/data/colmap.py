@@ -17,14 +17,14 @@ from pathlib import Path
 
 import torch
 
-from ..geometry import make_se3
+from ...geometry import make_se3
 from .frames import Frame, frames_to_scene
 from .scene import Scene, SceneError
 
 __all__ = ["quaternion_to_rotation", "read_colmap_cameras", "read_colmap_images", "find_colmap_model",
            "read_colmap_frames", "load_colmap"]
 
-logger = logging.getLogger("hrope.data")
+logger = logging.getLogger("hrope.nvs.data")
 
 # model -> (number of params, index of fx, index of fy, index of cx) ; cy follows cx
 _MODELS = {

@@ -1,6 +1,6 @@
 """Evaluation of a checkpoint on held-out scenes: metrics JSON + Markdown + qualitative grids.
 
-Metrics per target image (:mod:`hrope.metrics`), averaged per scene, then over scenes (LVSM's
+Metrics per target image (:mod:`hrope.nvs.metrics`), averaged per scene, then over scenes (LVSM's
 protocol). LPIPS is computed only when ``eval.lpips_weights`` names a local weights file;
 otherwise it is reported as ``"unavailable"``.
 
@@ -17,7 +17,9 @@ from pathlib import Path
 
 import torch
 
+from .checkpoints import load_model, run_folder
 from .config import save_config, update_config
+from .datasets import build_dataset, collate
 from .metrics import LPIPS, image_metrics
 from .viz import save_image_grid
 
@@ -32,8 +34,6 @@ def batch_metrics(model, scenes, num_context: int, device, lpips: LPIPS | None =
     """Per-scene metric means ``{metric: [value per scene]}`` of one batch of ``scenes`` (each target
     image scored, then averaged per scene); LPIPS only with ``lpips``. With ``return_prediction``
     also returns ``(batch, prediction (B, Vt, 3, H, W))``."""
-    from .train import collate
-
     batch = collate(scenes, num_context, torch.device(device))
     with torch.no_grad():
         prediction = model(batch).images.float()
@@ -46,7 +46,7 @@ def batch_metrics(model, scenes, num_context: int, device, lpips: LPIPS | None =
 
 def evaluate_scenes(model, scenes: Iterable, num_context: int, *, batch_size: int = 4, lpips: LPIPS | None = None,
                     device: str | torch.device = "cpu", num_grid_scenes: int = 0):
-    """Score ``scenes`` (any iterable of :class:`hrope.data.Scene`, read ``batch_size`` at a time).
+    """Score ``scenes`` (any iterable of :class:`hrope.nvs.data.Scene`, read ``batch_size`` at a time).
 
     Returns ``(means {metric: float or "unavailable"}, number of scenes, grid rows of the first
     num_grid_scenes scenes)``.
@@ -109,8 +109,6 @@ def evaluate(checkpoint: str | Path, out: str | Path | None = None, *, num_scene
 
     ``data`` overrides keys of the run's ``data`` config section (e.g. a real dataset to test on).
     """
-    from .train import build_dataset, load_model, run_folder
-
     model, config = load_model(checkpoint, device)
     config = apply_data_overrides(config, data)
     if num_scenes is not None:

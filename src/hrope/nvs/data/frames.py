@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from ..cameras import CameraError, Cameras
+from ...cameras import CameraError, Cameras
 from .scene import Scene, SceneError
 from .transforms import resize_crop, scale_intrinsics
 
@@ -70,7 +70,7 @@ def frames_to_scene(frames: list[Frame], name: str, image_size: tuple[int, int] 
     """Decode ``frames`` (or only ``frames[views]``, in that order) into a :class:`Scene`.
 
     Images are ``(V, 3, H, W)``, cameras float32. With ``image_size (H, W)`` every view is resized
-    + centre-cropped to it (:func:`hrope.data.transforms.resize_crop`); otherwise all images must
+    + centre-cropped to it (:func:`hrope.nvs.data.transforms.resize_crop`); otherwise all images must
     share one size.
     """
     if views is not None:

@@ -11,7 +11,7 @@ Range = tuple[float, float]
 
 @dataclass(frozen=True)
 class SyntheticConfig:
-    """Ranges for :func:`hrope.data.synthetic.make_scene`; lengths in metres, angles in degrees.
+    """Ranges for :func:`hrope.nvs.data.synthetic.make_scene`; lengths in metres, angles in degrees.
 
     The world frame has OpenCV-like axes: y points down (the floor is y = 0, "up" is -y).
 

@@ -1,4 +1,4 @@
-"""``python -m hrope.demo`` (``make demo``): the whole pipeline on CPU in minutes.
+"""``python -m hrope.nvs.demo`` (``make demo``): the whole pipeline on CPU in minutes.
 
 Trains four ``tiny`` LVSM models on synthetic room scenes — ``none`` (LVSM baseline), ``prope``,
 ``hrope`` with learned planes and ``hrope`` with oracle (ground-truth) planes — for the same
@@ -18,9 +18,11 @@ import time
 from pathlib import Path
 
 
+from ..encodings import ENCODINGS
 from .config import resolve
+from .datasets import build_dataset, collate
 from .evaluate import evaluate_model, markdown_table
-from .train import build_dataset, collate, train
+from .train import train
 from .viz import plane_normal_rows, save_image_grid
 
 __all__ = ["DEMO_MODELS", "demo_config", "main"]
@@ -41,11 +43,12 @@ def demo_config(encoding: str, predictor: str, out: Path, steps: int) -> dict:
 
 
 def run_name(encoding: str, predictor: str) -> str:
-    return encoding if encoding in ("none", "prope") else f"{encoding}-{predictor}"
+    """The encoding, with the plane source for encodings that take per-token inputs."""
+    return f"{encoding}-{predictor}" if ENCODINGS[encoding].takes_token_inputs() else encoding
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m hrope.demo", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m hrope.nvs.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=1000, help="training steps per model")
     parser.add_argument("--out", default="runs/demo")
     args = parser.parse_args(argv)
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     columns = " | ".join(["context views", "ground truth", *(r["name"] for r in results)])
     text = (
         "# Demo results\n\n"
-        f"Command: `make demo` (`python -m hrope.demo --steps {args.steps}`). Tiny LVSM (64x64, patch 8, d 128, "
+        f"Command: `make demo` (`python -m hrope.nvs.demo --steps {args.steps}`). Tiny LVSM (64x64, patch 8, d 128, "
         f"4 layers), {args.steps} steps of batch {BATCH_SIZE} on {TRAIN_SCENES} synthetic room scenes (2 context + "
         f"1 target views), evaluated on {EVAL_SCENES} held-out scenes. Total time {elapsed / 60:.1f} min on {device}.\n\n"
         + markdown_table(results)

@@ -6,7 +6,7 @@ Public API::
                  device="cpu", batch_size=None, lpips_weights=None, **options) -> dict
     write_results(results, out) -> dict[str, Path]
 
-``model_or_checkpoint`` is an :class:`hrope.model.LVSM` or a checkpoint file / run folder (its
+``model_or_checkpoint`` is an :class:`hrope.nvs.model.LVSM` or a checkpoint file / run folder (its
 saved config gives the data settings). ``dataset_config`` overrides keys of the ``data`` config
 section (e.g. ``{"kind": "re10k", "root": ..., "eval_index": ...}``; with a bare model it is
 applied to the defaults). ``options``: ``factors`` (the protocol's axis values, see
@@ -31,7 +31,7 @@ video is too short for every point is skipped (``num_skipped``). Per point:
 - ``baseline`` (s in 1, 1.5, 2, 3): the pair widened to ``first - e, last + e`` with
   ``e = round((s - 1) * gap / 2)`` (s times the frame gap); the base plan's targets.
 
-Metrics as :func:`hrope.evaluate.evaluate_model`: per target image, averaged per scene, then over
+Metrics as :func:`hrope.nvs.evaluate.evaluate_model`: per target image, averaged per scene, then over
 scenes; every example is normalised (first context camera = world, unit context baseline).
 
 Returned dict::
@@ -53,7 +53,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .cameras import Cameras
+from ..cameras import Cameras
+from .checkpoints import load_model
 from .config import ConfigError, resolve
 from .data.config import SyntheticConfig
 from .data.dataset import DEFAULT_CONTEXT_GAP
@@ -63,11 +64,15 @@ from .data.rng import Rng, stream_seed
 from .data.scene import Scene, SceneError
 from .data.synthetic import KINDS as SYNTHETIC_KINDS
 from .data.synthetic import make_scene
+from .datasets import build_scene_source, check_synthetic_data
+from .evaluate import apply_data_overrides, evaluate_scenes, run_name
+from .metrics import LPIPS
+from .model import LVSM
 
 __all__ = ["PROTOCOLS", "DEFAULT_FACTORS", "AXES", "NUM_TARGETS", "run_protocol", "write_results", "zoom_views",
            "base_plan", "protocol_plans", "SyntheticVideos", "SourceVideos", "build_videos"]
 
-logger = logging.getLogger("hrope.protocols")
+logger = logging.getLogger("hrope.nvs.protocols")
 
 PROTOCOLS = ("standard", "views", "zoom", "extrapolate", "baseline")
 DEFAULT_FACTORS = {"standard": (1,), "views": (2, 4, 8), "zoom": (1, 2, 3, 4, 5), "extrapolate": (0.25, 0.5, 1.0),
@@ -105,7 +110,7 @@ class SyntheticVideos:
 
 
 class SourceVideos:
-    """The first ``num_scenes`` (all when None) scenes of a :class:`hrope.data.SceneSource`."""
+    """The first ``num_scenes`` (all when None) scenes of a :class:`hrope.nvs.data.SceneSource`."""
 
     def __init__(self, source, num_scenes: int | None, context_gap: tuple[int, int] | None) -> None:
         self.source = source
@@ -127,13 +132,11 @@ class SourceVideos:
 
 def build_videos(config: dict, num_scenes: int | None):
     """The held-out videos of ``config["data"]`` (synthetic kinds or a real-data source)."""
-    from .train import build_source, check_synthetic_data
-
     data = config["data"]
     if data["kind"] in SYNTHETIC_KINDS:
         check_synthetic_data(config, num_scenes, "eval")
         return SyntheticVideos(data["kind"], num_scenes, data["seed"])
-    return SourceVideos(build_source(config, "eval"), num_scenes, data["context_gap"])
+    return SourceVideos(build_scene_source(config, "eval"), num_scenes, data["context_gap"])
 
 
 # ----------------------------------------------------------------------------- view plans
@@ -149,7 +152,7 @@ def base_plan(videos, i: int, seed: int, reserve: float) -> tuple[list[int], lis
     if high < max(low, NUM_TARGETS + 1):
         raise SceneError(f"a video of {n} frames is too short for context gaps {videos.context_gap} "
                          f"with {reserve:g} x gap free on both sides")
-    rng = Rng("hrope.protocols.views", seed, i)
+    rng = Rng("hrope.nvs.protocols.views", seed, i)
     gap = rng.integer(max(low, NUM_TARGETS + 1), high)
     margin = math.ceil(reserve * gap)
     first = margin + rng.integer(0, n - 1 - gap - 2 * margin)
@@ -254,10 +257,6 @@ def zoom_views(scene: Scene, factor: float, views: list[int]) -> Scene:
 # ----------------------------------------------------------------------------- running
 def _load_model(model_or_checkpoint, dataset_config: dict | None, device: str):
     """``(model, config, checkpoint path or None)`` with the ``data`` overrides applied."""
-    from .evaluate import apply_data_overrides
-    from .model import LVSM
-    from .train import load_model
-
     if isinstance(model_or_checkpoint, LVSM):
         model, checkpoint = model_or_checkpoint.to(device), None
         config = resolve({"model": {**model.config.to_dict(), "preset": None}})
@@ -271,8 +270,6 @@ def _point_metrics(model, videos, scenes, plans, image_size, *, zoom: float, zoo
                    device) -> dict:
     """Per-metric means over the scenes of one protocol point (scenes that fail to load are skipped);
     the targets (all views with ``zoom_all``) are zoomed ``zoom`` x."""
-    from .evaluate import evaluate_scenes
-
     def loaded():
         for i, (context, targets) in zip(scenes, plans):
             try:
@@ -297,9 +294,6 @@ def run_protocol(model_or_checkpoint, protocol: str, dataset_config: dict | None
     a real-data source); ``batch_size`` to ``eval.batch_size``; ``lpips_weights`` to
     ``eval.lpips_weights`` (LPIPS is "unavailable" without local weights).
     """
-    from .evaluate import run_name
-    from .metrics import LPIPS
-
     if protocol not in PROTOCOLS:
         raise ConfigError(f"unknown protocol {protocol!r}; available: {', '.join(PROTOCOLS)}")
     zoom_all = bool(options.pop("zoom_all", False))

@@ -4,7 +4,7 @@ A source has ``len(source)`` and ``source[i] -> Scene``; the generic dataset wra
 examples from it. ``source[i]`` holds ``num_views`` frames chosen by :func:`select_frames` (all
 frames when None); :meth:`SceneSource.num_frames` and :meth:`SceneSource.load_views` let a wrapper
 choose frames itself and decode only those. A scene whose files are missing, corrupt or malformed
-(any :class:`~hrope.data.SceneError`) is logged and replaced by the next loadable scene, so
+(any :class:`~hrope.nvs.data.SceneError`) is logged and replaced by the next loadable scene, so
 training never crashes mid-epoch; ``num_skipped`` counts the distinct scenes skipped so far.
 """
 
@@ -18,7 +18,7 @@ from .scene import Scene, SceneError
 
 __all__ = ["SceneSource", "load_or_skip"]
 
-logger = logging.getLogger("hrope.data")
+logger = logging.getLogger("hrope.nvs.data")
 
 
 class SceneSource:
@@ -27,7 +27,7 @@ class SceneSource:
     Args:
         num_views: frames per scene for ``source[i]`` (all when None).
         sampling: "even" (deterministic, evaluation) or "random" (fresh at each access, training),
-            see :func:`hrope.data.frames.select_frames`; ``max_span`` bounds a random window.
+            see :func:`hrope.nvs.data.frames.select_frames`; ``max_span`` bounds a random window.
         image_size: ``(H, W)`` to resize + centre-crop every view to (native size when None).
         skip_errors: skip malformed scenes (default); False re-raises the :class:`SceneError`.
     """

@@ -20,14 +20,14 @@ from dataclasses import asdict, dataclass, field, fields
 import torch
 from torch import Tensor, nn
 
-from .cameras import Cameras
-from .encodings import ENCODINGS, Encoding, get_encoding
-from .predictors import (PREDICTORS, ParameterSource, build_source, encoding_inputs, flatten_values,
+from ..cameras import Cameras
+from ..encodings import ENCODINGS, Encoding, get_encoding
+from .predictors import (PREDICTORS, ParameterSource, build_parameter_source, encoding_inputs, flatten_values,
                          parameter_specs)
-from .rays import RAY_FRAMES, plucker_rays
+from ..rays import RAY_FRAMES, plucker_rays
 
 __all__ = ["ModelConfig", "PRESETS", "LVSM", "LVSMOutput", "ModelError", "patchify", "unpatchify",
-           "count_parameters", "encoding_names"]
+           "count_parameters", "encoding_names", "build_model"]
 
 APE_SUFFIX = "-ape"
 
@@ -81,7 +81,7 @@ class ModelConfig:
         if self.rays != "auto":
             return self.rays
         # camera-frame rays need an encoding that carries the relative pose; none and rope2d do not
-        return "world" if self.is_ape or self.encoding in ("none", "rope2d") else "camera"
+        return "world" if self.is_ape or not ENCODINGS[self.encoding].encodes_pose else "camera"
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -114,9 +114,9 @@ PRESETS: dict[str, dict] = {
 
 
 def encoding_names() -> list[str]:
-    """Registry names plus ``<name>-ape`` for every encoding that takes per-token parameters."""
+    """Registry names plus ``<name>-ape`` for every encoding with ``has_ape_variant``."""
     names = list(ENCODINGS)
-    names += [n + APE_SUFFIX for n, cls in ENCODINGS.items() if cls.needs_planes or cls.param_names]
+    names += [n + APE_SUFFIX for n, cls in ENCODINGS.items() if cls.has_ape_variant]
     return names
 
 
@@ -211,11 +211,11 @@ class LVSM(nn.Module):
         # Geometric encoding (a module: learnable options such as GTA's translation scale train).
         base = get_encoding(c.base_encoding, **c.encoding_options)
         self.encoding: Encoding = get_encoding("none") if c.is_ape else base
-        specs = parameter_specs(base, c.depth_init) if (base.needs_planes or base.param_names) else []
+        specs = parameter_specs(base, c.depth_init) if base.takes_token_inputs() else []
         self.source: ParameterSource | None = None
         self.ape: nn.ModuleList | None = None
         if specs:
-            self.source = build_source(c.predictor, specs, dim=c.dim, num_layers=c.layers,
+            self.source = build_parameter_source(c.predictor, specs, dim=c.dim, num_layers=c.layers,
                                        patch_size=c.patch_size, options=c.predictor_options, depth_init=c.depth_init)
             if c.is_ape:
                 embed_dim = sum(s.embed_dim for s in specs)
@@ -269,7 +269,7 @@ class LVSM(nn.Module):
         """Render every target view from the context views (each target decoded on its own sequence).
 
         Args:
-            batch: a :class:`hrope.data.SceneBatch` or any object with ``images (B, V, 3, H, W)`` in
+            batch: a :class:`hrope.nvs.data.SceneBatch` or any object with ``images (B, V, 3, H, W)`` in
                 [0, 1] (H = W = ``image_size``), ``cameras`` :class:`hrope.Cameras` ``(B, V)`` and
                 ``num_context`` Vc (0 < Vc < V; views ``Vc:`` are the Vt = V - Vc targets). The
                 ``external`` predictor also reads ``depth (B, V, H, W)`` (and ``normals
@@ -327,3 +327,8 @@ class LVSM(nn.Module):
         planes, params = encoding_inputs(values)
         return self.encoding.prepare(cameras, self.config.grid, self.config.dim // self.config.heads,
                                      planes=planes, **params)
+
+
+def build_model(config: dict) -> LVSM:
+    """The LVSM of a run config's ``model`` section (``config["model"]``)."""
+    return LVSM(ModelConfig.from_dict(config["model"]))

@@ -23,13 +23,13 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from ..geometry import invert_se3
+from ...geometry import invert_se3
 from .frames import Frame, frames_to_scene
 from .scene import Scene, SceneError
 
 __all__ = ["OPENGL_TO_OPENCV", "read_transforms_json", "load_transforms_json"]
 
-logger = logging.getLogger("hrope.data")
+logger = logging.getLogger("hrope.nvs.data")
 
 OPENGL_TO_OPENCV = torch.diag(torch.tensor([1.0, -1.0, -1.0, 1.0], dtype=torch.float64))
 """Right-multiplying an OpenGL camera-to-world matrix by this gives the OpenCV one (and back)."""

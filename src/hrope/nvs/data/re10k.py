@@ -27,7 +27,7 @@ from .source import SceneSource
 
 __all__ = ["read_chunk", "re10k_frames", "read_evaluation_index", "RealEstate10KSource"]
 
-logger = logging.getLogger("hrope.data")
+logger = logging.getLogger("hrope.nvs.data")
 
 
 def read_chunk(path: str | Path) -> list[dict]:
@@ -92,7 +92,7 @@ class RealEstate10KSource(SceneSource):
     views, in that order (:meth:`context_target` gives their positions); null entries and keys
     absent from the chunks are left out (the latter with a warning). Otherwise ``options``
     (``num_views``, ``sampling``, ``max_span``, ``image_size``, ``skip_errors``) work as in
-    :class:`hrope.data.source.SceneSource`.
+    :class:`hrope.nvs.data.source.SceneSource`.
 
     Chunks are listed from ``index.json`` when present, else by opening every chunk once
     (unreadable chunks are skipped with a counted warning).

@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 
 from torch import Tensor
 
-from ..cameras import Cameras
-from ..planes import Planes
+from ...cameras import Cameras
+from ...planes import Planes
 
 __all__ = ["Scene", "SceneError", "patch_planes"]
 

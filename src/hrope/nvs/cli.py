@@ -23,7 +23,16 @@ import os
 import sys
 from pathlib import Path
 
-from .config import SHORTCUTS, ConfigError
+from .checkpoints import CheckpointError, run_folder
+from .config import SHORTCUTS, ConfigError, apply_overrides, load_config, parse_overrides
+from .data.scene import SceneError
+from .evaluate import evaluate
+from .metrics import MetricError
+from .model import ModelError, count_parameters
+from .predictors import PredictorError
+from .protocols import run_protocol, write_results
+from .train import train
+from .viz import VizError, visualize_planes
 
 __all__ = ["main"]
 
@@ -91,8 +100,6 @@ def _check_override_order(argv: list[str], args, extra: list[str]) -> None:
 
 def _data_overrides(extra: list[str]) -> dict:
     """``--data.key VALUE`` options as ``{key: value}`` (anything else is an error)."""
-    from .config import parse_overrides
-
     updates = parse_overrides(extra)
     if set(updates) - {"data"}:
         raise ConfigError(f"hrope eval accepts --data.key overrides only, got {' '.join(extra)}")
@@ -104,10 +111,6 @@ def _metrics_line(metrics: dict) -> str:
 
 
 def run_eval(args, extra: list[str]) -> None:
-    from .evaluate import evaluate
-    from .protocols import run_protocol, write_results
-    from .train import run_folder
-
     data = _data_overrides(extra)
     if args.protocol is None:
         if len(args.checkpoints) > 1 or args.factors or args.zoom_all:
@@ -132,13 +135,6 @@ def run_eval(args, extra: list[str]) -> None:
 
 
 def run(argv: list[str]) -> int:
-    from .data.scene import SceneError
-    from .metrics import MetricError
-    from .model import ModelError, count_parameters
-    from .predictors import PredictorError
-    from .train import CheckpointError, train
-    from .viz import VizError, visualize_planes
-
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     if args.command == "viz" and extra:
@@ -147,8 +143,6 @@ def run(argv: list[str]) -> int:
         if args.command in ("train", "eval"):
             _check_override_order(argv, args, extra)
         if args.command == "train":
-            from .config import apply_overrides, load_config
-
             config = apply_overrides(load_config(args.config), extra)
             result = train(config)
             counts = count_parameters(result.model)

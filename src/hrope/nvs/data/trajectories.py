@@ -11,7 +11,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..geometry import invert_se3, make_se3
+from ...geometry import invert_se3, make_se3
 from .config import SyntheticConfig
 from .layouts import _OBJECT_ENCLOSURE, Layout
 from .rng import Rng

@@ -1,6 +1,6 @@
 """Run configuration: YAML files with ``--key value`` / dotted command-line overrides.
 
-A config has four sections: ``model`` (``preset`` plus :class:`hrope.model.ModelConfig` fields,
+A config has four sections: ``model`` (``preset`` plus :class:`hrope.nvs.model.ModelConfig` fields,
 whose defaults come from the preset), ``data``, ``train`` and ``eval`` (every key and its default
 in :data:`DEFAULTS`).
 Overrides are ``--section.key value`` (value parsed as YAML, so ``1e-3``, ``true``, ``[1, 2]``
@@ -26,7 +26,7 @@ class ConfigError(ValueError):
 DEFAULTS: dict = {
     "model": {"preset": "tiny", "encoding": "none", "predictor": "learned"},
     "data": {
-        "kind": "room",  # synthetic: room | object; real (hrope.data.SOURCE_KINDS): re10k | co3d | dl3dv | ...
+        "kind": "room",  # synthetic: room | object; real (hrope.nvs.data.SOURCE_KINDS): re10k | co3d | dl3dv | ...
         "root": None,  # real data: the dataset folder (required for real kinds)
         "eval_root": None,  # real data: held-out folder for evaluation (None = root)
         "eval_index": None,  # RE10K evaluation index JSON (2 context + 3 targets per scene), eval only

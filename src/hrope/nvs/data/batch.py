@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..cameras import Cameras
-from ..planes import Planes
+from ...cameras import Cameras
+from ...planes import Planes
 from .scene import Scene, SceneError, patch_planes
 
 __all__ = ["SceneBatch", "collate_scenes"]

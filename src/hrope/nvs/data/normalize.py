@@ -7,7 +7,7 @@ from typing import Sequence
 
 import torch
 
-from ..cameras import Cameras
+from ...cameras import Cameras
 from .scene import Scene, SceneError
 
 __all__ = ["normalize_scene", "context_baseline"]

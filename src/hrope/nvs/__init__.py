@@ -1,0 +1,40 @@
+"""The novel-view-synthesis toolkit on top of the encoding library (``pip install 'hrope[nvs]'``).
+
+Modules, each importing only the ones listed before it (and the library, :mod:`hrope`):
+``config`` (run configs), ``metrics``, ``data`` (scenes, synthetic generator, real-data loaders),
+``predictors`` (per-patch parameter sources), ``model`` (LVSM), ``datasets`` (the examples of a run
+config), ``checkpoints``, ``train``, ``evaluate``, ``viz``, ``protocols``, ``demo``, ``cli``.
+
+Importing this package imports none of them, so ``hrope`` (the command, :func:`main`) can say what
+to install when the toolkit's dependencies are missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+__all__ = ["REQUIREMENTS", "missing_requirements", "main"]
+
+# import name -> distribution name of every third-party package the toolkit imports
+REQUIREMENTS = {
+    "yaml": "pyyaml", "safetensors": "safetensors", "tqdm": "tqdm", "PIL": "pillow", "numpy": "numpy",
+    "matplotlib": "matplotlib", "skimage": "scikit-image", "kornia": "kornia", "tensorboard": "tensorboard",
+}
+
+
+def missing_requirements() -> list[str]:
+    """Distribution names of the toolkit's dependencies that are not installed."""
+    return [dist for module, dist in REQUIREMENTS.items() if importlib.util.find_spec(module) is None]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The ``hrope`` command: a one-line error (exit 2) when the toolkit is not installed."""
+    missing = missing_requirements()
+    if missing:
+        print(f"hrope: the NVS toolkit needs {', '.join(missing)}; install it with: pip install 'hrope[nvs]'",
+              file=sys.stderr)
+        sys.exit(2)
+    from .cli import main as cli_main
+
+    cli_main(argv)

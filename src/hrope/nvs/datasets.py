@@ -1,0 +1,143 @@
+"""Datasets of a run config: synthetic or real scenes for training and held-out evaluation.
+
+``build_dataset(config, split)`` gives the training (``"train"``) or held-out (``"eval"``) examples
+of ``config["data"]`` at the model's resolution; ``build_scene_source(config, split)`` the real-data
+:class:`hrope.nvs.data.SceneSource` behind it; ``collate`` stacks examples into a batch on a device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import ConfigError
+from .data.batch import collate_scenes
+from .data.dataset import SceneDataset, SyntheticDataset
+from .data.load import SOURCE_KINDS, make_source
+from .data.normalize import normalize_scene
+from .data.scene import SceneError
+from .data.synthetic import KINDS
+from .model import ModelConfig
+
+__all__ = ["CachedDataset", "FirstScenes", "IndexedViews", "build_scene_source", "build_dataset",
+           "check_synthetic_data", "collate"]
+
+
+class CachedDataset:
+    """Keeps every scene of ``dataset`` in memory after its first generation."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+        self._scenes: dict[int, object] = {}
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        if index not in self._scenes:
+            self._scenes[index] = self.dataset[index]
+        return self._scenes[index]
+
+
+class FirstScenes:
+    """The first ``count`` examples of ``dataset`` (forwards ``set_epoch``)."""
+
+    def __init__(self, dataset, count: int) -> None:
+        self.dataset, self.count = dataset, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int):
+        if not 0 <= index < self.count:
+            raise IndexError(f"scene index {index} out of range 0..{self.count - 1}")
+        return self.dataset[index]
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+
+class IndexedViews:
+    """The scenes of a RealEstate10K source opened with an evaluation index (its context, then its
+    targets), normalised; the index must give ``num_context`` context views per scene."""
+
+    def __init__(self, source, num_context: int) -> None:
+        self.source, self.num_context = source, num_context
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: int):
+        context, _ = self.source.context_target(index)
+        if len(context) != self.num_context:
+            raise ConfigError(f"data.eval_index gives {len(context)} context views, data.num_context is "
+                              f"{self.num_context}")
+        return normalize_scene(self.source[index], context)
+
+
+def build_scene_source(config: dict, split: str = "train"):
+    """The real-data :class:`hrope.nvs.data.SceneSource` of ``config["data"]`` at the model's resolution.
+
+    ``split="eval"`` reads ``data.eval_root`` (default ``data.root``) and, for RE10K,
+    ``data.eval_index``. Views are resized + centre-cropped with exact intrinsics.
+    """
+    data = config["data"]
+    if data["kind"] not in SOURCE_KINDS:
+        raise ConfigError(f"unknown data.kind {data['kind']!r}; expected room, object or one of {sorted(SOURCE_KINDS)}")
+    root = (data["eval_root"] or data["root"]) if split == "eval" else data["root"]
+    if not root:
+        raise ConfigError(f"data.root is required for data.kind {data['kind']!r} (the dataset folder)")
+    if data["eval_index"] and data["kind"] != "re10k":
+        raise ConfigError(f"data.eval_index is for data.kind 're10k', not {data['kind']!r}")
+    size = ModelConfig.from_dict(config["model"]).image_size
+    options = {"image_size": (size, size)}
+    if split == "eval" and data["eval_index"]:
+        options["evaluation_index"] = data["eval_index"]
+    try:
+        return make_source(data["kind"], root, **options)
+    except SceneError as error:
+        raise ConfigError(f"data.root {str(root)!r} ({data['kind']}): {error}") from None
+
+
+def build_dataset(config: dict, split: str = "train"):
+    """The dataset of ``config["data"]`` (``split`` "train" or "eval": held-out scenes).
+
+    Synthetic kinds render ``data.num_scenes`` (train) or ``eval.num_scenes`` scenes (kept in
+    memory when ``data.cache``); real kinds wrap :func:`build_scene_source` in
+    :class:`hrope.nvs.data.SceneDataset` (random views, redrawn at every training step through
+    ``set_epoch``; fixed views for evaluation, or the RE10K index's), limited to the first
+    ``num_scenes`` scenes when that is set, and never cached.
+    """
+    data = config["data"]
+    image_size = ModelConfig.from_dict(config["model"]).image_size
+    num_scenes = data["num_scenes"] if split == "train" else config["eval"]["num_scenes"]
+    gap = None if data["context_gap"] is None else tuple(data["context_gap"])
+    if data["kind"] in KINDS:
+        check_synthetic_data(config, num_scenes, split)
+        dataset = SyntheticDataset(kind=data["kind"], num_scenes=num_scenes, seed=data["seed"],
+                                   image_size=(image_size, image_size), num_context=data["num_context"],
+                                   num_target=data["num_target"], split=split, context_gap=gap)
+        return CachedDataset(dataset) if data["cache"] else dataset
+    if split == "eval" and data["eval_index"]:
+        dataset = IndexedViews(build_scene_source(config, split), data["num_context"])
+    else:
+        dataset = SceneDataset(build_scene_source(config, split), data["num_context"], data["num_target"], split=split,
+                               seed=data["seed"], context_gap=gap)
+    if num_scenes is not None and num_scenes < len(dataset):
+        dataset = FirstScenes(dataset, int(num_scenes))
+    return dataset  # never cached: real scenes are large, and training views change every step
+
+
+def check_synthetic_data(config: dict, num_scenes, split: str) -> None:
+    """Clear errors for real-data keys or a missing scene count with a synthetic ``data.kind``."""
+    data = config["data"]
+    if data["root"] or data["eval_root"] or data["eval_index"]:
+        raise ConfigError(f"data.root, data.eval_root and data.eval_index are for real data, not the synthetic "
+                          f"kind {data['kind']!r}")
+    if num_scenes is None:
+        raise ConfigError(f"{'data' if split == 'train' else 'eval'}.num_scenes must be a number for synthetic data")
+
+
+def collate(scenes, num_context: int, device: torch.device):
+    """A :class:`hrope.nvs.data.batch.SceneBatch` on ``device``."""
+    return collate_scenes(list(scenes), num_context).to(device)

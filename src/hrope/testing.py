@@ -1,0 +1,109 @@
+"""Random valid inputs for every encoding, for tests, benchmarks and users' own checks (torch only).
+
+Every generator takes a ``seed`` (or a ``torch.Generator``) and is deterministic. Cameras have
+jittered intrinsics (fx != fy, principal point off-centre) and random rigid poses; planes face
+their camera; per-token params are drawn per parameter name (and, for ``transform``, the
+encoding's ``transform_kind``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .cameras import Cameras
+from .encodings import get_encoding
+from .planes import Planes
+
+__all__ = ["random_rotation", "random_se3", "random_intrinsics", "random_cameras", "random_planes", "random_qkv",
+           "encoding_params", "encoding_inputs"]
+
+
+def random_rotation(*shape, generator=None, dtype=torch.float64) -> Tensor:
+    """Uniform random rotations ``(*shape, 3, 3)`` (QR of a Gaussian matrix, det fixed to +1)."""
+    A = torch.randn(*shape, 3, 3, generator=generator, dtype=dtype)
+    Q, R = torch.linalg.qr(A)
+    Q = Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1))[..., None, :]
+    det = torch.linalg.det(Q)
+    Q[..., :, 0] = Q[..., :, 0] * det[..., None]
+    return Q
+
+
+def random_se3(*shape, generator=None, dtype=torch.float64, translation_scale=1.0) -> Tensor:
+    """Random rigid transforms ``(*shape, 4, 4)``: uniform rotation, Gaussian translation."""
+    E = torch.zeros(*shape, 4, 4, dtype=dtype)
+    E[..., :3, :3] = random_rotation(*shape, generator=generator, dtype=dtype)
+    E[..., :3, 3] = translation_scale * torch.randn(*shape, 3, generator=generator, dtype=dtype)
+    E[..., 3, 3] = 1.0
+    return E
+
+
+def random_intrinsics(B, V, image_size, generator=None, dtype=torch.float64) -> Tensor:
+    """Pixel K ``(B, V, 3, 3)`` with focal 0.7–1.5 x the image side (fx != fy) and the principal
+    point jittered by ±10 %."""
+    H, W = image_size
+    u = torch.rand(B, V, 4, generator=generator, dtype=dtype)
+    K = torch.zeros(B, V, 3, 3, dtype=dtype)
+    K[..., 0, 0] = W * (0.7 + 0.8 * u[..., 0])
+    K[..., 1, 1] = H * (0.7 + 0.8 * u[..., 1])
+    K[..., 0, 2] = W * (0.5 + 0.2 * (u[..., 2] - 0.5))
+    K[..., 1, 2] = H * (0.5 + 0.2 * (u[..., 3] - 0.5))
+    K[..., 2, 2] = 1.0
+    return K
+
+
+def random_cameras(B=1, V=2, image_size=(32, 48), seed=0, dtype=torch.float64) -> Cameras:
+    """``(B, V)`` cameras: :func:`random_intrinsics` and :func:`random_se3` world-to-camera poses."""
+    g = torch.Generator().manual_seed(seed)
+    return Cameras(random_intrinsics(B, V, image_size, g, dtype), random_se3(B, V, generator=g, dtype=dtype),
+                   image_size)
+
+
+def random_planes(B, N, seed=0, dtype=torch.float64) -> Planes:
+    """``(B, N)`` planes facing the camera (normal within ~70° of -z) at depths 1–4."""
+    g = torch.Generator().manual_seed(seed + 1000)
+    normal = torch.randn(B, N, 3, generator=g, dtype=dtype) * 0.6
+    normal[..., 2] = -1.0
+    depth = 1.0 + 3.0 * torch.rand(B, N, generator=g, dtype=dtype)
+    return Planes(normal, depth)
+
+
+def random_qkv(B, heads, N, head_dim, seed=0, dtype=torch.float64) -> tuple[Tensor, Tensor, Tensor]:
+    """Standard normal q, k, v, each ``(B, heads, N, head_dim)``."""
+    g = torch.Generator().manual_seed(seed + 2000)
+    return tuple(torch.randn(B, heads, N, head_dim, generator=g, dtype=dtype) for _ in range(3))
+
+
+def _param(name: str, transform_kind: str | None, B: int, N: int, g, dtype) -> Tensor:
+    """One valid random per-token param ``(B, N, ...)`` by its name."""
+    if name == "depth":  # z-depth 1–4
+        return 1.0 + 3.0 * torch.rand(B, N, generator=g, dtype=dtype)
+    if name == "log_depth":  # z-depth e^0.5–e^2
+        return 0.5 + 1.5 * torch.rand(B, N, generator=g, dtype=dtype)
+    if name in ("log_depth_halfwidth", "depth_split"):
+        return (0.5 if name == "log_depth_halfwidth" else 1.0) * torch.rand(B, N, generator=g, dtype=dtype)
+    if name == "depth_sigma":
+        return 0.5 * torch.rand(B, N, 2, generator=g, dtype=dtype)
+    if name == "rotation":
+        return random_rotation(B, N, generator=g, dtype=dtype)
+    if name == "transform" and transform_kind == "rigid":
+        return random_se3(B, N, generator=g, dtype=dtype)
+    if name == "transform":  # any invertible 4x4 near the identity
+        return torch.eye(4, dtype=dtype) + 0.3 * torch.randn(B, N, 4, 4, generator=g, dtype=dtype)
+    raise KeyError(f"no random generator for per-token param {name!r}")
+
+
+def encoding_params(name: str, B: int, N: int, seed=0, dtype=torch.float64) -> dict[str, Tensor]:
+    """Valid random per-token params ``{param: (B, N, ...)}`` of encoding ``name`` (its ``param_names``)."""
+    encoding = get_encoding(name)
+    g = torch.Generator().manual_seed(seed + 3000)
+    return {p: _param(p, encoding.transform_kind, B, N, g, dtype) for p in encoding.param_names}
+
+
+def encoding_inputs(name: str, cameras: Cameras, grid, seed=0, dtype=torch.float64) -> dict:
+    """``planes`` and ``params`` keyword arguments for encoding ``name`` on random valid geometry."""
+    B, N = cameras.batch_size, cameras.num_views * grid[0] * grid[1]
+    return {
+        "planes": random_planes(B, N, seed, dtype) if get_encoding(name).needs_planes else None,
+        "params": encoding_params(name, B, N, seed, dtype),
+    }
