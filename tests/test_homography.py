@@ -130,9 +130,9 @@ def test_hrope_clamps_leave_ordinary_planes_untouched_and_bound_inverse_distance
 def test_plane_seen_edge_on_through_camera_centre_is_finite(name):
     """A normal perpendicular to the patch-centre ray (the plane contains the camera centre)."""
     cameras = random_cameras(B=1, V=2, seed=6)
-    from hrope.geometry import patch_center_rays
+    from hrope.geometry import patch_rays
 
-    rays = patch_center_rays(cameras.normalized_K(), GRID).flatten(1, 2)
+    rays = patch_rays(cameras.normalized_K(), GRID).flatten(1, 2)
     normal = torch.cross(rays, torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64).expand_as(rays), dim=-1)
     planes = hrope.Planes(normal, torch.ones(1, 12, dtype=torch.float64))
     m = planes.m(cameras, GRID)

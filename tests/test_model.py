@@ -5,10 +5,10 @@ import torch
 from _lvsm_helpers import SMALL_MODEL, synthetic_batch
 
 from hrope.encodings import ENCODINGS
-from hrope.nvs.model import (LVSM, PRESETS, ModelConfig, ModelError, count_parameters, encoding_names, patchify,
+from hrope.nvs.model import (LVSM, PRESETS, ModelConfig, ModelError, count_parameters, encoding_names,
                          unpatchify)
 from hrope.nvs.predictors import axis_angle_to_matrix
-from hrope.geometry import make_se3
+from hrope.geometry import make_se3, patchify
 from hrope.rays import plucker_rays
 
 
@@ -114,7 +114,7 @@ def test_plucker_rays(batch):
 
 def test_patchify_round_trip_and_order():
     x = torch.arange(2 * 3 * 16 * 24, dtype=torch.float32).reshape(1, 2, 3, 16, 24)
-    patches = patchify(x, 8)
+    patches = patchify(x, 8).flatten(-2)
     assert patches.shape == (1, 2, 6, 3 * 64)
     assert patches[0, 0, 1, 0] == x[0, 0, 0, 0, 8]  # second patch is to the right (x fastest)
     torch.testing.assert_close(unpatchify(patches, 8, (2, 3)), x)

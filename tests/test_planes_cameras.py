@@ -7,7 +7,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import hrope
-from hrope.geometry import invert_intrinsics, invert_se3, patch_center_rays
+from hrope.geometry import invert_intrinsics, invert_se3, patch_rays
 from helpers import random_cameras, random_planes, random_se3
 
 
@@ -23,7 +23,7 @@ def test_depth_point_lies_on_plane():
     cameras = random_cameras(B=1, V=2, seed=1)
     planes = random_planes(1, 12, seed=1)
     m = planes.m(cameras, (2, 3))
-    rays = patch_center_rays(cameras.normalized_K(), (2, 3)).flatten(1, 2)
+    rays = patch_rays(cameras.normalized_K(), (2, 3)).flatten(1, 2)
     points = planes.depth[..., None] * rays
     torch.testing.assert_close((m * points).sum(-1), torch.ones(1, 12, dtype=torch.float64))
 
@@ -32,7 +32,7 @@ def test_world_normal_and_kappa_describe_the_same_points():
     cameras = random_cameras(B=1, V=2, seed=2)
     planes = random_planes(1, 12, seed=2)
     n_w, kappa = planes.world_normal_and_kappa(cameras, (2, 3))
-    rays = patch_center_rays(cameras.normalized_K(), (2, 3)).flatten(1, 2)
+    rays = patch_rays(cameras.normalized_K(), (2, 3)).flatten(1, 2)
     X_c = planes.depth[..., None] * rays
     c2w = invert_se3(cameras.world_to_cam).repeat_interleave(6, dim=1)
     X_w = (c2w[..., :3, :3] @ X_c[..., None]).squeeze(-1) + c2w[..., :3, 3]

@@ -4,7 +4,8 @@ Conventions (DESIGN.md §2): intrinsics K in pixels, normalised as
 K̂ = [[fx/W, 0, cx/W - 0.5], [0, fy/H, cy/H - 0.5], [0, 0, 1]] (zero skew);
 extrinsics E are world-to-camera 4x4 matrices with OpenCV axes (x right, y down, z forward).
 Patch centres of a (grid_h, grid_w) grid have normalised image coordinates
-u = (ix + 0.5) / grid_w - 0.5, v = (iy + 0.5) / grid_h - 0.5, tokens row-major (x fastest).
+u = (ix + 0.5) / grid_w - 0.5, v = (iy + 0.5) / grid_h - 0.5, tokens row-major (x fastest);
+:func:`patch_coordinates`, :func:`patch_rays` and :func:`patchify` are the one patch-grid helper set.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ __all__ = [
     "lift",
     "invert_se3",
     "make_se3",
-    "patch_centers",
-    "patch_center_rays",
+    "patch_coordinates",
+    "patch_rays",
+    "patchify",
     "pixel_rays",
     "geometry_dtype",
 ]
@@ -78,27 +80,44 @@ def invert_se3(E: Tensor) -> Tensor:
     return make_se3(R_t, -(R_t @ E[..., :3, 3:4]).squeeze(-1))
 
 
-def patch_centers(grid: tuple[int, int], *, device=None, dtype=torch.float32) -> Tensor:
-    """Normalised image coordinates ``(P, 2)`` of the patch centres, P = grid_h * grid_w, x fastest."""
+def patch_coordinates(grid: tuple[int, int], offset: tuple[float, float] = (0.5, 0.5), *, device=None,
+                      dtype=torch.float32) -> Tensor:
+    """Normalised image coordinates ``(P, 2)`` of the points ``(ix + ox, iy + oy)`` (patch units) of
+    every patch, P = grid_h * grid_w, x fastest: ``u = (ix + ox) / grid_w - 0.5``, same for v.
+
+    ``offset`` (0.5, 0.5) is the patch centre, (0, 0) its top-left corner.
+    """
     grid_h, grid_w = grid
-    u = (torch.arange(grid_w, device=device, dtype=dtype) + 0.5) / grid_w - 0.5
-    v = (torch.arange(grid_h, device=device, dtype=dtype) + 0.5) / grid_h - 0.5
+    u = (torch.arange(grid_w, device=device, dtype=dtype) + offset[0]) / grid_w - 0.5
+    v = (torch.arange(grid_h, device=device, dtype=dtype) + offset[1]) / grid_h - 0.5
     vv, uu = torch.meshgrid(v, u, indexing="ij")
     return torch.stack([uu.reshape(-1), vv.reshape(-1)], dim=-1)
 
 
-def patch_center_rays(K_norm: Tensor, grid: tuple[int, int]) -> Tensor:
-    """Camera-frame rays ``r̂ = K̂^-1 (u, v, 1)`` through the patch centres.
+def patch_rays(K_norm: Tensor, grid: tuple[int, int], offset: tuple[float, float] = (0.5, 0.5)) -> Tensor:
+    """Camera-frame rays ``r̂ = K̂^-1 (u, v, 1)`` through :func:`patch_coordinates` (the patch
+    centres by default).
 
     ``K_norm (B, V, 3, 3)`` -> ``(B, V, P, 3)`` with unit z component, so a point ``z * r̂``
     has z-depth ``z``.
     """
-    uv = patch_centers(grid, device=K_norm.device, dtype=K_norm.dtype)
+    uv = patch_coordinates(grid, offset, device=K_norm.device, dtype=K_norm.dtype)
     fx, fy = K_norm[..., 0, 0, None], K_norm[..., 1, 1, None]
     cx, cy = K_norm[..., 0, 2, None], K_norm[..., 1, 2, None]
     x = (uv[:, 0] - cx) / fx
     y = (uv[:, 1] - cy) / fy
     return torch.stack([x, y, torch.ones_like(x)], dim=-1)
+
+
+def patchify(x: Tensor, patch_size: int) -> Tensor:
+    """Channels-first images ``(B, V, C, H, W)`` -> patches ``(B, V, P, C, p*p)``.
+
+    Patches row-major (x fastest), P = (H / p) * (W / p); pixels inside a patch row-major too.
+    """
+    B, V, C, H, W = x.shape
+    p = patch_size
+    x = x.reshape(B, V, C, H // p, p, W // p, p).permute(0, 1, 3, 5, 2, 4, 6)
+    return x.reshape(B, V, (H // p) * (W // p), C, p * p)
 
 
 def pixel_rays(K: Tensor, image_size: tuple[int, int]) -> Tensor:

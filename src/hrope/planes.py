@@ -12,9 +12,9 @@ import torch
 from torch import Tensor
 
 from .cameras import Cameras
-from .geometry import patch_center_rays, pixel_rays
+from .geometry import patch_rays, patchify, pixel_rays
 
-__all__ = ["Planes", "PlaneError", "plane_vectors"]
+__all__ = ["Planes", "PlaneError", "plane_vectors", "check_depth_maps"]
 
 # A (normal, depth) plane seen at a grazing angle contains (almost) the camera centre and
 # m = n / (z n·r̂) diverges. |cos| of the angle between the normal and the patch-centre ray is
@@ -38,6 +38,21 @@ def plane_vectors(normal: Tensor, inverse_depth: Tensor, rays: Tensor) -> Tensor
 
 class PlaneError(ValueError):
     """Invalid plane input."""
+
+
+def check_depth_maps(depth: Tensor, cameras: Cameras, patch_size: int) -> None:
+    """A clear :class:`PlaneError` unless ``depth`` is ``(B, V, H, W)`` for ``cameras`` (same B, V and
+    image size) with H and W divisible by ``patch_size``."""
+    if depth.ndim != 4:
+        raise PlaneError(f"depth must have shape (B, V, H, W), got {tuple(depth.shape)}")
+    B, V, H, W = depth.shape
+    if (B, V) != (cameras.batch_size, cameras.num_views) or (H, W) != cameras.image_size:
+        raise PlaneError(
+            f"depth {tuple(depth.shape)} does not match cameras (B={cameras.batch_size}, "
+            f"V={cameras.num_views}, image_size={cameras.image_size})"
+        )
+    if H % patch_size or W % patch_size:
+        raise PlaneError(f"image size {(H, W)} is not divisible by patch_size {patch_size}")
 
 
 class Planes:
@@ -96,7 +111,7 @@ class Planes:
             return self._m if dtype is None else self._m.to(dtype)
         normal = self.normal if dtype is None else self.normal.to(dtype)
         depth = self.depth if dtype is None else self.depth.to(dtype)
-        rays = patch_center_rays(cameras.normalized_K(normal.dtype), grid).flatten(1, 2)
+        rays = patch_rays(cameras.normalized_K(normal.dtype), grid).flatten(1, 2)
         return plane_vectors(normal, 1.0 / depth, rays)
 
     def world_normal_and_kappa(self, cameras: Cameras, grid: tuple[int, int]) -> tuple[Tensor, Tensor]:
@@ -121,7 +136,7 @@ class Planes:
         The depth is inf for m = 0 and negative when the plane is crossed behind the camera.
         """
         m = self.m(cameras, grid, dtype)
-        rays = patch_center_rays(cameras.normalized_K(m.dtype), grid).flatten(1, 2)
+        rays = patch_rays(cameras.normalized_K(m.dtype), grid).flatten(1, 2)
         normal = -m / m.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(m.dtype).tiny)
         return normal, 1.0 / (m * rays).sum(-1)
 
@@ -143,21 +158,15 @@ class Planes:
         the fronto-parallel plane through its centroid, one with none the plane at infinity (m = 0).
         Returns ``Planes.from_m`` with ``N = V * (H / p) * (W / p)`` tokens.
         """
-        B, V, H, W = depth.shape
-        if (B, V) != (cameras.batch_size, cameras.num_views) or (H, W) != cameras.image_size:
-            raise PlaneError(
-                f"depth {tuple(depth.shape)} does not match cameras (B={cameras.batch_size}, "
-                f"V={cameras.num_views}, image_size={cameras.image_size})"
-            )
-        if H % patch_size or W % patch_size:
-            raise PlaneError(f"image size {(H, W)} is not divisible by patch_size {patch_size}")
+        check_depth_maps(depth, cameras, patch_size)
+        H, W = depth.shape[-2:]
         ok = torch.isfinite(depth) & (depth > 0)
         if valid is not None:
             ok = ok & valid
         z = torch.where(ok, depth, torch.zeros_like(depth))
         points = pixel_rays(cameras.K.to(depth.dtype), (H, W)) * z[..., None]
-        points = _patches(points, patch_size)  # (B, N, p*p, 3)
-        weight = _patches(ok[..., None].to(depth.dtype), patch_size)  # (B, N, p*p, 1)
+        points = patchify(points.movedim(-1, 2), patch_size).mT.flatten(1, 2)  # (B, N, p*p, 3)
+        weight = patchify(ok[:, :, None].to(depth.dtype), patch_size).mT.flatten(1, 2)  # (B, N, p*p, 1)
         count = weight.sum(-2)  # (B, N, 1)
         centroid = (points * weight).sum(-2) / count.clamp_min(1)
         centred = (points - centroid[..., None, :]) * weight
@@ -189,10 +198,3 @@ class Planes:
     def __repr__(self) -> str:
         return f"Planes(B={self.shape[0]}, N={self.shape[1]})"
 
-
-def _patches(x: Tensor, patch_size: int) -> Tensor:
-    """``(B, V, H, W, C)`` -> ``(B, N, p*p, C)`` with tokens view-major, row-major (x fastest)."""
-    B, V, H, W, C = x.shape
-    gh, gw = H // patch_size, W // patch_size
-    x = x.reshape(B, V, gh, patch_size, gw, patch_size, C).permute(0, 1, 2, 4, 3, 5, 6)
-    return x.reshape(B, V * gh * gw, patch_size * patch_size, C)

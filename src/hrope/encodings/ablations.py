@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ..cameras import Cameras
-from ..geometry import geometry_dtype, invert_intrinsics, invert_se3, lift, make_se3, patch_center_rays
+from ..geometry import geometry_dtype, invert_intrinsics, invert_se3, lift, make_se3, patch_rays
 from .base import Encoding, EncodingError, HeadLayout, TokenTransform, per_token_param
 
 __all__ = ["PatchTransformEncoding", "HRoPEDepth", "HRoPESO3", "HRoPESE3", "HRoPEPF", "HRoPEFull",
@@ -82,7 +82,7 @@ class HRoPEDepth(PatchTransformEncoding):
 
     def patch_transforms(self, cameras, grid, dtype, planes, *, depth):
         z = per_token_param(depth.to(dtype), cameras, grid, (), "depth")
-        rays = patch_center_rays(cameras.normalized_K(dtype), grid)
+        rays = patch_rays(cameras.normalized_K(dtype), grid)
         p = z[..., None] * rays
         return _translation(-p), _translation(p)
 
@@ -136,7 +136,7 @@ class HRoPEPF(PatchTransformEncoding):
             raise EncodingError("hrope-pf needs planes crossing every patch-centre ray in front of the camera")
         B, V, P = cameras.batch_size, cameras.num_views, grid[0] * grid[1]
         normal, depth = normal.reshape(B, V, P, 3), depth.reshape(B, V, P)
-        p = depth[..., None] * patch_center_rays(cameras.normalized_K(dtype), grid)
+        p = depth[..., None] * patch_rays(cameras.normalized_K(dtype), grid)
         frame_t = tangent_frames(normal).transpose(-1, -2)
         G = make_se3(frame_t, -(frame_t @ p[..., None]).squeeze(-1))
         return G, invert_se3(G)

@@ -30,7 +30,7 @@ from ..geometry import geometry_dtype, invert_se3
 from .base import Encoding, EncodingError, Prepared, per_token_param
 
 __all__ = [
-    "QueryFrameEncoding", "QueryFrameTransform", "relative_poses", "patch_rays", "to_query_frames",
+    "QueryFrameEncoding", "QueryFrameTransform", "relative_poses", "to_query_frames",
     "project_to_patches", "image_rope_freqs", "pad_pairs", "sinc", "MIN_DEPTH", "POSITION_MARGIN", "EXECUTIONS",
 ]
 
@@ -49,23 +49,6 @@ def relative_poses(cameras: Cameras, dtype: torch.dtype) -> Tensor:
     """Key-camera-to-query-camera transforms ``(B, Vq, Vk, 4, 4)`` = E_q E_k^-1 (world cancels)."""
     E = cameras.world_to_cam.to(dtype)
     return E[:, :, None] @ invert_se3(E)[:, None]
-
-
-def patch_rays(K_norm: Tensor, grid: tuple[int, int], offset: tuple[float, float] = (0.5, 0.5)) -> Tensor:
-    """Camera-frame rays ``(B, V, P, 3)`` with unit z through ``(ix + ox, iy + oy)`` of each patch.
-
-    ``offset`` is in patch units: (0.5, 0.5) is the patch centre, (0, 0) its top-left corner.
-    """
-    grid_h, grid_w = grid
-    dtype, device = K_norm.dtype, K_norm.device
-    u = (torch.arange(grid_w, device=device, dtype=dtype) + offset[0]) / grid_w - 0.5
-    v = (torch.arange(grid_h, device=device, dtype=dtype) + offset[1]) / grid_h - 0.5
-    vv, uu = torch.meshgrid(v, u, indexing="ij")
-    fx, fy = K_norm[..., 0, 0, None], K_norm[..., 1, 1, None]
-    cx, cy = K_norm[..., 0, 2, None], K_norm[..., 1, 2, None]
-    x = (uu.reshape(-1) - cx) / fx
-    y = (vv.reshape(-1) - cy) / fy
-    return torch.stack([x, y, torch.ones_like(x)], dim=-1)
 
 
 def to_query_frames(points: Tensor, rel: Tensor) -> Tensor:

@@ -28,8 +28,9 @@ import torch
 from torch import Tensor
 
 from ..cameras import Cameras
+from ..geometry import patch_rays
 from .base import EncodingError
-from .query_frame import MIN_DEPTH, QueryFrameEncoding, patch_rays, relative_poses, sinc, to_query_frames
+from .query_frame import MIN_DEPTH, QueryFrameEncoding, relative_poses, sinc, to_query_frames
 
 __all__ = ["RayRoPE", "RAY_OFFSETS", "COORDINATE_PERIODS"]
 

@@ -26,8 +26,9 @@ import torch
 from torch import Tensor
 
 from ..cameras import Cameras
+from ..geometry import patch_rays
 from .base import ROPE_BASE, EncodingError
-from .query_frame import (MIN_DEPTH, QueryFrameEncoding, image_rope_freqs, patch_rays, project_to_patches,
+from .query_frame import (MIN_DEPTH, QueryFrameEncoding, image_rope_freqs, project_to_patches,
                           relative_poses, to_query_frames)
 
 __all__ = ["WorldRoPE"]

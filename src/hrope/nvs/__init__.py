@@ -18,8 +18,7 @@ __all__ = ["REQUIREMENTS", "missing_requirements", "main"]
 
 # import name -> distribution name of every third-party package the toolkit imports
 REQUIREMENTS = {
-    "yaml": "pyyaml", "safetensors": "safetensors", "tqdm": "tqdm", "PIL": "pillow", "numpy": "numpy",
-    "matplotlib": "matplotlib", "skimage": "scikit-image", "kornia": "kornia", "tensorboard": "tensorboard",
+    "yaml": "pyyaml", "safetensors": "safetensors", "tqdm": "tqdm", "PIL": "pillow", "matplotlib": "matplotlib", "skimage": "scikit-image", "kornia": "kornia", "tensorboard": "tensorboard",
 }
 
 

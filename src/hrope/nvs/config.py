@@ -37,6 +37,7 @@ DEFAULTS: dict = {
         "seed": 0,
         "cache": True,  # keep generated scenes in memory
         "prefetch": True,  # load the next step's scenes in a background thread while this step trains
+        "synthetic": {},  # synthetic kinds: overrides of hrope.nvs.data.SyntheticConfig (e.g. {fov_deg: [40, 60]})
     },
     "train": {
         "out": "runs/default",

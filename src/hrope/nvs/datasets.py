@@ -11,6 +11,7 @@ import torch
 
 from .config import ConfigError
 from .data.batch import collate_scenes
+from .data.config import SyntheticConfig
 from .data.dataset import SceneDataset, SyntheticDataset
 from .data.load import SOURCE_KINDS, make_source
 from .data.normalize import normalize_scene
@@ -19,7 +20,7 @@ from .data.synthetic import KINDS
 from .model import ModelConfig
 
 __all__ = ["CachedDataset", "FirstScenes", "IndexedViews", "build_scene_source", "build_dataset",
-           "check_synthetic_data", "collate"]
+           "check_synthetic_data", "synthetic_config", "collate"]
 
 
 class CachedDataset:
@@ -116,7 +117,8 @@ def build_dataset(config: dict, split: str = "train"):
         check_synthetic_data(config, num_scenes, split)
         dataset = SyntheticDataset(kind=data["kind"], num_scenes=num_scenes, seed=data["seed"],
                                    image_size=(image_size, image_size), num_context=data["num_context"],
-                                   num_target=data["num_target"], split=split, context_gap=gap)
+                                   num_target=data["num_target"], split=split, context_gap=gap,
+                                   config=synthetic_config(config))
         return CachedDataset(dataset) if data["cache"] else dataset
     if split == "eval" and data["eval_index"]:
         dataset = IndexedViews(build_scene_source(config, split), data["num_context"])
@@ -126,6 +128,21 @@ def build_dataset(config: dict, split: str = "train"):
     if num_scenes is not None and num_scenes < len(dataset):
         dataset = FirstScenes(dataset, int(num_scenes))
     return dataset  # never cached: real scenes are large, and training views change every step
+
+
+def synthetic_config(config: dict) -> SyntheticConfig:
+    """The :class:`SyntheticConfig` of ``config["data"]["synthetic"]`` (its overrides of the defaults)."""
+    values = config["data"]["synthetic"] or {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"data.synthetic must be a mapping of SyntheticConfig fields, got {values!r}")
+    known = set(SyntheticConfig.__dataclass_fields__)
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"unknown data.synthetic keys {unknown}; known: {sorted(known)}")
+    try:
+        return SyntheticConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"data.synthetic: {error}") from None
 
 
 def check_synthetic_data(config: dict, num_scenes, split: str) -> None:

@@ -22,11 +22,12 @@ from torch import Tensor, nn
 
 from ..cameras import Cameras
 from ..encodings import ENCODINGS, Encoding, get_encoding
+from ..geometry import patchify
 from .predictors import (PREDICTORS, ParameterSource, build_parameter_source, encoding_inputs, flatten_values,
                          parameter_specs)
 from ..rays import RAY_FRAMES, plucker_rays
 
-__all__ = ["ModelConfig", "PRESETS", "LVSM", "LVSMOutput", "ModelError", "patchify", "unpatchify",
+__all__ = ["ModelConfig", "PRESETS", "LVSM", "LVSMOutput", "ModelError", "unpatchify",
            "count_parameters", "encoding_names", "build_model"]
 
 APE_SUFFIX = "-ape"
@@ -120,16 +121,9 @@ def encoding_names() -> list[str]:
     return names
 
 
-def patchify(x: Tensor, patch_size: int) -> Tensor:
-    """``(B, V, C, H, W)`` -> ``(B, V, P, C*p*p)``, patches row-major (x fastest)."""
-    B, V, C, H, W = x.shape
-    p = patch_size
-    x = x.reshape(B, V, C, H // p, p, W // p, p).permute(0, 1, 3, 5, 2, 4, 6)
-    return x.reshape(B, V, (H // p) * (W // p), C * p * p)
-
-
 def unpatchify(x: Tensor, patch_size: int, grid: tuple[int, int]) -> Tensor:
-    """Inverse of :func:`patchify`: ``(B, V, P, C*p*p)`` -> ``(B, V, C, H, W)``."""
+    """Inverse of :func:`hrope.geometry.patchify` with flattened patches: ``(B, V, P, C*p*p)`` ->
+    ``(B, V, C, H, W)``."""
     B, V, _, D = x.shape
     p, (gh, gw) = patch_size, grid
     C = D // (p * p)
@@ -259,8 +253,8 @@ class LVSM(nn.Module):
         c = self.config
         rays = plucker_rays(cameras, c.ray_frame).to(images.dtype)
         context = torch.cat([images[:, :num_context] * 2 - 1, rays[:, :num_context]], dim=2)
-        context = self.context_tokenizer(patchify(context, c.patch_size))  # (B, Vc, P, D)
-        target = self.target_tokenizer(patchify(rays[:, num_context:], c.patch_size))  # (B, Vt, P, D)
+        context = self.context_tokenizer(patchify(context, c.patch_size).flatten(-2))  # (B, Vc, P, D)
+        target = self.target_tokenizer(patchify(rays[:, num_context:], c.patch_size).flatten(-2))  # (B, Vt, P, D)
         B, Vt, P, D = target.shape
         context = context.flatten(1, 2)[:, None].expand(B, Vt, num_context * P, D)
         return torch.cat([context, target], dim=2).reshape(B * Vt, (num_context + 1) * P, D)

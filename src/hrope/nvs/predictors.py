@@ -34,8 +34,8 @@ from torch import Tensor, nn
 
 from ..cameras import Cameras
 from ..encodings import Encoding, tangent_frames
-from ..geometry import make_se3, patch_center_rays, pixel_rays
-from ..planes import Planes, plane_vectors
+from ..geometry import make_se3, patch_rays, patchify, pixel_rays
+from ..planes import Planes, check_depth_maps, plane_vectors
 
 __all__ = [
     "PredictorError", "ParameterSpec", "parameter_specs", "ParameterSource", "LearnedSource",
@@ -59,7 +59,7 @@ class PredictorError(ValueError):
 # ----------------------------------------------------------------------------- decoding
 def token_rays(cameras: Cameras, grid: tuple[int, int]) -> Tensor:
     """Patch-centre rays ``(B, N, 3)`` (z = 1) of every token."""
-    return patch_center_rays(cameras.normalized_K(torch.float32), grid).flatten(1, 2)
+    return patch_rays(cameras.normalized_K(torch.float32), grid).flatten(1, 2)
 
 
 def _unit_normal(offset: Tensor) -> Tensor:
@@ -318,26 +318,26 @@ def patch_planes_from_normals(depth: Tensor, normals: Tensor, cameras: Cameras, 
 
     ``depth (B, V, H, W)``, ``normals (B, V, 3, H, W)`` camera frame. The offset solves
     ``min_d Σ (n·X - d)^2`` over the patch's valid back-projected points X, i.e. the mean of n·X.
+    A patch without valid depth gets the plane at infinity (m = 0); one whose normals cancel or whose
+    plane contains the camera centre gets the fronto-parallel plane through its mean point.
     """
-    points_planes = Planes.from_depth(depth, cameras, patch_size)  # validates shapes
-    B, V, H, W = depth.shape
-    p, gh, gw = patch_size, H // patch_size, W // patch_size
-    ok = (torch.isfinite(depth) & (depth > 0)).float()
-    z = torch.where(ok > 0, depth, torch.zeros_like(depth)).float()
-    points = pixel_rays(cameras.K.float(), (H, W)) * z[..., None]  # (B, V, H, W, 3)
+    check_depth_maps(depth, cameras, patch_size)
+    ok = (torch.isfinite(depth) & (depth > 0)).float()[:, :, None]  # (B, V, 1, H, W)
+    z = torch.where(ok > 0, depth[:, :, None], torch.zeros_like(ok)).float()
+    points = pixel_rays(cameras.K.float(), cameras.image_size).movedim(-1, 2) * z  # (B, V, 3, H, W)
 
-    def per_patch(x: Tensor) -> Tensor:  # (B, V, H, W, C) -> sum over each patch (B, V*gh*gw, C)
-        x = x.reshape(B, V, gh, p, gw, p, -1).sum((3, 5))
-        return x.reshape(B, V * gh * gw, -1)
+    def per_patch(x: Tensor) -> Tensor:  # (B, V, C, H, W) -> sum over each patch (B, N, C)
+        return patchify(x, patch_size).sum(-1).flatten(1, 2)
 
-    weight = ok[..., None]
-    n_sum = per_patch(normals.float().permute(0, 1, 3, 4, 2) * weight)
-    count = per_patch(weight)
+    n_sum = per_patch(normals.float() * ok)
+    count = per_patch(ok).squeeze(-1)
+    mean_point = per_patch(points * ok) / count.clamp_min(1)[..., None]
     normal = F.normalize(n_sum, dim=-1)
-    d = (normal * per_patch(points * weight)).sum(-1) / count.squeeze(-1).clamp_min(1)
-    good = (count.squeeze(-1) > 0) & (n_sum.norm(dim=-1) > 1e-6) & (d.abs() > 1e-6)
+    d = (normal * mean_point).sum(-1)
+    good = (count > 0) & (n_sum.norm(dim=-1) > 1e-6) & (d.abs() > 1e-6)
+    fronto = F.pad(1.0 / mean_point[..., 2:].clamp_min(1e-6), (2, 0))  # (0, 0, 1 / z̄)
     m = torch.where(good[..., None], normal / torch.where(good, d, torch.ones_like(d))[..., None],
-                    points_planes.m(cameras, (gh, gw), torch.float32))
+                    torch.where((count > 0)[..., None], fronto, torch.zeros_like(fronto)))
     return Planes.from_m(m)
 
 

@@ -64,7 +64,7 @@ from .data.rng import Rng, stream_seed
 from .data.scene import Scene, SceneError
 from .data.synthetic import KINDS as SYNTHETIC_KINDS
 from .data.synthetic import make_scene
-from .datasets import build_scene_source, check_synthetic_data
+from .datasets import build_scene_source, check_synthetic_data, synthetic_config
 from .evaluate import apply_data_overrides, evaluate_scenes, run_name
 from .metrics import LPIPS
 from .model import LVSM
@@ -86,15 +86,16 @@ METRIC_LABELS = {"psnr": "PSNR ↑", "ssim": "SSIM ↑", "lpips": "LPIPS ↓"}
 
 # ----------------------------------------------------------------------------- videos
 class SyntheticVideos:
-    """The held-out synthetic scenes of a run (the ``eval`` seed stream), as 200-frame videos."""
+    """The held-out synthetic scenes of a run (the ``eval`` seed stream), as ``config.num_frames``-frame videos."""
 
-    def __init__(self, kind: str, num_scenes: int, seed: int) -> None:
+    def __init__(self, kind: str, num_scenes: int, seed: int, config: SyntheticConfig = SyntheticConfig()) -> None:
         if kind not in SYNTHETIC_KINDS:
             raise ConfigError(f"unknown synthetic kind {kind!r}; expected one of {sorted(SYNTHETIC_KINDS)}")
         self.kind, self.count = kind, int(num_scenes)
         self.scene_seed = stream_seed("hrope.synthetic.eval", seed)
         self.context_gap = DEFAULT_CONTEXT_GAP[kind]
-        self.frame_count = SyntheticConfig().num_frames
+        self.config = config
+        self.frame_count = config.num_frames
 
     def __len__(self) -> int:
         return self.count
@@ -106,7 +107,7 @@ class SyntheticVideos:
         return None
 
     def load(self, i: int, frames: list[int], image_size: tuple[int, int]) -> Scene:
-        return make_scene(self.scene_seed, i, self.kind, len(frames), image_size, frames=frames)
+        return make_scene(self.scene_seed, i, self.kind, len(frames), image_size, frames=frames, config=self.config)
 
 
 class SourceVideos:
@@ -135,7 +136,7 @@ def build_videos(config: dict, num_scenes: int | None):
     data = config["data"]
     if data["kind"] in SYNTHETIC_KINDS:
         check_synthetic_data(config, num_scenes, "eval")
-        return SyntheticVideos(data["kind"], num_scenes, data["seed"])
+        return SyntheticVideos(data["kind"], num_scenes, data["seed"], synthetic_config(config))
     return SourceVideos(build_scene_source(config, "eval"), num_scenes, data["context_gap"])
 
 

@@ -22,7 +22,10 @@ class SyntheticConfig:
     half-width ``corridor`` at ``room_speed`` metres per frame, heading oscillating by up to
     ``room_turn_deg`` and looking around by up to ``room_look_deg``. Objects are orbited once on a
     sphere cap: elevation in ``object_elevation_deg``, distance ``object_distance`` times the
-    object's radius.
+    object's radius. An object is ``object_boxes`` (inclusive count range) boxes of half-sizes in
+    ``object_box_half_size``, tumbled (a random rotation instead of a yaw) with probability
+    ``object_tumble_probability``, centred within ``object_spread`` of the origin, plus
+    ``object_boards`` slanted boards leaning into the cluster.
     Textures: ``texture_size`` (power of two; None picks 2 x the larger image side, clamped to
     64..512), ``photo_probability`` of a photograph instead of a procedural pattern.
     """
@@ -42,12 +45,17 @@ class SyntheticConfig:
     room_look_deg: float = 20.0
     object_elevation_deg: Range = (10.0, 45.0)
     object_distance: Range = (1.6, 2.6)
+    object_boxes: tuple[int, int] = (2, 4)
+    object_box_half_size: Range = (0.1, 0.35)
+    object_tumble_probability: float = 0.4
+    object_spread: float = 0.35
+    object_boards: tuple[int, int] = (0, 2)
     texture_size: int | None = None
     photo_probability: float = 0.4
 
     def __post_init__(self) -> None:
         for name in ("fov_deg", "room_width", "room_length", "room_height", "camera_height",
-                     "room_speed", "object_elevation_deg", "object_distance"):
+                     "room_speed", "object_elevation_deg", "object_distance", "object_box_half_size"):
             low, high = getattr(self, name)
             if not (0 < low <= high):
                 raise ValueError(f"SyntheticConfig.{name} must satisfy 0 < low <= high, got {(low, high)}")
@@ -59,6 +67,13 @@ class SyntheticConfig:
         if self.object_distance[0] <= 1.2:
             raise ValueError("SyntheticConfig.object_distance must exceed 1.2 object radii (cameras would "
                              f"enter the object), got {self.object_distance}")
+        if not 1 <= self.object_boxes[0] <= self.object_boxes[1]:
+            raise ValueError(f"SyntheticConfig.object_boxes must satisfy 1 <= low <= high, got {self.object_boxes}")
+        if not 0 <= self.object_boards[0] <= self.object_boards[1]:
+            raise ValueError(f"SyntheticConfig.object_boards must satisfy 0 <= low <= high, got {self.object_boards}")
+        if not 0 <= self.object_tumble_probability <= 1 or self.object_spread < 0:
+            raise ValueError("SyntheticConfig.object_tumble_probability must be in [0, 1] and object_spread >= 0, got "
+                             f"{self.object_tumble_probability}, {self.object_spread}")
         if self.num_frames < 2:
             raise ValueError(f"SyntheticConfig.num_frames must be >= 2, got {self.num_frames}")
         if self.room_width[0] / 2 - self.corridor < 1.0:

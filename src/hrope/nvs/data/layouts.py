@@ -169,10 +169,10 @@ def object_layout(rng: Rng, config: SyntheticConfig) -> Layout:
     e = _OBJECT_ENCLOSURE
     _box_room(b, 2 * e, 2 * e, 0.75 * e, tile=(0.8, 2.5))
     corners = []
-    for i in range(rng.integer(2, 4)):
-        half = rng.uniform(0.1, 0.35, (3,))
-        rotation = _random_rotation(rng) if rng.scalar() < 0.4 else _yaw(rng.angle(180))
-        angle, dist = rng.scalar(0, 2 * math.pi), rng.scalar(0, 0.35)
+    for i in range(rng.integer(*config.object_boxes)):
+        half = rng.uniform(*config.object_box_half_size, (3,))
+        rotation = _random_rotation(rng) if rng.scalar() < config.object_tumble_probability else _yaw(rng.angle(180))
+        angle, dist = rng.scalar(0, 2 * math.pi), rng.scalar(0, config.object_spread)
         centre = _vec(dist * math.cos(angle), 0, dist * math.sin(angle))
         box = centre + (torch.tensor([[sx, sy, sz] for sx in (-1, 1) for sy in (-1, 1) for sz in (-1, 1)],
                                      dtype=torch.float64) * half) @ rotation.T
@@ -180,7 +180,7 @@ def object_layout(rng: Rng, config: SyntheticConfig) -> Layout:
         centre, box = centre - _vec(0, lift, 0), box - _vec(0, lift, 0)
         b.cuboid(centre, rotation, half, b.texture(), tile=rng.scalar(0.15, 0.6))
         corners.append(box)
-    for _ in range(rng.integer(0, 2)):  # slanted boards leaning into the cluster
+    for _ in range(rng.integer(*config.object_boards)):  # slanted boards leaning into the cluster
         rotation = _random_rotation(rng)
         axis_u, axis_v = rotation[:, 0] * rng.scalar(0.1, 0.35), rotation[:, 1] * rng.scalar(0.1, 0.35)
         angle = rng.scalar(0, 2 * math.pi)

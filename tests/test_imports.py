@@ -1,0 +1,115 @@
+"""The import graph: the library never imports the toolkit, and every import points down a layer.
+
+The layers (docs/layout.md draws them): a module may import modules of a lower layer, and modules of
+its own package inside the same layer (``hrope.encodings.*``, ``hrope.nvs.data.*``), never above.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "src"
+
+# module (or package prefix ending in ".") -> layer; the library is layers 0-6, the toolkit 10-19
+LAYERS = {
+    "hrope.geometry": 0, "hrope.cameras": 1, "hrope.planes": 2, "hrope.rays": 2, "hrope.encodings.": 3,
+    "hrope.attention": 4, "hrope.reference": 5, "hrope.testing": 5, "hrope": 6,
+    "hrope.nvs.config": 10, "hrope.nvs.metrics": 10, "hrope.nvs.data.": 11, "hrope.nvs.predictors": 12,
+    "hrope.nvs.model": 13, "hrope.nvs.datasets": 14, "hrope.nvs.checkpoints": 14, "hrope.nvs.train": 15,
+    "hrope.nvs.viz": 15, "hrope.nvs.evaluate": 16, "hrope.nvs.protocols": 17, "hrope.nvs.demo": 17,
+    "hrope.nvs.cli": 18, "hrope.nvs": 19,
+}
+LIBRARY_THIRD_PARTY = {"torch"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SOURCE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> tuple[str, int]:
+    """(group, layer) of ``module``: the longest matching entry of LAYERS."""
+    for key in sorted(LAYERS, key=len, reverse=True):
+        if module == key.rstrip(".") or (key.endswith(".") and module.startswith(key)) or module == key:
+            return key, LAYERS[key]
+    raise KeyError(f"{module} is not in the LAYERS table of tests/test_imports.py: add it")
+
+
+def imports(path: Path) -> set[str]:
+    """Absolute names of everything ``path`` imports (module level and inside functions)."""
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module
+            found.add(name)
+            # "from . import x" / "from .encodings import base": the imported names may be modules
+            found.update(f"{name}.{alias.name}" for alias in node.names
+                         if (SOURCE / Path(*f"{name}.{alias.name}".split("."))).with_suffix(".py").exists())
+    return found
+
+
+MODULES = {module_name(p): p for p in sorted((SOURCE / "hrope").rglob("*.py"))}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_every_import_points_down(module):
+    group, level = layer(module)
+    for target in imports(MODULES[module]):
+        top = target.split(".")[0]
+        if top != "hrope":
+            if level < 10:  # the library: torch and the standard library only
+                assert top in LIBRARY_THIRD_PARTY or top in sys.stdlib_module_names, \
+                    f"library module {module} imports third-party {target}"
+            continue
+        target_group, target_level = layer(target)
+        same_package = target_group == group and group.endswith(".")
+        assert target_level < level or same_package, \
+            f"{module} (layer {level}) imports {target} (layer {target_level}): imports must point down"
+        if level < 10:
+            assert target_level < 10, f"library module {module} imports the toolkit ({target})"
+
+
+def test_the_layer_table_covers_every_module():
+    for module in MODULES:
+        layer(module)
+
+
+def test_import_hrope_loads_the_library_only():
+    """``import hrope`` adds only library modules to what ``import torch`` loads by itself."""
+    code = ("import sys, torch; before = set(sys.modules); import hrope; "
+            "print(sorted(m for m in set(sys.modules) - before))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    added = ast.literal_eval(result.stdout)  # the printed list of module names
+    assert added and all(m.split(".")[0] == "hrope" for m in added), added
+    assert not [m for m in added if m.startswith("hrope.nvs") or m == "hrope.reference"], added
+
+
+def test_benchmarks_import_nothing_from_tests():
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        text = path.read_text()
+        names = imports_of_file(path)
+        assert not names & {"helpers", "_lvsm_helpers", "conftest"}, f"{path.name} imports from tests/"
+        assert '"tests"' not in text and "'tests'" not in text, f"{path.name} puts tests/ on sys.path"
+
+
+def imports_of_file(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names

@@ -1,0 +1,66 @@
+"""The core install: ``pip install hrope`` into a fresh virtualenv brings torch and nothing of the
+toolkit (torch and numpy only), the README's quick start runs there, and the ``hrope`` command says what to install."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import venv
+from pathlib import Path
+
+import pytest
+import torch
+
+from hrope.nvs import REQUIREMENTS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_quick_start() -> str:
+    """The first python code block of the README's quick start section."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Quick start"):]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_core_dependencies_are_torch_and_numpy_and_the_toolkit_extra_matches_its_imports():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert [re.split(r"[<>=!]", d)[0] for d in project["dependencies"]] == ["torch", "numpy"]
+    nvs = {re.split(r"[<>=!]", d)[0] for d in project["optional-dependencies"]["nvs"]}
+    assert nvs == set(REQUIREMENTS.values())
+    assert project["scripts"]["hrope"] == "hrope.nvs:main"
+
+
+@pytest.mark.slow
+def test_core_install_in_a_fresh_virtualenv_runs_the_quick_start(tmp_path):
+    package = tmp_path / "package"  # a copy, so the build leaves nothing in the working tree
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, package / name if package.exists() else (package.mkdir(), package / name)[1])
+    shutil.copytree(ROOT / "src", package / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    torch_spec = os.environ.get("TORCH_SPEC") or f"torch=={torch.__version__}"
+
+    def pip(*args):
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *args], check=True, capture_output=True)
+
+    pip(torch_spec)  # first, as the README says, so the core install keeps this build
+    pip(str(package))
+    listed = subprocess.run([str(python), "-m", "pip", "list", "--format=freeze"], check=True,
+                            capture_output=True, text=True).stdout.lower()
+    installed = {line.split("==")[0] for line in listed.split()}
+    assert "hrope" in installed and "torch" in installed
+    assert not installed & set(REQUIREMENTS.values()), installed
+    quick_start = subprocess.run([str(python), "-c", readme_quick_start()], capture_output=True, text=True,
+                                 cwd=tmp_path)
+    assert quick_start.returncode == 0, quick_start.stderr
+    command = subprocess.run([str(env_dir / "bin" / "hrope"), "train", "configs/tiny.yaml"], capture_output=True,
+                             text=True, cwd=tmp_path)
+    assert command.returncode == 2
+    lines = command.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'hrope[nvs]'" in lines[0], command.stderr
