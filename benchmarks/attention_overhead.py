@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 import hrope
 from prope_einsum import prope_einsum_apply, prope_einsum_attention, prope_einsum_tables
+from provenance import describe, provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TRAILING_SHAPES = {"depth_sigma": (2,)}  # per-token params with more than one number per token
@@ -219,6 +220,7 @@ def main() -> None:
     sdpa_saved = saved_bytes(lambda: run("sdpa", True))
     results["saved_for_backward_ratio"] = {n: saved_bytes(lambda n=n: run(n, True)) / sdpa_saved for n in names}
     results["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    results["provenance"] = provenance()
     results["config"] = {"B": 1, "heads": args.heads, "views": args.views, "grid": grid, "head_dim": args.head_dim,
                          "dtype": args.dtype, "device": str(device), "threads": torch.get_num_threads(),
                          "reps": args.reps, "torch": torch.__version__, "machine": platform.machine(),
@@ -260,7 +262,8 @@ def write(results: dict, names, out: Path, stem: str = "attention_overhead") -> 
         "(median of per-repetition ratios, quartiles in brackets; ratios between two encodings are "
         f"paired per repetition too). Plain SDPA: {results['forward']['sdpa_ms']:.1f} ms forward, "
         f"{results['forward_backward']['sdpa_ms']:.1f} ms forward+backward, {faults.get('sdpa', 'n/a')} page "
-        f"faults per forward call. Load average at the end: {results['load_average']}.",
+        f"faults per forward call. Load average at the end: {results['load_average']}. "
+        f"Commit: `{describe(results.get('provenance'))}`.",
         "",
         f"| encoding | forward / SDPA | fwd+bwd / SDPA | forward / prope | forward / {PEER} "
         f"| forward / fastest peer ({best_peer}) | saved-for-backward / SDPA | page faults / forward |",

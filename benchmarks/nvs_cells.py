@@ -4,33 +4,58 @@ A cell (dataset, row, seed) lives in ``<cache>/<dataset>/<row key>/seed<k>-<conf
 the training run (``checkpoint.safetensors``, ``config.yaml``, ``tb/``) and, once trained and
 evaluated, ``metrics.json``. A cell with ``metrics.json`` is never retrained; a cell killed
 mid-training resumes from its last checkpoint (``hrope.nvs.train`` resumes exactly). A changed
-budget changes the hash, so stale cells are not reused. Fig. 6 results of a cell are cached
-in ``protocols.json`` next to it, keyed by protocol, options and scene count.
+budget or ``nvs_rows.RESULTS_VERSION`` changes the hash, so such cells are not reused. Fig. 6
+results of a cell are cached in ``protocols.json`` next to it, keyed by protocol, options and
+scene count.
+
+Code version: ``metrics.json`` and each ``protocols.json`` entry record the provenance of the code
+that computed them (:func:`code_provenance`: commit, dirty tree, torch, source fingerprint of
+``src/hrope``). A finished cell whose fingerprint differs from the current one (or is missing,
+as for cells finished before it was recorded) is *stale*: :class:`CellRunner` refuses it
+(:class:`StaleCellsError`) unless ``allow_stale``, and then only reads it (no Fig. 6 result is
+computed from a stale cell). A partial checkpoint left by other code (``training.json``, present
+while a cell trains, records the code that started it) is discarded and the cell trains from
+step 0, so one model never mixes two code versions.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
-from hrope.nvs.evaluate import evaluate_model
-from hrope.nvs.metrics import LPIPS
-from hrope.nvs.model import count_parameters
 from hrope.nvs.checkpoints import CHECKPOINT_NAME, load_checkpoint
 from hrope.nvs.datasets import build_dataset
+from hrope.nvs.evaluate import evaluate_model
+from hrope.nvs.metrics import LPIPS
+from hrope.nvs.model import count_parameters, encoding_names
+from hrope.nvs.protocols import run_protocol
 from hrope.nvs.train import train
 
+import nvs_rows
 from nvs_rows import Budget, Cell, cell_config, cell_settings, config_hash
+from provenance import describe, provenance, source_fingerprint
 
-__all__ = ["CellRunner", "ProtocolUnavailable"]
+__all__ = ["CellRunner", "StaleCellsError", "code_provenance", "trained_at"]
 
 METRICS_NAME = "metrics.json"
 PROTOCOLS_NAME = "protocols.json"
+TRAINING_NAME = "training.json"  # provenance of the code training the cell; removed when training ends
 
 
-class ProtocolUnavailable(RuntimeError):
-    """``hrope.nvs.protocols`` is missing or not implemented yet."""
+class StaleCellsError(RuntimeError):
+    """Cached cells were trained by other code than the current one (pass ``allow_stale``)."""
+
+
+def code_provenance() -> dict:
+    """:func:`provenance.provenance` plus the source fingerprint and ``RESULTS_VERSION``."""
+    return {**provenance(), "source_fingerprint": source_fingerprint(), "results_version": nvs_rows.RESULTS_VERSION}
+
+
+def trained_at(record: dict) -> str:
+    """The code version of a cell record in words: ``"commit 1a2b3c4d5e"`` / ``"commit not recorded"``."""
+    return "commit " + describe(record.get("provenance"), short=True)
 
 
 def _write_json(path: Path, value) -> None:
@@ -43,13 +68,15 @@ class CellRunner:
     """Trains and evaluates cells of one budget, reusing rendered scenes between cells.
 
     ``max_datasets``: rendered datasets kept in memory (train and eval, keyed by
-    (kind, context views, split)); the oldest is dropped beyond it.
+    (kind, context views, split)); the oldest is dropped beyond it. ``allow_stale``: reuse
+    finished cells trained by other code (see the module docstring) instead of refusing them.
     """
 
     def __init__(self, budget: Budget, cache: Path, *, device: str = "cpu", threads: int = 1,
-                 lpips_weights: str | None = None, max_datasets: int = 4) -> None:
+                 lpips_weights: str | None = None, max_datasets: int = 4, allow_stale: bool = False) -> None:
         self.budget, self.cache, self.device, self.threads = budget, Path(cache), device, threads
-        self.lpips_weights, self.max_datasets = lpips_weights, max_datasets
+        self.lpips_weights, self.max_datasets, self.allow_stale = lpips_weights, max_datasets, allow_stale
+        self.provenance = code_provenance()
         self._lpips = LPIPS(lpips_weights).to(device) if lpips_weights else None
         self._datasets: dict[tuple, object] = {}
         self.trained: list[Cell] = []  # cells trained (not read from the cache) by this runner
@@ -71,6 +98,39 @@ class CellRunner:
         path = self.folder(cell) / METRICS_NAME
         return json.loads(path.read_text()) if path.is_file() else None
 
+    def is_stale(self, record: dict) -> bool:
+        """Whether a cell record was computed by other code (its fingerprint differs or is missing)."""
+        return (record.get("provenance") or {}).get("source_fingerprint") != self.provenance["source_fingerprint"]
+
+    def stale(self, cells) -> list[tuple[Cell, dict]]:
+        """The finished cells of ``cells`` trained by other code, with their records."""
+        return [(cell, record) for cell in cells
+                if (record := self.cached(cell)) is not None and self.is_stale(record)]
+
+    def check_stale(self, cells, *, log=print) -> list[tuple[Cell, dict]]:
+        """:meth:`stale` of ``cells``; raises :class:`StaleCellsError` (one line) unless ``allow_stale``,
+        else logs a warning."""
+        stale = self.stale(cells)
+        if not stale:
+            return stale
+        finished = sum(self.cached(cell) is not None for cell in cells)
+        versions = ", ".join(f"{version}: {n}" for version, n in
+                             sorted(Counter(trained_at(record) for _, record in stale).items()))
+        what = (f"{len(stale)} of {finished} finished cells under {self.cache} were trained on an earlier code "
+                f"version ({versions}; current source fingerprint {self.provenance['source_fingerprint']})")
+        if not self.allow_stale:
+            raise StaleCellsError(
+                f"{what}; pass --allow-stale to reuse them (marked in the report), or retrain them into a fresh "
+                f"--out (bump RESULTS_VERSION in benchmarks/nvs_rows.py if the change is meant to alter results)")
+        log(f"warning: {what}; reusing them (--allow-stale), marked in the report")
+        return stale
+
+    def obsolete(self) -> dict[str, int]:
+        """Cached cells of encodings that no longer exist: ``{"<dataset>/<row key>": finished cells}``."""
+        known = set(encoding_names())
+        return {f"{row.parent.name}/{row.name}": len(list(row.glob(f"*/{METRICS_NAME}")))
+                for row in sorted(self.cache.glob("*/*")) if row.is_dir() and row.name.split(".")[0] not in known}
+
     def dataset(self, config: dict, split: str):
         """The rendered (in-memory) dataset of ``config``'s data section, shared by cells."""
         key = (config["data"]["kind"], config["data"]["num_context"], split)
@@ -84,19 +144,37 @@ class CellRunner:
         return self._datasets[key]
 
     # ------------------------------------------------------------------ one cell
-    def run(self, cell: Cell) -> dict:
-        """Train (or resume) and evaluate ``cell``; returns its metrics dict (cached on disk)."""
-        done = self.cached(cell)
-        if done is not None:
-            return done
-        folder = self.folder(cell)
-        config = self.config(cell, folder)
-        checkpoint = folder / CHECKPOINT_NAME
+    def _train(self, folder: Path, config: dict):
+        """``hrope.nvs.train`` of the cell, resuming its checkpoint only when the current code started
+        it (``training.json``); returns ``(result, start step, seconds)``."""
+        checkpoint, marker = folder / CHECKPOINT_NAME, folder / TRAINING_NAME
+        if checkpoint.is_file():
+            started = json.loads(marker.read_text()) if marker.is_file() else {}
+            if started.get("source_fingerprint") != self.provenance["source_fingerprint"]:
+                checkpoint.unlink()  # partial run of other code (or of unknown code): start again
+        if not checkpoint.is_file():
+            folder.mkdir(parents=True, exist_ok=True)
+            _write_json(marker, self.provenance)
         start = load_checkpoint(checkpoint)["step"] if checkpoint.is_file() else 0
         dataset = self.dataset(config, "train")
         tick = time.perf_counter()
         result = train(config, progress=False, dataset=dataset)
         seconds = time.perf_counter() - tick
+        marker.unlink(missing_ok=True)
+        return result, start, seconds
+
+    def run(self, cell: Cell) -> dict:
+        """Train (or resume) and evaluate ``cell``; returns its metrics dict (cached on disk).
+
+        A finished stale cell is returned as it is with ``allow_stale``, else refused."""
+        done = self.cached(cell)
+        if done is not None:
+            if self.is_stale(done) and not self.allow_stale:
+                self.check_stale([cell])  # raises
+            return done
+        folder = self.folder(cell)
+        config = self.config(cell, folder)
+        result, start, seconds = self._train(folder, config)
         trained = result.step - start
         self.trained.append(cell)
         model = result.model.eval()
@@ -110,38 +188,31 @@ class CellRunner:
             # Seconds for all `steps`, extrapolated from this session when the run was resumed.
             "train_seconds": seconds * result.step / trained if trained else None,
             "resumed_from_step": start, "eval_scenes": len(self.dataset(config, "eval")), "metrics": metrics,
+            "provenance": self.provenance,
         }
         _write_json(folder / METRICS_NAME, record)
         return record
 
     # ------------------------------------------------------------------ Fig. 6 protocols
     def protocol(self, cell: Cell, protocol: str, *, compute: bool = True, **options) -> dict | None:
-        """``hrope.nvs.protocols.run_protocol`` on the cell's trained checkpoint (cached per cell;
-        ``compute=False`` returns None instead of computing a missing result).
-
-        Raises :class:`ProtocolUnavailable` when the protocols module is not implemented."""
-        try:
-            from hrope.nvs.protocols import run_protocol
-        except ImportError as error:
-            raise ProtocolUnavailable(f"hrope.nvs.protocols cannot be imported: {error}") from None
+        """``hrope.nvs.protocols.run_protocol`` on the cell's trained checkpoint (cached per cell,
+        with the provenance of the code that computed it). Returns None instead of computing a
+        missing result with ``compute=False`` and for a stale cell (its checkpoint would be
+        retrained by other code, or be another code's model)."""
         folder = self.folder(cell)
         path = folder / PROTOCOLS_NAME
         stored = json.loads(path.read_text()) if path.is_file() else {}
         key = json.dumps({"protocol": protocol, "scenes": self.budget.protocol_scenes, **options}, sort_keys=True)
         if key not in stored:
-            if not compute:
+            record = self.cached(cell)
+            if not compute or record is None or self.is_stale(record):
                 return None
-            if not (folder / CHECKPOINT_NAME).is_file():
+            if not (folder / CHECKPOINT_NAME).is_file() or (folder / TRAINING_NAME).is_file():
                 # finished cells keep their small JSON files in git, not their checkpoints: training
                 # is a pure function of the cell's config, so retraining restores the same model
-                config = self.config(cell, folder)
-                train(config, progress=False, dataset=self.dataset(config, "train"))
-            try:
-                stored[key] = run_protocol(str(folder), protocol, num_scenes=self.budget.protocol_scenes,
-                                           device=self.device, lpips_weights=self.lpips_weights, **options)
-            except NotImplementedError as error:
-                raise ProtocolUnavailable(f"hrope.nvs.protocols.run_protocol({protocol!r}) is not implemented yet: "
-                                          f"{error}") from None
+                self._train(folder, self.config(cell, folder))
+            result = run_protocol(str(folder), protocol, num_scenes=self.budget.protocol_scenes,
+                                  device=self.device, lpips_weights=self.lpips_weights, **options)
+            stored[key] = {**result, "provenance": self.provenance}
             _write_json(path, stored)
         return stored[key]
-

@@ -8,6 +8,9 @@ with ``pooled std = sqrt((s_a² + s_b²) / 2)``, ``s`` the sample standard devia
 and a floor (0.05 dB PSNR, 0.002 SSIM) because a std from 2 seeds can be tiny by chance (a
 one-sigma screen, not a significance test). With fewer than 2 finished seeds per row there is no
 std and the difference is reported as "1 seed".
+
+Rows, Fig. 6 curves and claims built on a cell trained on an earlier code version (reused with
+``--allow-stale``, record flag ``stale``) are marked † in the Markdown and ``stale`` in the JSON.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import math
 import statistics
 from pathlib import Path
 
-from nvs_rows import ABLATIONS, VIEW_COUNTS, Row, Table
+from nvs_rows import ABLATIONS, APE_ABLATIONS, VIEW_COUNTS, Row, Table
+from provenance import describe
 
 __all__ = ["stat", "compare", "table_report", "fig6_report", "claims", "markdown", "plots", "NOISE_RULE", "NOISE_FLOOR"]
 
@@ -25,6 +29,7 @@ NOISE_RULE = ("differences with |Δ mean| <= max(pooled std over seeds, floor) a
               "noise); pooled std = sqrt((s_a² + s_b²)/2), floor 0.05 dB PSNR / 0.002 SSIM; a one-sigma "
               "screen, not a significance test")
 METRICS = (("psnr", "PSNR ↑", 2), ("ssim", "SSIM ↑", 3), ("lpips", "LPIPS ↓", 3))
+STALE_MARK = " †"
 
 
 def stat(values: list[float]) -> dict | None:
@@ -60,6 +65,10 @@ def row_summary(records: list[dict], row: Row) -> dict:
     summary = {"row": row.label, "encoding": row.encoding, "predictor": row.predictor,
                "num_context": row.num_context, "seeds": sorted(r["seed"] for r in records),
                "parameters": records[0]["parameters"] if records else None, "train_seconds": stat(times)}
+    stale = [r for r in records if r.get("stale")]
+    summary["stale"] = None if not stale else {
+        "seeds": sorted(r["seed"] for r in stale),
+        "note": "trained on an earlier code version (" + ", ".join(sorted({r["trained_at"] for r in stale})) + ")"}
     for name, _, _ in METRICS:
         summary[name] = _metric_stat(records, name) if records else None
     return summary
@@ -82,8 +91,10 @@ def table_report(table: Table, records: dict[tuple, list[dict]]) -> dict:
     return out
 
 
-def fig6_report(results: dict[tuple, list[dict]]) -> dict:
-    """``results[(dataset, row, protocol)]``: protocol result dicts of the seeds -> mean/std per point."""
+def fig6_report(results: dict[tuple, list[dict]], stale_rows=()) -> dict:
+    """``results[(dataset, row, protocol)]``: protocol result dicts of the seeds -> mean/std per point.
+    ``stale_rows``: (dataset, row) pairs with a cell trained on an earlier code version (listed
+    per protocol as ``stale``)."""
     out: dict = {}
     for (dataset, row, protocol), runs in results.items():
         values = sorted({p["value"] for run in runs for p in run["points"]})
@@ -95,7 +106,10 @@ def fig6_report(results: dict[tuple, list[dict]]) -> dict:
                 entry[name] = "unavailable" if any(isinstance(v, str) for v in per_seed) else stat(per_seed)
             points.append(entry)
         axis = runs[0].get("axis", protocol)
-        out.setdefault(dataset, {}).setdefault(protocol, {"axis": axis, "rows": {}})["rows"][row.label] = points
+        block = out.setdefault(dataset, {}).setdefault(protocol, {"axis": axis, "rows": {}, "stale": []})
+        block["rows"][row.label] = points
+        if (dataset, row) in stale_rows:
+            block["stale"].append(row.label)
     return out
 
 
@@ -119,7 +133,7 @@ def claims(report: dict) -> list[dict]:
     for dataset in report["tables"].get("fig4a", {}).get("datasets", {}):
         for other in (a for a in ABLATIONS if a != "hrope"):
             pairs.append(("fig4a", dataset, "hrope", other))
-        for encoding in ABLATIONS:
+        for encoding in APE_ABLATIONS:
             pairs.append(("fig4a", dataset, encoding, f"{encoding}-ape"))
     for dataset in report["tables"].get("table2", {}).get("datasets", {}):
         for views in VIEW_COUNTS:
@@ -136,7 +150,8 @@ def claims(report: dict) -> list[dict]:
                                                                                              result["verdict"])
         out.append({"table": table, "dataset": dataset, "claim": f"{a} > {b}", "verdict": verdict,
                     "delta_psnr": None if result is None else result["delta"],
-                    "pooled_std": None if result is None else result["pooled_std"]})
+                    "pooled_std": None if result is None else result["pooled_std"],
+                    "stale": bool(row_a.get("stale") or row_b.get("stale"))})
     return out
 
 
@@ -168,7 +183,8 @@ def _table_markdown(name: str, table: dict) -> list[str]:
         for r in rows:
             seconds = r["train_seconds"]
             lines.append(
-                f"| {r['row']} | {_fmt(r['psnr'], 2)} | {_fmt_delta(r['delta_psnr'], 2)} | {_fmt(r['ssim'], 3)} | "
+                f"| {r['row']}{STALE_MARK if r.get('stale') else ''} | {_fmt(r['psnr'], 2)} | "
+                f"{_fmt_delta(r['delta_psnr'], 2)} | {_fmt(r['ssim'], 3)} | "
                 f"{_fmt_delta(r['delta_ssim'], 3)} | {_fmt(r['lpips'], 3)} | "
                 f"{'pending' if r['parameters'] is None else format(r['parameters'], ',')} | "
                 f"{'pending' if seconds is None else format(seconds['mean'], '.0f')} | {len(r['seeds'])} |")
@@ -189,9 +205,19 @@ def _fig6_markdown(fig6: dict) -> list[str]:
                 by_value = {p["value"]: p for p in points}
                 cells = [f"{_fmt(by_value[v]['psnr'], 2)} / {_fmt(by_value[v]['ssim'], 3)}" if v in by_value
                          else "pending" for v in values]
-                lines.append(f"| {label} | " + " | ".join(cells) + " |")
+                mark = STALE_MARK if label in block.get("stale", ()) else ""
+                lines.append(f"| {label}{mark} | " + " | ".join(cells) + " |")
             lines.append("")
+    if fig6.get("note"):
+        lines += [f"Note: {fig6['note']}.", ""]
     return lines
+
+
+def _provenance_line(record: dict | None) -> str:
+    if not record:
+        return "Commit: not recorded  "
+    return (f"Commit: `{describe(record)}` (source fingerprint `{record.get('source_fingerprint')}`, results version "
+            f"{record.get('results_version')}, torch {record.get('torch')})  ")
 
 
 def markdown(report: dict) -> str:
@@ -201,7 +227,7 @@ def markdown(report: dict) -> str:
     lines = [
         f"## NVS benchmark, `{budget['name']}` budget", "",
         f"Command: `{report['command']}`  ",
-        f"Commit: `{report['commit']}`  ",
+        _provenance_line(report.get("provenance")),
         f"Cells finished: {done} of {total} planned; generated {report['generated']}.  ",
         f"Budget: model {budget['model']}, {budget['steps']} steps of batch {budget['batch_size']}, AdamW lr "
         f"{budget['lr']} (warmup {budget['warmup']}, cosine), {budget['train_scenes']} training scenes, "
@@ -210,6 +236,16 @@ def markdown(report: dict) -> str:
         f"`{report['device']}` with {report['threads']} torch thread(s) (shared machine; indicative only).  ",
         f"Noise rule: {NOISE_RULE}. LPIPS: {report['lpips']}.", "",
     ]
+    stale = report.get("stale_cells") or {}
+    if stale.get("count"):
+        versions = ", ".join(f"{version}: {n}" for version, n in stale["trained_at"].items())
+        lines += [f"**† Trained on an earlier code version** ({versions}): {stale['count']} of {done} finished cells "
+                  "were reused with `--allow-stale`, not retrained with the commit above; every row, Fig. 6 curve "
+                  "and claim that uses one is marked †.", ""]
+    obsolete = report.get("obsolete_cells") or {}
+    if obsolete:
+        lines += ["Skipped cached cells of encodings that no longer exist: "
+                  + ", ".join(f"`{folder}` ({n})" for folder, n in obsolete.items()) + ".", ""]
     for name, table in report["tables"].items():
         lines += _table_markdown(name, table)
     if "fig6" in report:
@@ -220,7 +256,9 @@ def markdown(report: dict) -> str:
         for c in report["claims"]:
             delta = "—" if c["delta_psnr"] is None else f"{c['delta_psnr']:+.2f}"
             pooled = "—" if c["pooled_std"] is None else f"{c['pooled_std']:.2f}"
-            lines.append(f"| {c['table']} | {c['dataset']} | {c['claim']} | {delta} | {pooled} | {c['verdict']} |")
+            mark = STALE_MARK if c.get("stale") else ""
+            lines.append(f"| {c['table']} | {c['dataset']} | {c['claim']}{mark} | {delta} | {pooled} "
+                         f"| {c['verdict']} |")
         counts = {v: sum(c["verdict"] == v for c in report["claims"]) for v in
                   ("holds", "reversed", "within noise", "1 seed", "pending")}
         lines += ["", "Verdicts: " + ", ".join(f"{v} {n}" for v, n in counts.items()) + ".", ""]

@@ -5,6 +5,12 @@ A *row* is one model variant: an encoding, its parameter source (``learned``, ``
 plus its evaluation. Every cell of one budget shares the data, steps, model size, optimiser and
 seeds; only the row changes. Tables list rows; a row shared by several tables (e.g. ``hrope``
 in Tables 1 and 3 and Fig. 4a) is trained once.
+
+Cells are cached in folders named by :func:`config_hash` of their :func:`cell_settings`, which
+includes :data:`RESULTS_VERSION`: bump it in a change that is meant to alter trained results
+(an encoding's maths, the model, training or evaluation), so that every cell is retrained in new
+folders. The code itself is not part of the key: ``nvs_cells`` records a source fingerprint per
+cell and refuses to reuse cells trained by other code unless asked to (``--allow-stale``).
 """
 
 from __future__ import annotations
@@ -15,13 +21,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+import hrope
 from hrope.nvs.config import resolve
 
-__all__ = ["Row", "Table", "Budget", "BUDGETS", "TABLE1_ENCODINGS", "ABLATIONS", "tables", "cell_config",
-           "cell_settings", "config_hash", "Cell"]
+__all__ = ["Row", "Table", "Budget", "BUDGETS", "TABLE1_ENCODINGS", "ABLATIONS", "APE_ABLATIONS", "tables",
+           "cell_config", "cell_settings", "config_hash", "Cell", "RESULTS_VERSION"]
+
+# Bump (by hand) in a change meant to alter trained results; a new version trains every cell again,
+# in new cache folders (the old ones stay on disk, unused). Version 0 is not hashed, so the cells
+# trained before this constant existed keep their folder names.
+RESULTS_VERSION = 0
 
 TABLE1_ENCODINGS = ("none", "gta", "prope", "cape", "rayrope", "urope", "worldrope", "hrope", "hrope-lift")
 ABLATIONS = ("hrope-depth", "hrope-so3", "hrope-pf", "hrope-se3", "hrope", "hrope-full")
+# Fig. 4a's additive (APE) versions: only of the encodings whose APE version is a distinct model
+# (``hrope-pf``'s would embed the same decoded plane vector as ``hrope-ape``).
+APE_ABLATIONS = tuple(e for e in ABLATIONS if hrope.ENCODINGS[e].has_ape_variant)
 PLANE_SOURCES = ("learned", "external", "oracle")
 VIEW_COUNTS = (2, 4, 8)
 
@@ -110,7 +125,7 @@ def _learned_like(row: Row) -> Row:
 
 def tables(budget: Budget) -> dict[str, Table]:
     """The paper's comparisons at this budget (Fig. 6 evaluates Table 1's checkpoints, see nvs_table)."""
-    ablation = tuple(Row(e) for e in ("none", *ABLATIONS)) + tuple(Row(e + "-ape") for e in ABLATIONS)
+    ablation = tuple(Row(e) for e in ("none", *ABLATIONS)) + tuple(Row(e + "-ape") for e in APE_ABLATIONS)
     return {
         "table1": Table("table1", "Table 1 analogue: encodings (learned per-patch parameters)",
                         tuple(Row(e) for e in TABLE1_ENCODINGS), ("room", "object"), _none_like),
@@ -155,5 +170,8 @@ def cell_config(budget: Budget, cell: Cell, out: Path, *, device: str = "cpu", t
 
 
 def config_hash(settings: dict) -> str:
-    """Short hash of a cell's :func:`cell_settings` (not paths, device, threads or logging)."""
+    """Short hash of a cell's :func:`cell_settings` (not paths, device, threads or logging) and of
+    :data:`RESULTS_VERSION` (from version 1 on): the cell's cache key."""
+    if RESULTS_VERSION:
+        settings = {**settings, "results_version": RESULTS_VERSION}
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]

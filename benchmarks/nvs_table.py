@@ -5,15 +5,20 @@ and seeds; only the encoding and its parameter source change. Tables (see nvs_ro
 ``table1`` (encodings, learned parameters; room and object scenes), ``table3`` (learned /
 external / oracle planes), ``fig4a`` (parameterisations and their APE versions), ``table2``
 (2/4/8 context views) and ``fig6`` (zoom, extrapolation, enlarged baseline on the Table 1
-checkpoints, no retraining; needs ``hrope.nvs.protocols``). Every finished cell is cached under
-``OUT/cache`` (checkpoints and logs git-ignored, each cell's result JSON/YAML committed),
-keyed by a hash of its config, so an interrupted run continues where it stopped. Writes ``OUT/nvs_table.{json,md}`` and one PNG per table.
+checkpoints, no retraining). Every finished cell is cached under ``OUT/cache`` (checkpoints and
+logs git-ignored, each cell's result JSON/YAML committed), keyed by a hash of its config and
+``RESULTS_VERSION`` (nvs_rows.py), so an interrupted run continues where it stopped. Each cell
+records the commit and source fingerprint of the code that trained it; finished cells trained by
+other code (another fingerprint, or none recorded) stop the run with an error unless
+``--allow-stale`` (reuse them, marked in the report). Writes ``OUT/nvs_table.{json,md}`` and one
+PNG per table.
 
     python benchmarks/nvs_table.py --quick                          # smoke run, <= 10 min on 2 CPU cores
     OMP_NUM_THREADS=1 python benchmarks/nvs_table.py                # full CPU run (~3 h), resumable
     python benchmarks/nvs_table.py --budget gpu --device cuda       # larger preset for a GPU
     python benchmarks/nvs_table.py --tables table1,fig6 --rows none,prope,hrope
     python benchmarks/nvs_table.py --report-only                    # tables from the finished cells only
+    python benchmarks/nvs_table.py --quick --report-only --allow-stale   # the committed cells (older code)
 """
 
 from __future__ import annotations
@@ -22,17 +27,17 @@ import argparse
 import json
 import logging
 import shlex
-import subprocess
 import sys
 import time
 import traceback
+from collections import Counter
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling nvs_* modules
 
-from nvs_cells import CellRunner, ProtocolUnavailable  # noqa: E402
+from nvs_cells import CellRunner, StaleCellsError, trained_at  # noqa: E402
 from nvs_report import claims, fig6_report, markdown, plots, table_report  # noqa: E402
 from nvs_rows import BUDGETS, Budget, Cell, tables  # noqa: E402
 
@@ -41,19 +46,6 @@ __all__ = ["run_benchmark", "plan", "main", "TABLE_NAMES", "FIG6_PROTOCOLS"]
 TABLE_NAMES = ("table1", "fig6", "table3", "fig4a", "table2")
 FIG6_PROTOCOLS = ("zoom", "extrapolate", "baseline")
 REPORT_EVERY_S = 300.0  # rewrite the partial report at most this often during a run
-
-
-def git_commit() -> str:
-    """``git rev-parse HEAD`` (read-only), marked when the working tree has uncommitted changes."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True,
-                               check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    return commit + (" + uncommitted changes" if dirty else "")
 
 
 def plan(budget: Budget, table_names, row_filter=None):
@@ -90,10 +82,13 @@ def plan(budget: Budget, table_names, row_filter=None):
 
 
 def _collect(runner: CellRunner, cells) -> dict:
+    """Finished cell records by (dataset, row), each with ``stale`` (and ``trained_at`` when stale)."""
     records: dict = {}
     for cell in cells:
         record = runner.cached(cell)
         if record is not None:
+            stale = runner.is_stale(record)
+            record = {**record, "stale": stale, **({"trained_at": trained_at(record)} if stale else {})}
             records.setdefault((cell.dataset, cell.row), []).append(record)
     return records
 
@@ -101,35 +96,48 @@ def _collect(runner: CellRunner, cells) -> dict:
 def _run_fig6(runner: CellRunner, cells, *, compute: bool, log) -> dict:
     """Fig. 6 protocol results of the Table 1 cells (``compute=False``: cached results only)."""
     results: dict = {}
+    stale_rows, stale_missing = set(), 0
     try:
         for cell in cells:
-            if runner.cached(cell) is None:
+            record = runner.cached(cell)
+            if record is None:
                 continue
+            stale = runner.is_stale(record)
             for protocol in FIG6_PROTOCOLS:
                 options = {"factors": tuple(runner.budget.zoom_factors)} if protocol == "zoom" else {}
                 result = runner.protocol(cell, protocol, compute=compute, **options)
                 if result is not None:
                     results.setdefault((cell.dataset, cell.row, protocol), []).append(result)
-    except ProtocolUnavailable as error:
-        log(f"fig6: not available yet ({error}); skipped")
-        return {"status": f"not available yet ({error})"}
+                    if stale:
+                        stale_rows.add((cell.dataset, cell.row))
+                elif stale and compute:
+                    stale_missing += 1
     except Exception as error:  # a failing protocol must not stop the long training run
         log(f"fig6 failed:\n{traceback.format_exc()}")
         return {"status": f"failed: {type(error).__name__}: {error}"}
-    return {"status": "ok", "datasets": fig6_report(results)}
+    out = {"status": "ok", "datasets": fig6_report(results, stale_rows)}
+    if stale_missing:
+        out["note"] = (f"{stale_missing} Fig. 6 result(s) of cells trained on an earlier code version are not cached "
+                       "and were not computed (stale cells are only read)")
+        log(f"fig6: {out['note']}")
+    return out
 
 
 def build_report(runner: CellRunner, selected: dict, cells, fig6: dict | None, *, command: str, started: float,
                  device: str, threads: int) -> dict:
     """The report dict (JSON-ready) from the finished cells of ``cells``."""
     records = _collect(runner, cells)
+    stale = [r for rs in records.values() for r in rs if r["stale"]]
     report = {
-        "command": command, "commit": git_commit(), "budget": runner.budget.as_dict(),
+        "command": command, "provenance": runner.provenance, "budget": runner.budget.as_dict(),
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "elapsed_seconds": time.perf_counter() - started, "device": device, "threads": threads,
         "lpips": "computed with local weights" if runner.lpips_weights else "unavailable (no local LPIPS weights)",
         "progress": {"finished": sum(len(v) for v in records.values()), "planned": len(cells),
                      "trained_this_invocation": len(runner.trained)},
+        "stale_cells": {"count": len(stale),
+                        "trained_at": dict(sorted(Counter(r["trained_at"] for r in stale).items()))},
+        "obsolete_cells": runner.obsolete(),
         "tables": {name: table_report(table, records) for name, table in selected.items()},
         "cells": [r for rs in records.values() for r in rs],
     }
@@ -149,13 +157,20 @@ def write_report(report: dict, out: Path) -> None:
 
 def run_benchmark(budget: Budget, out: Path, *, table_names=TABLE_NAMES, row_filter=None, device: str = "cpu",
                   threads: int = 1, lpips_weights: str | None = None, report_only: bool = False,
-                  command: str = "", log=print) -> dict:
-    """Train/evaluate every planned cell (reusing cached ones) and write the report into ``out``."""
+                  allow_stale: bool = False, command: str = "", log=print) -> dict:
+    """Train/evaluate every planned cell (reusing cached ones) and write the report into ``out``.
+
+    Raises :class:`StaleCellsError` before training anything when finished planned cells were
+    trained on an earlier code version, unless ``allow_stale`` (then they are reused and marked)."""
     started = time.perf_counter()
     out = Path(out)
-    runner = CellRunner(budget, out / "cache", device=device, threads=threads, lpips_weights=lpips_weights)
+    runner = CellRunner(budget, out / "cache", device=device, threads=threads, lpips_weights=lpips_weights,
+                        allow_stale=allow_stale)
     selected, first, later = plan(budget, table_names, row_filter)
     cells = first + later
+    runner.check_stale(cells, log=log)
+    for folder, count in runner.obsolete().items():
+        log(f"note: skipped {count} cached cell(s) in {folder}: the encoding no longer exists")
     state = {"fig6": None, "last_report": time.perf_counter()}
 
     def report_now() -> dict:
@@ -169,8 +184,8 @@ def run_benchmark(budget: Budget, out: Path, *, table_names=TABLE_NAMES, row_fil
             log(f"[{cells.index(cell) + 1}/{len(cells)}] {cell.dataset} | {cell.row.label} | seed {cell.seed}: "
                 f"training (elapsed {time.perf_counter() - started:.0f} s)")
             record = runner.run(cell)
-            log(f"    PSNR {record['metrics']['psnr']:.2f}  SSIM {record['metrics']['ssim']:.3f}  "
-                f"{record['train_seconds']:.0f} s")
+            seconds = "?" if record["train_seconds"] is None else f"{record['train_seconds']:.0f}"
+            log(f"    PSNR {record['metrics']['psnr']:.2f}  SSIM {record['metrics']['ssim']:.3f}  {seconds} s")
             if time.perf_counter() - state["last_report"] > REPORT_EVERY_S:
                 write_report(report_now(), out)
                 state["last_report"] = time.perf_counter()
@@ -199,18 +214,24 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per run (0 = torch default)")
     parser.add_argument("--lpips-weights", default=None, help="local LPIPS safetensors (else LPIPS unavailable)")
     parser.add_argument("--report-only", action="store_true", help="write the report from finished cells; train nothing")
+    parser.add_argument("--allow-stale", action="store_true",
+                        help="reuse finished cells trained on an earlier code version (marked in the report) "
+                             "instead of stopping with an error")
     args = parser.parse_args(argv)
     if args.quick and args.budget not in (None, "quick"):
         parser.error("--quick conflicts with --budget " + args.budget)
     name = "quick" if args.quick else (args.budget or "full")
     out = Path(args.out or ("benchmarks/results/nvs" if name == "full" else f"benchmarks/results/nvs_{name}"))
     logging.basicConfig(level=logging.WARNING)
-    return run_benchmark(
-        BUDGETS[name], out, table_names=[t.strip() for t in args.tables.split(",") if t.strip()],
-        row_filter={r.strip() for r in args.rows.split(",")} if args.rows else None, device=args.device,
-        threads=args.threads, lpips_weights=args.lpips_weights, report_only=args.report_only,
-        command=shlex.join(["python", "benchmarks/nvs_table.py", *argv]),
-        log=lambda text: print(text, flush=True))
+    try:
+        return run_benchmark(
+            BUDGETS[name], out, table_names=[t.strip() for t in args.tables.split(",") if t.strip()],
+            row_filter={r.strip() for r in args.rows.split(",")} if args.rows else None, device=args.device,
+            threads=args.threads, lpips_weights=args.lpips_weights, report_only=args.report_only,
+            allow_stale=args.allow_stale, command=shlex.join(["python", "benchmarks/nvs_table.py", *argv]),
+            log=lambda text: print(text, flush=True))
+    except StaleCellsError as error:
+        raise SystemExit(f"nvs_table.py: error: {error}") from None
 
 
 if __name__ == "__main__":

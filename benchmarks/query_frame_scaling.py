@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 import hrope
+from provenance import describe, provenance
 
 GRID = (32, 32)
 HEADS, HEAD_DIM = 8, 64
@@ -165,7 +166,8 @@ def markdown(report: dict) -> str:
     lines = [
         "# Query-frame encodings: cost vs plain SDPA and prope",
         "",
-        f"Command: `{report['command']}`",
+        f"Command: `{report['command']}`  ",
+        f"Commit: `{describe(report.get('provenance'))}`",
         "",
         f"B=1, {HEADS} heads, head_dim {HEAD_DIM}, {GRID[0]}x{GRID[1]} patches per view, fp32 CPU, "
         f"torch {report['torch']}, {report['threads']} threads, load average at start "
@@ -209,6 +211,7 @@ def main() -> None:
         "command": " ".join(["python", "benchmarks/query_frame_scaling.py", *sys.argv[1:]]),
         "torch": torch.__version__,
         "python": platform.python_version(),
+        "provenance": provenance(),
         "threads": torch.get_num_threads(),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         "results": [],

@@ -26,6 +26,7 @@ import torch
 from hrope.nvs.data import SyntheticDataset, collate_scenes, make_scene
 from hrope.nvs.data.render import render
 from hrope.nvs.data.synthetic import scene_setup
+from provenance import describe, provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_S = 0.5
@@ -72,13 +73,13 @@ def main() -> None:
         + (f" --threads {args.threads}" if args.threads else ""),
         "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()], "reps": args.reps,
-        "target_render_s": TARGET_S, "rows": rows,
+        "target_render_s": TARGET_S, "provenance": provenance(), "rows": rows,
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "render_speed.json").write_text(json.dumps(info, indent=2) + "\n")
     lines = [
         "# Synthetic data speed", "",
-        f"Command: `{info['command']}`", "",
+        f"Command: `{info['command']}`  ", f"Commit: `{describe(info['provenance'])}`", "",
         f"CPU, torch {info['torch']}, {info['threads']} threads, load average at start "
         f"{info['load_average_at_start']}, median of {args.reps} runs. Target: rendering 64 views of 128x128 "
         f"with depth and normals in at most {TARGET_S} s.", "",

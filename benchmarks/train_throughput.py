@@ -29,6 +29,7 @@ from hrope.nvs.config import resolve
 from hrope.nvs.model import count_parameters, encoding_names
 from hrope.nvs.model import build_model
 from hrope.nvs.train import make_optimizer
+from provenance import describe, provenance
 
 BATCH_SIZE = 4
 
@@ -95,14 +96,16 @@ def main() -> None:
     command = "python " + " ".join(["benchmarks/train_throughput.py", *sys.argv[1:]])
     meta = {"command": command, "torch": torch.__version__, "threads": args.threads, "rounds": args.rounds,
             "steps_per_round": args.steps, "batch": f"{BATCH_SIZE} x (2 context + 1 target) at 64x64",
-            "machine": platform.processor() or platform.machine(), "device": str(device)}
+            "machine": platform.processor() or platform.machine(), "device": str(device),
+            "provenance": provenance()}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "train_throughput" + ("" if device.type == "cpu" else f"_{device.type}")
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
     lines = [f"Training throughput, `tiny` preset (64x64, patch 8, d 128, 4 layers), batch {meta['batch']}, "
              f"fp32 {device}, {args.threads} thread(s), median of {args.rounds} interleaved rounds of {args.steps} steps.",
-             f"Command: `{command}` (torch {torch.__version__}).", "",
+             f"Command: `{command}` (torch {torch.__version__}).  ",
+             f"Commit: `{describe(meta['provenance'])}`.", "",
              "| encoding | steps/s | samples/s | ratio to none | parameters |", "|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['encoding']} | {r['steps_per_s']:.2f} | {r['samples_per_s']:.1f} | "

@@ -1,5 +1,6 @@
 """The NVS comparison benchmark (benchmarks/nvs_table.py) on a toy budget: finite metrics for
-every row, per-cell cache that resumes, Markdown/JSON/PNG outputs, the noise rule."""
+every row, per-cell cache that resumes, Markdown/JSON/PNG outputs, the noise rule. Stale cells
+(earlier code versions): tests/test_provenance.py."""
 
 from __future__ import annotations
 
@@ -11,10 +12,15 @@ from pathlib import Path
 
 import pytest
 
+import hrope
+from hrope.nvs.model import encoding_names
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import nvs_rows  # noqa: E402
+from nvs_cells import TRAINING_NAME  # noqa: E402
 from nvs_report import compare, stat  # noqa: E402
-from nvs_rows import BUDGETS, Cell, Row, cell_config, cell_settings, config_hash  # noqa: E402
+from nvs_rows import ABLATIONS, BUDGETS, Cell, Row, cell_config, cell_settings, config_hash, tables  # noqa: E402
 from nvs_table import main, run_benchmark  # noqa: E402
 
 TOY = replace(BUDGETS["quick"], steps=3, train_scenes=4, eval_scenes=2, protocol_scenes=2, warmup=1,
@@ -43,6 +49,12 @@ def test_toy_benchmark_every_row_finite_and_cache_resumes(tmp_path):
                 assert row["parameters"] > 0
     assert labels == {"none", "hrope", "hrope (external)", "hrope (oracle)"}
     assert all(math.isfinite(cell["final_loss"]) for cell in first["cells"])
+    # Every cell and Fig. 6 result records the code that computed it: the current code, so none is stale.
+    assert all(cell["provenance"] == first["provenance"] and not cell["stale"] for cell in first["cells"])
+    assert first["stale_cells"]["count"] == 0 and first["obsolete_cells"] == {}
+    protocols = [json.loads(p.read_text()) for p in tmp_path.glob("cache/*/*/*/protocols.json")]
+    assert len(protocols) == 8 and all(r["provenance"] == first["provenance"] for p in protocols for r in p.values())
+    assert not list(tmp_path.glob(f"cache/**/{TRAINING_NAME}"))  # only present while a cell trains
     assert first["fig6"]["status"] == "ok", first["fig6"]
     zoom = first["fig6"]["datasets"]["room"]["zoom"]["rows"]["hrope"]
     assert [p["value"] for p in zoom] == list(TOY.zoom_factors) and all(_finite(p["psnr"]) for p in zoom)
@@ -67,6 +79,18 @@ def test_toy_benchmark_every_row_finite_and_cache_resumes(tmp_path):
     fourth = run_benchmark(TOY, tmp_path, table_names=TOY_TABLES, row_filter=TOY_ROWS, command="toy",
                            log=lambda _: None)
     assert fourth["fig6"] == first["fig6"] and fourth["tables"] == first["tables"]
+
+    # An unfinished cell resumes its checkpoint only when the current code started it.
+    folder = next(tmp_path.glob("cache/room/none.learned.ctx2/seed0-*"))
+    record = json.loads((folder / "metrics.json").read_text())
+    for started, resumed_from in ((first["provenance"], TOY.steps), ({"source_fingerprint": "other"}, 0)):
+        (folder / "metrics.json").unlink()
+        (folder / TRAINING_NAME).write_text(json.dumps(started))
+        again = run_benchmark(TOY, tmp_path, table_names=["table1"], row_filter={"none"}, command="toy",
+                              log=lambda _: None)
+        assert again["progress"]["trained_this_invocation"] == 1
+        redone = json.loads((folder / "metrics.json").read_text())
+        assert redone["resumed_from_step"] == resumed_from and redone["metrics"] == record["metrics"]
 
     # A changed budget is a different cell (no stale reuse): it trains again.
     third = run_benchmark(replace(TOY, steps=4), tmp_path, table_names=["table1"], row_filter={"none"},
@@ -95,6 +119,26 @@ def test_config_hash_tracks_the_budget_not_paths_or_device(tmp_path):
     config = cell_config(TOY, cell, tmp_path / "a", device="cuda", threads=4)
     assert config["train"]["out"] == str(tmp_path / "a") and config["train"]["steps"] == TOY.steps
     assert config["model"]["encoding"] == "hrope" and config["model"]["predictor"] == "oracle"
+
+
+def test_results_version_is_in_the_cache_key(monkeypatch):
+    cell = Cell("room", Row("hrope"), 0)
+    settings = cell_settings(TOY, cell)
+    assert nvs_rows.RESULTS_VERSION == 0  # version 0 keeps the committed cells' folder names
+    plain = config_hash(settings)
+    monkeypatch.setattr(nvs_rows, "RESULTS_VERSION", 1)
+    assert config_hash(settings) != plain
+
+
+def test_fig4a_ape_rows_only_for_distinct_ape_models():
+    """``hrope-pf-ape`` (the same model as ``hrope-ape``) is gone: APE rows come from has_ape_variant."""
+    rows = tables(TOY)["fig4a"].rows
+    labels = [row.label for row in rows]
+    expected = [e + "-ape" for e in ABLATIONS if hrope.ENCODINGS[e].has_ape_variant]
+    assert "hrope-pf" in labels and "hrope-pf-ape" not in labels and "hrope-ape" in labels
+    assert [label for label in labels if label.endswith("-ape")] == expected
+    known = set(encoding_names())
+    assert all(row.encoding in known for table in tables(TOY).values() for row in table.rows)
 
 
 def test_noise_rule():
