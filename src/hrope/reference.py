@@ -1,8 +1,12 @@
 """Dense float64 references of the encodings (tests only; never used by the fast path).
 
-For each token the full ``head_dim x head_dim`` matrix D_t is built from the formulas of
-DESIGN.md §3–4 (no closed-form inverses; the only clamps are the documented input clamps that the
-fast path applies too, see :func:`multiview_attention`), then attention is computed explicitly:
+For each token the full ``head_dim x head_dim`` matrix D_t is built from the documented formulas
+(docs/encodings.md, DESIGN.md §3–4) by this module's own code: head layout, RoPE angles,
+normalised intrinsics, patch-centre rays, plane vectors, the documented input clamps, tangent
+frames and explicit per-token block formulas; no closed-form inverses. Of the fast path it uses
+only the encoding classes (dispatch and their options), ``Cameras``, ``get_encoding``,
+``EncodingError`` and documented constants, so a bug in a fast-path helper shows up as a mismatch.
+Attention is then explicit:
 
     a_ij = softmax_j((D_i^T q_i)·(D_j^-1 k_j) * scale),   o_i = D_i Σ_j a_ij D_j^-1 v_j.
 
@@ -12,36 +16,268 @@ This costs O(N d^2) memory and O(N^2) time: use it on small inputs.
 from __future__ import annotations
 
 import math
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
 
 from .cameras import Cameras
-from .encodings import Encoding, EncodingError, HeadLayout, get_encoding, rope_angles, tangent_frames
+from .encodings import (GTA, CaPE, Encoding, EncodingError, HRoPE, HRoPEDepth, HRoPEFull, HRoPELift, HRoPEPF,
+                        HRoPESE3, HRoPESO3, NoEncoding, PRoPE, RayRoPE, RoPE2D, URoPE, WorldRoPE, get_encoding)
+# Documented constants only (docs/encodings.md, docs/encodings_query_frame.md): the grazing clamp
+# |n·r̂|/|r̂| >= 0.05 of Planes(normal, depth), MIN_DEPTH = 0.01, POSITION_MARGIN = 2, RayRoPE's
+# ray offsets (0, 0), (1, 0), (0, 1) and coordinate periods 4 / 8 / 80.
 from .encodings.query_frame import MIN_DEPTH, POSITION_MARGIN
 from .encodings.rayrope import COORDINATE_PERIODS, RAY_OFFSETS
-from .geometry import lift, normalize_intrinsics
-from .planes import Planes
+from .planes import MIN_GRAZING_COS
 
 __all__ = ["multiview_attention", "token_matrices", "dense_attention", "query_frame_matrices",
-           "query_frame_attention"]
+           "query_frame_attention", "Layout"]
 
 
-def _rope_matrix(layout: HeadLayout, grid, num_views: int, base: float) -> Tensor:
-    """``(N, d, d)`` with 2x2 rotations R(θ) on the split pairs (f, f + F) of the RoPE channels."""
-    d, F_ = layout.head_dim, layout.num_freqs
-    angles = rope_angles(grid, F_, base=base).repeat(num_views, 1, 1)  # (N, 2, F)
-    D = torch.eye(d, dtype=torch.float64).repeat(angles.shape[0], 1, 1)
+class Layout(NamedTuple):
+    """One head's channels: ``[num_blocks tiles of block x block | identity | RoPE-x 2F | RoPE-y 2F]``.
+
+    ``block`` 0: no geometric tiles; ``num_freqs`` F = head_dim // 8 with RoPE, 0 without.
+    """
+
+    head_dim: int
+    block: int
+    num_freqs: int
+
+    @property
+    def geo_dim(self) -> int:
+        return self.head_dim - 4 * self.num_freqs
+
+    @property
+    def num_blocks(self) -> int:
+        return self.geo_dim // self.block if self.block else 0
+
+
+class _Tokens(NamedTuple):
+    """Per-token float64 geometry, each ``(B, N, ...)``: K̂ ``(3, 3)``, world-to-camera E ``(4, 4)``,
+    its R ``(3, 3)`` and t ``(3,)``, and the patch-centre ray r̂ = K̂^-1 (u, v, 1) ``(3,)``."""
+
+    K: Tensor
+    E: Tensor
+    R: Tensor
+    t: Tensor
+    ray: Tensor
+
+
+def _normalized_K(K: Tensor, image_size) -> Tensor:
+    """K̂ = S K ``(..., 3, 3)`` for zero-skew pixel K, S = [[1/W, 0, -1/2], [0, 1/H, -1/2], [0, 0, 1]]."""
+    H, W = image_size
+    S = torch.tensor([[1.0 / W, 0.0, -0.5], [0.0, 1.0 / H, -0.5], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    return S @ K.double()
+
+
+def _tokens(cameras: Cameras, grid) -> _Tokens:
+    """The per-token geometry of N = V * grid_h * grid_w tokens (view-major, x fastest)."""
+    P = grid[0] * grid[1]
+    K = _normalized_K(cameras.K, cameras.image_size).repeat_interleave(P, 1)
+    E = cameras.world_to_cam.double().repeat_interleave(P, 1)
+    uv = _uv_grid(grid, (0.5, 0.5)).repeat(cameras.num_views, 1)  # (N, 2)
+    pix = torch.cat([uv, torch.ones_like(uv[:, :1])], -1).expand(*K.shape[:2], 3)
+    ray = torch.linalg.solve(K, pix[..., None]).squeeze(-1)
+    return _Tokens(K, E, E[..., :3, :3], E[..., :3, 3], ray)
+
+
+def _mv(M: Tensor, x: Tensor) -> Tensor:
+    """Matrix-vector product ``M (..., r, c) x (..., c) -> (..., r)``."""
+    return (M @ x[..., None]).squeeze(-1)
+
+
+def _block4(A: Tensor, b: Tensor, c: Tensor | None = None, delta: Tensor | None = None) -> Tensor:
+    """``[[A, b], [c^T, δ]] (..., 4, 4)`` from A ``(..., 3, 3)``, b, c ``(..., 3)`` (c = 0) and δ ``(...)`` (1)."""
+    c = torch.zeros_like(b) if c is None else c
+    delta = torch.ones_like(b[..., 0]) if delta is None else delta
+    top = torch.cat([A, b[..., None]], -1)
+    bottom = torch.cat([c, delta[..., None]], -1)[..., None, :]
+    return torch.cat([top, bottom], -2)
+
+
+# ----------------------------------------------------------------------------- planes and frames
+def _plane_vectors(planes, tok: _Tokens) -> Tensor:
+    """Camera-frame plane vectors m ``(B, N, 3)``: the stored m of ``Planes.from_m``, else
+    m = n / (z n·r̂) with n·r̂ pushed out to at least MIN_GRAZING_COS |r̂| in magnitude (sign kept,
+    + when exactly 0)."""
+    if planes.normal is None:
+        return planes._m.double()
+    n, z = planes.normal.double(), planes.depth.double()
+    n_dot_r = (n * tok.ray).sum(-1)
+    floor = MIN_GRAZING_COS * tok.ray.norm(dim=-1)
+    n_dot_r = torch.where(n_dot_r.abs() < floor, torch.where(n_dot_r < 0, -floor, floor), n_dot_r)
+    return n / (z * n_dot_r)[..., None]
+
+
+def _clamp_planes(encoding: HRoPE, m: Tensor, t: Tensor) -> Tensor:
+    """``hrope``'s documented clamps of m ``(B, N, 3)`` with the view translations t ``(B, N, 3)``.
+
+    First m is shortened to ``|m| = max_inverse_distance`` if longer; then, where
+    ``|s| = |1 - m·t| < min_world_offset_ratio``, its component along t is replaced so that s
+    becomes ± that bound (the sign of s, + when s = 0).
+    """
+    limit, eps = encoding.max_inverse_distance, encoding.min_world_offset_ratio
+    norm = m.norm(dim=-1, keepdim=True)
+    too_close = norm > limit
+    m = torch.where(too_close, limit * m / torch.where(too_close, norm, torch.ones_like(norm)), m)
+    s = 1.0 - (m * t).sum(-1, keepdim=True)
+    near_origin = s.abs() < eps
+    target = torch.where(s < 0, -1.0, 1.0).to(s.dtype) * eps
+    t_sq = (t * t).sum(-1, keepdim=True)
+    t_dual = t / torch.where(near_origin, t_sq, torch.ones_like(t_sq))  # t / |t|^2; |t| > 0 wherever s != 1
+    m_along_t = (m * t).sum(-1, keepdim=True) * t_dual
+    return torch.where(near_origin, m - m_along_t + (1.0 - target) * t_dual, m)
+
+
+def _tangent_frames(normal: Tensor) -> Tensor:
+    """Right-handed frames ``F = [t1, t2, n]`` (columns) ``(..., 3, 3)`` for unit normals ``(..., 3)``:
+    t1 the camera x axis (y axis when |n_x| > 0.9) projected onto the plane, t2 = n x t1."""
+    e_x = torch.tensor([1.0, 0.0, 0.0], dtype=normal.dtype)
+    e_y = torch.tensor([0.0, 1.0, 0.0], dtype=normal.dtype)
+    axis = torch.where(normal[..., :1].abs() > 0.9, e_y, e_x)
+    projector = torch.eye(3, dtype=normal.dtype) - normal[..., :, None] * normal[..., None, :]
+    t1 = _mv(projector, axis)
+    t1 = t1 / t1.norm(dim=-1, keepdim=True)
+    (nx, ny, nz), (ux, uy, uz) = normal.unbind(-1), t1.unbind(-1)
+    t2 = torch.stack([ny * uz - nz * uy, nz * ux - nx * uz, nx * uy - ny * ux], -1)
+    return torch.stack([t1, t2, normal], -1)
+
+
+# ----------------------------------------------------------------------------- geometric blocks
+# Each builder returns the geometric block of every token, (B, N, b, b), from the encoding's
+# definition; 4x4 ones are written out as [[K̂ M R, K̂ (M t + w)], [c^T R, c^T t + δ]] by hand
+# for D = lift(K̂) G E with G = [[M, w], [c^T, δ]].
+
+def _prope(encoding, tok: _Tokens, planes, params) -> Tensor:
+    """P = lift(K̂) E = [[K̂R, K̂t], [0, 1]]."""
+    return _block4(tok.K @ tok.R, _mv(tok.K, tok.t))
+
+
+def _gta(encoding, tok: _Tokens, planes, params) -> Tensor:
+    """E with the translation times the learnable scale when there is one: [[R, s t], [0, 1]]."""
+    scale = 1.0 if encoding.translation_scale is None else encoding.translation_scale.double()
+    return _block4(tok.R, scale * tok.t)
+
+
+def _cape(encoding, tok: _Tokens, planes, params) -> Tensor:
+    """E = [[R, t], [0, 1]]."""
+    return _block4(tok.R, tok.t)
+
+
+def _hrope(encoding, tok: _Tokens, planes, params) -> Tensor:
+    """Eq. 5 literally: H = K̂ (R + κ t n_w^T) from the clamped plane put in the world frame
+    (n_w = R^T n_c, d_w = d_c - n_c·t, κ = 1/d_w), over |det H|^(1/3); diag(H̃, 1) with lift4."""
+    m = _clamp_planes(encoding, _plane_vectors(planes, tok), tok.t)
+    inverse_d_c = m.norm(dim=-1)
+    n_c = m / inverse_d_c.clamp_min(torch.finfo(m.dtype).tiny)[..., None]
+    kappa = 1.0 / (1.0 / inverse_d_c - (n_c * tok.t).sum(-1))  # 0 for the plane at infinity
+    n_w = _mv(tok.R.transpose(-1, -2), n_c)
+    H = tok.K @ (tok.R + kappa[..., None, None] * tok.t[..., :, None] * n_w[..., None, :])
+    H = H / torch.linalg.det(H).abs().pow(1.0 / 3.0)[..., None, None]
+    return _block4(H, torch.zeros_like(tok.t)) if encoding.lift4 else H
+
+
+def _hrope_lift(encoding, tok: _Tokens, planes, params) -> Tensor:
+    """Λ E with Λ = [[K̂, 0], [-m^T, 1]]."""
+    m = _plane_vectors(planes, tok)
+    return _block4(tok.K, torch.zeros_like(m), -m) @ tok.E
+
+
+def _hrope_depth(encoding, tok: _Tokens, planes, params) -> Tensor:
+    """G = [[I, -p], [0, 1]], p = z r̂: D = [[K̂R, K̂ (t - p)], [0, 1]]."""
+    p = params["depth"].double()[..., None] * tok.ray
+    return _block4(tok.K @ tok.R, _mv(tok.K, tok.t - p))
+
+
+def _hrope_so3(encoding, tok: _Tokens, planes, params) -> Tensor:
+    """G = lift(R_u): D = [[K̂ R_u R, K̂ R_u t], [0, 1]]."""
+    R_u = params["rotation"].double()
+    return _block4(tok.K @ R_u @ tok.R, _mv(tok.K @ R_u, tok.t))
+
+
+def _hrope_se3(encoding, tok: _Tokens, planes, params) -> Tensor:
+    """G = [[R_u, t_u], [0, 1]]: D = [[K̂ R_u R, K̂ (R_u t + t_u)], [0, 1]]."""
+    G = params["transform"].double()
+    R_u, t_u = G[..., :3, :3], G[..., :3, 3]
+    return _block4(tok.K @ R_u @ tok.R, _mv(tok.K, _mv(R_u, tok.t) + t_u))
+
+
+def _hrope_pf(encoding, tok: _Tokens, planes, params) -> Tensor:
+    """G = [[F^T, -F^T p], [0, 1]] with the camera-facing normal n = -m/|m|, p = r̂ / (m·r̂) and
+    F = [t1, t2, n]: D = [[K̂ F^T R, K̂ F^T (t - p)], [0, 1]]."""
+    m = _plane_vectors(planes, tok)
+    normal = -m / m.norm(dim=-1, keepdim=True)
+    p = tok.ray / (m * tok.ray).sum(-1, keepdim=True)
+    KF_T = tok.K @ _tangent_frames(normal).transpose(-1, -2)
+    return _block4(KF_T @ tok.R, _mv(KF_T, tok.t - p))
+
+
+def _hrope_full(encoding, tok: _Tokens, planes, params) -> Tensor:
+    """Any G = [[A, b], [c^T, δ]]: D = [[K̂ A R, K̂ (A t + b)], [c^T R, c^T t + δ]]."""
+    G = params["transform"].double()
+    A, b, c, delta = G[..., :3, :3], G[..., :3, 3], G[..., 3, :3], G[..., 3, 3]
+    return _block4(tok.K @ A @ tok.R, _mv(tok.K, _mv(A, tok.t) + b), _mv(tok.R.transpose(-1, -2), c),
+                   (c * tok.t).sum(-1) + delta)
+
+
+class _Spec(NamedTuple):
+    """What the reference knows of one encoding class: tile size b (0: no tiles), whether 2D RoPE
+    is on, and the builder of the ``(B, N, b, b)`` blocks ``(encoding, tokens, planes, params)``."""
+
+    block: int
+    rope: bool
+    build: Callable | None = None
+
+
+_SPECS: dict[type, _Spec] = {
+    NoEncoding: _Spec(0, rope=False),
+    RoPE2D: _Spec(0, rope=True),
+    PRoPE: _Spec(4, rope=True, build=_prope),
+    GTA: _Spec(4, rope=True, build=_gta),
+    CaPE: _Spec(4, rope=False, build=_cape),
+    HRoPE: _Spec(3, rope=True, build=_hrope),  # 4 with lift4=True, see _layout
+    HRoPELift: _Spec(4, rope=True, build=_hrope_lift),
+    HRoPEDepth: _Spec(4, rope=True, build=_hrope_depth),
+    HRoPESO3: _Spec(4, rope=True, build=_hrope_so3),
+    HRoPESE3: _Spec(4, rope=True, build=_hrope_se3),
+    HRoPEPF: _Spec(4, rope=True, build=_hrope_pf),
+    HRoPEFull: _Spec(4, rope=True, build=_hrope_full),
+}
+
+
+def _for_class(table: dict, encoding: Encoding):
+    """The entry of ``table`` for the encoding's class or its nearest registered base class."""
+    for cls in type(encoding).__mro__:
+        if cls in table:
+            return table[cls]
+    raise EncodingError(f"no dense reference for encoding class {type(encoding).__name__} ({encoding.name!r})")
+
+
+def _layout(encoding: Encoding, spec: _Spec, head_dim: int) -> Layout:
+    """The head layout of ``encoding``; hrope with ``lift4`` tiles diag(H̃, 1) as 4x4 blocks."""
+    block = 4 if isinstance(encoding, HRoPE) and encoding.lift4 else spec.block
+    return Layout(head_dim, block, head_dim // 8 if spec.rope else 0)
+
+
+def _rope_matrix(layout: Layout, grid, num_views: int, base: float) -> Tensor:
+    """``(N, d, d)``: identity with the 2x2 rotations R(θ) on the split pairs (c, c + F) of the RoPE
+    channels, θ = ix * w_f on the x quarter and iy * w_f on the y quarter, w_f = base^(-f/F)."""
+    d, F = layout.head_dim, layout.num_freqs
+    token = torch.arange(grid[0] * grid[1]).repeat(num_views)
+    index = (token % grid[1], token // grid[1])  # (ix, iy) of every token
+    D = torch.eye(d, dtype=torch.float64).repeat(token.numel(), 1, 1)
     for axis in range(2):
-        for f in range(F_):
-            a = layout.geo_dim + axis * 2 * F_ + f
-            b = a + F_
-            c, s = angles[:, axis, f].cos(), angles[:, axis, f].sin()
-            D[:, a, a], D[:, a, b], D[:, b, a], D[:, b, b] = c, -s, s, c
+        for f in range(F):
+            a = layout.geo_dim + 2 * F * axis + f
+            theta = index[axis].double() * base ** (-f / F)
+            D[:, a, a], D[:, a, a + F] = theta.cos(), -theta.sin()
+            D[:, a + F, a], D[:, a + F, a + F] = theta.sin(), theta.cos()
     return D
 
 
-def _tile(blocks: Tensor, layout: HeadLayout, D: Tensor) -> Tensor:
+def _tile(blocks: Tensor, layout: Layout, D: Tensor) -> Tensor:
     """Write per-token ``blocks (B, N, b, b)`` on the geometric diagonal of ``D (B, N, d, d)``."""
     b = layout.block
     for i in range(layout.num_blocks):
@@ -49,96 +285,21 @@ def _tile(blocks: Tensor, layout: HeadLayout, D: Tensor) -> Tensor:
     return D
 
 
-def _per_token(x: Tensor, grid) -> Tensor:
-    """Per-view ``(B, V, ...)`` -> per-token ``(B, N, ...)``."""
-    return x.repeat_interleave(grid[0] * grid[1], dim=1)
-
-
-def _geometric_blocks(encoding: Encoding, cameras: Cameras, grid, planes, params) -> Tensor | None:
-    """The geometric block of every token, ``(B, N, b, b)``, straight from the definitions."""
-    name = encoding.name
-    K = _per_token(normalize_intrinsics(cameras.K, cameras.image_size), grid)
-    E = _per_token(cameras.world_to_cam, grid)
-    if name in ("none", "rope2d"):
-        return None
-    if name in ("prope",):
-        return lift(K) @ E
-    if name in ("gta", "cape"):
-        if getattr(encoding, "translation_scale", None) is not None:
-            E = E.clone()
-            E[..., :3, 3] = E[..., :3, 3] * encoding.translation_scale.double()
-        return E
-    if name == "hrope":
-        # the documented plane clamps (docs/encodings.md), taken from the encoding itself: they
-        # are input preprocessing, not part of the Eq. 5 matrix this reference rebuilds
-        m = encoding.clamp_planes(planes.m(cameras, grid, torch.float64), E[..., :3, 3])
-        n_w, kappa = Planes.from_m(m).world_normal_and_kappa(cameras, grid)
-        R, t = E[..., :3, :3], E[..., :3, 3]
-        H = K @ (R + kappa[..., None, None] * t[..., :, None] * n_w[..., None, :])
-        H = H / torch.linalg.det(H).abs().pow(1.0 / 3.0)[..., None, None]
-        return lift(H) if encoding.lift4 else H
-    if name == "hrope-lift":
-        lam = lift(K)
-        lam[..., 3, :3] = -planes.m(cameras, grid, torch.float64)
-        return lam @ E
-    G = _patch_transform(name, cameras, grid, planes, params, K)
-    return lift(K) @ G @ E
-
-
-def _patch_transform(name: str, cameras, grid, planes, params, K) -> Tensor:
-    """G_u of the ablations, ``(B, N, 4, 4)``."""
-    B, N = cameras.batch_size, cameras.num_views * grid[0] * grid[1]
-    G = torch.eye(4, dtype=torch.float64).repeat(B, N, 1, 1)
-    uv = torch.stack(_patch_uv(grid), -1).repeat(cameras.num_views, 1).expand(B, -1, -1)
-    if name in ("hrope-depth", "hrope-pf"):
-        if name == "hrope-depth":
-            z = params["depth"].double()
-        else:
-            normal, z = planes.normal_and_depth(cameras, grid, torch.float64)
-        pix = torch.cat([uv, torch.ones_like(uv[..., :1])], -1)
-        ray = torch.linalg.solve(K, pix[..., None]).squeeze(-1)
-        p = z[..., None] * ray
-        if name == "hrope-depth":
-            G[..., :3, 3] = -p
-        else:
-            frame = tangent_frames(normal)
-            G[..., :3, :3] = frame.transpose(-1, -2)
-            G[..., :3, 3] = -(frame.transpose(-1, -2) @ p[..., None]).squeeze(-1)
-        return G
-    if name == "hrope-so3":
-        G[..., :3, :3] = params["rotation"].double()
-        return G
-    if name in ("hrope-se3", "hrope-full"):
-        return params["transform"].double()
-    raise KeyError(f"no reference for encoding {name!r}")
-
-
-def _patch_uv(grid):
-    """Patch-centre normalised coordinates (u, v) of one view, each ``(P,)``."""
-    gh, gw = grid
-    v, u = torch.meshgrid((torch.arange(gh, dtype=torch.float64) + 0.5) / gh - 0.5,
-                          (torch.arange(gw, dtype=torch.float64) + 0.5) / gw - 0.5, indexing="ij")
-    return u.reshape(-1), v.reshape(-1)
-
-
 def token_matrices(encoding: str | Encoding, cameras: Cameras, grid, head_dim: int,
-                   planes=None, params: dict | None = None) -> tuple[Tensor, HeadLayout]:
-    """Every token's full transform D_t ``(B, N, head_dim, head_dim)`` in float64, and its layout.
+                   planes=None, params: dict | None = None) -> tuple[Tensor, Layout]:
+    """Every token's full transform D_t ``(B, N, head_dim, head_dim)`` in float64, and its :class:`Layout`.
 
     Relative encodings only (for query-frame encodings the key transform depends on the query).
     """
     encoding = get_encoding(encoding)
-    cameras = cameras.to(dtype=torch.float64)
-    probe = encoding.prepare(cameras, tuple(grid), head_dim, planes=planes, **(params or {}))
-    layout = probe.layout
-    B, N = cameras.batch_size, cameras.num_views * grid[0] * grid[1]
-    if layout.rope:
-        D = _rope_matrix(layout, grid, cameras.num_views, encoding.rope_base).repeat(B, 1, 1, 1)
-    else:
-        D = torch.eye(head_dim, dtype=torch.float64).repeat(B, N, 1, 1)
-    blocks = _geometric_blocks(encoding, cameras, tuple(grid), planes, params or {})
-    if blocks is not None:
-        D = _tile(blocks, layout, D)
+    params = params or {}
+    encoding.check_inputs(planes, params)
+    grid = tuple(grid)
+    spec = _for_class(_SPECS, encoding)
+    layout = _layout(encoding, spec, head_dim)
+    D = _rope_matrix(layout, grid, cameras.num_views, encoding.rope_base).repeat(cameras.batch_size, 1, 1, 1)
+    if spec.build is not None:
+        D = _tile(spec.build(encoding, _tokens(cameras, grid), planes, params), layout, D)
     return D, layout
 
 
@@ -203,10 +364,9 @@ def multiview_attention(q: Tensor, k: Tensor, v: Tensor, *, encoding: str | Enco
     CPU from every token's full ``head_dim x head_dim`` matrix. SDPA's options: ``attn_mask``
     (boolean, True = attend, or additive), ``is_causal`` (lower-triangular over all N tokens; not
     with ``attn_mask``), ``scale``, ``enable_gqa``, and ``dropout_p`` only as 0.0 (ValueError
-    otherwise: a deterministic reference cannot reproduce dropout). The fast path's documented input
-    clamps are included (``hrope``'s plane clamps via the encoding's own ``clamp_planes``: they
-    preprocess the input, the Eq. 5 matrix is rebuilt here independently), so float64 fast-path
-    outputs equal this to about 1e-9.
+    otherwise: a deterministic reference cannot reproduce dropout). The documented input clamps of
+    the fast path (the grazing clamp of ``Planes(normal, depth)``, ``hrope``'s plane clamps) are
+    implemented here too, so float64 fast-path outputs equal this to about 1e-9.
     """
     encoding = get_encoding(encoding)
     sdpa = {"attn_mask": attn_mask, "dropout_p": dropout_p, "is_causal": is_causal, "scale": scale,
@@ -214,8 +374,7 @@ def multiview_attention(q: Tensor, k: Tensor, v: Tensor, *, encoding: str | Enco
     if encoding.query_frame:
         return query_frame_attention(q, k, v, encoding=encoding, cameras=cameras, grid=grid, params=params, **sdpa)
     D, _ = token_matrices(encoding, cameras, grid, q.shape[-1], planes, params)
-    transform_values = encoding.name != "cape"
-    return dense_attention(q, k, v, D, D, transform_values=transform_values, **sdpa)
+    return dense_attention(q, k, v, D, D, transform_values=encoding.transforms_values, **sdpa)
 
 
 # ----------------------------------------------------------------------------- query-frame encodings
@@ -385,7 +544,7 @@ def _rayrope_blocks(encoding, cams, grid, head_dim, view, params) -> Tensor:
     return torch.cat(blocks, 1)
 
 
-_QUERY_FRAME_BLOCKS = {"urope": _urope_blocks, "worldrope": _worldrope_blocks, "rayrope": _rayrope_blocks}
+_QUERY_FRAME_BLOCKS = {URoPE: _urope_blocks, WorldRoPE: _worldrope_blocks, RayRoPE: _rayrope_blocks}
 
 
 def query_frame_matrices(encoding: str | Encoding, cameras: Cameras, grid, head_dim: int,
@@ -394,12 +553,11 @@ def query_frame_matrices(encoding: str | Encoding, cameras: Cameras, grid, head_
     query view c's frame (2x2 blocks E[R(θ)] on the split pairs). Query token i uses entry
     ``[:, view(i), i]``."""
     encoding = get_encoding(encoding)
-    cameras = cameras.to(dtype=torch.float64)
-    E = cameras.world_to_cam
-    K = normalize_intrinsics(cameras.K, cameras.image_size)
+    E = cameras.world_to_cam.double()
+    K = _normalized_K(cameras.K, cameras.image_size)
     cams = {"B": cameras.batch_size, "V": cameras.num_views, "E": E, "K": K,
             "K_inv": torch.linalg.inv(K), "C2W": torch.linalg.inv(E)}
-    build = _QUERY_FRAME_BLOCKS[encoding.name]
+    build = _for_class(_QUERY_FRAME_BLOCKS, encoding)
     return torch.stack([_blocks_to_matrix(build(encoding, cams, tuple(grid), head_dim, view, params or {}), head_dim)
                         for view in range(cameras.num_views)], 1)
 

@@ -148,7 +148,7 @@ class HRoPE(Encoding):
         m = m * (self.max_inverse_distance / norm.clamp_min(self.max_inverse_distance))
         s = 1.0 - (m * t).sum(-1, keepdim=True)
         eps = self.min_world_offset_ratio
-        target = torch.where(s < 0, -eps, eps).to(s.dtype)
+        target = torch.where(s < 0, -1.0, 1.0).to(s.dtype) * eps  # eps exactly in s's dtype
         clamped = torch.where(s.abs() < eps, target, s)
         t_sq = (t * t).sum(-1, keepdim=True)
         # s differs from 1 only when |t| > 0, so the division is safe where it matters
