@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import hrope
-from hrope.encodings.base import rope_angles
+from hrope.encodings.base import patch_index_rope_angles
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -46,7 +46,7 @@ def prope_einsum_tables(cameras: hrope.Cameras, grid: tuple[int, int], head_dim:
     tables tiled to the sequence, cos and sin ``(N, 2, head_dim / 8)``."""
     P, P_inv = (m[:, :, 0].to(device=device, dtype=dtype)
                 for m in hrope.get_encoding("prope").prepare(cameras, grid, head_dim).geometric_blocks())
-    angles = rope_angles(grid, head_dim // 8, device=device, dtype=dtype).repeat(cameras.num_views, 1, 1)
+    angles = patch_index_rope_angles(grid, head_dim // 8, device=device, dtype=dtype).repeat(cameras.num_views, 1, 1)
     return P, P_inv, angles.cos(), angles.sin()
 
 

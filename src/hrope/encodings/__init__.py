@@ -12,7 +12,7 @@ re-encode keys and values per query view; ``transform.attention(q, k, v)`` works
 from __future__ import annotations
 
 from .ablations import HRoPEDepth, HRoPEFull, HRoPEPF, HRoPESE3, HRoPESO3, tangent_frames
-from .base import Encoding, EncodingError, HeadLayout, Prepared, TokenTransform, rope_angles
+from .base import Encoding, EncodingError, HeadLayout, Prepared, TokenTransform, patch_index_rope_angles
 from .camera import GTA, CaPE, NoEncoding, PRoPE, RoPE2D
 from .homography import HRoPE, HRoPELift
 from .query_frame import QueryFrameTransform
@@ -43,6 +43,6 @@ def get_encoding(name: str | Encoding, **options) -> Encoding:
 __all__ = [
     "ENCODINGS", "get_encoding", "Encoding", "EncodingError", "HeadLayout", "Prepared", "TokenTransform",
     "QueryFrameTransform",
-    "rope_angles", "tangent_frames", "NoEncoding", "RoPE2D", "PRoPE", "GTA", "CaPE", "HRoPE", "HRoPELift",
+    "patch_index_rope_angles", "tangent_frames", "NoEncoding", "RoPE2D", "PRoPE", "GTA", "CaPE", "HRoPE", "HRoPELift",
     "HRoPEDepth", "HRoPESO3", "HRoPESE3", "HRoPEPF", "HRoPEFull", "RayRoPE", "URoPE", "WorldRoPE",
 ]

@@ -22,7 +22,8 @@ from torch import Tensor, nn
 from ..cameras import Cameras
 from .banded import banded_operator, banded_product, inverse_rope, rope_diagonals
 
-__all__ = ["HeadLayout", "rope_angles", "rope_tables", "per_token_param", "TokenTransform", "Encoding", "Prepared", "EncodingError"]
+__all__ = ["HeadLayout", "patch_index_rope_angles", "rope_tables", "per_token_param", "TokenTransform", "Encoding",
+           "Prepared", "EncodingError"]
 
 ROPE_BASE = 100.0
 
@@ -66,11 +67,15 @@ class HeadLayout:
         return self.num_blocks * self.block
 
 
-def rope_angles(grid: tuple[int, int], num_freqs: int, *, base: float = ROPE_BASE,
-                device=None, dtype=torch.float64) -> Tensor:
-    """RoPE angles ``(P, 2, F)``: ``[p, 0, f] = ix * w_f`` and ``[p, 1, f] = iy * w_f``.
+def patch_index_rope_angles(grid: tuple[int, int], num_freqs: int, *, base: float = ROPE_BASE,
+                            device=None, dtype=torch.float64) -> Tensor:
+    """Angles ``(P, 2, F)`` of the relative encodings' 2D RoPE: ``[p, 0, f] = ix * w_f`` and
+    ``[p, 1, f] = iy * w_f``.
 
-    Integer patch indices, ``w_f = base^(-f / F)``, P = grid_h * grid_w row-major (x fastest).
+    Integer patch indices, ``w_f = base^(-f / F)``, P = grid_h * grid_w row-major (x fastest). This
+    RoPE fills the last 4F channels of a head (PRoPE's layout, :class:`HeadLayout`) with split pairing
+    inside each axis quarter (channel c with c + F); the query-frame encodings use another layout
+    (:func:`hrope.encodings.query_frame.image_position_rope_freqs`, docs/encodings.md "Two 2D RoPE layouts").
     """
     grid_h, grid_w = grid
     freqs = base ** (-torch.arange(num_freqs, device=device, dtype=torch.float64) / max(num_freqs, 1))
@@ -87,7 +92,7 @@ def rope_angles(grid: tuple[int, int], num_freqs: int, *, base: float = ROPE_BAS
 def rope_tables(grid: tuple[int, int], num_freqs: int, base: float, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
     """RoPE of R(θ) as the diagonal tables of :func:`~hrope.encodings.banded.rope_diagonals`
     ``(P, 4F)``, ``(P, 3F)``, ``(P, 3F)`` (float64, cached per grid)."""
-    return rope_diagonals(rope_angles(grid, num_freqs, base=base, device=device))
+    return rope_diagonals(patch_index_rope_angles(grid, num_freqs, base=base, device=device))
 
 
 def per_token_param(x: Tensor, cameras: Cameras, grid, trailing: tuple[int, ...], what: str) -> Tensor:

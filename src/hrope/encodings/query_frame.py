@@ -31,7 +31,7 @@ from .base import Encoding, EncodingError, Prepared, per_token_param
 
 __all__ = [
     "QueryFrameEncoding", "QueryFrameTransform", "relative_poses", "to_query_frames",
-    "project_to_patches", "image_rope_freqs", "pad_pairs", "sinc", "MIN_DEPTH", "POSITION_MARGIN", "EXECUTIONS",
+    "project_to_patches", "image_position_rope_freqs", "pad_pairs", "sinc", "MIN_DEPTH", "POSITION_MARGIN", "EXECUTIONS",
 ]
 
 # Behind-camera rule shared by the projecting encodings (urope, worldrope): a point at camera
@@ -78,11 +78,14 @@ def project_to_patches(X: Tensor, K_norm: Tensor, grid: tuple[int, int]) -> tupl
     return pos, size * focal / z_eff[..., None]
 
 
-def image_rope_freqs(head_dim: int, base: float, device=None, dtype=torch.float32) -> Tensor:
-    """2D image-RoPE frequencies ``(F,)``, F = head_dim // 4 per axis, ``w_f = base^(-f/F)``.
+def image_position_rope_freqs(head_dim: int, base: float, device=None, dtype=torch.float32) -> Tensor:
+    """Frequencies ``(F,)`` of the query-frame encodings' 2D RoPE on continuous image positions,
+    F = head_dim // 4 per axis, ``w_f = base^(-f/F)``.
 
-    Layout used by ``urope`` and ``worldrope``: pair f rotates by ``w_f * x``, pair F + f by
-    ``w_f * y`` (x, y in patch units); pairs from 2F to head_dim/2 are identity.
+    Layout used by ``urope`` and ``worldrope``, over the whole head: pair p is channels
+    (p, p + head_dim/2); pair f rotates by ``w_f * x``, pair F + f by ``w_f * y`` (x, y in patch
+    units); pairs from 2F to head_dim/2 are identity. The relative encodings' RoPE uses the other
+    layout (:func:`hrope.encodings.base.patch_index_rope_angles`).
     """
     num = head_dim // 4
     exponent = -torch.arange(num, device=device, dtype=torch.float64) / max(num, 1)

@@ -22,7 +22,7 @@ from torch import Tensor
 from ..cameras import Cameras
 from ..geometry import patch_rays
 from .base import ROPE_BASE, EncodingError
-from .query_frame import (QueryFrameEncoding, image_rope_freqs, project_to_patches,
+from .query_frame import (QueryFrameEncoding, image_position_rope_freqs, project_to_patches,
                           relative_poses, to_query_frames)
 
 __all__ = ["URoPE", "DEFAULT_ANCHORS"]
@@ -60,7 +60,7 @@ class URoPE(QueryFrameEncoding):
         points = patch_rays(K, grid)[..., None, :] * depths[:, None]  # (B, Vk, P, A, 3)
         X = to_query_frames(points, relative_poses(cameras, dtype))  # (B, Vq, N, A, 3)
         pos, _ = project_to_patches(X, K[:, :, None, None], grid)  # (B, Vq, N, A, 2)
-        freqs = image_rope_freqs(head_dim, self.rope_base, device=K.device, dtype=dtype)
+        freqs = image_position_rope_freqs(head_dim, self.rope_base, device=K.device, dtype=dtype)
         anchor = torch.arange(freqs.numel(), device=K.device) % len(self.anchors)
         angles = torch.cat([pos[..., anchor, 0] * freqs, pos[..., anchor, 1] * freqs], -1)
         return angles.cos(), angles.sin()

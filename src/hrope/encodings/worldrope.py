@@ -28,7 +28,7 @@ from torch import Tensor
 from ..cameras import Cameras
 from ..geometry import patch_rays
 from .base import ROPE_BASE, EncodingError
-from .query_frame import (MIN_DEPTH, QueryFrameEncoding, image_rope_freqs, project_to_patches,
+from .query_frame import (MIN_DEPTH, QueryFrameEncoding, image_position_rope_freqs, project_to_patches,
                           relative_poses, to_query_frames)
 
 __all__ = ["WorldRoPE"]
@@ -83,7 +83,7 @@ class WorldRoPE(QueryFrameEncoding):
         cov_q = R @ cov[:, None].flatten(2, 3) @ R.transpose(-1, -2)  # (B, Vq, N, 2, 3, 3)
         pos, scale = project_to_patches(mu, K[:, :, None, None], grid)  # (B, Vq, N, 2, 2)
         var = image_variances(mu, cov_q, scale)  # (B, Vq, N, 2, 2)
-        freqs = image_rope_freqs(head_dim, self.rope_base, device=K.device, dtype=dtype)
+        freqs = image_position_rope_freqs(head_dim, self.rope_base, device=K.device, dtype=dtype)
         angles = torch.cat([pos[..., 0:1] * freqs, pos[..., 1:2] * freqs], -1)  # (B, Vq, N, 2, 2F)
         damping = torch.exp(-0.5 * torch.cat([var[..., 0:1] * freqs**2, var[..., 1:2] * freqs**2], -1))
         weights = torch.tensor([self.near_weight, 1.0 - self.near_weight], dtype=dtype, device=K.device)
