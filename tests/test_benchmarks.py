@@ -52,7 +52,9 @@ def test_attention_overhead_writes_ratios_faults_and_memory(tmp_path, monkeypatc
         assert all(r > 0 for r in results[mode]["ratio"].values())
         assert all(len(results[mode]["ratios_per_repetition"][n]) == 2 for n in rows)
     assert set(results["forward"]["page_faults_per_call"]) == {"sdpa", *rows}
-    assert all(1.0 <= results["saved_for_backward_ratio"][n] < 1.5 for n in ("prope", "hrope"))
+    # the documented goal (docs/benchmarks.md): <= 1.15x SDPA; measured 1.06 (prope) and 1.14 (hrope) at
+    # this tiny shape, 1.00 / 1.01 at the documented one
+    assert all(1.0 <= results["saved_for_backward_ratio"][n] <= 1.15 for n in ("prope", "hrope"))
     table = (tmp_path / f"{stem}.md").read_text()
     assert all(f"| {n} |" in table for n in rows)
 

@@ -14,10 +14,21 @@ def cams_with(K=None, E=None, image_size=(32, 48)):
     return hrope.Cameras(base.K if K is None else K, base.world_to_cam if E is None else E, image_size)
 
 
-def test_valid_cameras_expose_their_inputs():
+def test_rotation_tolerance_is_the_documented_boundary():
+    """Poses off SO(3) by less than rotation_atol (1e-3 on |R^T R - I| and |det R - 1|) are
+    accepted, float32 poses too; a scaled rotation with |det R - 1| = 1.2e-3 is rejected unless
+    rotation_atol allows it, or validation is off."""
     base = random_cameras(B=2, V=3, seed=1)
-    assert base.K.shape == (2, 3, 3, 3) and base.world_to_cam.shape == (2, 3, 4, 4)
-    assert base.image_size == (32, 48) and base.batch_size == 2 and base.num_views == 3
+    E = base.world_to_cam.clone()
+    E[1, 2, :3, :3] *= 1 + 2e-4  # |R^T R - I| = 4e-4, |det R - 1| = 6e-4
+    accepted = hrope.Cameras(base.K, E, base.image_size)
+    assert (accepted.batch_size, accepted.num_views) == (2, 3) and torch.equal(accepted.R, E[..., :3, :3])
+    hrope.Cameras(base.K.float(), base.world_to_cam.float(), base.image_size)
+    E[1, 2, :3, :3] *= (1 + 4e-4) / (1 + 2e-4)  # |det R - 1| = 1.2e-3
+    with pytest.raises(hrope.CameraError, match=r"world_to_cam\[b=1, v=2\] is not a rotation"):
+        hrope.Cameras(base.K, E, base.image_size)
+    hrope.Cameras(base.K, E, base.image_size, rotation_atol=2e-3)
+    hrope.Cameras(base.K, E, base.image_size, validate=False)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
