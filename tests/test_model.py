@@ -57,7 +57,7 @@ def test_ape_variant_adds_embedding_and_attends_without_encoding(batch):
     torch.testing.assert_close(ape(batch).images, none(batch).images)  # zero-init heads: m = 0 adds nothing
     with torch.no_grad():
         for head in ape.source.heads:
-            head.bias[3] = 0.5  # nonzero planes
+            head.bias[-1] = 0.5  # nonzero planes (m_z of the direct decoder)
     assert (ape(batch).images - none(batch).images).abs().max() > 1e-4  # the embedding is added
     with torch.no_grad():
         for layer in ape.ape:
@@ -156,7 +156,7 @@ def test_bf16_autocast_matches_float32(encoding, batch):
     model = make_model(encoding)
     with torch.no_grad():
         for head in getattr(model.source, "heads", []):
-            head.bias[3] = 0.3  # nonzero planes
+            head.bias[-1] = 0.3  # nonzero planes (m_z, or the depth offset of normal-depth)
         full = model(batch).images
         with torch.autocast("cpu", dtype=torch.bfloat16):
             half = model(batch).images

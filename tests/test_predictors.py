@@ -67,8 +67,8 @@ def test_full_transform_decoder_is_never_singular(batch):
 def test_plane_decoders_give_planes_at_the_requested_depth(batch):
     cameras = batch.cameras
     N = cameras.num_views * 16
-    raw = torch.zeros(2, N, 4)
-    raw[..., 3] = 0.5  # inverse depth: planes cross every patch-centre ray at z = 2
+    raw = torch.zeros(2, N, 3)
+    raw[..., 2] = 0.5  # hrope-lift's direct decoder: m = raw, so m·r̂ = 0.5 (r̂ has unit z): z = 2
     m = decode("hrope-lift", raw, cameras)["planes"]
     _, depth = Planes.from_m(m).normal_and_depth(cameras, GRID)
     torch.testing.assert_close(depth, torch.full((2, N), 2.0))
@@ -95,10 +95,18 @@ def test_unknown_parameter_is_a_clear_error():
 
 
 def test_oracle_source_gives_the_dataset_planes(batch):
+    """scope 'all' (with target geometry) gives every view's planes; the default, 'context', the
+    context views' and the neutral planes on the target view (hrope: fronto-parallel at depth_init)."""
     specs = parameter_specs(get_encoding("hrope"))
-    values = build_parameter_source("oracle", specs, dim=4, num_layers=1, patch_size=8).static(batch, batch.cameras, GRID, 2)
     expected = batch.planes(8).m(batch.cameras, GRID)
-    torch.testing.assert_close(values["planes"], expected)
+    every = build_parameter_source("oracle", specs, dim=4, num_layers=1, patch_size=8, options={"scope": "all"})
+    torch.testing.assert_close(every.static(batch, batch.cameras, GRID, 2)["planes"], expected)
+    context = build_parameter_source("oracle", specs, dim=4, num_layers=1, patch_size=8)
+    values = context.static(batch, batch.cameras, GRID, 2)["planes"]
+    torch.testing.assert_close(values[:, :32], expected[:, :32])
+    torch.testing.assert_close(values[:, 32:], torch.tensor([0.0, 0.0, 1.0]).expand(2, 16, 3))
+    assert every.describe("oracle") == "oracle, with target geometry" and context.describe("oracle") == \
+        "oracle, targets neutral"
 
 
 def single_plane_patches(batch, p: int = 8) -> torch.Tensor:
@@ -117,7 +125,7 @@ def test_external_source_recovers_planes_from_depth(batch):
     assert single.float().mean() > 0.25
     for use_normals in (False, True):
         source = build_parameter_source("external", parameter_specs(get_encoding("hrope")), dim=4, num_layers=1,
-                              patch_size=8, options={"use_normals": use_normals})
+                              patch_size=8, options={"use_normals": use_normals, "scope": "all"})
         fitted = source.static(batch, batch.cameras, GRID, 2)["planes"]
         torch.testing.assert_close(fitted[single], exact[single], atol=1e-4, rtol=1e-3)
 
@@ -150,7 +158,7 @@ def test_external_patches_without_depth_get_finite_params_at_depth_init(use_norm
     for encoding in ("hrope-depth", "rayrope", "worldrope", "hrope-so3", "hrope-se3", "hrope-lift"):
         specs = parameter_specs(get_encoding(encoding), 2.5)
         source = build_parameter_source("external", specs, dim=4, num_layers=1, patch_size=8,
-                              options={"use_normals": use_normals}, depth_init=2.5)
+                              options={"use_normals": use_normals, "scope": "all"}, depth_init=2.5)
         values = source.static(holed, holed.cameras, GRID, 2)
         for name, value in values.items():
             assert torch.isfinite(value).all(), (encoding, name)
@@ -231,8 +239,102 @@ def test_learned_heads_predict_per_layer_from_hidden_states(batch):
     model = LVSM(ModelConfig(**SMALL_MODEL, encoding="hrope-lift"))
     with torch.no_grad():
         for head in model.source.heads:
-            head.bias[3] = 0.25
+            head.bias[2] = 0.25  # direct decoder: m = (0, 0, 0.25)
     out = model(batch)
     rays = token_rays(model.fold_cameras(batch.cameras, 2), GRID)
     for values in out.parameters:  # inverse depth 0.25 everywhere: m·r̂ = 0.25
         torch.testing.assert_close((values["planes"] * rays).sum(-1), torch.full(rays.shape[:2], 0.25))
+
+
+def test_context_scope_reads_no_target_geometry(batch):
+    """With the default scope the target view's depth, normals and planes can be anything: the
+    values do not change (external with and without transfer, oracle with transfer)."""
+    specs = parameter_specs(get_encoding("hrope-lift"))
+    scrambled = dataclasses.replace(batch, depth=batch.depth.clone(), normals=batch.normals.clone(),
+                                    plane_m=batch.plane_m.clone())
+    scrambled.depth[:, 2] = 7.0
+    scrambled.normals[:, 2] = torch.tensor([1.0, 0.0, 0.0])[:, None, None]
+    scrambled.plane_m[:, 2] = torch.tensor([0.3, 0.0, 0.0])[:, None, None]
+    for name, options in (("external", {}), ("external", {"targets": "transfer"}), ("oracle", {"targets": "transfer"})):
+        source = build_parameter_source(name, specs, dim=4, num_layers=1, patch_size=8, options=options)
+        torch.testing.assert_close(source.static(scrambled, batch.cameras, GRID, 2)["planes"],
+                                   source.static(batch, batch.cameras, GRID, 2)["planes"])
+
+
+def test_transferred_target_planes_match_the_target_ground_truth(batch):
+    """Context planes carried into the target camera are the target's own planes wherever the same
+    single surface is seen (oracle: exact; external: fitted to the splatted context depth)."""
+    specs = parameter_specs(get_encoding("hrope-lift"))
+    truth = batch.planes(8).m(batch.cameras, GRID)[:, 32:]
+    single = single_plane_patches(batch)[:, 32:]
+    for name, atol in (("oracle", 1e-4), ("external", 2e-2)):
+        source = build_parameter_source(name, specs, dim=4, num_layers=1, patch_size=8,
+                                        options={"targets": "transfer"})
+        target = source.static(batch, batch.cameras, GRID, 2)["planes"][:, 32:]
+        close = ((target - truth).norm(dim=-1) <= atol * truth.norm(dim=-1).clamp_min(1)) & single
+        assert close.sum() >= 0.6 * single.sum(), (name, close.sum().item(), single.sum().item())
+
+
+def test_learned_targets_neutral_and_transfer(batch):
+    """targets 'neutral': target planes are the decoders' zero output whatever the head says;
+    'transfer': they come from the context tokens' planes (for a single world plane predicted
+    exactly on the context views, the target's own plane), and gradients reach the context heads."""
+    from hrope.nvs.model import LVSM, ModelConfig
+
+    model = LVSM(ModelConfig(**SMALL_MODEL, encoding="hrope-lift", predictor_options={"targets": "neutral"}))
+    with torch.no_grad():
+        for head in model.source.heads:
+            head.bias[2] = 0.25
+    values = model(batch).parameters[-1]["planes"]
+    assert (values[:, 32:] == 0).all() and (values[:, :32, 2] == 0.25).all()
+    source = build_parameter_source("learned", parameter_specs(get_encoding("hrope-lift")), dim=4, num_layers=1,
+                                    patch_size=8, options={"targets": "transfer"})
+    cameras = LVSM.fold_cameras(batch.cameras, 2)
+    world_plane = torch.tensor([0.05, -0.1, 0.2, -1.0])  # {X : w·X = 1} in homogeneous form (w, -1)
+    plane = torch.linalg.inv(cameras.world_to_cam).transpose(-1, -2) @ world_plane  # (a, d): a·X_c + d = 0
+    m_views = -plane[..., :3] / plane[..., 3:]  # m·X_c = 1
+    m = m_views.repeat_interleave(16, dim=1).requires_grad_()
+    hit_values = source.with_targets({"planes": m}, cameras, GRID, 2)["planes"]
+    torch.testing.assert_close(hit_values[:, 32:], m_views[:, 2:].repeat_interleave(16, dim=1).detach(), atol=1e-4,
+                               rtol=1e-4)
+    hit_values[:, 32:].sum().backward()
+    assert m.grad[:, :32].abs().sum() > 0 and (m.grad[:, 32:] == 0).all()
+
+
+@pytest.mark.parametrize("encoding", ["hrope", "hrope-lift", "hrope-pf"])
+def test_plane_decoders_have_full_rank_at_zero_output(encoding, batch):
+    """The Jacobian of every token's plane vector with respect to its head outputs has rank 3 at the
+    initial (zero) output, so every direction of m gets a gradient from the first step."""
+    spec = parameter_specs(get_encoding(encoding))[0]
+    token = 5
+    jacobian = torch.autograd.functional.jacobian(
+        lambda raw: spec.decode(raw, batch.cameras, GRID)[:, token], torch.zeros(2, 48, spec.raw_dim))
+    assert torch.linalg.matrix_rank(jacobian[0, :, 0, token, :]) == 3
+
+
+def test_predictor_options_are_validated():
+    specs = parameter_specs(get_encoding("hrope-lift"))
+    for name, options, message in (("learned", {"targets": "sideways"}, "targets must be one of"),
+                                   ("oracle", {"targets": "hidden"}, "targets must be one of"),
+                                   ("oracle", {"scope": "all", "targets": "transfer"}, "takes no targets"),
+                                   ("external", {"scope": "everything"}, "scope must be one of"),
+                                   ("learned", {"per_layer": "yes"}, "per_layer must be"),
+                                   ("learned", {"use_normals": True}, "unknown predictor_options")):
+        with pytest.raises(PredictorError, match=message):
+            build_parameter_source(name, specs, dim=4, num_layers=1, patch_size=8, options=options)
+    with pytest.raises(PredictorError, match="needs an encoding that takes planes"):
+        build_parameter_source("learned", parameter_specs(get_encoding("hrope-depth")), dim=4, num_layers=1,
+                               patch_size=8, options={"targets": "transfer"})
+    with pytest.raises(PredictorError, match="normal-depth"):
+        parameter_specs(get_encoding("hrope-pf"), plane_decoder="direct")
+
+
+def test_planes_predicted_once_serve_every_layer(batch):
+    from hrope.nvs.model import LVSM, ModelConfig
+
+    model = LVSM(ModelConfig(**SMALL_MODEL, encoding="hrope-lift", predictor_options={"per_layer": False}))
+    assert len(model.source.heads) == 1
+    with torch.no_grad():
+        model.source.heads[0].bias[2] = 0.25
+    out = model(batch)
+    assert len(out.parameters) == 1 and (out.parameters[0]["planes"][..., 2] == 0.25).all()

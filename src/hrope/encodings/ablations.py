@@ -128,6 +128,7 @@ class HRoPEPF(PatchTransformEncoding):
     name = "hrope-pf"
     needs_planes = True
     neutral_planes = "fronto-parallel"  # needs a point on every ray
+    planes_in_front = True
     # no APE variant: it would embed the same planes, decoded the same way, as hrope-ape
 
     def patch_transforms(self, cameras, grid, dtype, planes):

@@ -258,6 +258,7 @@ class Encoding(nn.Module):
     encodes_pose: ClassVar[bool] = True  # attention sees the relative camera pose (else tokens need world rays)
     transforms_values: ClassVar[bool] = True  # v and the output are transformed too (False: q and k only)
     neutral_planes: ClassVar[str | None] = None  # planes at zero learned output: "infinity" or "fronto-parallel"
+    planes_in_front: ClassVar[bool] = False  # every plane must cross its patch-centre ray in front of the camera
     transform_kind: ClassVar[str | None] = None  # the ``transform`` param: "rigid" or "invertible" (any GL(4))
     has_ape_variant: ClassVar[bool] = False  # "<name>-ape" (inputs added to the tokens) is a distinct model
 

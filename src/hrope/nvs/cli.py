@@ -6,6 +6,7 @@
     hrope eval CHECKPOINT [CHECKPOINT ...] --protocol standard|views|zoom|extrapolate|baseline
                [--factors F ...] [--zoom-all] [--out DIR] [same options as above]
     hrope viz planes CHECKPOINT [--out DIR] [--num-scenes N] [--layer L] [--device cpu|cuda]
+    hrope viz plane-accuracy RUN [--out DIR]
 
 CHECKPOINT is a ``checkpoint.safetensors`` file or the run folder holding it. ``--data.key VALUE``
 overrides the run's data config (e.g. ``--data.kind re10k --data.root DIR --data.eval_index FILE``).
@@ -32,7 +33,7 @@ from .model import ModelError, count_parameters
 from .predictors import PredictorError
 from .protocols import run_protocol, write_results
 from .train import train
-from .viz import VizError, visualize_planes
+from .viz import VizError, plot_plane_accuracy, visualize_planes
 
 __all__ = ["main"]
 
@@ -83,6 +84,10 @@ def _parser() -> argparse.ArgumentParser:
                                                                   "(default: 4)")
     planes.add_argument("--layer", type=int, default=-1, help="layer whose planes are shown (default: -1, the last)")
     planes.add_argument("--device", default="cpu", help="cpu | cuda (default: cpu)")
+    accuracy = viz_commands.add_parser("plane-accuracy",
+                                       help="accuracy of predicted planes over training steps (plane_accuracy.jsonl)")
+    accuracy.add_argument("run", help="run folder (or its checkpoint.safetensors)")
+    accuracy.add_argument("--out", default=None, help="output folder for plane_accuracy.png (default: <run>/viz)")
     return parser
 
 
@@ -151,6 +156,8 @@ def run(argv: list[str]) -> int:
                       f"{result.last_loss:.5f}, {counts['total']:,} parameters; outputs in {result.out}")
         elif args.command == "eval":
             run_eval(args, extra)
+        elif args.figure == "plane-accuracy":
+            print(f"wrote {plot_plane_accuracy(args.run, args.out)}")
         else:
             path = visualize_planes(args.checkpoint, args.out, args.num_scenes, args.layer, args.device)
             print(f"wrote {path}")

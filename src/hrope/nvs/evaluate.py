@@ -2,7 +2,9 @@
 
 Metrics per target image (:mod:`hrope.nvs.metrics`), averaged per scene, then over scenes (LVSM's
 protocol). LPIPS is computed only when ``eval.lpips_weights`` names a local weights file;
-otherwise it is reported as ``"unavailable"``.
+otherwise it is reported as ``"unavailable"``. For predicted planes (a plane encoding with a learned
+or backbone source) on data with ground-truth planes, ``results["planes"]`` holds their accuracy
+(:mod:`hrope.nvs.plane_accuracy`: context and target views, scene-weighted means).
 
 Outputs in ``out`` (default: ``<run folder>/eval``): ``results.json``, ``results.md``,
 ``grid.png`` (one row per scene: context views | prediction | ground truth) and ``config.yaml``.
@@ -21,32 +23,39 @@ from .checkpoints import load_model, run_folder
 from .config import save_config, update_config
 from .datasets import build_dataset, collate
 from .metrics import LPIPS, image_metrics
+from .plane_accuracy import GROUPS, METRICS, PlaneAccuracy
 from .viz import save_image_grid
 
 __all__ = ["evaluate", "evaluate_model", "evaluate_scenes", "batch_metrics", "run_name", "apply_data_overrides",
-           "markdown_table", "UNAVAILABLE"]
+           "markdown_table", "planes_table", "UNAVAILABLE"]
 
 UNAVAILABLE = "unavailable"
 
 
 def batch_metrics(model, scenes, num_context: int, device, lpips: LPIPS | None = None, *,
-                  return_prediction: bool = False):
+                  return_prediction: bool = False, planes: PlaneAccuracy | None = None):
     """Per-scene metric means ``{metric: [value per scene]}`` of one batch of ``scenes`` (each target
-    image scored, then averaged per scene); LPIPS only with ``lpips``. With ``return_prediction``
-    also returns ``(batch, prediction (B, Vt, 3, H, W))``."""
+    image scored, then averaged per scene); LPIPS only with ``lpips``; the batch's plane errors are
+    added to ``planes`` when given. With ``return_prediction`` also returns ``(batch, prediction
+    (B, Vt, 3, H, W))``."""
     batch = collate(scenes, num_context, torch.device(device))
     with torch.no_grad():
-        prediction = model(batch).images.float()
+        output = model(batch)
+        prediction = output.images.float()
         target = batch.images[:, num_context:].float()
         B, Vt = target.shape[:2]
         values = image_metrics(prediction.flatten(0, 1), target.flatten(0, 1), lpips)
+    if planes is not None:
+        planes.add(output.parameters, batch, model)
     per_scene = {name: value.reshape(B, Vt).mean(1).tolist() for name, value in values.items()}
     return (per_scene, batch, prediction) if return_prediction else per_scene
 
 
 def evaluate_scenes(model, scenes: Iterable, num_context: int, *, batch_size: int = 4, lpips: LPIPS | None = None,
-                    device: str | torch.device = "cpu", num_grid_scenes: int = 0):
-    """Score ``scenes`` (any iterable of :class:`hrope.nvs.data.Scene`, read ``batch_size`` at a time).
+                    device: str | torch.device = "cpu", num_grid_scenes: int = 0,
+                    planes: PlaneAccuracy | None = None):
+    """Score ``scenes`` (any iterable of :class:`hrope.nvs.data.Scene`, read ``batch_size`` at a time);
+    with ``planes``, also accumulate the accuracy of predicted planes there.
 
     Returns ``(means {metric: float or "unavailable"}, number of scenes, grid rows of the first
     num_grid_scenes scenes)``.
@@ -56,7 +65,8 @@ def evaluate_scenes(model, scenes: Iterable, num_context: int, *, batch_size: in
     rows = []
     scenes = iter(scenes)
     while chunk := list(islice(scenes, batch_size)):
-        values, batch, prediction = batch_metrics(model, chunk, num_context, device, lpips, return_prediction=True)
+        values, batch, prediction = batch_metrics(model, chunk, num_context, device, lpips, return_prediction=True,
+                                                  planes=planes)
         for name, value in values.items():
             per_scene[name] += value
         for b in range(len(chunk)):
@@ -67,22 +77,25 @@ def evaluate_scenes(model, scenes: Iterable, num_context: int, *, batch_size: in
 
 
 def evaluate_model(model, dataset, num_context: int, *, batch_size: int = 4, lpips: LPIPS | None = None,
-                   device: str | torch.device = "cpu", num_grid_scenes: int = 0):
-    """Per-metric means over the scenes of ``dataset`` and grid rows of the first scenes.
+                   device: str | torch.device = "cpu", num_grid_scenes: int = 0,
+                   planes: PlaneAccuracy | None = None):
+    """Per-metric means over the scenes of ``dataset`` and grid rows of the first scenes; with
+    ``planes``, the accuracy of predicted planes is accumulated there (``planes.means()``).
 
     Returns ``(means {metric: float or "unavailable"}, rows)``.
     """
     scenes = (dataset[i] for i in range(len(dataset)))
     means, _, rows = evaluate_scenes(model, scenes, num_context, batch_size=batch_size, lpips=lpips, device=device,
-                                     num_grid_scenes=num_grid_scenes)
+                                     num_grid_scenes=num_grid_scenes, planes=planes)
     return means, rows
 
 
 def run_name(config: dict, model) -> str:
-    """A run's label: its encoding, plus the predictor for encodings with parameters."""
+    """A run's label: its encoding, plus the predictor for encodings with parameters and where its
+    target views' values come from (e.g. ``hrope-lift (oracle, with target geometry)``)."""
     name = config["model"]["encoding"]
     if model.source is not None:
-        name += f" ({config['model']['predictor']})"
+        name += f" ({model.source.describe(config['model']['predictor'])})"
     return name
 
 
@@ -95,6 +108,16 @@ def markdown_table(results: list[dict]) -> str:
             value = r["metrics"][name]
             cells.append(value if isinstance(value, str) else f"{value:.{digits}f}")
         lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def planes_table(planes: dict) -> str:
+    """A Markdown table of ``results["planes"]``: a row per view group, a column per metric."""
+    lines = ["| views | normal error (°) ↓ | neutral | depth rel. error ↓ | neutral |", "|---|---|---|---|---|"]
+    for group in GROUPS:
+        values = planes[group]
+        cells = [f"{values[m]:.1f}" if m.startswith("normal") else f"{values[m]:.3f}" for m in METRICS]
+        lines.append(f"| {group} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -119,16 +142,22 @@ def evaluate(checkpoint: str | Path, out: str | Path | None = None, *, num_scene
     lpips = LPIPS(weights).to(device) if weights else None
     dataset = build_dataset(config, "eval")
     num_context = config["data"]["num_context"]
+    accuracy = PlaneAccuracy()
     means, rows = evaluate_model(model, dataset, num_context, batch_size=config["eval"]["batch_size"],
-                                 lpips=lpips, device=device, num_grid_scenes=config["eval"]["num_grid_scenes"])
+                                 lpips=lpips, device=device, num_grid_scenes=config["eval"]["num_grid_scenes"],
+                                 planes=accuracy)
     checkpoint = Path(checkpoint)
     out = Path(out) if out is not None else run_folder(checkpoint) / "eval"
     results = {"name": run_name(config, model), "checkpoint": str(checkpoint), "num_scenes": len(dataset),
                "num_context": num_context, "num_target": config["data"]["num_target"], "metrics": means,
                "lpips_backbone": "alexnet" if lpips is not None else None}
+    table = markdown_table([results])
+    if (planes := accuracy.means()) is not None:
+        results["planes"] = planes
+        table += "\nPredicted planes (neutral: the planes a zero head output decodes to):\n\n" + planes_table(planes)
     save_config(config, out)
     (out / "results.json").write_text(json.dumps(results, indent=2))
-    (out / "results.md").write_text(markdown_table([results]))
+    (out / "results.md").write_text(table)
     if rows:
         save_image_grid(rows, out / "grid.png")
     return results

@@ -205,7 +205,8 @@ class LVSM(nn.Module):
         # Geometric encoding (a module: learnable options such as GTA's translation scale train).
         base = get_encoding(c.base_encoding, **c.encoding_options)
         self.encoding: Encoding = get_encoding("none") if c.is_ape else base
-        specs = parameter_specs(base, c.depth_init) if base.takes_token_inputs() else []
+        plane_decoder = c.predictor_options.get("plane_decoder")
+        specs = parameter_specs(base, c.depth_init, plane_decoder) if base.takes_token_inputs() else []
         self.source: ParameterSource | None = None
         self.ape: nn.ModuleList | None = None
         if specs:
@@ -286,29 +287,31 @@ class LVSM(nn.Module):
         folded_cameras = self.fold_cameras(cameras, num_context)
         parameters: list[dict[str, Tensor]] = []
         source = self.source
-        per_layer = source is not None and source.per_layer
+        in_layers = source is not None and source.predicts_in_layers
         static_values: dict[str, Tensor] = {}
-        if source is not None and not per_layer:
+        if source is not None and not in_layers:
             static_values = source.static(batch, cameras, grid, num_context)
             static_values = {k: self.fold_tokens(v, num_context, V) for k, v in static_values.items()}
             parameters.append(static_values)
             if self.ape is not None:
                 x = x + self.ape[0](flatten_values(static_values, source.specs).to(x.dtype))
-        # One prepare per forward unless parameters change per layer (learned, non-APE).
+        # One prepare per forward unless parameters change per layer (learned per layer, non-APE).
         shared = None
-        if not per_layer or self.ape is not None:  # APE variants attend with no per-token values
+        if not in_layers or self.ape is not None:  # APE variants attend with no per-token values
             shared = self._prepare(folded_cameras, {} if self.ape is not None else static_values)
         for index, block in enumerate(self.blocks):
             prepared, normed = shared, None
-            if per_layer:  # predict from this block's normalised input
+            if in_layers and (source.per_layer or index == 0):  # predict from this block's normalised input
                 normed = block.norm1(x)
-                values = source.layer(index, normed, folded_cameras, grid)
+                values = source.layer(index, normed, folded_cameras, grid, num_context)
                 parameters.append(values)
                 if self.ape is not None:  # x changes, so the block normalises it again
                     x = x + self.ape[index](flatten_values(values, source.specs).to(x.dtype))
                     normed = None
                 else:
                     prepared = self._prepare(folded_cameras, values)
+                    if not source.per_layer:  # predicted once: every later layer reuses it
+                        shared = prepared
             x = block(x, prepared, normed)
         Vt = V - num_context
         P = grid[0] * grid[1]

@@ -36,10 +36,12 @@ from ..cameras import Cameras
 from ..encodings import Encoding, tangent_frames
 from ..geometry import make_se3, patch_rays, patchify, pixel_rays
 from ..planes import Planes, check_depth_maps, plane_vectors
+from .transfer import transfer_depth, transfer_planes
 
 __all__ = [
     "PredictorError", "ParameterSpec", "parameter_specs", "ParameterSource", "LearnedSource",
     "BackboneSource", "ExternalSource", "OracleSource", "PREDICTORS", "build_parameter_source",
+    "SOURCE_OPTIONS", "source_options", "TARGETS", "SCOPES", "PLANE_DECODERS", "default_plane_decoder",
     "encoding_inputs", "flatten_values", "load_backbone", "axis_angle_to_matrix", "token_rays",
     "patch_planes_from_normals", "import_factory",
 ]
@@ -89,17 +91,33 @@ class ParameterSpec:
     decode: Callable[[Tensor, Cameras, tuple[int, int]], Tensor]
 
 
-def _planes_at_infinity_init(raw, cameras, grid):
-    # raw = (normal offset a (3), signed inverse depth b): m = b n / (n·r̂), n = normalise(n0 + a).
-    return plane_vectors(_unit_normal(raw[..., :3]), raw[..., 3], token_rays(cameras, grid))
+PLANE_DECODERS = ("direct", "normal-depth")
 
 
-def _planes_in_front(depth_init: float):
-    def decode(raw, cameras, grid):
-        # positive z-depth depth_init * exp(b): fronto-parallel plane at depth_init at zero output.
+def _plane_decoder(kind: str, neutral: str, depth_init: float) -> tuple[int, Callable]:
+    """``(raw_dim, decode)`` of a plane head. Zero output decodes to the encoding's neutral planes.
+
+    ``direct``: m = m0 + raw / depth_init (3 outputs; Jacobian I / depth_init, full rank everywhere),
+    m0 = 0 (plane at infinity) or the fronto-parallel plane at depth_init, (0, 0, 1 / depth_init).
+    ``normal-depth``: raw = (normal offset a (3), b), n = normalise(n0 + a) facing the camera; for
+    the plane at infinity m = b n / (n·r̂) (signed inverse depth b: its Jacobian at zero has rank 1,
+    the normal gets no gradient until b moves), otherwise a positive z-depth depth_init · exp(b)
+    on the patch-centre ray (rank 3 at zero; every plane crosses every ray in front of the camera).
+    """
+    if kind == "direct":
+        def direct(raw, cameras, grid):
+            m = raw / depth_init
+            return m if neutral == "infinity" else m + torch.tensor([0.0, 0.0, 1.0 / depth_init]).to(m)
+        return 3, direct
+    if neutral == "infinity":
+        def signed_inverse_depth(raw, cameras, grid):
+            return plane_vectors(_unit_normal(raw[..., :3]), raw[..., 3], token_rays(cameras, grid))
+        return 4, signed_inverse_depth
+
+    def positive_depth(raw, cameras, grid):
         inverse_depth = torch.exp(-raw[..., 3]) / depth_init
         return plane_vectors(_unit_normal(raw[..., :3]), inverse_depth, token_rays(cameras, grid))
-    return decode
+    return 4, positive_depth
 
 
 def _shifted(offset: float):
@@ -131,19 +149,38 @@ def _full(raw, cameras, grid):
     return torch.linalg.matrix_exp(raw.reshape(*raw.shape[:-1], 4, 4))
 
 
-def parameter_specs(encoding: Encoding, depth_init: float = 1.0) -> list[ParameterSpec]:
+def _offset(raw, cameras, grid):
+    """The raw outputs as a translation (zero at zero output), as ``_rigid``'s translation."""
+    return raw
+
+
+def default_plane_decoder(encoding: Encoding) -> str:
+    """``direct`` where the neutral planes are at infinity (the only full-rank choice there), else
+    ``normal-depth`` (full rank, and every plane stays in front of the camera, which ``hrope-pf``
+    needs)."""
+    return "direct" if encoding.neutral_planes == "infinity" else "normal-depth"
+
+
+def parameter_specs(encoding: Encoding, depth_init: float = 1.0, plane_decoder: str | None = None) -> list[ParameterSpec]:
     """The per-token inputs ``encoding`` needs, with their learned-head decoders.
 
-    ``hrope-lift`` planes decode with a signed inverse depth (zero output = plane at infinity, so
-    it starts as PRoPE). ``hrope`` and ``hrope-pf`` planes cross every ray in front of the camera
-    (positive depth; zero output = fronto-parallel plane at ``depth_init``): for ``hrope`` the
-    plane at infinity would reduce H to K̂R and drop the camera translation, and ``hrope-pf``
-    needs a point on the ray.
+    Planes decode with ``plane_decoder`` (:data:`PLANE_DECODERS`, default
+    :func:`default_plane_decoder`); zero output gives the encoding's ``neutral_planes``:
+    ``hrope-lift`` the plane at infinity (so it starts as PRoPE), ``hrope`` and ``hrope-pf`` the
+    fronto-parallel plane at ``depth_init`` (for ``hrope`` the plane at infinity would reduce H to
+    K̂R and drop the camera translation; ``hrope-pf`` needs a point on the ray, so it takes only
+    ``normal-depth``).
     """
     specs = []
     if encoding.needs_planes:
-        decode = _planes_at_infinity_init if encoding.neutral_planes == "infinity" else _planes_in_front(depth_init)
-        specs.append(ParameterSpec("planes", 4, 3, decode))
+        kind = plane_decoder or default_plane_decoder(encoding)
+        if kind not in PLANE_DECODERS:
+            raise PredictorError(f"unknown plane_decoder {kind!r}; available: {', '.join(PLANE_DECODERS)}")
+        if kind == "direct" and encoding.planes_in_front:
+            raise PredictorError(f"{encoding.name} needs planes in front of every camera: use plane_decoder "
+                                 "'normal-depth'")
+        raw_dim, decode = _plane_decoder(kind, encoding.neutral_planes, depth_init)
+        specs.append(ParameterSpec("planes", raw_dim, 3, decode))
     transform = _full if encoding.transform_kind == "invertible" else _rigid
     table = {
         "depth": ParameterSpec("depth", 1, 1, _positive(depth_init, scalar=True)),
@@ -155,6 +192,9 @@ def parameter_specs(encoding: Encoding, depth_init: float = 1.0) -> list[Paramet
         # worldrope: one hypothesis at init (split 0), sigmas WORLDROPE_INIT_SIGMA * depth_init
         "depth_split": ParameterSpec("depth_split", 1, 1, _scaled(depth_init)),
         "depth_sigma": ParameterSpec("depth_sigma", 2, 2, _positive(WORLDROPE_INIT_SIGMA * depth_init)),
+        # hrope pose="per-patch": E_u = [[ΔR, Δt], [0, 1]] E_c, the camera pose at zero output
+        "patch_rotation": ParameterSpec("patch_rotation", 3, 9, _rotation),
+        "patch_translation": ParameterSpec("patch_translation", 3, 3, _offset),
     }
     for name in encoding.param_names:
         if name not in table:
@@ -179,23 +219,68 @@ def flatten_values(values: dict[str, Tensor], specs: list[ParameterSpec]) -> Ten
 
 
 # ----------------------------------------------------------------------------- sources
-class ParameterSource(nn.Module):
-    """Base class. ``per_layer`` sources predict in every block from the block's normalised input;
-    the others give one set of values per forward pass (``static``) for all views of the batch."""
+TARGETS = ("hidden", "neutral", "transfer")
+SCOPES = ("context", "all")
 
+
+class ParameterSource(nn.Module):
+    """Base class. Sources with ``predicts_in_layers`` predict from the blocks' normalised inputs
+    (in every block when ``per_layer``, else once from the first); the others give one set of values
+    per forward pass (``static``) for all views of the batch.
+
+    ``targets`` says where the target views' values come from (a target view has no image):
+    ``hidden`` (the target tokens' own hidden states; learned only), ``neutral`` (the decoders'
+    zero-output values, e.g. hrope-lift's plane at infinity) or ``transfer`` (geometry carried over
+    from the context views, :mod:`hrope.nvs.transfer`; target patches no context surface reaches
+    stay neutral). ``scope="all"`` (oracle, external) reads the target views' own ground truth
+    instead: an upper bound that uses target geometry, labelled as such (:meth:`describe`).
+    """
+
+    predicts_in_layers = False
     per_layer = False
 
-    def __init__(self, specs: list[ParameterSpec]) -> None:
+    def __init__(self, specs: list[ParameterSpec], targets: str = "neutral", scope: str = "context") -> None:
         super().__init__()
         self.specs = specs
+        self.targets, self.scope = targets, scope
 
     def static(self, batch, cameras: Cameras, grid: tuple[int, int], num_context: int) -> dict[str, Tensor]:
         """Values ``{name: (B, V*P, ...)}`` for all V views of the (unfolded) batch."""
         raise NotImplementedError
 
-    def layer(self, index: int, hidden: Tensor, cameras: Cameras, grid: tuple[int, int]) -> dict[str, Tensor]:
+    def layer(self, index: int, hidden: Tensor, cameras: Cameras, grid: tuple[int, int],
+              num_context: int) -> dict[str, Tensor]:
         """Values from ``hidden (B, N, dim)``, the normalised input of block ``index``."""
         raise NotImplementedError
+
+    def describe(self, name: str) -> str:
+        """The label of a run with this source (``name``: the predictor's name) in reports."""
+        if self.scope == "all":
+            return f"{name}, with target geometry"
+        return name if self.targets == "hidden" else f"{name}, targets {self.targets}"
+
+    def with_targets(self, values: dict[str, Tensor], cameras: Cameras, grid: tuple[int, int], num_context: int,
+                     transferred: dict[str, Tensor] | None = None, hit: Tensor | None = None) -> dict[str, Tensor]:
+        """Values of all V views: the context rows of ``values`` (``(B, Vc*P or V*P, ...)``) and target
+        rows per ``targets``: ``values``' own rows (``hidden``, or ``scope="all"``), the neutral
+        values, or ``transferred`` values ``(B, Vt*P, ...)`` where ``hit (B, Vt*P)`` and neutral
+        elsewhere (default: planes transferred from the context rows of ``values["planes"]``)."""
+        if self.targets == "hidden" or self.scope == "all":
+            return values
+        B, start = cameras.batch_size, num_context * grid[0] * grid[1]
+        some = next(iter(values.values()))
+        neutral = self.decode(some.new_zeros(B, cameras.num_views * grid[0] * grid[1], self.raw_dim), cameras, grid)
+        if self.targets == "transfer" and transferred is None:
+            planes, hit = transfer_planes(values["planes"][:, :start], cameras, grid, num_context)
+            transferred = {"planes": planes}
+        out = {}
+        for name, value in values.items():
+            target = neutral[name][:, start:].to(value.dtype)
+            if transferred is not None and name in transferred:
+                shape = hit.shape + (1,) * (target.ndim - 2)
+                target = torch.where(hit.reshape(shape), transferred[name].to(value.dtype), target)
+            out[name] = torch.cat([value[:, :start], target], dim=1)
+        return out
 
     def decode(self, raw: Tensor, cameras: Cameras, grid: tuple[int, int]) -> dict[str, Tensor]:
         """Split ``raw (B, N, sum raw_dim)`` per spec and decode (geometry in float32)."""
@@ -219,16 +304,19 @@ def _zero_linear(in_dim: int, out_dim: int) -> nn.Linear:
 
 
 class LearnedSource(ParameterSource):
-    """``learned``: a zero-initialised ``Linear(dim, raw_dim)`` per layer, per token."""
+    """``learned``: a zero-initialised ``Linear(dim, raw_dim)`` per token, in every layer
+    (``per_layer``) or once, on the first block's input, for all layers."""
 
-    per_layer = True
+    predicts_in_layers = True
 
-    def __init__(self, specs, dim: int, num_layers: int) -> None:
-        super().__init__(specs)
-        self.heads = nn.ModuleList(_zero_linear(dim, self.raw_dim) for _ in range(num_layers))
+    def __init__(self, specs, dim: int, num_layers: int, per_layer: bool = True, targets: str = "hidden") -> None:
+        super().__init__(specs, targets)
+        self.per_layer = per_layer
+        self.heads = nn.ModuleList(_zero_linear(dim, self.raw_dim) for _ in range(num_layers if per_layer else 1))
 
-    def layer(self, index, hidden, cameras, grid):
-        return self.decode(self.heads[index](hidden), cameras, grid)
+    def layer(self, index, hidden, cameras, grid, num_context):
+        values = self.decode(self.heads[index if self.per_layer else 0](hidden), cameras, grid)
+        return self.with_targets(values, cameras, grid, num_context)
 
 
 def load_backbone(module: nn.Module, checkpoint: str | Path) -> nn.Module:
@@ -251,11 +339,13 @@ def load_backbone(module: nn.Module, checkpoint: str | Path) -> nn.Module:
 class BackboneSource(ParameterSource):
     """``backbone``: frozen ``module(images (B*Vc, 3, H, W) in [0, 1]) -> (B*Vc, C, h, w)`` features,
     bilinearly resampled to the patch grid, then ``Linear(C, hidden) -> GELU -> Linear(hidden, raw)``
-    (last layer zero-initialised). Context views only; target views (no image) get zero raw output,
-    i.e. each decoder's initial value (e.g. identity transforms, hrope-lift's plane at infinity)."""
+    (last layer zero-initialised). Context views only; target views (no image) get neutral values,
+    each decoder's zero-output value (e.g. identity transforms, hrope-lift's plane at infinity), or
+    with ``targets="transfer"`` planes transferred from the context views."""
 
-    def __init__(self, specs, module: nn.Module, feature_dim: int, hidden_dim: int = 64) -> None:
-        super().__init__(specs)
+    def __init__(self, specs, module: nn.Module, feature_dim: int, hidden_dim: int = 64,
+                 targets: str = "neutral") -> None:
+        super().__init__(specs, targets)
         self.backbone = module.eval().requires_grad_(False)
         self.head = nn.Sequential(nn.Linear(feature_dim, hidden_dim), nn.GELU(), _zero_linear(hidden_dim, self.raw_dim))
 
@@ -273,9 +363,8 @@ class BackboneSource(ParameterSource):
             raise PredictorError(f"backbone must return (B, C, h, w) feature maps, got {tuple(features.shape)}")
         features = F.interpolate(features.float(), size=grid, mode="bilinear", align_corners=False)
         tokens = features.flatten(2).transpose(1, 2).reshape(B, Vc * grid[0] * grid[1], -1)
-        raw = self.head(tokens)
-        targets = raw.new_zeros(B, (cameras.num_views - num_context) * grid[0] * grid[1], raw.shape[-1])
-        return self.decode(torch.cat([raw, targets], dim=1), cameras, grid)
+        return self.with_targets(self.decode(self.head(tokens), cameras.select_views(list(range(Vc))), grid),
+                                 cameras, grid, num_context)
 
 
 def _values_from_planes(specs, planes: Planes, cameras: Cameras, grid,
@@ -341,35 +430,61 @@ def patch_planes_from_normals(depth: Tensor, normals: Tensor, cameras: Cameras, 
     return Planes.from_m(m)
 
 
+def _views(cameras: Cameras, start: int, stop: int | None = None) -> Cameras:
+    return cameras.select_views(list(range(start, cameras.num_views if stop is None else stop)))
+
+
 class ExternalSource(ParameterSource):
     """``external``: planes from the batch's per-pixel ``depth`` (and ``normals`` when present and
     ``use_normals``), one plane per patch. Needs ``batch.depth``. Patches without valid depth get
-    the plane at infinity; their depth-like inputs use ``depth_init`` (see ``_values_from_planes``)."""
+    the plane at infinity; their depth-like inputs use ``depth_init`` (see ``_values_from_planes``).
 
-    def __init__(self, specs, patch_size: int, use_normals: bool = True, depth_init: float = 1.0) -> None:
-        super().__init__(specs)
+    ``scope="context"`` (default) reads the context views' depth only; the target views get neutral
+    values or (``targets="transfer"``) planes fitted to the context depth splatted into each target
+    camera (:func:`hrope.nvs.transfer.transfer_depth`; target patches without splatted depth stay
+    neutral). ``scope="all"`` fits every view's own depth: an upper bound with target geometry."""
+
+    def __init__(self, specs, patch_size: int, use_normals: bool = True, depth_init: float = 1.0,
+                 targets: str = "neutral", scope: str = "context") -> None:
+        super().__init__(specs, targets, scope)
         self.patch_size = patch_size
         self.use_normals = use_normals
         self.depth_init = depth_init
+
+    def _fit(self, depth: Tensor, normals: Tensor | None, cameras: Cameras) -> Planes:
+        if self.use_normals and normals is not None:
+            return patch_planes_from_normals(depth, normals, cameras, self.patch_size)
+        return Planes.from_depth(depth.float(), cameras.to(dtype=torch.float32), self.patch_size)
 
     def static(self, batch, cameras, grid, num_context):
         depth = getattr(batch, "depth", None)
         if depth is None:
             raise PredictorError("the 'external' predictor needs per-pixel depth maps in the batch (batch.depth)")
         normals = getattr(batch, "normals", None)
-        if self.use_normals and normals is not None:
-            planes = patch_planes_from_normals(depth, normals, cameras, self.patch_size)
-        else:
-            planes = Planes.from_depth(depth.float(), cameras.to(dtype=torch.float32), self.patch_size)
-        return _values_from_planes(self.specs, planes, cameras, grid, self.depth_init)
+        if self.scope == "all":
+            return _values_from_planes(self.specs, self._fit(depth, normals, cameras), cameras, grid, self.depth_init)
+        context, targets = _views(cameras, 0, num_context), _views(cameras, num_context)
+        planes = self._fit(depth[:, :num_context], None if normals is None else normals[:, :num_context], context)
+        values = _values_from_planes(self.specs, planes, context, grid, self.depth_init)
+        transferred = hit = None
+        if self.targets == "transfer":
+            splatted = transfer_depth(depth[:, :num_context].float(), cameras.to(dtype=torch.float32), num_context)
+            fitted = Planes.from_depth(splatted, targets.to(dtype=torch.float32), self.patch_size)
+            transferred = _values_from_planes(self.specs, fitted, targets, grid, self.depth_init)
+            hit = patchify(torch.isfinite(splatted)[:, :, None].float(), self.patch_size).sum(-1).flatten(1) > 0
+        return self.with_targets(values, cameras, grid, num_context, transferred, hit)
 
 
 class OracleSource(ParameterSource):
-    """``oracle``: the dataset's ground-truth per-patch planes ``batch.planes(patch_size)``, for all
-    views (context and target); ``depth_init`` as for ``external``."""
+    """``oracle``: the dataset's ground-truth per-patch planes ``batch.planes(patch_size)``;
+    ``depth_init`` as for ``external``. ``scope="context"`` (default): the context views' planes
+    only, targets neutral or (``targets="transfer"``) the context planes transferred into the
+    target cameras, the fair upper bound for a method that predicts planes from images;
+    ``scope="all"``: every view's own planes, an upper bound with target geometry."""
 
-    def __init__(self, specs, patch_size: int, depth_init: float = 1.0) -> None:
-        super().__init__(specs)
+    def __init__(self, specs, patch_size: int, depth_init: float = 1.0, targets: str = "neutral",
+                 scope: str = "context") -> None:
+        super().__init__(specs, targets, scope)
         self.patch_size = patch_size
         self.depth_init = depth_init
 
@@ -377,7 +492,19 @@ class OracleSource(ParameterSource):
         planes = batch.planes(self.patch_size) if hasattr(batch, "planes") else None
         if planes is None:
             raise PredictorError("the 'oracle' predictor needs ground-truth planes (batch.planes(patch_size))")
-        return _values_from_planes(self.specs, planes, cameras, grid, self.depth_init)
+        if self.scope == "all":
+            return _values_from_planes(self.specs, planes, cameras, grid, self.depth_init)
+        m = planes.m(cameras, grid, torch.float32)
+        transferred = hit = None
+        if self.targets == "transfer":
+            start = num_context * grid[0] * grid[1]
+            target_m, hit = transfer_planes(m[:, :start], cameras.to(dtype=torch.float32), grid, num_context)
+            transferred = _values_from_planes(self.specs, Planes.from_m(target_m), _views(cameras, num_context),
+                                              grid, self.depth_init)
+        context = _views(cameras, 0, num_context)
+        start = num_context * grid[0] * grid[1]
+        values = _values_from_planes(self.specs, Planes.from_m(m[:, :start]), context, grid, self.depth_init)
+        return self.with_targets(values, cameras, grid, num_context, transferred, hit)
 
 
 def import_factory(path: str) -> Callable[..., nn.Module]:
@@ -391,32 +518,71 @@ def import_factory(path: str) -> Callable[..., nn.Module]:
 PREDICTORS = ("learned", "backbone", "external", "oracle")
 
 
+# every source's options (predictor_options) with their defaults; "targets" choices per source
+SOURCE_OPTIONS = {
+    "learned": {"plane_decoder": None, "per_layer": True, "targets": "hidden"},
+    "backbone": {"plane_decoder": None, "module": None, "module_kwargs": {}, "checkpoint": None, "feature_dim": None,
+                 "hidden_dim": 64, "targets": "neutral"},
+    "external": {"use_normals": True, "scope": "context", "targets": "neutral"},
+    "oracle": {"scope": "context", "targets": "neutral"},
+}
+SOURCE_TARGETS = {"learned": TARGETS, "backbone": ("neutral", "transfer"), "external": ("neutral", "transfer"),
+                  "oracle": ("neutral", "transfer")}
+
+
+def source_options(name: str, options: dict | None) -> dict:
+    """``options`` of parameter source ``name`` completed with the defaults; unknown keys and bad
+    choices raise :class:`PredictorError` naming the key and what is accepted."""
+    if name not in SOURCE_OPTIONS:
+        raise PredictorError(f"unknown predictor {name!r}; available: {', '.join(PREDICTORS)}")
+    known = SOURCE_OPTIONS[name]
+    unknown = sorted(set(options or {}) - set(known))
+    if unknown:
+        raise PredictorError(f"unknown predictor_options {unknown} for predictor {name!r}; known: {sorted(known)}")
+    values = {**known, **(options or {})}
+    if values["targets"] not in SOURCE_TARGETS[name]:
+        raise PredictorError(f"predictor_options.targets must be one of {list(SOURCE_TARGETS[name])} for predictor "
+                             f"{name!r}, got {values['targets']!r}")
+    if values.get("scope", "context") not in SCOPES:
+        raise PredictorError(f"predictor_options.scope must be one of {list(SCOPES)}, got {values['scope']!r}")
+    if values.get("scope") == "all" and "targets" in (options or {}):
+        raise PredictorError("predictor_options.scope 'all' reads the target views' own geometry; it takes no "
+                             "targets option")
+    if not isinstance(values.get("per_layer", True), bool):
+        raise PredictorError(f"predictor_options.per_layer must be true or false, got {values['per_layer']!r}")
+    return values
+
+
 def build_parameter_source(name: str, specs: list[ParameterSpec], *, dim: int, num_layers: int, patch_size: int,
-                 options: dict | None = None, depth_init: float = 1.0) -> ParameterSource:
-    """A parameter source by name. ``options``: for ``backbone`` a ``module`` (nn.Module or import
-    path ``'pkg.mod:factory'`` + ``module_kwargs``), a local ``checkpoint`` path, ``feature_dim`` and
-    ``hidden_dim``; for ``external`` ``use_normals``. ``depth_init``: the depth that ``external`` and
-    ``oracle`` use for patches whose plane never crosses the patch-centre ray."""
-    options = dict(options or {})
+                           options: dict | None = None, depth_init: float = 1.0) -> ParameterSource:
+    """A parameter source by name with its ``options`` (:data:`SOURCE_OPTIONS`): ``targets`` and, for
+    ``oracle`` / ``external``, ``scope`` (see :class:`ParameterSource`); for ``learned``
+    ``per_layer``; for ``backbone`` a ``module`` (nn.Module or import path ``'pkg.mod:factory'`` +
+    ``module_kwargs``), a local ``checkpoint`` path, ``feature_dim`` and ``hidden_dim``; for
+    ``external`` ``use_normals``; ``plane_decoder`` is read by :func:`parameter_specs`.
+    ``depth_init``: the depth that ``external`` and ``oracle`` use for patches whose plane never
+    crosses the patch-centre ray."""
+    options = source_options(name, options)
+    if options["targets"] == "transfer" and name in ("learned", "backbone") and "planes" not in {s.name for s in specs}:
+        raise PredictorError("predictor_options.targets 'transfer' carries planes over from the context views: it "
+                             "needs an encoding that takes planes")
     if name == "learned":
-        return LearnedSource(specs, dim, num_layers)
+        return LearnedSource(specs, dim, num_layers, options["per_layer"], options["targets"])
     if name == "oracle":
-        return OracleSource(specs, patch_size, depth_init)
+        return OracleSource(specs, patch_size, depth_init, options["targets"], options["scope"])
     if name == "external":
-        return ExternalSource(specs, patch_size, use_normals=options.get("use_normals", True),
-                              depth_init=depth_init)
-    if name == "backbone":
-        module = options.get("module")
-        if isinstance(module, str):
-            module = import_factory(module)(**options.get("module_kwargs", {}))
-        if not isinstance(module, nn.Module):
-            raise PredictorError(
-                "the 'backbone' predictor needs predictor_options.module: an nn.Module or an import "
-                "path 'package.module:factory' (called with predictor_options.module_kwargs)"
-            )
-        if options.get("checkpoint"):
-            load_backbone(module, options["checkpoint"])
-        if "feature_dim" not in options:
-            raise PredictorError("the 'backbone' predictor needs predictor_options.feature_dim (channels C)")
-        return BackboneSource(specs, module, int(options["feature_dim"]), int(options.get("hidden_dim", 64)))
-    raise PredictorError(f"unknown predictor {name!r}; available: {', '.join(PREDICTORS)}")
+        return ExternalSource(specs, patch_size, use_normals=options["use_normals"], depth_init=depth_init,
+                              targets=options["targets"], scope=options["scope"])
+    module = options["module"]
+    if isinstance(module, str):
+        module = import_factory(module)(**options["module_kwargs"])
+    if not isinstance(module, nn.Module):
+        raise PredictorError(
+            "the 'backbone' predictor needs predictor_options.module: an nn.Module or an import "
+            "path 'package.module:factory' (called with predictor_options.module_kwargs)"
+        )
+    if options["checkpoint"]:
+        load_backbone(module, options["checkpoint"])
+    if options["feature_dim"] is None:
+        raise PredictorError("the 'backbone' predictor needs predictor_options.feature_dim (channels C)")
+    return BackboneSource(specs, module, int(options["feature_dim"]), int(options["hidden_dim"]), options["targets"])

@@ -2,7 +2,9 @@
 
 ``train(config)`` trains the LVSM model of ``config["model"]`` on the dataset of
 ``config["data"]`` and writes into ``config["train"]["out"]``: ``config.yaml`` (resolved config),
-``checkpoint.safetensors`` (atomic), ``tb/`` (TensorBoard scalars and image grids).
+``checkpoint.safetensors`` (atomic), ``tb/`` (TensorBoard scalars and image grids) and, for
+predicted planes on data with ground-truth planes, ``plane_accuracy.jsonl``
+(:mod:`hrope.nvs.plane_accuracy` of the logged steps' training batches; a resumed run appends).
 
 Exact resume: batches are a pure function of (seed, step, rank) (:func:`batch_indices`), the
 learning rate a pure function of the step (:func:`learning_rate`), and the checkpoint holds the
@@ -34,6 +36,7 @@ from .data.rng import stream_seed
 from .datasets import build_dataset, collate
 from .metrics import LPIPS
 from .model import LVSM, build_model, count_parameters
+from .plane_accuracy import GROUPS, LOG_NAME, METRICS, append_log, plane_accuracy
 
 __all__ = ["train", "TrainResult", "StepLoader", "learning_rate", "batch_indices", "make_optimizer",
            "perceptual_loss", "setup_distributed"]
@@ -154,11 +157,23 @@ def _image_grid(batch, prediction: Tensor) -> Tensor:
     return torch.cat([v.detach().float().clamp(0, 1).cpu() for v in views], dim=-1)
 
 
+def _log_plane_accuracy(writer, out: Path, step: int, accuracy: dict | None) -> None:
+    """The 8 plane errors to TensorBoard (``planes/<group>/<metric>``) and ``out/plane_accuracy.jsonl``
+    (nothing when ``accuracy`` is None: no predicted planes or no ground truth)."""
+    if accuracy is None:
+        return
+    for group in GROUPS:
+        for metric in METRICS:
+            writer.add_scalar(f"planes/{group}/{metric}", accuracy[group][metric], step)
+    append_log(out / LOG_NAME, step, accuracy)
+
+
 def _forward_backward(net, model, optimizer, batch, opts: dict, perceptual, ctx: DistContext):
-    """Loss, gradients and clipping for one batch; ``finite`` is agreed on by all ranks."""
+    """Model output, loss, gradients and clipping for one batch; ``finite`` is agreed on by all ranks."""
     num_context = int(batch.num_context)
     with torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=bool(opts["bf16"])):
-        prediction = net(batch).images
+        output = net(batch)
+    prediction = output.images
     target = batch.images[:, num_context:].float()
     loss = F.mse_loss(prediction.float(), target)
     if perceptual is not None:
@@ -172,7 +187,7 @@ def _forward_backward(net, model, optimizer, batch, opts: dict, perceptual, ctx:
         flag = finite.float().to(ctx.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         finite = flag > 0
-    return prediction, loss.detach(), grad_norm, bool(finite)
+    return output, loss.detach(), grad_norm, bool(finite)
 
 
 def train(config: dict, *, stop_at: int | None = None, progress: bool = True, dataset=None) -> TrainResult:
@@ -230,7 +245,7 @@ def train(config: dict, *, stop_at: int | None = None, progress: bool = True, da
             for group in optimizer.param_groups:
                 group["lr"] = lr
             batch = collate(loader.scenes(step, prefetch_next=step + 1 < end), num_context, ctx.device)
-            prediction, loss, grad_norm, finite = _forward_backward(net, model, optimizer, batch, opts, perceptual, ctx)
+            output, loss, grad_norm, finite = _forward_backward(net, model, optimizer, batch, opts, perceptual, ctx)
             done = step + 1
             if finite:
                 optimizer.step()
@@ -250,8 +265,9 @@ def train(config: dict, *, stop_at: int | None = None, progress: bool = True, da
                 writer.add_scalar("train/lr", lr, done)
                 writer.add_scalar("train/grad_norm", float(grad_norm), done)
                 writer.add_scalar("train/steps_per_s", rate, done)
+                _log_plane_accuracy(writer, out, done, plane_accuracy(output.parameters, batch, model))
             if finite and ctx.is_main and opts["image_every"] and done % opts["image_every"] == 0:
-                writer.add_image("train/context|prediction|target", _image_grid(batch, prediction), done)
+                writer.add_image("train/context|prediction|target", _image_grid(batch, output.images), done)
             if ctx.is_main and done % opts["checkpoint_every"] == 0:
                 save_checkpoint(checkpoint, model, optimizer, done, config)
                 saved = done

@@ -1,9 +1,13 @@
-"""Figures: image grids and predicted plane normals (the paper's Fig. 5).
+"""Figures: image grids, predicted plane normals (the paper's Fig. 5), plane accuracy over training.
 
 ``hrope viz planes CHECKPOINT``: for held-out synthetic scenes, every context view as
 input | input overlaid with the predicted normals | predicted per-patch normal map | ground truth.
 Normals are in the camera frame, facing the camera, coloured ``(n + 1) / 2`` (x red, y green,
 z blue; OpenCV axes).
+
+``hrope viz plane-accuracy RUN``: the run's ``plane_accuracy.jsonl`` (written by training,
+:mod:`hrope.nvs.plane_accuracy`) over steps: normal error and depth error, context and target
+views, predicted (solid) and neutral planes (dashed).
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ from torch import Tensor
 from ..planes import Planes
 from .checkpoints import load_model, run_folder
 from .datasets import build_dataset, collate
+from .plane_accuracy import GROUPS, LOG_NAME, read_log
 
-__all__ = ["save_image_grid", "normal_colours", "plane_normal_rows", "visualize_planes", "VizError"]
+__all__ = ["save_image_grid", "normal_colours", "plane_normal_rows", "visualize_planes", "plot_plane_accuracy",
+           "VizError"]
 
 PAD = 2
 OVERLAY_ALPHA = 0.6
@@ -96,3 +102,39 @@ def visualize_planes(checkpoint: str | Path, out: str | Path | None = None, num_
     rows = plane_normal_rows(model, batch, layer)
     out = Path(out) if out is not None else run_folder(checkpoint) / "viz"
     return save_image_grid(rows, out / "planes.png")
+
+
+def plot_plane_accuracy(run: str | Path, out: str | Path | None = None) -> Path:
+    """Write ``plane_accuracy.png`` (see module doc) from ``run``'s ``plane_accuracy.jsonl`` (``run``: the run
+    folder or its checkpoint file) into ``out`` (default ``<run>/viz``); returns its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not Path(run).exists():
+        raise VizError(f"run not found: {run}")
+    log = run_folder(run) / LOG_NAME
+    if not log.is_file():
+        raise VizError(f"no {log}: only training runs of plane encodings with a learned or backbone source on "
+                       f"data with ground-truth planes log plane accuracy")
+    records = read_log(log)
+    steps = [r["step"] for r in records]
+    marker = "." if len(steps) <= 50 else None  # a short log: show its points
+    figure, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    panels = (("normal_error_deg", "normal error (degrees)"), ("depth_rel_error", "relative depth error"))
+    for axis, (metric, label) in zip(axes, panels):
+        for group, colour in zip(GROUPS, ("tab:blue", "tab:orange")):
+            axis.plot(steps, [r[group][metric] for r in records], color=colour, marker=marker, label=group)
+            axis.plot(steps, [r[group][metric + "_neutral"] for r in records], color=colour, marker=marker,
+                      linestyle="--", label=f"{group} (neutral)")
+        axis.set_xlabel("step")
+        axis.set_ylabel(label)
+        axis.grid(alpha=0.3)
+    figure.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=8)
+    figure.tight_layout(rect=(0, 0.08, 1, 1))
+    path = Path(out) if out is not None else run_folder(run) / "viz"
+    path.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path / "plane_accuracy.png", dpi=120)
+    plt.close(figure)
+    return path / "plane_accuracy.png"
