@@ -1,5 +1,6 @@
 """Training: schedule, learning check, checkpoints, exact resume, NaN guard, config errors, DDP."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from _lvsm_helpers import random_lpips_weights, small_config, synthetic_batch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import hrope.nvs.train as train_module
@@ -189,3 +191,20 @@ def test_perceptual_loss_needs_local_weights(tmp_path):
     plain = config_in(tmp_path, "plain", encoding="none")
     plain["train"].update(steps=1)
     assert with_lpips > train(plain, progress=False).last_loss + 1e-4  # same first batch, plus 0.5 LPIPS
+
+
+def test_parameter_lr_scale_applies_to_the_parameter_heads_only(tmp_path):
+    config = config_in(tmp_path, encoding="hrope-lift")
+    config["train"]["parameter_lr_scale"] = 10.0
+    model = build_model(config)
+    optimizer = make_optimizer(model, config["train"])
+    heads = {id(p) for p in model.source.parameters()}
+    for group in optimizer.param_groups:
+        inside = {id(p) in heads for p in group["params"]}
+        assert len(inside) == 1 and group["lr_scale"] == (10.0 if inside == {True} else 1.0)
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))
+    train(config, progress=False)
+    with safe_open(str(tmp_path / "run" / "checkpoint.safetensors"), framework="pt") as handle:
+        groups = json.loads(handle.metadata()["optimizer_groups"])
+    rates = {g["lr_scale"]: g["lr"] for g in groups}  # the last step's learning rates
+    assert rates[10.0] == pytest.approx(10 * rates[1.0]) and rates[1.0] > 0

@@ -55,6 +55,7 @@ DEFAULTS: dict = {
         "image_every": 200,
         "checkpoint_every": 250,
         "perceptual_weight": 0.0,  # LPIPS loss weight; > 0 needs eval.lpips_weights (local)
+        "parameter_lr_scale": 1.0,  # learning-rate multiplier of the parameter source's heads (planes, ...)
         "threads": 0,  # torch CPU threads; 0 keeps torch's default
     },
     "eval": {

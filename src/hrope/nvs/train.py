@@ -94,11 +94,17 @@ def batch_indices(seed: int, step: int, rank: int, batch_size: int, num_scenes: 
 
 
 def make_optimizer(model: nn.Module, train: dict) -> torch.optim.AdamW:
-    """AdamW (betas 0.9, 0.95); weight decay on matrices only (not on norms, biases, scalars)."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": train["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=train["lr"], betas=(0.9, 0.95))
+    """AdamW (betas 0.9, 0.95); weight decay on matrices only (not on norms, biases, scalars). The
+    parameter source's weights (the plane / parameter heads) learn at ``train.parameter_lr_scale``
+    times the learning rate (each group's ``lr_scale``, applied by the schedule in :func:`train`)."""
+    source = getattr(model, "source", None)
+    heads = {id(p) for p in source.parameters()} if source is not None else set()
+    groups = []
+    for scale, members in ((1.0, lambda p: id(p) not in heads), (train["parameter_lr_scale"], lambda p: id(p) in heads)):
+        chosen = [p for p in model.parameters() if p.requires_grad and members(p)]
+        groups += [{"params": [p for p in chosen if p.ndim >= 2], "weight_decay": train["weight_decay"], "lr_scale": scale},
+                   {"params": [p for p in chosen if p.ndim < 2], "weight_decay": 0.0, "lr_scale": scale}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=train["lr"], betas=(0.9, 0.95))
 
 
 def perceptual_loss(config: dict, device: torch.device):
@@ -243,7 +249,7 @@ def train(config: dict, *, stop_at: int | None = None, progress: bool = True, da
         for step in bar:
             lr = learning_rate(step, opts)
             for group in optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group.get("lr_scale", 1.0)  # checkpoints older than lr_scale: 1
             batch = collate(loader.scenes(step, prefetch_next=step + 1 < end), num_context, ctx.device)
             output, loss, grad_norm, finite = _forward_backward(net, model, optimizer, batch, opts, perceptual, ctx)
             done = step + 1
