@@ -30,6 +30,7 @@ from hrope.nvs.datasets import build_dataset
 from hrope.nvs.evaluate import evaluate_model
 from hrope.nvs.metrics import LPIPS
 from hrope.nvs.model import count_parameters, encoding_names
+from hrope.nvs.plane_accuracy import PlaneAccuracy, measures_planes
 from hrope.nvs.protocols import run_protocol
 from hrope.nvs.train import train
 
@@ -178,8 +179,10 @@ class CellRunner:
         trained = result.step - start
         self.trained.append(cell)
         model = result.model.eval()
-        metrics, _ = evaluate_model(model, self.dataset(config, "eval"), config["data"]["num_context"],
-                                    batch_size=config["eval"]["batch_size"], lpips=self._lpips, device=self.device)
+        planes = PlaneAccuracy() if measures_planes(model) else None
+        metrics, per_scene, _ = evaluate_model(model, self.dataset(config, "eval"), config["data"]["num_context"],
+                                               batch_size=config["eval"]["batch_size"], lpips=self._lpips,
+                                               device=self.device, planes=planes)
         record = {
             "dataset": cell.dataset, "row": cell.row.label, "encoding": cell.row.encoding,
             "predictor": cell.row.predictor, "num_context": cell.row.num_context, "seed": cell.seed,
@@ -188,6 +191,8 @@ class CellRunner:
             # Seconds for all `steps`, extrapolated from this session when the run was resumed.
             "train_seconds": seconds * result.step / trained if trained else None,
             "resumed_from_step": start, "eval_scenes": len(self.dataset(config, "eval")), "metrics": metrics,
+            "per_scene": {name: values for name, values in per_scene.items() if values},
+            "planes": planes.means() if planes is not None else None,
             "provenance": self.provenance,
         }
         _write_json(folder / METRICS_NAME, record)

@@ -43,21 +43,26 @@ VIEW_COUNTS = (2, 4, 8)
 
 @dataclass(frozen=True)
 class Row:
-    """One model variant. ``external`` fits planes to the renderer's depth maps (no normals)."""
+    """One model variant. ``external`` fits planes to the renderer's depth maps (no normals).
+    ``options``: ``(key, value)`` pairs of ``model.predictor_options`` (e.g. ``(("targets",
+    "transfer"),)``), sorted; part of the label, the folder name and the cache key."""
 
     encoding: str
     predictor: str = "learned"
     num_context: int = 2
+    options: tuple[tuple[str, object], ...] = ()
 
     @property
     def label(self) -> str:
-        text = self.encoding if self.predictor == "learned" else f"{self.encoding} ({self.predictor})"
+        details = ([] if self.predictor == "learned" else [self.predictor]) + [f"{k} {v}" for k, v in self.options]
+        text = f"{self.encoding} ({', '.join(details)})" if details else self.encoding
         return text if self.num_context == 2 else f"{text}, {self.num_context} views"
 
     @property
     def key(self) -> str:
         """Folder name of the row's cells."""
-        return f"{self.encoding}.{self.predictor}.ctx{self.num_context}"
+        options = "".join(f".{k}-{v}" for k, v in self.options)
+        return f"{self.encoding}.{self.predictor}.ctx{self.num_context}{options}"
 
 
 @dataclass(frozen=True)
@@ -148,6 +153,8 @@ def cell_settings(budget: Budget, cell: Cell, lpips_weights: str | None = None) 
     model = {**budget.model, "encoding": row.encoding, "predictor": row.predictor}
     if row.predictor == "external":
         model["predictor_options"] = {"use_normals": False}
+    if row.options:
+        model["predictor_options"] = {**model.get("predictor_options", {}), **dict(row.options)}
     return {
         "model": model,
         "data": {"kind": cell.dataset, "num_scenes": budget.train_scenes, "num_context": row.num_context,

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         device = next(model.parameters()).device  # train.device "auto" picks CUDA when available
         print(f"[{index + 1}/{len(DEMO_MODELS)}] {name}: evaluating on {config['eval']['num_scenes']} held-out "
               "scenes", flush=True)
-        metrics, rows = evaluate_model(model, eval_scenes, config["data"]["num_context"], device=device,
+        metrics, _, rows = evaluate_model(model, eval_scenes, config["data"]["num_context"], device=device,
                                        num_grid_scenes=config["eval"]["num_grid_scenes"])
         results.append({"name": name, "metrics": metrics})
         print(f"    PSNR {metrics['psnr']:.2f}  SSIM {metrics['ssim']:.3f}", flush=True)

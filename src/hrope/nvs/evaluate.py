@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from typing import NamedTuple
 from itertools import islice
 from pathlib import Path
 
@@ -26,10 +27,20 @@ from .metrics import LPIPS, image_metrics
 from .plane_accuracy import GROUPS, METRICS, PlaneAccuracy
 from .viz import save_image_grid
 
-__all__ = ["evaluate", "evaluate_model", "evaluate_scenes", "batch_metrics", "run_name", "apply_data_overrides",
+__all__ = ["Evaluation", "evaluate", "evaluate_model", "evaluate_scenes", "batch_metrics", "run_name", "apply_data_overrides",
            "markdown_table", "planes_table", "UNAVAILABLE"]
 
 UNAVAILABLE = "unavailable"
+
+
+class Evaluation(NamedTuple):
+    """``means {metric: float or "unavailable"}`` over scenes, ``per_scene {metric: [value per
+    scene]}`` (each scene's mean over its target images, in scene order; empty lists for a metric
+    not computed) and grid ``rows`` of the first scenes."""
+
+    means: dict
+    per_scene: dict[str, list[float]]
+    rows: list
 
 
 def batch_metrics(model, scenes, num_context: int, device, lpips: LPIPS | None = None, *,
@@ -57,8 +68,7 @@ def evaluate_scenes(model, scenes: Iterable, num_context: int, *, batch_size: in
     """Score ``scenes`` (any iterable of :class:`hrope.nvs.data.Scene`, read ``batch_size`` at a time);
     with ``planes``, also accumulate the accuracy of predicted planes there.
 
-    Returns ``(means {metric: float or "unavailable"}, number of scenes, grid rows of the first
-    num_grid_scenes scenes)``.
+    Returns an :class:`Evaluation` (grid rows of the first ``num_grid_scenes`` scenes).
     """
     model.eval()
     per_scene: dict[str, list[float]] = {"psnr": [], "ssim": [], "lpips": []}
@@ -73,21 +83,17 @@ def evaluate_scenes(model, scenes: Iterable, num_context: int, *, batch_size: in
             if len(rows) < num_grid_scenes:
                 rows.append([*batch.images[b, :num_context], prediction[b, 0], batch.images[b, num_context]])
     means = {name: (sum(v) / len(v) if v else UNAVAILABLE) for name, v in per_scene.items()}
-    return means, len(per_scene["psnr"]), rows
+    return Evaluation(means, per_scene, rows)
 
 
 def evaluate_model(model, dataset, num_context: int, *, batch_size: int = 4, lpips: LPIPS | None = None,
                    device: str | torch.device = "cpu", num_grid_scenes: int = 0,
                    planes: PlaneAccuracy | None = None):
-    """Per-metric means over the scenes of ``dataset`` and grid rows of the first scenes; with
-    ``planes``, the accuracy of predicted planes is accumulated there (``planes.means()``).
-
-    Returns ``(means {metric: float or "unavailable"}, rows)``.
-    """
+    """:func:`evaluate_scenes` over the scenes of ``dataset``; with ``planes``, the accuracy of
+    predicted planes is accumulated there (``planes.means()``). Returns an :class:`Evaluation`."""
     scenes = (dataset[i] for i in range(len(dataset)))
-    means, _, rows = evaluate_scenes(model, scenes, num_context, batch_size=batch_size, lpips=lpips, device=device,
-                                     num_grid_scenes=num_grid_scenes, planes=planes)
-    return means, rows
+    return evaluate_scenes(model, scenes, num_context, batch_size=batch_size, lpips=lpips, device=device,
+                           num_grid_scenes=num_grid_scenes, planes=planes)
 
 
 def run_name(config: dict, model) -> str:
@@ -143,7 +149,7 @@ def evaluate(checkpoint: str | Path, out: str | Path | None = None, *, num_scene
     dataset = build_dataset(config, "eval")
     num_context = config["data"]["num_context"]
     accuracy = PlaneAccuracy()
-    means, rows = evaluate_model(model, dataset, num_context, batch_size=config["eval"]["batch_size"],
+    means, _, rows = evaluate_model(model, dataset, num_context, batch_size=config["eval"]["batch_size"],
                                  lpips=lpips, device=device, num_grid_scenes=config["eval"]["num_grid_scenes"],
                                  planes=accuracy)
     checkpoint = Path(checkpoint)

@@ -281,9 +281,9 @@ def _point_metrics(model, videos, scenes, plans, image_size, *, zoom: float, zoo
                 continue
             yield normalize_scene(scene, list(range(len(context))))
 
-    means, count, _ = evaluate_scenes(model, loaded(), len(plans[0][0]), batch_size=batch_size, lpips=lpips,
-                                      device=device)
-    return {"num_scenes": count, "metrics": means}
+    means, per_scene, _ = evaluate_scenes(model, loaded(), len(plans[0][0]), batch_size=batch_size, lpips=lpips,
+                                          device=device)
+    return {"num_scenes": len(per_scene["psnr"]), "metrics": means}
 
 
 def run_protocol(model_or_checkpoint, protocol: str, dataset_config: dict | None = None, *,

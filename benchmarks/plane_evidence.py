@@ -1,0 +1,173 @@
+"""Do HRoPE's planes help? Plane sources compared with ``prope`` on identical data, steps and seeds.
+
+Every row is trained on the same synthetic scenes with the same budget and seeds as ``prope``
+(nvs_rows.py budgets; cells cached like the NVS benchmark's, under ``OUT/cache``) and scored on
+the same held-out scenes; the report gives each row's paired difference to ``prope`` (per seed and
+scene) with a two-level bootstrap 95% confidence interval (nvs_report.paired_bootstrap), and the
+accuracy of learned planes against the neutral ones where the data has ground truth. Rows whose
+planes use the target views' own geometry are labelled "with target geometry": no NVS model has
+that at test time.
+
+    python benchmarks/plane_evidence.py                              # room, full budget, seeds 0 1 2
+    python benchmarks/plane_evidence.py --datasets room,object --rows prope,hrope-lift
+    python benchmarks/plane_evidence.py --budget quick --seeds 0     # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling nvs_* modules
+
+from nvs_cells import CellRunner, StaleCellsError  # noqa: E402
+from nvs_report import paired_bootstrap, stat  # noqa: E402
+from nvs_rows import BUDGETS, Cell, Row  # noqa: E402
+from provenance import describe  # noqa: E402
+
+__all__ = ["ROWS", "REFERENCE", "run", "main"]
+
+REFERENCE = Row("prope")
+TRANSFER = (("targets", "transfer"),)
+ROWS = (
+    REFERENCE,
+    Row("none"),
+    Row("hrope-lift"),  # learned: direct decoder, target tokens predict from their hidden states
+    Row("hrope-lift", options=(("plane_decoder", "normal-depth"),)),  # the previous decoder
+    Row("hrope-lift", options=TRANSFER),  # learned on the context, transferred to the targets
+    Row("hrope-lift", "external", options=TRANSFER),  # context depth, splatted into the targets
+    Row("hrope-lift", "oracle"),  # context ground truth, targets neutral
+    Row("hrope-lift", "oracle", options=TRANSFER),  # context ground truth, transferred
+    Row("hrope-lift", "oracle", options=(("scope", "all"),)),  # with target geometry (an unfair bound)
+)
+
+
+def uses_target_geometry(row: Row) -> bool:
+    return dict(row.options).get("scope") == "all"
+
+
+def row_report(records: list[dict], reference: list[dict]) -> dict:
+    """PSNR stats of one row and its paired bootstrap difference to the reference row."""
+    by_seed = {r["seed"]: r for r in reference}
+    paired = [(r, by_seed[r["seed"]]) for r in sorted(records, key=lambda r: r["seed"]) if r["seed"] in by_seed]
+    out = {"psnr": stat([r["metrics"]["psnr"] for r in records]), "seeds": sorted(r["seed"] for r in records)}
+    if paired and all("per_scene" in r for pair in paired for r in pair):
+        out["vs_reference"] = paired_bootstrap([r["per_scene"]["psnr"] for r, _ in paired],
+                                               [p["per_scene"]["psnr"] for _, p in paired])
+    planes = [r["planes"] for r in records if r.get("planes")]
+    if planes:
+        out["planes"] = {group: {metric: stat([p[group][metric] for p in planes]) for metric in planes[0][group]}
+                         for group in ("context", "target")}
+    return out
+
+
+def run(budget_name: str, datasets: list[str], seeds: list[int], rows: list[Row], out: Path, *, device: str,
+        threads: int, report_only: bool, allow_stale: bool, command: str, log=print) -> dict:
+    budget = replace(BUDGETS[budget_name], seeds=tuple(seeds))
+    runner = CellRunner(budget, out / "cache", device=device, threads=threads, allow_stale=allow_stale)
+    rows = [REFERENCE] + [r for r in rows if r != REFERENCE]
+    cells = [Cell(d, row, s) for d in datasets for row in rows for s in seeds]
+    runner.check_stale(cells, log=log)
+    records: dict[tuple, list[dict]] = {}
+    for index, cell in enumerate(cells):
+        record = runner.cached(cell)
+        if record is None and not report_only:
+            log(f"[{index + 1}/{len(cells)}] {cell.dataset} {cell.row.label} seed {cell.seed}")
+            record = runner.run(cell)
+        if record is not None:
+            records.setdefault((cell.dataset, cell.row), []).append(record)
+    report = {"command": command, "provenance": runner.provenance, "budget": budget.as_dict(), "seeds": seeds,
+              "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "datasets": {}}
+    for dataset in datasets:
+        reference = records.get((dataset, REFERENCE), [])
+        report["datasets"][dataset] = [
+            {"row": row.label, "target_geometry": uses_target_geometry(row),
+             **row_report(records[(dataset, row)], reference)}
+            for row in rows if (dataset, row) in records]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plane_evidence.json").write_text(json.dumps(report, indent=2))
+    (out / "plane_evidence.md").write_text(markdown(report))
+    return report
+
+
+def _fmt(value, digits=2) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(report: dict) -> str:
+    budget = report["budget"]
+    lines = [
+        "## Do HRoPE's planes help? Plane sources vs `prope`", "",
+        f"Command: `{report['command']}`  ",
+        f"Commit: `{describe(report['provenance'])}`; generated {report['generated']}.  ",
+        f"Budget `{budget['name']}`: model {budget['model']}, {budget['steps']} steps of batch {budget['batch_size']}, "
+        f"{budget['train_scenes']} training scenes, {budget['eval_scenes']} held-out scenes; seeds {report['seeds']}.  ",
+        "Δ: mean paired PSNR difference to `prope` (same seed, same held-out scene), with a 95% two-level "
+        "bootstrap interval over seeds and scenes; **bold** where it excludes zero. † uses the target views' own "
+        "geometry (an upper bound no NVS model has at test time). Plane errors (learned planes, last layer, vs the "
+        "ground truth; neutral = the planes at zero head output): mean normal angle and relative depth error "
+        "(per patch saturated at 1).", ""]
+    for dataset, rows in report["datasets"].items():
+        lines += [f"**{dataset}**", "",
+                  "| row | PSNR ↑ | Δ vs prope [95% CI] | target normal err ° (neutral) | target depth err (neutral) |"
+                  " context normal err ° (neutral) | seeds |",
+                  "|---|---|---|---|---|---|---|"]
+        for row in rows:
+            psnr = row["psnr"]
+            spread = f" ± {psnr['std']:.2f}" if psnr and psnr["std"] is not None else ""
+            delta = row.get("vs_reference")
+            if delta is None or row["row"] == "prope":
+                delta_text = "—"
+            else:
+                delta_text = f"{delta['mean']:+.2f} [{delta['low']:+.2f}, {delta['high']:+.2f}]"
+                delta_text = f"**{delta_text}**" if delta["excludes_zero"] else delta_text
+            planes = row.get("planes")
+
+            def error(group, metric):
+                if not planes:
+                    return "—"
+                value, neutral = planes[group][metric], planes[group][metric + "_neutral"]
+                return f"{_fmt(value['mean'], 3)} ({_fmt(neutral['mean'], 3)})"
+
+            label = row["row"] + (" †" if row["target_geometry"] else "")
+            lines.append(f"| {label} | {_fmt(psnr['mean'] if psnr else None)}{spread} | {delta_text} | "
+                         f"{error('target', 'normal_error_deg')} | {error('target', 'depth_rel_error')} | "
+                         f"{error('context', 'normal_error_deg')} | {len(row['seeds'])} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--budget", choices=sorted(BUDGETS), default="full")
+    parser.add_argument("--datasets", default="room", help="comma list of room, object")
+    parser.add_argument("--seeds", default="0,1,2", help="comma list of training seeds")
+    parser.add_argument("--rows", default=None, help="comma list of row labels or encodings (default: all rows)")
+    parser.add_argument("--out", default=None, help="default benchmarks/results/plane_evidence[_<budget>]")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--report-only", action="store_true", help="report the finished cells; train nothing")
+    parser.add_argument("--allow-stale", action="store_true", help="reuse cells trained by other code (marked)")
+    args = parser.parse_args(argv)
+    wanted = {r.strip() for r in args.rows.split(",")} if args.rows else None
+    rows = [r for r in ROWS if wanted is None or r.label in wanted or r.encoding in wanted]
+    suffix = "" if args.budget == "full" else f"_{args.budget}"
+    out = Path(args.out or f"benchmarks/results/plane_evidence{suffix}")
+    try:
+        return run(args.budget, [d.strip() for d in args.datasets.split(",")], [int(s) for s in args.seeds.split(",")],
+                   rows, out, device=args.device, threads=args.threads, report_only=args.report_only,
+                   allow_stale=args.allow_stale, command=shlex.join(["python", "benchmarks/plane_evidence.py", *argv]),
+                   log=lambda text: print(text, flush=True))
+    except StaleCellsError as error:
+        raise SystemExit(f"plane_evidence.py: error: {error}") from None
+
+
+if __name__ == "__main__":
+    main()
