@@ -9,7 +9,7 @@ planes use the target views' own geometry are labelled "with target geometry": n
 that at test time.
 
     python benchmarks/plane_evidence.py                              # room, full budget, seeds 0 1 2
-    python benchmarks/plane_evidence.py --datasets room,object --rows prope,hrope-lift
+    python benchmarks/plane_evidence.py --datasets room,object --rows "hrope-lift,hrope-lift (targets transfer)"
     python benchmarks/plane_evidence.py --budget quick --seeds 0     # smoke run
 """
 
@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="full")
     parser.add_argument("--datasets", default="room", help="comma list of room, object")
     parser.add_argument("--seeds", default="0,1,2", help="comma list of training seeds")
-    parser.add_argument("--rows", default=None, help="comma list of row labels or encodings (default: all rows)")
+    parser.add_argument("--rows", default=None, help="comma list of row labels (default: all rows); prope, the "
+                                                     "reference, is always included")
     parser.add_argument("--out", default=None, help="default benchmarks/results/plane_evidence[_<budget>]")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
@@ -157,7 +158,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--allow-stale", action="store_true", help="reuse cells trained by other code (marked)")
     args = parser.parse_args(argv)
     wanted = {r.strip() for r in args.rows.split(",")} if args.rows else None
-    rows = [r for r in ROWS if wanted is None or r.label in wanted or r.encoding in wanted]
+    unknown = sorted((wanted or set()) - {r.label for r in ROWS})
+    if unknown:
+        parser.error(f"unknown rows {unknown}; rows: {', '.join(r.label for r in ROWS)}")
+    rows = [r for r in ROWS if wanted is None or r.label in wanted]
     suffix = "" if args.budget == "full" else f"_{args.budget}"
     out = Path(args.out or f"benchmarks/results/plane_evidence{suffix}")
     try:
