@@ -148,12 +148,9 @@ def test_cape_leaves_values_untransformed():
 
 
 # --------------------------------------------------------------------------- world-frame invariance
-INVARIANT = [n for n in RELATIVE if n != "hrope"]
-
-
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 10_000), views=st.integers(1, 3), head_dim=st.sampled_from([16, 32, 48]),
-       name=st.sampled_from(INVARIANT))
+       name=st.sampled_from(RELATIVE))
 def test_world_frame_invariance(seed, views, head_dim, name):
     grid = (2, 3)
     cameras = random_cameras(B=2, V=views, seed=seed)
@@ -169,7 +166,7 @@ def test_world_frame_invariance(seed, views, head_dim, name):
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 10_000), views=st.integers(2, 3), lift4=st.booleans())
 def test_hrope_invariant_when_tokens_share_one_world_plane(seed, views, lift4):
-    """Eq. 5 is gauge-dependent in general, but invariant for tokens on one world plane."""
+    """Eq. 5 in the world gauge depends on the world frame in general, but not for tokens on one world plane."""
     grid = (2, 2)
     g = torch.Generator().manual_seed(seed)
     cameras = random_cameras(B=1, V=views, seed=seed)
@@ -177,7 +174,7 @@ def test_hrope_invariant_when_tokens_share_one_world_plane(seed, views, lift4):
     planes = world_plane_as_token_planes(cameras, grid, n_w, d_w=5.0 + torch.rand(1, generator=g).item())
     G = random_se3(1, generator=g, translation_scale=0.5)
     q, k, v = random_qkv(1, 2, views * 4, 48, seed=seed)
-    enc = hrope.get_encoding("hrope", lift4=lift4)
+    enc = hrope.get_encoding("hrope", lift4=lift4, gauge="world")
     a = hrope.multiview_attention(q, k, v, encoding=enc, cameras=cameras, grid=grid, planes=planes)
     b = hrope.multiview_attention(q, k, v, encoding=enc, cameras=cameras.transform_world(G), grid=grid,
                                   planes=planes)
@@ -185,14 +182,15 @@ def test_hrope_invariant_when_tokens_share_one_world_plane(seed, views, lift4):
 
 
 def test_hrope_depends_on_world_frame_for_different_planes():
-    """The documented exception (DESIGN.md §4.3): differing planes make Eq. 5 gauge-dependent."""
+    """In the world gauge, differing planes make Eq. 5 depend on the world frame (DESIGN.md §4.3)."""
+    world = hrope.get_encoding("hrope", gauge="world")
     cameras = random_cameras(B=1, V=2, seed=11)
     grid = (2, 2)
     planes = random_planes(1, 8, seed=11)
     G = random_se3(1, generator=torch.Generator().manual_seed(3), translation_scale=0.5)
     q, k, v = random_qkv(1, 2, 8, 48)
-    a = hrope.multiview_attention(q, k, v, encoding="hrope", cameras=cameras, grid=grid, planes=planes)
-    b = hrope.multiview_attention(q, k, v, encoding="hrope", cameras=cameras.transform_world(G), grid=grid,
+    a = hrope.multiview_attention(q, k, v, encoding=world, cameras=cameras, grid=grid, planes=planes)
+    b = hrope.multiview_attention(q, k, v, encoding=world, cameras=cameras.transform_world(G), grid=grid,
                                   planes=planes)
     assert (a - b).abs().max() > 1e-4
 

@@ -43,12 +43,12 @@ def points_on_plane(g, n_w, d_w, count=5):
 
 
 @settings(max_examples=15, deadline=None)
-@given(seed=st.integers(0, 10_000), lift4=st.booleans())
-def test_hrope_homography_maps_plane_points_between_views(seed, lift4):
+@given(seed=st.integers(0, 10_000), lift4=st.booleans(), gauge=st.sampled_from(["centroid", "world"]))
+def test_hrope_homography_maps_plane_points_between_views(seed, lift4, gauge):
     cameras = random_cameras(B=1, V=3, seed=seed)
     g, n_w, d_w = random_world_plane(seed)
     planes = world_plane_as_token_planes(cameras, GRID, n_w, d_w)
-    enc = HRoPE(lift4=lift4)
+    enc = HRoPE(lift4=lift4, gauge=gauge)
     D, D_inv = enc.prepare(cameras, GRID, 48, planes=planes).geometric_blocks()
     x = project(cameras, points_on_plane(g, n_w, d_w))
     for i, j in ((0, 1), (2, 0), (1, 2)):
@@ -100,12 +100,15 @@ def test_hrope_lift_with_zero_planes_is_prope_exactly():
 
 
 # --------------------------------------------------------------------------- clamps
-def test_hrope_clamps_plane_through_world_origin_and_stays_finite():
-    """s = 1 - m·t = 0 (the plane contains the world origin) is clamped to |s| = eps."""
+@pytest.mark.parametrize("gauge", ["centroid", "world"])
+def test_hrope_clamps_plane_through_the_gauge_origin_and_stays_finite(gauge):
+    """s = 1 - m·t = 0 (the plane contains the gauge's origin; t in the gauge) is clamped to |s| = eps."""
     cameras = random_cameras(B=1, V=2, seed=4)
-    t = cameras.t.repeat_interleave(6, dim=1)
-    m = t / (t * t).sum(-1, keepdim=True)  # m·t = 1 exactly
-    enc = HRoPE()
+    enc = HRoPE(gauge=gauge)
+    t = enc.poses(cameras, GRID)[1].expand(1, 2, 6, 3).reshape(1, 12, 3)
+    if gauge == "world":
+        torch.testing.assert_close(t, cameras.t.repeat_interleave(6, dim=1), rtol=0, atol=0)
+    m = t / (t * t).sum(-1, keepdim=True)  # m·t = 1
     clamped = enc.clamp_planes(m, t)
     s = 1 - (clamped * t).sum(-1)
     torch.testing.assert_close(s.abs(), torch.full_like(s, enc.min_world_offset_ratio))

@@ -77,7 +77,7 @@ def test_each_target_is_rendered_independently_with_all_context(batch):
         torch.testing.assert_close(model(single).images[:, 0], both[:, t - 2], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("encoding", ["prope", "hrope-lift", "gta"])
+@pytest.mark.parametrize("encoding", ["prope", "hrope-lift", "gta", "hrope"])
 def test_relative_encodings_with_camera_rays_are_world_frame_invariant(encoding, batch):
     model = make_model(encoding)
     G = make_se3(axis_angle_to_matrix(torch.tensor([0.3, -0.2, 0.5])), torch.tensor([1.0, -2.0, 0.5]))

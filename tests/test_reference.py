@@ -54,9 +54,9 @@ CLAMPED = {
     "huge-m": very_close,
 }
 ENCODINGS = {
-    "hrope": lambda: "hrope",
-    "hrope-lift4": lambda: hrope.get_encoding("hrope", lift4=True),
-    "hrope-custom-bounds": lambda: HRoPE(min_world_offset_ratio=0.2, max_inverse_distance=10.0),
+    "hrope": lambda: HRoPE(gauge="world"),
+    "hrope-lift4": lambda: HRoPE(lift4=True, gauge="world"),
+    "hrope-custom-bounds": lambda: HRoPE(min_world_offset_ratio=0.2, max_inverse_distance=10.0, gauge="world"),
 }
 
 
@@ -295,7 +295,7 @@ def test_hrope_block_is_eq5_of_the_world_plane():
     n_c = cameras.R[0] @ n_w  # (V, 3)
     m = n_c / (d_w + (n_c * cameras.t[0]).sum(-1, keepdim=True))
     planes = hrope.Planes.from_m(m.repeat_interleave(P, dim=0)[None])
-    D, layout = token_matrices("hrope", cameras, GRID, 24, planes)
+    D, layout = token_matrices(HRoPE(gauge="world"), cameras, GRID, 24, planes)
     assert (layout.block, layout.num_blocks) == (3, 4)
     K_hat = normalized_K(cameras)[0]
     for view in range(2):
@@ -362,7 +362,7 @@ def test_reference_never_calls_the_fast_path(monkeypatch):
 
     for cls in hrope.ENCODINGS.values():
         monkeypatch.setattr(cls, "prepare", disabled)
-    for method in ("clamp_planes", "homographies"):
+    for method in ("clamp_planes", "homographies", "poses"):
         monkeypatch.setattr(HRoPE, method, disabled)
     for method in ("m", "normal_and_depth", "world_normal_and_kappa"):
         monkeypatch.setattr(hrope.Planes, method, disabled)

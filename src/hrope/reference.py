@@ -112,7 +112,8 @@ def _plane_vectors(planes, tok: _Tokens) -> Tensor:
 
 
 def _clamp_planes(encoding: HRoPE, m: Tensor, t: Tensor) -> Tensor:
-    """``hrope``'s documented clamps of m ``(B, N, 3)`` with the view translations t ``(B, N, 3)``.
+    """``hrope``'s documented clamps of m ``(B, N, 3)`` with the tokens' translations t ``(B, N, 3)``
+    in its gauge.
 
     First m is shortened to ``|m| = max_inverse_distance`` if longer; then, where
     ``|s| = |1 - m·t| < min_world_offset_ratio``, its component along t is replaced so that s
@@ -166,17 +167,34 @@ def _cape(encoding, tok: _Tokens, planes, params) -> Tensor:
     return _block4(tok.R, tok.t)
 
 
+def _hrope_pose(encoding: HRoPE, tok: _Tokens, params) -> Tensor:
+    """World-to-token ``E (B, N, 4, 4)`` in ``hrope``'s gauge: ``"centroid"`` moves the world origin
+    to the mean camera centre c̄ of the sample (E [[I, c̄], [0, 1]]; every view has the same number
+    of tokens, so the mean over tokens is the mean over views), ``"world"`` keeps E; ``pose="per-patch"``
+    then composes [[ΔR, Δt], [0, 1]] E."""
+    E = tok.E
+    if encoding.gauge == "centroid":
+        centre = torch.linalg.inv(E)[..., :3, 3].mean(1, keepdim=True)  # (B, 1, 3)
+        E = E @ _block4(torch.eye(3, dtype=E.dtype).expand_as(tok.R), centre.expand_as(tok.t))
+    if encoding.pose == "per-patch":
+        E = _block4(params["patch_rotation"].double(), params["patch_translation"].double()) @ E
+    return E
+
+
 def _hrope(encoding, tok: _Tokens, planes, params) -> Tensor:
-    """Eq. 5 literally: H = K̂ (R + κ t n_w^T) from the clamped plane put in the world frame
+    """Eq. 5 literally: H = K̂ (R + κ t n_w^T) with (R, t) the token's pose in the gauge
+    (:func:`_hrope_pose`) and the clamped plane put in the world frame through that pose
     (n_w = R^T n_c, d_w = d_c - n_c·t, κ = 1/d_w), over |det H|^(1/3); diag(H̃, 1) with lift4."""
-    m = _clamp_planes(encoding, _plane_vectors(planes, tok), tok.t)
+    E = _hrope_pose(encoding, tok, params)
+    R, t = E[..., :3, :3], E[..., :3, 3]
+    m = _clamp_planes(encoding, _plane_vectors(planes, tok), t)
     inverse_d_c = m.norm(dim=-1)
     n_c = m / inverse_d_c.clamp_min(torch.finfo(m.dtype).tiny)[..., None]
-    kappa = 1.0 / (1.0 / inverse_d_c - (n_c * tok.t).sum(-1))  # 0 for the plane at infinity
-    n_w = _mv(tok.R.transpose(-1, -2), n_c)
-    H = tok.K @ (tok.R + kappa[..., None, None] * tok.t[..., :, None] * n_w[..., None, :])
+    kappa = 1.0 / (1.0 / inverse_d_c - (n_c * t).sum(-1))  # 0 for the plane at infinity
+    n_w = _mv(R.transpose(-1, -2), n_c)
+    H = tok.K @ (R + kappa[..., None, None] * t[..., :, None] * n_w[..., None, :])
     H = H / torch.linalg.det(H).abs().pow(1.0 / 3.0)[..., None, None]
-    return _block4(H, torch.zeros_like(tok.t)) if encoding.lift4 else H
+    return _block4(H, torch.zeros_like(t)) if encoding.lift4 else H
 
 
 def _hrope_lift(encoding, tok: _Tokens, planes, params) -> Tensor:

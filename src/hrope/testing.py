@@ -84,8 +84,10 @@ def _param(name: str, transform_kind: str | None, B: int, N: int, g, dtype) -> T
         return (0.5 if name == "log_depth_halfwidth" else 1.0) * torch.rand(B, N, generator=g, dtype=dtype)
     if name == "depth_sigma":
         return 0.5 * torch.rand(B, N, 2, generator=g, dtype=dtype)
-    if name == "rotation":
+    if name in ("rotation", "patch_rotation"):
         return random_rotation(B, N, generator=g, dtype=dtype)
+    if name == "patch_translation":
+        return 0.3 * torch.randn(B, N, 3, generator=g, dtype=dtype)
     if name == "transform" and transform_kind == "rigid":
         return random_se3(B, N, generator=g, dtype=dtype)
     if name == "transform":  # any invertible 4x4 near the identity

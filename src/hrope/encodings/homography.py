@@ -6,7 +6,9 @@ Token t of view c carries the plane m_t = n_t / d_t in its camera frame (:class:
 top-left 3x3 block of D_i D_j^-1 is K̂_i (R_ij + t_ij m_j^T) K̂_j^-1, the homography from view j to
 view i induced by the key's plane. m = 0 gives PRoPE; det D = det K̂.
 
-``hrope`` (§4.3, the paper's Eq. 5): H = K̂_c (R + κ t n_w^T) with the plane in the world frame.
+``hrope`` (§4.3, the paper's Eq. 5): H = K̂_c (R + κ t n_w^T) with the plane in the world frame,
+(R, t) the camera's pose or a per-patch pose E_u = ΔE E_c, in a gauge (by default the world
+translated to the mean camera centre, which makes H_i H_j^-1 world-frame invariant).
 In terms of m this is H ∝ K̂ (s I + t m^T) R with s = 1 - m·t (= d_w / d_c), the scale-free form
 used here; det(s I + t m^T) = s^2 and (s I + t m^T)^-1 = (I - t m^T) / s (Sherman–Morrison,
 since s + m·t = 1). H̃ = H / |det H|^(1/3) has det ±1 (unit |det|, SL(3) up to sign).
@@ -21,16 +23,23 @@ from torch import Tensor
 
 from ..cameras import Cameras
 from ..geometry import geometry_dtype, invert_intrinsics, lift
-from .base import ROPE_BASE, Encoding, HeadLayout, TokenTransform
+from .ablations import _check_rotations
+from .base import ROPE_BASE, Encoding, EncodingError, HeadLayout, TokenTransform, per_token_param
 
 __all__ = ["HRoPE", "HRoPELift"]
 
 # Clamps of the Eq. 5 form (documented in docs/encodings.md):
-# |s| = |1 - m·t| >= MIN_WORLD_OFFSET_RATIO (planes through the world origin are degenerate in the
-# world-frame parameterisation), and |m| <= MAX_INVERSE_DISTANCE (planes closer than 1/100 scene
-# units). Together they bound the condition number of every H̃.
+# |s| = |1 - m·t| >= MIN_WORLD_OFFSET_RATIO, t the token's translation in the gauge (planes through
+# the gauge's origin are degenerate in the world-frame parameterisation), and
+# |m| <= MAX_INVERSE_DISTANCE (planes closer than 1/100 scene units). Together they bound the
+# condition number of every H̃.
 MIN_WORLD_OFFSET_RATIO = 0.05
 MAX_INVERSE_DISTANCE = 100.0
+
+# hrope's options: the world frame Eq. 5 is evaluated in, and where (R, t) come from.
+GAUGES = ("centroid", "world")
+POSES = ("camera", "per-patch")
+PATCH_POSE_PARAMS = ("patch_rotation", "patch_translation")  # the params of pose="per-patch"
 
 
 def _token_planes(planes, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype) -> Tensor:
@@ -40,7 +49,7 @@ def _token_planes(planes, cameras: Cameras, grid: tuple[int, int], dtype: torch.
 
 
 class _Views(NamedTuple):
-    """What both HRoPE forms take from the cameras: K̂, K̂^-1, R ``(B, V, 3, 3)`` and t ``(B, V, 3, 1)``
+    """What ``hrope-lift`` takes from the cameras: K̂, K̂^-1, R ``(B, V, 3, 3)`` and t ``(B, V, 3, 1)``
     per view, and the per-view parts K̂R, K̂t, R^T K̂^-1 (``RT_K_inv``), R^T t (``RT_t``) of the
     per-token matrices, as ``(B, V, 1, 3, 3 or 1)`` to broadcast against ``(B, V, P, ...)``."""
 
@@ -105,8 +114,16 @@ class HRoPE(Encoding):
     """``hrope``: the paper's Eq. 5, H̃ = normalise(K̂ (R + κ t n_w^T)) per token, plus 2D RoPE.
 
     Tiled 3x3 blocks (q by H̃_i^T, k and v by H̃_j^-1, o by H̃_i) by default; ``lift4=True`` tiles
-    the 4x4 ``diag(H̃, 1)`` instead. Not world-frame invariant when tokens carry different
-    planes: its gauge is the scene normalisation (first context camera = world). Needs ``planes``.
+    the 4x4 ``diag(H̃, 1)`` instead. Needs ``planes``.
+
+    ``gauge``, the world frame Eq. 5 is evaluated in: ``"centroid"`` (default) translates each
+    batch sample's world so that its origin is the mean camera centre c̄ (E_c -> E_c [[I, c̄], [0, 1]],
+    rotation unchanged), which makes every H̃_i H̃_j^-1 world-frame invariant; ``"world"`` uses the
+    given frame (a camera at the world origin has t = 0 and H = K̂R: its planes drop out).
+    ``pose``: ``"camera"`` (default) takes (R, t) from the token's camera; ``"per-patch"`` composes
+    the params ``patch_rotation (B, N, 3, 3)`` and ``patch_translation (B, N, 3)`` with it,
+    E_u = [[ΔR, Δt], [0, 1]] E_c (in the gauge), and reads the token's plane in E_u's frame;
+    identity / zero offsets give ``pose="camera"`` exactly.
     """
 
     name = "hrope"
@@ -116,33 +133,67 @@ class HRoPE(Encoding):
 
     def __init__(self, lift4: bool = False, rope_base: float = ROPE_BASE,
                  min_world_offset_ratio: float = MIN_WORLD_OFFSET_RATIO,
-                 max_inverse_distance: float = MAX_INVERSE_DISTANCE) -> None:
+                 max_inverse_distance: float = MAX_INVERSE_DISTANCE,
+                 gauge: str = "centroid", pose: str = "camera") -> None:
         super().__init__(rope_base)
+        if gauge not in GAUGES:
+            raise EncodingError(f"hrope: gauge must be one of {', '.join(GAUGES)}; got {gauge!r}")
+        if pose not in POSES:
+            raise EncodingError(f"hrope: pose must be one of {', '.join(POSES)}; got {pose!r}")
         self.lift4 = lift4
         self.min_world_offset_ratio = min_world_offset_ratio
         self.max_inverse_distance = max_inverse_distance
+        self.gauge = gauge
+        self.pose = pose
+        if pose == "per-patch":
+            self.param_names = PATCH_POSE_PARAMS  # a fact of this instance (the class default is ())
 
-    def homographies(self, cameras: Cameras, grid, planes) -> tuple[Tensor, Tensor]:
-        """SL(3)-normalised H̃ and H̃^-1, each ``(B, V, P, 3, 3)``.
+    def poses(self, cameras: Cameras, grid, **params) -> tuple[Tensor, Tensor]:
+        """World-to-token R ``(B, V, 1 or P, 3, 3)`` and t ``(B, V, 1 or P, 3)`` in the gauge, per
+        view (``pose="camera"``) or per token (``"per-patch"``), in the geometry dtype.
 
-        Per view K̂, R, t; per token only the plane m, so both are rank-one updates of per-view
-        matrices: (s I + t m^T) R = s R + t (R^T m)^T and R^T (I - t m^T) = R^T - (R^T t) m^T.
+        Centroid gauge: t <- t + R c̄, c̄ the mean over the sample's views of the centres -R^T t.
+        Per-patch: R_u = ΔR R, t_u = ΔR t + Δt.
         """
         dtype = geometry_dtype(cameras.K.dtype)
-        v = _views(cameras, dtype)
-        m = self.clamp_planes(_token_planes(planes, cameras, grid, dtype), v.t[:, :, None, :, 0])  # (B, V, P, 3)
-        s = (1.0 - (m @ v.t))[..., None]  # (B, V, P, 1, 1); never in (-eps, eps) after the clamp
+        E = cameras.world_to_cam.to(dtype)
+        R, t = E[..., :3, :3], E[..., :3, 3:]  # (B, V, 3, 3), (B, V, 3, 1)
+        if self.gauge == "centroid":
+            centroid = -(R.transpose(-1, -2) @ t).mean(1, keepdim=True)  # (B, 1, 3, 1)
+            t = t + R @ centroid
+        R, t = R[:, :, None], t[:, :, None]
+        if self.pose == "per-patch":
+            dR = per_token_param(params["patch_rotation"].to(dtype), cameras, grid, (3, 3), "patch_rotation")
+            _check_rotations(dR, "patch_rotation")
+            dt = per_token_param(params["patch_translation"].to(dtype), cameras, grid, (3,), "patch_translation")
+            R, t = dR @ R, dR @ t + dt[..., None]
+        return R, t[..., 0]
+
+    def homographies(self, cameras: Cameras, grid, planes, **params) -> tuple[Tensor, Tensor]:
+        """SL(3)-normalised H̃ and H̃^-1, each ``(B, V, P, 3, 3)``, for the poses of :meth:`poses`.
+
+        Per token only the plane m varies besides (R, t), so both are rank-one updates:
+        (s I + t m^T) R = s R + t (R^T m)^T and R^T (I - t m^T) = R^T - (R^T t) m^T.
+        """
+        dtype = geometry_dtype(cameras.K.dtype)
+        K = cameras.normalized_K(dtype)[:, :, None]  # (B, V, 1, 3, 3)
+        K_inv = invert_intrinsics(K)
+        R, t = self.poses(cameras, grid, **params)
+        m = self.clamp_planes(_token_planes(planes, cameras, grid, dtype), t)  # (B, V, P, 3)
+        s = (1.0 - (m * t).sum(-1))[..., None, None]  # (B, V, P, 1, 1); never in (-eps, eps) after the clamp
         # Eq. 5's H = K̂ A / s, A = s R + t (R^T m)^T (scale-free d_w R + t n_w^T), has det
         # fx fy / s; dividing by its |det|^(1/3) gives the scale below (the sign of s is kept, so
         # H̃ equals the literal normalised Eq. 5 matrix, det ±1).
-        focal = (v.K[..., 0, 0] * v.K[..., 1, 1])[:, :, None, None, None]
+        focal = (K[..., 0, 0] * K[..., 1, 1])[..., None, None]
         scale = torch.sign(s) * (focal * s.square()).pow(1.0 / 3.0)
-        H = (s * v.KR + v.Kt * (m @ v.R)[..., None, :]) / scale  # (m @ R) = (R^T m)^T per token
-        H_inv = (v.RT_K_inv - v.RT_t * (m @ v.K_inv)[..., None, :]) * (scale / s)
+        R_T, t, m = R.transpose(-1, -2), t[..., None], m[..., None, :]  # t a column, m a row
+        H = (s * (K @ R) + (K @ t) * (m @ R)) / scale
+        H_inv = (R_T @ K_inv - (R_T @ t) * (m @ K_inv)) * (scale / s)
         return H, H_inv
 
     def clamp_planes(self, m: Tensor, t: Tensor) -> Tensor:
-        """Apply the documented clamps: ``|m| <= max_inverse_distance``, then move m along t so
+        """Apply the documented clamps to planes m ``(..., 3)`` given the tokens' translations t in
+        the gauge (from :meth:`poses`): ``|m| <= max_inverse_distance``, then move m along t so
         that ``|1 - m·t| >= min_world_offset_ratio`` (sign of 1 - m·t kept, + when 0)."""
         norm = m.norm(dim=-1, keepdim=True)
         m = m * (self.max_inverse_distance / norm.clamp_min(self.max_inverse_distance))
@@ -155,9 +206,10 @@ class HRoPE(Encoding):
         return m + (s - clamped) * t / torch.where(t_sq > 0, t_sq, torch.ones_like(t_sq))
 
     def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
-        """Needs ``planes (B, N)``; D_t = blockdiag(H̃_t tiles, RoPE)."""
+        """Needs ``planes (B, N)`` (and, with ``pose="per-patch"``, ``patch_rotation (B, N, 3, 3)``,
+        ``patch_translation (B, N, 3)``); D_t = blockdiag(H̃_t tiles, RoPE)."""
         self.check_inputs(planes, params)
-        H, H_inv = self.homographies(cameras, grid, planes)
+        H, H_inv = self.homographies(cameras, grid, planes, **params)
         if self.lift4:
             H, H_inv = lift(H), lift(H_inv)
         layout = HeadLayout(head_dim, block=4 if self.lift4 else 3)

@@ -395,6 +395,9 @@ def _values_from_planes(specs, planes: Planes, cameras: Cameras, grid,
         "depth_sigma": depth.new_zeros(*depth.shape, 2),
         "rotation": frame_t,
         "transform": make_se3(frame_t, -(frame_t @ point[..., None]).squeeze(-1)),
+        # hrope's per-patch pose offsets: none (a geometry source knows planes, not poses)
+        "patch_rotation": torch.eye(3, dtype=depth.dtype, device=depth.device).expand(*depth.shape, 3, 3),
+        "patch_translation": depth.new_zeros(*depth.shape, 3),
     }
     unknown = [s.name for s in specs if s.name not in values]
     if unknown:
