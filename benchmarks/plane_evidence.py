@@ -9,7 +9,7 @@ planes use the target views' own geometry are labelled "with target geometry": n
 that at test time.
 
     python benchmarks/plane_evidence.py                              # room, full budget, seeds 0 1 2
-    python benchmarks/plane_evidence.py --datasets room,object --rows "hrope-lift,hrope-lift (targets transfer)"
+    python benchmarks/plane_evidence.py --datasets room,object --rows hrope-lift "hrope-lift (targets transfer)"
     python benchmarks/plane_evidence.py --budget quick --seeds 0     # smoke run
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling nvs_* modules
 
-from nvs_cells import CellRunner, StaleCellsError  # noqa: E402
+from nvs_cells import CellRunner, StaleCellsError, trained_at  # noqa: E402
 from nvs_report import paired_bootstrap, stat  # noqa: E402
 from nvs_rows import BUDGETS, Cell, Row  # noqa: E402
 from provenance import describe  # noqa: E402
@@ -87,6 +87,7 @@ def run(budget_name: str, datasets: list[str], seeds: list[int], rows: list[Row]
         reference = records.get((dataset, REFERENCE), [])
         report["datasets"][dataset] = [
             {"row": row.label, "target_geometry": uses_target_geometry(row),
+             "trained_at": sorted({trained_at(r) for r in records[(dataset, row)] if runner.is_stale(r)}),
              **row_report(records[(dataset, row)], reference)}
             for row in rows if (dataset, row) in records]
     out.mkdir(parents=True, exist_ok=True)
@@ -112,6 +113,10 @@ def markdown(report: dict) -> str:
         "geometry (an upper bound no NVS model has at test time). Plane errors (learned planes, last layer, vs the "
         "ground truth; neutral = the planes at zero head output): mean normal angle and relative depth error "
         "(per patch saturated at 1).", ""]
+    earlier = sorted({c for rows in report["datasets"].values() for row in rows for c in row["trained_at"]})
+    if earlier:
+        lines += [f"‡ some of the row's cells were trained by an earlier code version ({', '.join(earlier)}; reused with "
+                  "`--allow-stale`), not by the commit above.", ""]
     for dataset, rows in report["datasets"].items():
         lines += [f"**{dataset}**", "",
                   "| row | PSNR ↑ | Δ vs prope [95% CI] | target normal err ° (neutral) | target depth err (neutral) |"
@@ -134,7 +139,7 @@ def markdown(report: dict) -> str:
                 value, neutral = planes[group][metric], planes[group][metric + "_neutral"]
                 return f"{_fmt(value['mean'], 3)} ({_fmt(neutral['mean'], 3)})"
 
-            label = row["row"] + (" †" if row["target_geometry"] else "")
+            label = row["row"] + (" †" if row["target_geometry"] else "") + (" ‡" if row["trained_at"] else "")
             lines.append(f"| {label} | {_fmt(psnr['mean'] if psnr else None)}{spread} | {delta_text} | "
                          f"{error('target', 'normal_error_deg')} | {error('target', 'depth_rel_error')} | "
                          f"{error('context', 'normal_error_deg')} | {len(row['seeds'])} |")
@@ -149,15 +154,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="full")
     parser.add_argument("--datasets", default="room", help="comma list of room, object")
     parser.add_argument("--seeds", default="0,1,2", help="comma list of training seeds")
-    parser.add_argument("--rows", default=None, help="comma list of row labels (default: all rows); prope, the "
-                                                     "reference, is always included")
+    parser.add_argument("--rows", nargs="+", default=None, help="row labels, each one argument (default: all rows); "
+                                                                "prope, the reference, is always included")
     parser.add_argument("--out", default=None, help="default benchmarks/results/plane_evidence[_<budget>]")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--report-only", action="store_true", help="report the finished cells; train nothing")
     parser.add_argument("--allow-stale", action="store_true", help="reuse cells trained by other code (marked)")
     args = parser.parse_args(argv)
-    wanted = {r.strip() for r in args.rows.split(",")} if args.rows else None
+    wanted = set(args.rows) if args.rows else None
     unknown = sorted((wanted or set()) - {r.label for r in ROWS})
     if unknown:
         parser.error(f"unknown rows {unknown}; rows: {', '.join(r.label for r in ROWS)}")

@@ -169,3 +169,31 @@ def test_paired_bootstrap_interval():
     one_seed[0] += 1.0
     lopsided = paired_bootstrap(one_seed.tolist(), base.tolist())
     assert lopsided["mean"] == pytest.approx(1 / 3) and lopsided["low"] < 0.1 and lopsided["high"] > 0.9
+
+
+def test_plane_evidence_report_pairs_rows_with_prope_and_labels_target_geometry():
+    from plane_evidence import markdown, row_report, uses_target_geometry
+    from nvs_rows import Row
+
+    def record(seed, psnr, planes=None):
+        return {"seed": seed, "metrics": {"psnr": sum(psnr) / len(psnr)}, "per_scene": {"psnr": psnr},
+                "planes": planes}
+
+    reference = [record(s, [20.0, 21.0, 22.0]) for s in (0, 1, 2)]
+    errors = {"normal_error_deg": 30.0, "normal_error_deg_neutral": 90.0, "depth_rel_error": 0.2,
+              "depth_rel_error_neutral": 1.0}
+    better = [record(s, [20.5, 21.5, 22.5], {"context": errors, "target": errors}) for s in (0, 1, 2)]
+    report = row_report(better, reference)
+    assert report["vs_reference"]["mean"] == pytest.approx(0.5) and report["vs_reference"]["excludes_zero"]
+    assert report["planes"]["target"]["normal_error_deg"]["mean"] == 30.0
+    assert uses_target_geometry(Row("hrope-lift", "oracle", options=(("scope", "all"),)))
+    assert not uses_target_geometry(Row("hrope-lift", "oracle", options=(("targets", "transfer"),)))
+    text = markdown({"command": "c", "provenance": {"commit": "abc", "dirty": False}, "generated": "now", "seeds": [0, 1, 2],
+                     "budget": {"name": "toy", "model": {}, "steps": 1, "batch_size": 1, "train_scenes": 1,
+                                "eval_scenes": 3},
+                     "datasets": {"room": [
+                         {"row": "prope", "target_geometry": False, "trained_at": [], **row_report(reference, reference)},
+                         {"row": "hrope-lift (oracle, scope all)", "target_geometry": True, "trained_at": ["commit x"],
+                          **report}]}})
+    assert "| hrope-lift (oracle, scope all) † ‡ |" in text and "**+0.50 [+0.50, +0.50]**" in text
+    assert "30.000 (90.000)" in text and "commit x" in text
