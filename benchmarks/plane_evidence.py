@@ -47,6 +47,19 @@ ROWS = (
 )
 
 
+# Why do the query-frame encodings lead on `room`? urope with its depth anchors (parallax between
+# views), with one anchor far away (points at infinity: only the rotation between views moves a
+# key's position) and rope2d (the RoPE half alone, the PRoPE family's image-plane part).
+QUERY_FRAME_ROWS = (
+    Row("urope"),
+    Row("urope", encoding_options=(("anchors", (1000.0,)),)),
+    Row("rope2d"),
+)
+SETS = {"planes": ROWS, "query-frame": QUERY_FRAME_ROWS}
+TITLES = {"planes": "Do HRoPE's planes help? Plane sources vs `prope`",
+          "query-frame": "Why do the query-frame encodings lead on `room`? An ablation vs `prope`"}
+
+
 def uses_target_geometry(row: Row) -> bool:
     return dict(row.options).get("scope") == "all"
 
@@ -67,9 +80,10 @@ def row_report(records: list[dict], reference: list[dict]) -> dict:
 
 
 def run(budget_name: str, datasets: list[str], seeds: list[int], rows: list[Row], out: Path, *, device: str,
-        threads: int, report_only: bool, allow_stale: bool, command: str, log=print) -> dict:
+        threads: int, report_only: bool, allow_stale: bool, command: str, title: str, cache: Path | None = None,
+        log=print) -> dict:
     budget = replace(BUDGETS[budget_name], seeds=tuple(seeds))
-    runner = CellRunner(budget, out / "cache", device=device, threads=threads, allow_stale=allow_stale)
+    runner = CellRunner(budget, cache or out / "cache", device=device, threads=threads, allow_stale=allow_stale)
     rows = [REFERENCE] + [r for r in rows if r != REFERENCE]
     cells = [Cell(d, row, s) for d in datasets for row in rows for s in seeds]
     runner.check_stale(cells, log=log)
@@ -81,7 +95,7 @@ def run(budget_name: str, datasets: list[str], seeds: list[int], rows: list[Row]
             record = runner.run(cell)
         if record is not None:
             records.setdefault((cell.dataset, cell.row), []).append(record)
-    report = {"command": command, "provenance": runner.provenance, "budget": budget.as_dict(), "seeds": seeds,
+    report = {"title": title, "command": command, "provenance": runner.provenance, "budget": budget.as_dict(), "seeds": seeds,
               "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "datasets": {}}
     for dataset in datasets:
         reference = records.get((dataset, REFERENCE), [])
@@ -91,8 +105,8 @@ def run(budget_name: str, datasets: list[str], seeds: list[int], rows: list[Row]
              **row_report(records[(dataset, row)], reference)}
             for row in rows if (dataset, row) in records]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "plane_evidence.json").write_text(json.dumps(report, indent=2))
-    (out / "plane_evidence.md").write_text(markdown(report))
+    (out / f"{out.name}.json").write_text(json.dumps(report, indent=2))
+    (out / f"{out.name}.md").write_text(markdown(report))
     return report
 
 
@@ -103,7 +117,7 @@ def _fmt(value, digits=2) -> str:
 def markdown(report: dict) -> str:
     budget = report["budget"]
     lines = [
-        "## Do HRoPE's planes help? Plane sources vs `prope`", "",
+        f"## {report['title']}", "",
         f"Command: `{report['command']}`  ",
         f"Commit: `{describe(report['provenance'])}`; generated {report['generated']}.  ",
         f"Budget `{budget['name']}`: model {budget['model']}, {budget['steps']} steps of batch {budget['batch_size']}, "
@@ -154,25 +168,33 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="full")
     parser.add_argument("--datasets", default="room", help="comma list of room, object")
     parser.add_argument("--seeds", default="0,1,2", help="comma list of training seeds")
+    parser.add_argument("--set", choices=sorted(SETS), default="planes",
+                        help="planes: the plane sources (default); query-frame: why urope leads on room")
     parser.add_argument("--rows", nargs="+", default=None, help="row labels, each one argument (default: all rows); "
                                                                 "prope, the reference, is always included")
     parser.add_argument("--out", default=None, help="default benchmarks/results/plane_evidence[_<budget>]")
+    parser.add_argument("--cache", default=None, help="cell cache (default benchmarks/results/plane_evidence[_<budget>]"
+                                                      "/cache, shared by both sets)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--report-only", action="store_true", help="report the finished cells; train nothing")
     parser.add_argument("--allow-stale", action="store_true", help="reuse cells trained by other code (marked)")
     args = parser.parse_args(argv)
     wanted = set(args.rows) if args.rows else None
-    unknown = sorted((wanted or set()) - {r.label for r in ROWS})
+    choices = SETS[args.set]
+    unknown = sorted((wanted or set()) - {r.label for r in choices})
     if unknown:
-        parser.error(f"unknown rows {unknown}; rows: {', '.join(r.label for r in ROWS)}")
-    rows = [r for r in ROWS if wanted is None or r.label in wanted]
+        parser.error(f"unknown rows {unknown}; rows: {', '.join(r.label for r in choices)}")
+    rows = [r for r in choices if wanted is None or r.label in wanted]
     suffix = "" if args.budget == "full" else f"_{args.budget}"
-    out = Path(args.out or f"benchmarks/results/plane_evidence{suffix}")
+    name = "plane_evidence" if args.set == "planes" else "query_frame_ablation"
+    out = Path(args.out or f"benchmarks/results/{name}{suffix}")
+    cache = Path(args.cache) if args.cache else Path(f"benchmarks/results/plane_evidence{suffix}/cache")
     try:
         return run(args.budget, [d.strip() for d in args.datasets.split(",")], [int(s) for s in args.seeds.split(",")],
                    rows, out, device=args.device, threads=args.threads, report_only=args.report_only,
                    allow_stale=args.allow_stale, command=shlex.join(["python", "benchmarks/plane_evidence.py", *argv]),
+                   title=TITLES[args.set], cache=cache,
                    log=lambda text: print(text, flush=True))
     except StaleCellsError as error:
         raise SystemExit(f"plane_evidence.py: error: {error}") from None

@@ -188,7 +188,7 @@ def test_plane_evidence_report_pairs_rows_with_prope_and_labels_target_geometry(
     assert report["planes"]["target"]["normal_error_deg"]["mean"] == 30.0
     assert uses_target_geometry(Row("hrope-lift", "oracle", options=(("scope", "all"),)))
     assert not uses_target_geometry(Row("hrope-lift", "oracle", options=(("targets", "transfer"),)))
-    text = markdown({"command": "c", "provenance": {"commit": "abc", "dirty": False}, "generated": "now", "seeds": [0, 1, 2],
+    text = markdown({"title": "t", "command": "c", "provenance": {"commit": "abc", "dirty": False}, "generated": "now", "seeds": [0, 1, 2],
                      "budget": {"name": "toy", "model": {}, "steps": 1, "batch_size": 1, "train_scenes": 1,
                                 "eval_scenes": 3},
                      "datasets": {"room": [
