@@ -37,8 +37,8 @@ def _finite(value) -> bool:
 @pytest.mark.slow
 def test_toy_benchmark_every_row_finite_and_cache_resumes(tmp_path):
     first = run_benchmark(TOY, tmp_path, table_names=TOY_TABLES, row_filter=TOY_ROWS, command="toy", log=lambda _: None)
-    # table1: none, hrope on room + object; table3 (room): hrope learned (shared), external, oracle; 2 seeds.
-    assert first["progress"] == {"finished": 12, "planned": 12, "trained_this_invocation": 12}
+    # table1: none, hrope on room + object; table3 (room): hrope learned (shared) + 5 plane sources; 2 seeds.
+    assert first["progress"] == {"finished": 18, "planned": 18, "trained_this_invocation": 18}
     labels = set()
     for table in first["tables"].values():
         for rows in table["datasets"].values():
@@ -48,7 +48,9 @@ def test_toy_benchmark_every_row_finite_and_cache_resumes(tmp_path):
                 assert _finite(row["psnr"]) and _finite(row["ssim"]), row
                 assert row["lpips"] == "unavailable"
                 assert row["parameters"] > 0
-    assert labels == {"none", "hrope", "hrope (external)", "hrope (oracle)"}
+    assert labels == {"none", "hrope", "hrope (external, targets transfer)", "hrope (oracle)",
+                      "hrope (oracle, targets transfer)", "hrope (external, with target geometry)",
+                      "hrope (oracle, with target geometry)"}
     assert all(math.isfinite(cell["final_loss"]) for cell in first["cells"])
     # Every cell and Fig. 6 result records the code that computed it: the current code, so none is stale.
     assert all(cell["provenance"] == first["provenance"] and not cell["stale"] for cell in first["cells"])

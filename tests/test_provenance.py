@@ -143,8 +143,11 @@ def test_committed_cells_need_allow_stale_and_cells_of_dropped_encodings_are_ski
         main(["--quick", "--report-only", "--out", str(tmp_path)])
     report = main(["--quick", "--report-only", "--allow-stale", "--out", str(tmp_path)])
     progress = report["progress"]
-    assert progress["finished"] == progress["planned"] == report["stale_cells"]["count"], (
+    committed = len(list((tmp_path / "cache").glob("*/*/*/metrics.json"))) - 2  # less the hrope-pf-ape cells
+    assert progress["finished"] == committed == report["stale_cells"]["count"], (
         "a committed cell is no longer found: did a change alter cell_settings or RESULTS_VERSION?")
+    # pending: Table 3's context-only plane sources, added after these cells (2 encodings x 3 sources x 2 seeds)
+    assert progress["planned"] - progress["finished"] == 12
     assert report["obsolete_cells"] == {"room/hrope-pf-ape.learned.ctx2": 2}
     assert all(cell["encoding"] != "hrope-pf-ape" for cell in report["cells"])
     assert "`room/hrope-pf-ape.learned.ctx2` (2)" in (tmp_path / "nvs_table.md").read_text()
