@@ -134,8 +134,8 @@ def markdown(report: dict) -> str:
     for dataset, rows in report["datasets"].items():
         lines += [f"**{dataset}**", "",
                   "| row | PSNR ↑ | Δ vs prope [95% CI] | target normal err ° (neutral) | target depth err (neutral) |"
-                  " context normal err ° (neutral) | seeds |",
-                  "|---|---|---|---|---|---|---|"]
+                  " context normal err ° (neutral) | context depth err (neutral) | seeds |",
+                  "|---|---|---|---|---|---|---|---|"]
         for row in rows:
             psnr = row["psnr"]
             spread = f" ± {psnr['std']:.2f}" if psnr and psnr["std"] is not None else ""
@@ -151,12 +151,14 @@ def markdown(report: dict) -> str:
                 if not planes:
                     return "—"
                 value, neutral = planes[group][metric], planes[group][metric + "_neutral"]
-                return f"{_fmt(value['mean'], 3)} ({_fmt(neutral['mean'], 3)})"
+                digits = 1 if metric.startswith("normal") else 3
+                return f"{_fmt(value['mean'], digits)} ({_fmt(neutral['mean'], digits)})"
 
             label = row["row"] + (" †" if row["target_geometry"] else "") + (" ‡" if row["trained_at"] else "")
             lines.append(f"| {label} | {_fmt(psnr['mean'] if psnr else None)}{spread} | {delta_text} | "
                          f"{error('target', 'normal_error_deg')} | {error('target', 'depth_rel_error')} | "
-                         f"{error('context', 'normal_error_deg')} | {len(row['seeds'])} |")
+                         f"{error('context', 'normal_error_deg')} | {error('context', 'depth_rel_error')} | "
+                         f"{len(row['seeds'])} |")
         lines.append("")
     return "\n".join(lines)
 

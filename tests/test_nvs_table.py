@@ -198,4 +198,4 @@ def test_plane_evidence_report_pairs_rows_with_prope_and_labels_target_geometry(
                          {"row": "hrope-lift (oracle, scope all)", "target_geometry": True, "trained_at": ["commit x"],
                           **report}]}})
     assert "| hrope-lift (oracle, scope all) † ‡ |" in text and "**+0.50 [+0.50, +0.50]**" in text
-    assert "30.000 (90.000)" in text and "commit x" in text
+    assert "30.0 (90.0)" in text and "0.200 (1.000)" in text and "commit x" in text
