@@ -31,7 +31,7 @@ __all__ = ["ROWS", "run", "main"]
 
 ROWS = (
     Row("prope"),
-    Row("hrope-lift"),
+    Row("hrope-lift", options=(("targets", "hidden"),)),
     Row("hrope-lift", options=(("targets", "transfer"),)),
     Row("hrope-lift", "oracle", options=(("targets", "transfer"),)),  # the fair (context-only) oracle
 )

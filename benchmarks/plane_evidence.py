@@ -37,9 +37,9 @@ TRANSFER = (("targets", "transfer"),)
 ROWS = (
     REFERENCE,
     Row("none"),
-    Row("hrope-lift"),  # learned: direct decoder, target tokens predict from their hidden states
-    Row("hrope-lift", options=(("plane_decoder", "normal-depth"),)),  # the previous decoder
-    Row("hrope-lift", options=TRANSFER),  # learned on the context, transferred to the targets
+    Row("hrope-lift", options=(("targets", "hidden"),)),  # learned: target tokens predict from their hidden states
+    Row("hrope-lift", options=(("plane_decoder", "normal-depth"), ("targets", "hidden"))),  # the previous decoder
+    Row("hrope-lift", options=TRANSFER),  # learned on the context, transferred to the targets (the default)
     Row("hrope-lift", "external", options=TRANSFER),  # context depth, splatted into the targets
     Row("hrope-lift", "oracle"),  # context ground truth, targets neutral
     Row("hrope-lift", "oracle", options=TRANSFER),  # context ground truth, transferred

@@ -236,7 +236,7 @@ def test_backbone_errors(tmp_path):
 
 
 def test_learned_heads_predict_per_layer_from_hidden_states(batch):
-    model = LVSM(ModelConfig(**SMALL_MODEL, encoding="hrope-lift"))
+    model = LVSM(ModelConfig(**SMALL_MODEL, encoding="hrope-lift", predictor_options={"targets": "hidden"}))
     with torch.no_grad():
         for head in model.source.heads:
             head.bias[2] = 0.25  # direct decoder: m = (0, 0, 0.25)
@@ -332,9 +332,19 @@ def test_predictor_options_are_validated():
 def test_planes_predicted_once_serve_every_layer(batch):
     from hrope.nvs.model import LVSM, ModelConfig
 
-    model = LVSM(ModelConfig(**SMALL_MODEL, encoding="hrope-lift", predictor_options={"per_layer": False}))
+    model = LVSM(ModelConfig(**SMALL_MODEL, encoding="hrope-lift", predictor_options={"per_layer": False,
+                                                                                      "targets": "hidden"}))
     assert len(model.source.heads) == 1
     with torch.no_grad():
         model.source.heads[0].bias[2] = 0.25
     out = model(batch)
     assert len(out.parameters) == 1 and (out.parameters[0]["planes"][..., 2] == 0.25).all()
+
+
+def test_learned_targets_default_to_transfer_for_planes_only():
+    planes = build_parameter_source("learned", parameter_specs(get_encoding("hrope-lift")), dim=4, num_layers=1,
+                                    patch_size=8)
+    depth = build_parameter_source("learned", parameter_specs(get_encoding("hrope-depth")), dim=4, num_layers=1,
+                                   patch_size=8)
+    assert planes.targets == "transfer" and depth.targets == "hidden"
+    assert planes.describe("learned") == "learned, targets transfer" and depth.describe("learned") == "learned"
