@@ -132,6 +132,10 @@ BUDGETS: dict[str, Budget] = {
     "gpu": Budget("gpu", {"preset": "small"}, steps=20000, batch_size=16, lr=4e-4, warmup=1000,
                   train_scenes=10000, eval_scenes=256, protocol_scenes=128, seeds=(0, 1, 2),
                   ablation_datasets=("room", "object")),
+    # One GPU session's worth (about 10 minutes for plane_evidence --set gpu on one large GPU, an
+    # estimate: not yet run): the `small` LVSM, one seed.
+    "gpu-short": Budget("gpu-short", {"preset": "small"}, steps=2000, batch_size=16, lr=4e-4, warmup=200,
+                        train_scenes=2000, eval_scenes=128, protocol_scenes=32, seeds=(0,)),
 }
 
 

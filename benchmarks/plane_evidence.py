@@ -55,9 +55,14 @@ QUERY_FRAME_ROWS = (
     Row("urope", encoding_options=(("anchors", (1000.0,)),)),
     Row("rope2d"),
 )
-SETS = {"planes": ROWS, "query-frame": QUERY_FRAME_ROWS}
+# The subset for a GPU (issue #14 item 7): the baseline, prope, the best learned HRoPE, the fair
+# oracle and urope, at the `gpu` budget.
+GPU_ROWS = (REFERENCE, Row("none"), Row("hrope-lift", options=TRANSFER), Row("hrope-lift", "oracle", options=TRANSFER),
+            Row("urope"))
+SETS = {"planes": ROWS, "query-frame": QUERY_FRAME_ROWS, "gpu": GPU_ROWS}
 TITLES = {"planes": "Do HRoPE's planes help? Plane sources vs `prope`",
-          "query-frame": "Why do the query-frame encodings lead on `room`? An ablation vs `prope`"}
+          "query-frame": "Why do the query-frame encodings lead on `room`? An ablation vs `prope`",
+          "gpu": "The flagship at a larger budget (GPU subset) vs `prope`"}
 
 
 def uses_target_geometry(row: Row) -> bool:
@@ -171,7 +176,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--datasets", default="room", help="comma list of room, object")
     parser.add_argument("--seeds", default="0,1,2", help="comma list of training seeds")
     parser.add_argument("--set", choices=sorted(SETS), default="planes",
-                        help="planes: the plane sources (default); query-frame: why urope leads on room")
+                        help="planes: the plane sources (default); query-frame: why urope leads on room; gpu: "
+                             "the subset for a larger budget")
     parser.add_argument("--rows", nargs="+", default=None, help="row labels, each one argument (default: all rows); "
                                                                 "prope, the reference, is always included")
     parser.add_argument("--out", default=None, help="default benchmarks/results/plane_evidence[_<budget>]")
@@ -189,7 +195,7 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"unknown rows {unknown}; rows: {', '.join(r.label for r in choices)}")
     rows = [r for r in choices if wanted is None or r.label in wanted]
     suffix = "" if args.budget == "full" else f"_{args.budget}"
-    name = "plane_evidence" if args.set == "planes" else "query_frame_ablation"
+    name = {"planes": "plane_evidence", "query-frame": "query_frame_ablation", "gpu": "flagship"}[args.set]
     out = Path(args.out or f"benchmarks/results/{name}{suffix}")
     cache = Path(args.cache) if args.cache else Path(f"benchmarks/results/plane_evidence{suffix}/cache")
     try:
