@@ -341,10 +341,10 @@ def test_planes_predicted_once_serve_every_layer(batch):
     assert len(out.parameters) == 1 and (out.parameters[0]["planes"][..., 2] == 0.25).all()
 
 
-def test_learned_targets_default_to_transfer_for_planes_only():
-    planes = build_parameter_source("learned", parameter_specs(get_encoding("hrope-lift")), dim=4, num_layers=1,
-                                    patch_size=8)
-    depth = build_parameter_source("learned", parameter_specs(get_encoding("hrope-depth")), dim=4, num_layers=1,
-                                   patch_size=8)
-    assert planes.targets == "transfer" and depth.targets == "hidden"
-    assert planes.describe("learned") == "learned, targets transfer" and depth.describe("learned") == "learned"
+def test_learned_targets_default_to_hidden_and_labels_say_otherwise():
+    specs = parameter_specs(get_encoding("hrope-lift"))
+    default = build_parameter_source("learned", specs, dim=4, num_layers=1, patch_size=8)
+    transfer = build_parameter_source("learned", specs, dim=4, num_layers=1, patch_size=8,
+                                      options={"targets": "transfer"})
+    assert default.targets == "hidden" and default.describe("learned") == "learned"
+    assert transfer.describe("learned") == "learned, targets transfer"

@@ -1,8 +1,7 @@
 """``python -m hrope.nvs.demo`` (``make demo``): the whole pipeline on CPU in minutes.
 
 Trains four ``tiny`` LVSM models on synthetic room scenes for the same steps and batches —
-``none`` (LVSM baseline), ``prope``, ``hrope-lift`` with learned planes (the target view's planes transferred
-from the context views' ones, the learned source's default), and ``hrope-lift`` with planes
+``none`` (LVSM baseline), ``prope``, ``hrope-lift`` with learned planes, and ``hrope-lift`` with planes
 fitted to the context views' depth and transferred to the target view (no target-view
 geometry: what a model with a depth estimator has at test time) — evaluates each on held-out
 scenes, and writes into ``runs/demo``: ``results.md`` / ``results.json`` (PSNR, SSIM, LPIPS
@@ -45,7 +44,7 @@ class DemoModel:
 DEMO_MODELS = (
     DemoModel("none", "none"),
     DemoModel("prope", "prope"),
-    DemoModel("hrope-lift (learned planes)", "hrope-lift"),  # context planes transferred to the target (default)
+    DemoModel("hrope-lift (learned planes)", "hrope-lift"),
     DemoModel("hrope-lift (context depth, transferred)", "hrope-lift", "external",
               {"use_normals": False, "targets": "transfer"}),
 )

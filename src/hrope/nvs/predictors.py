@@ -523,7 +523,7 @@ PREDICTORS = ("learned", "backbone", "external", "oracle")
 
 # every source's options (predictor_options) with their defaults; "targets" choices per source
 SOURCE_OPTIONS = {
-    "learned": {"plane_decoder": None, "per_layer": True, "targets": None},  # None: transfer for planes, else hidden
+    "learned": {"plane_decoder": None, "per_layer": True, "targets": "hidden"},
     "backbone": {"plane_decoder": None, "module": None, "module_kwargs": {}, "checkpoint": None, "feature_dim": None,
                  "hidden_dim": 64, "targets": "neutral"},
     "external": {"use_normals": True, "scope": "context", "targets": "neutral"},
@@ -533,11 +533,9 @@ SOURCE_TARGETS = {"learned": TARGETS, "backbone": ("neutral", "transfer"), "exte
                   "oracle": ("neutral", "transfer")}
 
 
-def source_options(name: str, options: dict | None, takes_planes: bool = False) -> dict:
+def source_options(name: str, options: dict | None) -> dict:
     """``options`` of parameter source ``name`` completed with the defaults; unknown keys and bad
-    choices raise :class:`PredictorError` naming the key and what is accepted. A learned source's
-    default ``targets`` is ``transfer`` when the encoding takes planes (``takes_planes``; chosen by
-    measurement, docs/results.md) and ``hidden`` otherwise."""
+    choices raise :class:`PredictorError` naming the key and what is accepted."""
     if name not in SOURCE_OPTIONS:
         raise PredictorError(f"unknown predictor {name!r}; available: {', '.join(PREDICTORS)}")
     known = SOURCE_OPTIONS[name]
@@ -545,8 +543,6 @@ def source_options(name: str, options: dict | None, takes_planes: bool = False) 
     if unknown:
         raise PredictorError(f"unknown predictor_options {unknown} for predictor {name!r}; known: {sorted(known)}")
     values = {**known, **(options or {})}
-    if values["targets"] is None:
-        values["targets"] = "transfer" if takes_planes else "hidden"
     if values["targets"] not in SOURCE_TARGETS[name]:
         raise PredictorError(f"predictor_options.targets must be one of {list(SOURCE_TARGETS[name])} for predictor "
                              f"{name!r}, got {values['targets']!r}")
@@ -570,7 +566,7 @@ def build_parameter_source(name: str, specs: list[ParameterSpec], *, dim: int, n
     ``depth_init``: the depth that ``external`` and ``oracle`` use for patches whose plane never
     crosses the patch-centre ray."""
     takes_planes = "planes" in {s.name for s in specs}
-    options = source_options(name, options, takes_planes)
+    options = source_options(name, options)
     if options["targets"] == "transfer" and name in ("learned", "backbone") and not takes_planes:
         raise PredictorError("predictor_options.targets 'transfer' carries planes over from the context views: it "
                              "needs an encoding that takes planes")
