@@ -57,26 +57,29 @@ class Row:
     """One model variant. ``external`` fits planes to the renderer's depth maps (no normals).
     ``options``: ``(key, value)`` pairs of ``model.predictor_options`` (e.g. ``(("targets",
     "transfer"),)``) and ``encoding_options`` of ``model.encoding_options`` (e.g. ``(("anchors",
-    (1000.0,)),)``); part of the label, the folder name and the cache key."""
+    (1000.0,)),)``) and ``model_options`` of other model fields (e.g. ``(("rays", "world"),)``); part of
+    the label, the folder name and the cache key."""
 
     encoding: str
     predictor: str = "learned"
     num_context: int = 2
     options: tuple[tuple[str, object], ...] = ()
     encoding_options: tuple[tuple[str, object], ...] = ()
+    model_options: tuple[tuple[str, object], ...] = ()
 
     @property
     def label(self) -> str:
         details = ([] if self.predictor == "learned" else [self.predictor]) + [
             "with target geometry" if (k, v) == ("scope", "all") else f"{k} {v}"
-            for k, v in self.options + self.encoding_options]
+            for k, v in self.options + self.encoding_options + self.model_options]
         text = f"{self.encoding} ({', '.join(details)})" if details else self.encoding
         return text if self.num_context == 2 else f"{text}, {self.num_context} views"
 
     @property
     def key(self) -> str:
         """Folder name of the row's cells."""
-        options = "".join(f".{k}-{v}" for k, v in self.options + self.encoding_options).replace(" ", "")
+        options = "".join(f".{k}-{v}" for k, v in self.options + self.encoding_options + self.model_options)
+        options = options.replace(" ", "")
         return f"{self.encoding}.{self.predictor}.ctx{self.num_context}{options}"
 
 
@@ -175,6 +178,7 @@ def cell_settings(budget: Budget, cell: Cell, lpips_weights: str | None = None) 
         model["predictor_options"] = {"use_normals": False}
     if row.options:
         model["predictor_options"] = {**model.get("predictor_options", {}), **dict(row.options)}
+    model.update(dict(row.model_options))
     if row.encoding_options:
         model["encoding_options"] = {k: list(v) if isinstance(v, tuple) else v for k, v in row.encoding_options}
     return {

@@ -54,6 +54,8 @@ QUERY_FRAME_ROWS = (
     Row("urope"),
     Row("urope", encoding_options=(("anchors", (1000.0,)),)),
     Row("rope2d"),
+    Row("prope", model_options=(("rays", "world"),)),  # rope2d's token input: does the ray frame explain it?
+    Row("rope2d", model_options=(("rays", "camera"),)),
 )
 # The subset for a GPU (issue #14 item 7): the baseline, prope, the best learned HRoPE, the fair
 # oracle and urope, at the `gpu` budget.
