@@ -336,6 +336,11 @@ def load_backbone(module: nn.Module, checkpoint: str | Path) -> nn.Module:
     return module
 
 
+def _views(cameras: Cameras, start: int, stop: int | None = None) -> Cameras:
+    """The views ``[start, stop)`` of ``cameras`` (to the last view by default)."""
+    return cameras.select_views(list(range(start, cameras.num_views if stop is None else stop)))
+
+
 class BackboneSource(ParameterSource):
     """``backbone``: frozen ``module(images (B*Vc, 3, H, W) in [0, 1]) -> (B*Vc, C, h, w)`` features,
     bilinearly resampled to the patch grid, then ``Linear(C, hidden) -> GELU -> Linear(hidden, raw)``
@@ -363,8 +368,8 @@ class BackboneSource(ParameterSource):
             raise PredictorError(f"backbone must return (B, C, h, w) feature maps, got {tuple(features.shape)}")
         features = F.interpolate(features.float(), size=grid, mode="bilinear", align_corners=False)
         tokens = features.flatten(2).transpose(1, 2).reshape(B, Vc * grid[0] * grid[1], -1)
-        return self.with_targets(self.decode(self.head(tokens), cameras.select_views(list(range(Vc))), grid),
-                                 cameras, grid, num_context)
+        return self.with_targets(self.decode(self.head(tokens), _views(cameras, 0, Vc), grid), cameras, grid,
+                                 num_context)
 
 
 def _values_from_planes(specs, planes: Planes, cameras: Cameras, grid,
@@ -433,10 +438,6 @@ def patch_planes_from_normals(depth: Tensor, normals: Tensor, cameras: Cameras, 
     return Planes.from_m(m)
 
 
-def _views(cameras: Cameras, start: int, stop: int | None = None) -> Cameras:
-    return cameras.select_views(list(range(start, cameras.num_views if stop is None else stop)))
-
-
 class ExternalSource(ParameterSource):
     """``external``: planes from the batch's per-pixel ``depth`` (and ``normals`` when present and
     ``use_normals``), one plane per patch. Needs ``batch.depth``. Patches without valid depth get
@@ -497,16 +498,14 @@ class OracleSource(ParameterSource):
             raise PredictorError("the 'oracle' predictor needs ground-truth planes (batch.planes(patch_size))")
         if self.scope == "all":
             return _values_from_planes(self.specs, planes, cameras, grid, self.depth_init)
-        m = planes.m(cameras, grid, torch.float32)
+        context_m = planes.m(cameras, grid, torch.float32)[:, :num_context * grid[0] * grid[1]]
         transferred = hit = None
         if self.targets == "transfer":
-            start = num_context * grid[0] * grid[1]
-            target_m, hit = transfer_planes(m[:, :start], cameras.to(dtype=torch.float32), grid, num_context)
+            target_m, hit = transfer_planes(context_m, cameras.to(dtype=torch.float32), grid, num_context)
             transferred = _values_from_planes(self.specs, Planes.from_m(target_m), _views(cameras, num_context),
                                               grid, self.depth_init)
-        context = _views(cameras, 0, num_context)
-        start = num_context * grid[0] * grid[1]
-        values = _values_from_planes(self.specs, Planes.from_m(m[:, :start]), context, grid, self.depth_init)
+        values = _values_from_planes(self.specs, Planes.from_m(context_m), _views(cameras, 0, num_context), grid,
+                                     self.depth_init)
         return self.with_targets(values, cameras, grid, num_context, transferred, hit)
 
 

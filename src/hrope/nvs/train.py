@@ -99,12 +99,15 @@ def make_optimizer(model: nn.Module, train: dict) -> torch.optim.AdamW:
     times the learning rate (each group's ``lr_scale``, applied by the schedule in :func:`train`)."""
     source = getattr(model, "source", None)
     heads = {id(p) for p in source.parameters()} if source is not None else set()
+    trainable = [p for p in model.parameters() if p.requires_grad]
     groups = []
-    for scale, members in ((1.0, lambda p: id(p) not in heads), (train["parameter_lr_scale"], lambda p: id(p) in heads)):
-        chosen = [p for p in model.parameters() if p.requires_grad and members(p)]
-        groups += [{"params": [p for p in chosen if p.ndim >= 2], "weight_decay": train["weight_decay"], "lr_scale": scale},
-                   {"params": [p for p in chosen if p.ndim < 2], "weight_decay": 0.0, "lr_scale": scale}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=train["lr"], betas=(0.9, 0.95))
+    for is_head, scale in ((False, 1.0), (True, train["parameter_lr_scale"])):
+        for decays in (True, False):
+            params = [p for p in trainable if (id(p) in heads) == is_head and (p.ndim >= 2) == decays]
+            if params:
+                groups.append({"params": params, "weight_decay": train["weight_decay"] if decays else 0.0,
+                               "lr_scale": scale})
+    return torch.optim.AdamW(groups, lr=train["lr"], betas=(0.9, 0.95))
 
 
 def perceptual_loss(config: dict, device: torch.device):
