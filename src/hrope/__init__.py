@@ -9,11 +9,12 @@ toolkit lives in :mod:`hrope.nvs` (``pip install 'hrope[nvs]'``).
 from .attention import multiview_attention
 from .cameras import CameraError, Cameras
 from .encodings import ENCODINGS, Encoding, EncodingError, Prepared, QueryFrameTransform, TokenTransform, get_encoding
+from .errors import InputError
 from .planes import PlaneError, Planes
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Cameras", "CameraError", "Planes", "PlaneError", "multiview_attention", "ENCODINGS", "Encoding",
+    "InputError", "Cameras", "CameraError", "Planes", "PlaneError", "multiview_attention", "ENCODINGS", "Encoding",
     "EncodingError", "Prepared", "TokenTransform", "QueryFrameTransform", "get_encoding", "__version__",
 ]

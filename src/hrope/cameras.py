@@ -10,12 +10,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .errors import InputError
 from .geometry import invert_se3, normalize_intrinsics
 
 __all__ = ["Cameras", "CameraError"]
 
 
-class CameraError(ValueError):
+class CameraError(InputError):
     """Invalid camera input; the message names the offending batch entry and view."""
 
 

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from .cameras import Cameras
+from .errors import InputError
 from .geometry import patch_rays, patchify, pixel_rays
 
 __all__ = ["Planes", "PlaneError", "plane_vectors", "check_depth_maps"]
@@ -36,7 +37,7 @@ def plane_vectors(normal: Tensor, inverse_depth: Tensor, rays: Tensor) -> Tensor
     return normal * (inverse_depth / (cos * ray_norm))[..., None]
 
 
-class PlaneError(ValueError):
+class PlaneError(InputError):
     """Invalid plane input."""
 
 

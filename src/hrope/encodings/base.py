@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from ..cameras import Cameras
 from .banded import banded_operator, banded_product, inverse_rope, rope_diagonals
+from ..errors import InputError
 
 __all__ = ["HeadLayout", "patch_index_rope_angles", "rope_tables", "per_token_param", "TokenTransform", "Encoding",
            "Prepared", "EncodingError"]
@@ -28,7 +29,7 @@ __all__ = ["HeadLayout", "patch_index_rope_angles", "rope_tables", "per_token_pa
 ROPE_BASE = 100.0
 
 
-class EncodingError(ValueError):
+class EncodingError(InputError):
     """Invalid input to an encoding (shapes, missing or malformed parameters)."""
 
 

@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from .config import resolve
+from ..errors import InputError
 from .model import LVSM, build_model
 
 __all__ = ["CHECKPOINT_NAME", "CHECKPOINT_FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint",
@@ -25,7 +26,7 @@ CHECKPOINT_NAME = "checkpoint.safetensors"
 CHECKPOINT_FORMAT = "hrope-checkpoint-v1"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A missing or malformed checkpoint file."""
 
 

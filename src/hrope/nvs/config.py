@@ -15,11 +15,13 @@ from pathlib import Path
 
 import yaml
 
+from ..errors import InputError
+
 __all__ = ["ConfigError", "DEFAULTS", "SHORTCUTS", "load_config", "apply_overrides", "parse_overrides",
            "update_config", "resolve", "save_config"]
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A malformed config file or override (the message names the key)."""
 
 
@@ -57,6 +59,8 @@ DEFAULTS: dict = {
         "perceptual_weight": 0.0,  # LPIPS loss weight; > 0 needs eval.lpips_weights (local)
         "parameter_lr_scale": 1.0,  # learning-rate multiplier of the parameter source's heads (planes, ...)
         "threads": 0,  # torch CPU threads; 0 keeps torch's default
+        "max_nonfinite_steps": 20,  # stop with an error after this many consecutive non-finite steps
+        "init_from": None,  # fine-tune: start from this checkpoint's model weights (fresh optimizer, step 0)
     },
     "eval": {
         "num_scenes": 16,  # held-out scenes (synthetic "eval" split; real data: the first N, None = all)

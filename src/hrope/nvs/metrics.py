@@ -22,12 +22,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import InputError
+
 __all__ = ["psnr", "ssim", "LPIPS", "MetricError", "image_metrics"]
 
 SSIM_WINDOW = 11
 
 
-class MetricError(ValueError):
+class MetricError(InputError):
     """Bad metric input or missing weights."""
 
 

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from ..cameras import Cameras
 from ..encodings import ENCODINGS, Encoding, get_encoding
+from ..errors import InputError
 from ..geometry import patchify
 from .predictors import (PREDICTORS, ParameterSource, build_parameter_source, encoding_inputs, flatten_values,
                          parameter_specs)
@@ -33,7 +34,7 @@ __all__ = ["ModelConfig", "PRESETS", "LVSM", "LVSMOutput", "ModelError", "unpatc
 APE_SUFFIX = "-ape"
 
 
-class ModelError(ValueError):
+class ModelError(InputError):
     """Invalid model configuration or input."""
 
 

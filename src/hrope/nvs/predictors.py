@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from ..cameras import Cameras
 from ..encodings import Encoding, tangent_frames
+from ..errors import InputError
 from ..geometry import make_se3, patch_rays, patchify, pixel_rays
 from ..planes import Planes, check_depth_maps, plane_vectors
 from .transfer import transfer_depth, transfer_planes
@@ -54,7 +55,7 @@ WORLDROPE_INIT_SIGMA = 0.25  # fraction of depth_init
 FACING_NORMAL = (0.0, 0.0, -1.0)
 
 
-class PredictorError(ValueError):
+class PredictorError(InputError):
     """Invalid predictor configuration or missing inputs (the message says what to supply)."""
 
 

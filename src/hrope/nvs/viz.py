@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 
+from ..errors import InputError
 from ..planes import Planes
 from .checkpoints import load_model, run_folder
 from .datasets import build_dataset, collate
@@ -32,7 +33,7 @@ PAD = 2
 OVERLAY_ALPHA = 0.6
 
 
-class VizError(ValueError):
+class VizError(InputError):
     """A checkpoint or input that cannot be visualised as asked."""
 
 

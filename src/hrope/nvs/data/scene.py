@@ -11,12 +11,13 @@ from dataclasses import dataclass, replace
 from torch import Tensor
 
 from ...cameras import Cameras
+from ...errors import InputError
 from ...planes import Planes
 
 __all__ = ["Scene", "SceneError", "patch_planes"]
 
 
-class SceneError(ValueError):
+class SceneError(InputError):
     """A malformed scene (the message names the field)."""
 
 
