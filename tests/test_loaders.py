@@ -21,6 +21,7 @@ from PIL import Image
 
 from helpers import random_rotation, so3_exp
 from hrope.nvs.data.co3d import CO3DSource
+from hrope.nvs.data.colmap import read_colmap_images
 from hrope.nvs.data.frames import select_frames
 from hrope.nvs.data.llff import load_llff
 from hrope.nvs.data.load import SceneFolderSource, detect_format, load_scene, make_source
@@ -179,10 +180,13 @@ def rotation_to_quaternion(R: torch.Tensor) -> torch.Tensor:
 
 
 def write_colmap(folder: Path, K, E, images, layout="sparse/0",
-                 models=("PINHOLE", "SIMPLE_PINHOLE", "SIMPLE_RADIAL", "OPENCV")) -> None:
+                 models=("PINHOLE", "SIMPLE_PINHOLE", "SIMPLE_RADIAL", "OPENCV"), header=True) -> None:
+    """COLMAP's text model; with ``header`` the counts COLMAP writes in its comments."""
     model = folder / layout if layout else folder
     model.mkdir(parents=True, exist_ok=True)
-    camera_lines, image_lines = ["# Camera list"], ["# Image list", "#   POINTS2D[] as (X, Y, POINT3D_ID)"]
+    camera_lines = ["# Camera list", *([f"# Number of cameras: {V}"] if header else [])]
+    image_lines = ["# Image list", "#   POINTS2D[] as (X, Y, POINT3D_ID)",
+                   *([f"# Number of images: {V}, mean observations per image: 1"] if header else [])]
     for v in range(V):
         fx, fy, cx, cy = (float(x) for x in (K[v, 0, 0], K[v, 1, 1], K[v, 0, 2], K[v, 1, 2]))
         params = {"PINHOLE": [fx, fy, cx, cy], "SIMPLE_PINHOLE": [fx, cx, cy], "SIMPLE_RADIAL": [fx, cx, cy, 0.01],
@@ -220,7 +224,7 @@ def test_colmap_unsupported_model_names_line(tmp_path):
     write_colmap(tmp_path, K, E, view_images(4))
     cameras = tmp_path / "sparse/0/cameras.txt"
     cameras.write_text(cameras.read_text().replace("PINHOLE 16", "FISHEYE_X 16", 1))
-    with pytest.raises(SceneError, match=r"cameras\.txt:2.*FISHEYE_X"):
+    with pytest.raises(SceneError, match=r"cameras\.txt:3.*FISHEYE_X"):
         load_scene(tmp_path)
 
 
@@ -467,3 +471,218 @@ def test_select_frames_even_and_random():
     assert len({tuple(d) for d in draws}) > 1
     with pytest.raises(SceneError, match="cannot pick"):
         select_frames(2, 3)
+
+
+# ---------------------------------------------------------------- sizes and intrinsics: zero, negative, non-finite
+def edit_json(path: Path, edit) -> None:
+    meta = json.loads(path.read_text())
+    edit(meta)
+    path.write_text(json.dumps(meta))
+
+
+def edit_tokens(path: Path, first_token: str, index: int, token: str) -> None:
+    """Replace token ``index`` of the data line starting with ``first_token``."""
+    lines = path.read_text().splitlines()
+    for n, line in enumerate(lines):
+        tokens = line.split()
+        if tokens and tokens[0] == first_token and not line.startswith("#"):
+            tokens[index] = token
+            lines[n] = " ".join(tokens)
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("key, value", [("w", 0), ("h", -12), ("w", 12.5), ("h", True), ("fl_x", 0), ("fl_y", math.inf),
+                                        ("cx", math.nan), ("cy", -1.0), ("fl_x", "wide"), ("w", 10**400)])
+def test_nerfstudio_bad_size_or_intrinsic_names_file_frame_and_field(tmp_path, key, value):
+    K, E, _ = truth(8)
+    K[:] = K[0]
+    write_nerfstudio(tmp_path, K, E, view_images(8))
+    edit_json(tmp_path / "transforms.json", lambda meta: meta["frames"][3].update({key: value}))
+    with pytest.raises(SceneError, match=rf"transforms\.json frames\[3\]: field '{key}' must be a positive"):
+        load_scene(tmp_path)
+
+
+@pytest.mark.parametrize("edit", [lambda meta: meta.update(fl_x=1e39),  # finite in float64, inf in float32
+                                  lambda meta: meta["frames"][2]["transform_matrix"][0].__setitem__(3, 1e39)])
+def test_camera_beyond_float32_is_an_error(tmp_path, edit):
+    K, E, _ = truth(8)
+    K[:] = K[0]
+    write_nerfstudio(tmp_path, K, E, view_images(8))
+    edit_json(tmp_path / "transforms.json", edit)
+    with pytest.raises(SceneError, match=r"frames\[\d\]: invalid camera: .*non-finite"):
+        load_scene(tmp_path)
+
+
+@pytest.mark.parametrize("key, value", [("camera_angle_x", 0), ("camera_angle_x", math.pi), ("camera_angle_y", -0.5),
+                                        ("camera_angle_y", math.nan)])
+def test_instant_ngp_bad_field_of_view_names_field(tmp_path, key, value):
+    K, E, _ = truth(8)
+    K[:] = K[0]
+    write_nerfstudio(tmp_path, K, E, view_images(8))
+
+    def edit(meta):
+        for field in ("fl_x", "fl_y"):
+            del meta[field]
+        meta.update({"camera_angle_x": 0.8, key: value})
+
+    edit_json(tmp_path / "transforms.json", edit)
+    with pytest.raises(SceneError, match=rf"frames\[0\]: field '{key}' must be a positive finite number below 3\.14"):
+        load_scene(tmp_path)
+
+
+@pytest.mark.parametrize("camera, index, token, field", [
+    ("7", 2, "0", "WIDTH"), ("7", 3, "-12", "HEIGHT"), ("7", 2, "16.5", "WIDTH"), ("7", 4, "0", "PARAMS fx"),
+    ("7", 5, "inf", "PARAMS fy"), ("7", 7, "nan", "PARAMS cy"), ("8", 4, "-3", "PARAMS f"), ("8", 5, "0", "PARAMS cx")])
+def test_colmap_bad_size_or_intrinsic_names_line_and_field(tmp_path, camera, index, token, field):
+    K, E, _ = truth(4)
+    write_colmap(tmp_path, K, E, view_images(4))
+    edit_tokens(tmp_path / "sparse/0/cameras.txt", camera, index, token)
+    line = 3 if camera == "7" else 4  # after the two header comments
+    with pytest.raises(SceneError, match=rf"cameras\.txt:{line}: field {field} must be a positive .*got '{token}'"):
+        load_scene(tmp_path)
+
+
+@pytest.mark.parametrize("column, value, field", [(4, 0.0, "hwf H"), (9, math.nan, "hwf W"), (14, -100.0, "hwf focal"),
+                                                  (14, math.inf, "hwf focal"), (4, 11.5, "hwf H")])
+def test_llff_bad_size_or_focal_names_row_and_field(tmp_path, column, value, field):
+    K, E, _ = truth(5, centred=True, square_pixels=True)
+    write_llff(tmp_path, K, E, view_images(5), factor=1)
+    rows = np.load(tmp_path / "poses_bounds.npy")
+    rows[2, column] = value
+    np.save(tmp_path / "poses_bounds.npy", rows)
+    with pytest.raises(SceneError, match=rf"poses_bounds\.npy row 2: field {field} must be a positive"):
+        load_scene(tmp_path)
+
+
+@pytest.mark.parametrize("column, value, field", [(0, 0.0, "fx"), (1, -0.5, "fy"), (2, math.nan, "cx"),
+                                                  (3, math.inf, "cy")])
+def test_re10k_bad_intrinsic_names_frame_and_field(tmp_path, column, value, field):
+    example, _, _, _ = re10k_example("odd", 23)
+    example["cameras"][1, column] = value
+    torch.save([example], tmp_path / "000000.torch")
+    with pytest.raises(SceneError, match=rf"scene 'odd' frame 1 \(cameras\[1\]\): field {field} must be a positive"):
+        RealEstate10KSource(tmp_path, skip_errors=False)[0]
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda a: a["image"].update(size=[0, W]), r"image\.size H"),
+    (lambda a: a["image"].update(size=[H, -W]), r"image\.size W"),
+    (lambda a: a["viewpoint"].update(focal_length=[0.0, 1.0]), r"viewpoint\.focal_length x"),
+    (lambda a: a["viewpoint"].update(focal_length=[1.0, math.nan]), r"viewpoint\.focal_length y")])
+def test_co3d_bad_size_or_focal_names_frame_and_field(tmp_path, edit, field):
+    K, E, _ = truth(33)
+    annotations = [co3d_annotation(K, E, v, "s", "ndc_isotropic") for v in range(V)]
+    edit(annotations[2])
+    (tmp_path / "teddybear").mkdir()
+    with gzip.open(tmp_path / "teddybear" / "frame_annotations.jgz", "wt") as file:
+        json.dump(annotations, file)
+    with pytest.raises(SceneError, match=rf"frame_number 2: field {field} must be a positive"):
+        CO3DSource(tmp_path, skip_errors=False)[0]
+
+
+def test_skip_path_turns_bad_intrinsics_into_a_skipped_scene_but_lets_bugs_through(tmp_path, caplog, monkeypatch):
+    K, E, _ = truth(43)
+    K[:] = K[0]
+    write_nerfstudio(tmp_path / "a_zero_width", K, E, view_images(43))
+    edit_json(tmp_path / "a_zero_width" / "transforms.json", lambda meta: meta.update(w=0))
+    write_nerfstudio(tmp_path / "b_scene", K, E, view_images(44))
+    source = make_source("folder", tmp_path)
+    with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
+        assert source[0].name == "b_scene" and source.num_skipped == 1
+    assert "1 scene(s) skipped" in caplog.text and "field 'w' must be a positive whole number, got 0" in caplog.text
+    monkeypatch.setattr(SceneFolderSource, "frames", lambda self, i: [][i])  # a bug, not bad data
+    with pytest.raises(IndexError):
+        make_source("folder", tmp_path)[1]
+
+
+# ---------------------------------------------------------------- COLMAP images.txt: lines recognised by content
+def test_colmap_points2d_line_is_optional_and_kept(tmp_path):
+    K, E, _ = truth(9)
+    images = view_images(9)
+    write_colmap(tmp_path, K, E, images, models=["PINHOLE"] * V, header=False)
+    path = tmp_path / "sparse/0/images.txt"
+    lines = path.read_text().splitlines()
+    first = next(n for n, line in enumerate(lines) if not line.startswith("#"))
+    image_lines = lines[first::2]
+    points = "12 7 -1 30.5 40 5 1 2 -1 100 200 8"  # integer first x: still read as POINTS2D
+    # image 0 lost its non-empty POINTS2D line, image 1 its empty one
+    path.write_text("\n".join([*lines[:first], image_lines[0], image_lines[1], image_lines[2], points,
+                               image_lines[3]]) + "\n")
+    scene = load_scene(tmp_path)
+    X = points_in_front(E, 9)
+    assert_reprojects(scene, project_cv(K, E, X), X)
+    assert_images(scene, images)
+    parsed = read_colmap_images(path)
+    assert [image.points2d for image in parsed] == ["", "", points, ""]
+    assert [image.image_id for image in parsed] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda lines: lines[:-2], r"images\.txt: the header declares 4 images, the file has 3"),
+    (lambda lines: lines + [lines[3]], r"images\.txt:12: field IMAGE_ID 1 repeats that of line 4"),
+    (lambda lines: lines[:5] + [lines[4]] + lines[5:], r"images\.txt:6: expected 'IMAGE_ID QW"),
+    (lambda lines: lines[:4] + ["3 0.5"] + lines[4:], r"images\.txt:5: expected 'IMAGE_ID QW.*got '3 0\.5'")])
+def test_colmap_truncated_or_garbled_images_txt_is_an_error(tmp_path, edit, message):
+    K, E, _ = truth(10)
+    write_colmap(tmp_path, K, E, view_images(10))
+    path = tmp_path / "sparse/0/images.txt"
+    path.write_text("\n".join(edit(path.read_text().splitlines())) + "\n")
+    with pytest.raises(SceneError, match=message):
+        load_scene(tmp_path)
+
+
+def test_colmap_truncated_cameras_txt_is_an_error(tmp_path):
+    K, E, _ = truth(11)
+    write_colmap(tmp_path, K, E, view_images(11))
+    path = tmp_path / "sparse/0/cameras.txt"
+    path.write_text("\n".join(path.read_text().splitlines()[:-1]) + "\n")
+    with pytest.raises(SceneError, match=r"cameras\.txt: the header declares 4 cameras, the file has 3"):
+        load_scene(tmp_path)
+
+
+# ---------------------------------------------------------------- what a source leaves out is counted
+def test_folder_source_counts_unrecognised_sub_folders(tmp_path, caplog):
+    K, E, _ = truth(45)
+    write_nerfstudio(tmp_path / "scene", K, E, view_images(45))
+    for name in ("notes", "sparse_only"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "sparse_only" / "cameras.txt").write_text("")
+    with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
+        source = make_source("folder", tmp_path)
+    assert len(source) == 1
+    assert "2 sub-folder(s) in no known scene format left out: ['notes', 'sparse_only']" in caplog.text
+
+
+def test_re10k_counts_scenes_without_key_or_with_a_repeated_key(tmp_path, caplog):
+    first, _, _, _ = re10k_example("twin", 24)
+    second, _, _, _ = re10k_example("twin", 25)
+    unnamed, _, _, _ = re10k_example("x", 26)
+    del unnamed["key"]
+    other, _, _, _ = re10k_example("other", 27)
+    torch.save([first, unnamed], tmp_path / "000000.torch")
+    torch.save([second, other], tmp_path / "000001.torch")
+    with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
+        source = RealEstate10KSource(tmp_path)
+    assert source.keys == ["other", "twin"] and source.chunk_of["twin"].name == "000000.torch"
+    assert "1 scene(s) without a string 'key' left out" in caplog.text
+    assert "1 scene(s) repeat an earlier scene's key" in caplog.text
+
+
+@pytest.mark.parametrize("entry", [{"context": [0, "1"], "target": [2]}, {"context": [0, 1]}, [0, 1],
+                                   {"context": [0, 1.5], "target": [2]}])
+def test_re10k_evaluation_index_needs_integer_lists(tmp_path, entry):
+    (tmp_path / "index.json").write_text(json.dumps({"scene": entry}))
+    with pytest.raises(SceneError, match=r"index\.json: entry 'scene' needs lists of frame indices"):
+        read_evaluation_index(tmp_path / "index.json")
+
+
+def test_co3d_counts_requested_sequences_not_found(tmp_path, caplog):
+    K, E, _ = truth(34)
+    (tmp_path / "teddybear").mkdir()
+    with gzip.open(tmp_path / "teddybear" / "frame_annotations.jgz", "wt") as file:
+        json.dump([co3d_annotation(K, E, v, "s", "ndc_isotropic") for v in range(V)], file)
+    with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
+        source = CO3DSource(tmp_path, sequences=["s", "ghost"], categories=["teddybear", "hydrant"])
+    assert len(source) == 1
+    assert "1 of the 2 requested sequences not found" in caplog.text and "['ghost']" in caplog.text
+    assert "1 of the 2 requested categories not found" in caplog.text and "['hydrant']" in caplog.text

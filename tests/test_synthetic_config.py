@@ -38,11 +38,11 @@ def test_data_synthetic_reaches_the_protocol_videos():
 
 @pytest.mark.parametrize("synthetic, message", [({"no_such_key": 1}, "unknown data.synthetic keys"),
                                                 ({"fov_deg": [80, 40]}, "fov_deg"),
-                                                ("wide", "must be a mapping")])
+                                                ("wide", "data.synthetic must be null or a mapping")])
 def test_bad_synthetic_overrides_name_the_key(synthetic, message):
-    config = update_config(small_config(), {"data": {"synthetic": synthetic}})
+    """Caught when the config is updated (its type) or when the dataset is built (its keys)."""
     with pytest.raises(ConfigError, match=message):
-        build_dataset(config, "train")
+        build_dataset(update_config(small_config(), {"data": {"synthetic": synthetic}}), "train")
 
 
 def test_object_layout_follows_its_config():

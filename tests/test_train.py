@@ -3,9 +3,11 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,8 @@ from hrope.nvs.evaluate import evaluate_model
 from hrope.nvs.checkpoints import CheckpointError, load_checkpoint, load_model, save_checkpoint
 from hrope.nvs.datasets import build_dataset
 from hrope.nvs.model import build_model
-from hrope.nvs.train import learning_rate, make_optimizer, train
+from hrope import InputError
+from hrope.nvs.train import TrainingError, learning_rate, make_optimizer, train
 
 
 def config_in(tmp_path: Path, name: str = "run", **model) -> dict:
@@ -81,9 +84,9 @@ def test_interrupted_and_resumed_run_equals_uninterrupted_run(tmp_path):
     train(whole, progress=False)
     split = config_in(tmp_path, "split", encoding="hrope")
     first = train(split, stop_at=2, progress=False)
-    assert first.step == 2
+    assert first.step == 2 and first.outcome == "stopped"
     second = train(split, progress=False)
-    assert second.step == 4
+    assert second.step == 4 and second.outcome == "completed"
     expected, actual = parameters_of(tmp_path / "whole"), parameters_of(tmp_path / "split")
     assert expected.keys() == actual.keys()
     for key in expected:
@@ -91,23 +94,97 @@ def test_interrupted_and_resumed_run_equals_uninterrupted_run(tmp_path):
     assert (tmp_path / "split" / "config.yaml").is_file() and any((tmp_path / "split" / "tb").iterdir())
 
 
-def test_non_finite_loss_skips_the_step(tmp_path, monkeypatch):
-    config = config_in(tmp_path, encoding="prope")
-    config["train"].update(steps=3)
+def poison_batches(monkeypatch, calls: set[int]) -> None:
+    """NaN images in the batches of the given (1-based) collate calls, i.e. steps ``call - 1``."""
     real_collate = train_module.collate
-    calls = []
+    count = []
 
     def poisoned(scenes, num_context, device):
         batch = real_collate(scenes, num_context, device)
-        calls.append(1)
-        if len(calls) == 2:
+        count.append(1)
+        if len(count) in calls:
             batch.images = torch.full_like(batch.images, float("nan"))
         return batch
 
     monkeypatch.setattr(train_module, "collate", poisoned)
+
+
+def test_non_finite_loss_skips_the_step(tmp_path, monkeypatch):
+    config = config_in(tmp_path, encoding="prope")
+    config["train"].update(steps=3)
+    poison_batches(monkeypatch, {2})
     result = train(config, progress=False)
     assert result.skipped_steps == 1 and result.step == 3
     assert all(torch.isfinite(p).all() for p in result.model.parameters())
+
+
+def test_only_consecutive_non_finite_steps_count(tmp_path, monkeypatch):
+    config = config_in(tmp_path, encoding="prope")
+    config["train"].update(steps=7, max_nonfinite_steps=3)
+    poison_batches(monkeypatch, {2, 3, 5, 6})
+    result = train(config, progress=False)
+    assert (result.step, result.skipped_steps, result.outcome) == (7, 4, "completed")
+
+
+def test_a_diverged_run_stops_with_an_error_and_keeps_its_last_checkpoint(tmp_path, monkeypatch):
+    config = config_in(tmp_path, encoding="prope")
+    config["train"].update(steps=10, checkpoint_every=3, max_nonfinite_steps=3)
+    poison_batches(monkeypatch, set(range(5, 11)))  # steps 4, 5, 6, ... are non-finite
+    with pytest.raises(TrainingError) as error:
+        train(config, progress=False)
+    path = tmp_path / "run" / "checkpoint.safetensors"
+    assert isinstance(error.value, InputError) and str(error.value) == (
+        "training diverged: 3 consecutive non-finite steps (4-6) reached train.max_nonfinite_steps = 3; last good "
+        f"checkpoint: step 6 in {path}")
+    model = build_model(config)
+    assert load_checkpoint(path, model)["step"] == 6  # checksum and finite weights verified
+    segment = json.loads((tmp_path / "run" / "segments.jsonl").read_text())
+    assert (segment["outcome"], segment["end_step"], segment["checkpoint_step"]) == ("diverged", 7, 6)
+    fresh = config_in(tmp_path, "fresh", encoding="prope")
+    fresh["train"].update(steps=10, max_nonfinite_steps=2)
+    poison_batches(monkeypatch, {1, 2})
+    with pytest.raises(TrainingError, match=r"last good checkpoint: none was written$"):
+        train(fresh, progress=False)
+    fresh["train"]["max_nonfinite_steps"] = 0
+    with pytest.raises(ConfigError, match="train.max_nonfinite_steps must be a positive integer, got 0"):
+        train(fresh, progress=False)
+
+
+def test_sigterm_finishes_the_step_saves_and_restores_the_handler(tmp_path, monkeypatch):
+    config = config_in(tmp_path, encoding="prope")
+    config["train"].update(steps=4, checkpoint_every=10)  # no scheduled checkpoint before the end
+    real_collate = train_module.collate
+    count = []
+
+    def terminating(scenes, num_context, device):
+        count.append(1)
+        if len(count) == 2:  # during step 1
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_collate(scenes, num_context, device)
+
+    monkeypatch.setattr(train_module, "collate", terminating)
+    received = []
+    previous = signal.signal(signal.SIGTERM, lambda *args: received.append(args))
+    try:
+        mine = signal.getsignal(signal.SIGTERM)
+        result = train(config, progress=False)
+        assert signal.getsignal(signal.SIGTERM) is mine and not received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert (result.outcome, result.step) == ("terminated", 2)
+    assert load_checkpoint(tmp_path / "run")["step"] == 2
+    monkeypatch.undo()
+    assert train(config, progress=False).step == 4
+
+
+def test_training_off_the_main_thread_installs_no_handler(tmp_path):
+    config = config_in(tmp_path, encoding="prope")
+    config["train"].update(steps=1)
+    results = []
+    worker = threading.Thread(target=lambda: results.append(train(config, progress=False)))
+    worker.start()
+    worker.join()
+    assert [r.step for r in results] == [1]
 
 
 def test_checkpoint_errors(tmp_path):

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import hrope
-from helpers import encoding_params, random_cameras, random_planes, random_qkv, random_rotation
+from helpers import (encoding_inputs, encoding_params, random_cameras, random_planes, random_qkv, random_rotation,
+                     random_se3)
 
 
 def cams_with(K=None, E=None, image_size=(32, 48)):
@@ -158,3 +159,95 @@ def test_plane_errors_and_documented_normalisation():
     a = hrope.Planes(n, torch.full((1, 4), 2.0, dtype=torch.float64)).m(cameras, (2, 2))
     b = hrope.Planes(5 * n, torch.full((1, 4), 2.0, dtype=torch.float64)).m(cameras, (2, 2))
     torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_hrope_depth_rejects_non_positive_and_non_finite_depths(bad):
+    cameras = random_cameras(B=1, V=2, seed=0)
+    params = encoding_params("hrope-depth", 1, 8)
+    params["depth"][0, 5] = bad
+    match = "depth must be positive" if bad == bad and abs(bad) != float("inf") else "depth must be finite"
+    with pytest.raises(hrope.EncodingError, match=match):
+        hrope.get_encoding("hrope-depth").prepare(cameras, (2, 2), 16, **params)
+
+
+# --------------------------------------------------------------------------- prepared transforms
+def prepared(name, B=1, head_dim=48):
+    cameras = random_cameras(B=B, V=2, seed=0)
+    inputs = encoding_inputs(name, cameras, (2, 2))
+    return hrope.get_encoding(name).prepare(cameras, (2, 2), head_dim, planes=inputs["planes"], **inputs["params"])
+
+
+@pytest.mark.parametrize("name", list(hrope.ENCODINGS))
+def test_prepared_transform_rejects_another_batch_token_count_or_device(name):
+    """A transform prepared for batch 1 is never broadcast over batch 3: a one-line error names the
+    prepared and the given shapes; so for another token count or head_dim, and another device."""
+    transform = prepared(name)
+    q, k, v = random_qkv(3, 2, 8, 48)
+    with pytest.raises(hrope.EncodingError, match=r"expected \(1, heads, 8, 48\) .*got \(3, 2, 8, 48\)") as info:
+        transform.attention(q, k, v)
+    assert "\n" not in str(info.value)
+    apply = transform.apply_q
+    with pytest.raises(hrope.EncodingError, match=r"expected \(1, heads, 8, 48\) .*got \(1, 2, 6, 48\)"):
+        apply(q[:1, :, :6])
+    with pytest.raises(hrope.EncodingError, match=r"expected \(1, heads, 8, 48\) .*got \(1, 2, 8, 32\)"):
+        apply(q[:1, ..., :32])
+    with pytest.raises(hrope.EncodingError, match="prepared on cpu, applied to a tensor on meta"):
+        apply(torch.empty(1, 2, 8, 48, device="meta"))
+    with pytest.raises(hrope.EncodingError, match="floating-point"):
+        apply(torch.ones(1, 2, 8, 48, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("name", ["prope", "hrope-lift", "worldrope"])
+def test_prepared_transform_computes_in_the_inputs_dtype(name):
+    """The compute dtype is q's: one float32-prepared transform serves bf16 and float64 inputs (and
+    autocast, which the model uses), each output in its input's dtype."""
+    transform = prepared(name)
+    q, k, v = random_qkv(1, 2, 8, 48, dtype=torch.float32)
+    expected = transform.attention(q, k, v)
+    # tol on |out - f32| / (1 + |f32|): measured worst 0.015 (bf16, worldrope), 3.5e-7 (float64, prope)
+    for dtype, tol in ((torch.bfloat16, 0.04), (torch.float64, 1e-6)):
+        out = transform.attention(q.to(dtype), k.to(dtype), v.to(dtype))
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.float(), expected, rtol=tol, atol=tol)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(transform.attention(q, k, v)).all()
+
+
+def test_query_frame_params_of_the_wrong_shape_fail_at_prepare():
+    cameras = random_cameras(B=1, V=2, seed=0)
+    cases = [
+        ("rayrope", "log_depth", torch.zeros(1, 8, 1), r"log_depth must have shape \(1, 8\), got \(1, 8, 1\)"),
+        ("rayrope", "log_depth_halfwidth", 0.5, r"log_depth_halfwidth must be a tensor of shape \(1, 8\), got float"),
+        ("worldrope", "depth_sigma", torch.ones(1, 8), r"depth_sigma must have shape \(1, 8, 2\), got \(1, 8\)"),
+        ("worldrope", "depth", torch.ones(1, 8, 2), r"depth must have shape \(1, 8\), got \(1, 8, 2\)"),
+        ("worldrope", "depth", torch.empty(1, 8, device="meta"), "depth is on meta but the cameras are on cpu"),
+    ]
+    for name, param, value, match in cases:
+        params = {**encoding_params(name, 1, 8), param: value}
+        with pytest.raises(hrope.EncodingError, match=match):
+            hrope.get_encoding(name).prepare(cameras, (2, 2), 48, **params)
+
+
+def test_transform_world_rejects_non_finite_and_non_rigid_matrices():
+    cameras = random_cameras(B=2, V=2, seed=0)
+    G = random_se3(2, generator=torch.Generator().manual_seed(1))
+    moved = cameras.transform_world(G)
+    torch.testing.assert_close(moved.world_to_cam, cameras.world_to_cam @ G[:, None], rtol=0, atol=0)
+    nan, reflection, scaled, sheared = (G.clone() for _ in range(4))
+    nan[1, 0, 3] = float("nan")
+    reflection[1, :3, 0] *= -1
+    scaled[0, :3, :3] *= 1.01
+    sheared[0, 3, 0] = 0.5
+    cases = {r"world_from_new\[b=1\] has a non-finite entry": nan,
+             r"world_from_new\[b=1\] has a reflection": reflection,
+             r"world_from_new\[b=0\] is not a rotation": scaled,
+             r"world_from_new\[b=0\] must have bottom row": sheared,
+             r"world_from_new has a reflection": torch.diag(torch.tensor([-1.0, 1.0, 1.0, 1.0])),
+             r"world_from_new must have shape \(4, 4\) or \(2, 4, 4\), got \(3, 4, 4\)": random_se3(3),
+             r"world_from_new must have shape \(4, 4\) or \(2, 4, 4\), got \(4, 3\)": G[0, :, :3]}
+    for match, bad in cases.items():
+        with pytest.raises(hrope.CameraError, match=match):
+            cameras.transform_world(bad)
+    cameras.transform_world(scaled, validate=False)  # as the constructor: validate=False skips the data checks
+    cameras.transform_world(scaled, rotation_atol=0.05)

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from .errors import InputError
-from .geometry import invert_se3, normalize_intrinsics
+from .geometry import geometry_dtype, invert_se3, normalize_intrinsics
 
 __all__ = ["Cameras", "CameraError"]
 
@@ -21,9 +21,40 @@ class CameraError(InputError):
 
 
 def _first_bad(mask: Tensor) -> str:
-    """'[b=.., v=..]' for the first True entry of a ``(B, V)`` mask."""
-    b, v = (int(i) for i in mask.nonzero()[0][:2])
-    return f"[b={b}, v={v}]"
+    """'[b=.., v=..]' for the first True entry of a ``(B, V)`` mask ('[b=..]' for ``(B,)``, '' for a
+    single matrix's 0-d mask)."""
+    if mask.ndim == 0:
+        return ""
+    return "[" + ", ".join(f"{axis}={int(i)}" for axis, i in zip("bv", mask.nonzero()[0])) + "]"
+
+
+def _rotation_tolerance(atol: float, dtype: torch.dtype) -> float:
+    """``atol``, widened to twice the machine epsilon of low-precision dtypes (bf16 rounds a
+    rotation's entries by up to 0.4 %, which makes |R^T R - I| up to about 0.9 eps)."""
+    return max(atol, 2 * torch.finfo(dtype).eps)
+
+
+def _check_rigid(E: Tensor, atol: float, name: str) -> None:
+    """A :class:`CameraError` naming ``name`` and the first bad entry unless every ``E (..., 4, 4)`` is
+    rigid: bottom row [0, 0, 0, 1] and a proper rotation, within ``atol`` (widened by
+    :func:`_rotation_tolerance`), checked in float32 (float64 inputs in float64)."""
+    atol = _rotation_tolerance(atol, E.dtype)
+    E = E.to(geometry_dtype(E.dtype))
+    bottom = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=E.dtype, device=E.device)
+    bad = (E[..., 3, :] - bottom).abs().amax(-1) > atol
+    if bad.any():
+        raise CameraError(f"{name}{_first_bad(bad)} must have bottom row [0, 0, 0, 1]")
+    R = E[..., :3, :3]
+    det = torch.linalg.det(R)
+    bad = det < 0
+    if bad.any():
+        raise CameraError(f"{name}{_first_bad(bad)} has a reflection (det R = {float(det[bad][0]):.4g}); a proper "
+                          "rotation (det +1) is required: convert axis conventions where the data is loaded")
+    err = (R.transpose(-1, -2) @ R - torch.eye(3, dtype=E.dtype, device=E.device)).abs().flatten(-2).amax(-1)
+    bad = (err > atol) | ((det - 1).abs() > atol)
+    if bad.any():
+        raise CameraError(f"{name}{_first_bad(bad)} is not a rotation: |R^T R - I| = {float(err[bad][0]):.3g}, "
+                          f"det R = {float(det[bad][0]):.4g} (tolerance {atol:g})")
 
 
 class Cameras:
@@ -34,7 +65,11 @@ class Cameras:
         world_to_cam: ``(B, V, 4, 4)`` rigid world-to-camera transforms, OpenCV axes.
         image_size: ``(H, W)`` in pixels, the image the intrinsics refer to.
         validate: check finiteness, proper rotations and focal lengths (default True).
-        rotation_atol: tolerance on ``|R^T R - I|`` and ``|det R - 1|``.
+        rotation_atol: tolerance on ``|R^T R - I|`` and ``|det R - 1|``; at least twice the machine
+            epsilon of world_to_cam's dtype, so bf16 and fp16 poses pass.
+
+    Any floating dtype is accepted and kept; low-precision inputs are checked in float32 (a cast
+    for the checks only), float64 ones in float64.
     """
 
     def __init__(
@@ -75,7 +110,7 @@ class Cameras:
             if bad.any():
                 raise CameraError(f"{name}{_first_bad(bad)} has a non-finite entry (NaN or inf)")
         self._validate_intrinsics(K)
-        self._validate_extrinsics(E.double(), atol)
+        _check_rigid(E, atol, "world_to_cam")
 
     @staticmethod
     def _validate_intrinsics(K: Tensor) -> None:
@@ -92,29 +127,6 @@ class Cameras:
         bad = (K[..., 1, 0] != 0) | (K[..., 2, :] != last_row).any(-1)
         if bad.any():
             raise CameraError(f"K{_first_bad(bad)} must have the form [[fx,0,cx],[0,fy,cy],[0,0,1]]")
-
-    @staticmethod
-    def _validate_extrinsics(E: Tensor, atol: float) -> None:
-        bottom = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=E.dtype, device=E.device)
-        bad = (E[..., 3, :] - bottom).abs().amax(-1) > atol
-        if bad.any():
-            raise CameraError(f"world_to_cam{_first_bad(bad)} must have bottom row [0, 0, 0, 1]")
-        R = E[..., :3, :3]
-        eye = torch.eye(3, dtype=E.dtype, device=E.device)
-        det = torch.linalg.det(R)
-        bad = det < 0
-        if bad.any():
-            raise CameraError(
-                f"world_to_cam{_first_bad(bad)} has a reflection (det R = {float(det[bad][0]):.4g});"
-                " a proper rotation (det +1) is required — flip an axis in the loader instead"
-            )
-        err = (R.transpose(-1, -2) @ R - eye).abs().flatten(2).amax(-1)
-        bad = (err > atol) | ((det - 1).abs() > atol)
-        if bad.any():
-            raise CameraError(
-                f"world_to_cam{_first_bad(bad)} is not a rotation: |R^T R - I| = "
-                f"{float(err[bad][0]):.3g} (tolerance {atol:g})"
-            )
 
     # ------------------------------------------------------------------ accessors
     @property
@@ -167,13 +179,28 @@ class Cameras:
             index = [index]
         return Cameras(self.K[:, index], self.world_to_cam[:, index], self.image_size, validate=False)
 
-    def transform_world(self, world_from_new: Tensor) -> "Cameras":
+    def transform_world(self, world_from_new: Tensor, *, validate: bool = True,
+                        rotation_atol: float = 1e-3) -> "Cameras":
         """Re-express the cameras in a new world frame.
 
-        ``world_from_new`` ``(4, 4)`` or ``(B, 4, 4)`` maps new-frame coordinates to the old world
-        frame, so each world-to-camera matrix becomes ``E @ world_from_new``.
+        ``world_from_new`` ``(4, 4)`` or ``(B, 4, 4)``, a rigid transform (checked like the poses
+        unless ``validate=False``: finite, bottom row [0, 0, 0, 1], a proper rotation), maps
+        new-frame coordinates to the old world frame, so each world-to-camera matrix becomes
+        ``E @ world_from_new``.
         """
-        G = world_from_new.to(self.world_to_cam)
+        G = world_from_new
+        if not isinstance(G, Tensor) or G.shape[-2:] != (4, 4) or G.ndim not in (2, 3) or \
+                (G.ndim == 3 and G.shape[0] != self.batch_size):
+            shape = tuple(G.shape) if isinstance(G, Tensor) else type(G).__name__
+            raise CameraError(f"world_from_new must have shape (4, 4) or ({self.batch_size}, 4, 4), got {shape}")
+        if validate:
+            if not G.is_floating_point():
+                raise CameraError(f"world_from_new must be a floating point tensor, got {G.dtype}")
+            bad = ~torch.isfinite(G).flatten(-2).all(-1)
+            if bad.any():
+                raise CameraError(f"world_from_new{_first_bad(bad)} has a non-finite entry (NaN or inf)")
+            _check_rigid(G, rotation_atol, "world_from_new")
+        G = G.to(self.world_to_cam)
         if G.ndim == 3:
             G = G[:, None]
         return Cameras(self.K, self.world_to_cam @ G, self.image_size, validate=False)

@@ -15,7 +15,15 @@ from .cameras import Cameras
 from .errors import InputError
 from .geometry import patch_rays, patchify, pixel_rays
 
-__all__ = ["Planes", "PlaneError", "plane_vectors", "check_depth_maps"]
+__all__ = ["Planes", "PlaneError", "plane_vectors", "check_depth_maps", "clamp_plane_vectors", "clamp_depth",
+           "clamp_inverse_depth", "MAX_INVERSE_DISTANCE", "MIN_DEPTH", "MAX_DEPTH", "MIN_GRAZING_COS"]
+
+# The clamp policy of the plane- and depth-based encodings (docs/encodings.md, "Clamp policy"), in
+# scene units: a plane is at least MIN_DEPTH from its camera centre (|m| <= MAX_INVERSE_DISTANCE),
+# and a point placed on a patch-centre ray has a z-depth in [MIN_DEPTH, MAX_DEPTH].
+MAX_INVERSE_DISTANCE = 100.0
+MIN_DEPTH = 1.0 / MAX_INVERSE_DISTANCE
+MAX_DEPTH = 100.0
 
 # A (normal, depth) plane seen at a grazing angle contains (almost) the camera centre and
 # m = n / (z n·r̂) diverges. |cos| of the angle between the normal and the patch-centre ray is
@@ -35,6 +43,28 @@ def plane_vectors(normal: Tensor, inverse_depth: Tensor, rays: Tensor) -> Tensor
     sign = torch.where(cos < 0, -1.0, 1.0).to(cos.dtype)
     cos = sign * cos.abs().clamp_min(MIN_GRAZING_COS)
     return normal * (inverse_depth / (cos * ray_norm))[..., None]
+
+
+def clamp_plane_vectors(m: Tensor, max_inverse_distance: float = MAX_INVERSE_DISTANCE) -> Tensor:
+    """Planes ``m (..., 3)`` scaled down to ``|m| <= max_inverse_distance``, direction kept (identity
+    inside the bound).
+
+    m is divided by max(1, max_i |m_i| / bound), then by max(1, |m| / bound): the same result as the
+    second step alone, but the norm of a huge m cannot overflow, and dividing (rather than
+    multiplying by a tiny factor) keeps its gradients finite."""
+    m = m / (m.abs().amax(-1, keepdim=True) / max_inverse_distance).clamp_min(1.0)
+    return m / (m.norm(dim=-1, keepdim=True) / max_inverse_distance).clamp_min(1.0)
+
+
+def clamp_depth(z: Tensor) -> Tensor:
+    """z-depths of points on patch-centre rays clamped to ``[MIN_DEPTH, MAX_DEPTH]``."""
+    return z.clamp(MIN_DEPTH, MAX_DEPTH)
+
+
+def clamp_inverse_depth(w: Tensor) -> Tensor:
+    """The same clamp on inverse depths ``w = 1/z``, for callers that invert after it (so the
+    gradient of ``1/w`` stays finite for tiny w)."""
+    return w.clamp(1.0 / MAX_DEPTH, 1.0 / MIN_DEPTH)
 
 
 class PlaneError(InputError):
@@ -61,7 +91,8 @@ class Planes:
 
     Build from a normal and a depth, ``Planes(normal, depth)``: ``normal (B, N, 3)`` in the
     token's camera frame (rescaled to unit length; a zero normal is an error) and ``depth (B, N)``,
-    the positive z-depth at which the plane crosses the patch-centre ray. Or build from the plane
+    the positive z-depth at which the plane crosses the patch-centre ray (depths below ``MIN_DEPTH``
+    count as ``MIN_DEPTH``, the clamp policy of docs/encodings.md). Or build from the plane
     vector directly with ``Planes.from_m(m)``, ``m (B, N, 3)``. Both convert to m with
     :meth:`m`, which needs the cameras and grid because the patch-centre rays depend on them.
     """
@@ -103,9 +134,9 @@ class Planes:
     def m(self, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype | None = None) -> Tensor:
         """Plane vectors ``(B, N, 3)`` in each token's camera frame.
 
-        From (normal, depth): ``m = n / (z n·r̂)``, with ``|n·r̂| / |r̂|`` clamped to at least
-        ``MIN_GRAZING_COS`` (sign kept, + when exactly 0) so a plane through the camera centre
-        stays finite.
+        From (normal, depth): ``m = n / (z n·r̂)``, with z raised to at least ``MIN_DEPTH`` and
+        ``|n·r̂| / |r̂|`` clamped to at least ``MIN_GRAZING_COS`` (sign kept, + when exactly 0) so a
+        very near plane, or one through the camera centre, stays finite (with finite gradients).
         """
         self._check_tokens(cameras, grid)
         if self._m is not None:
@@ -113,7 +144,7 @@ class Planes:
         normal = self.normal if dtype is None else self.normal.to(dtype)
         depth = self.depth if dtype is None else self.depth.to(dtype)
         rays = patch_rays(cameras.normalized_K(normal.dtype), grid).flatten(1, 2)
-        return plane_vectors(normal, 1.0 / depth, rays)
+        return plane_vectors(normal, 1.0 / depth.clamp_min(MIN_DEPTH), rays)
 
     def world_normal_and_kappa(self, cameras: Cameras, grid: tuple[int, int]) -> tuple[Tensor, Tensor]:
         """World-frame plane ``{X : kappa * n_w · X = 1}``: unit ``n_w (B, N, 3)``, ``kappa (B, N)``.

@@ -25,11 +25,12 @@ from .cameras import Cameras
 from .encodings import (GTA, CaPE, Encoding, EncodingError, HRoPE, HRoPEDepth, HRoPEFull, HRoPELift, HRoPEPF,
                         HRoPESE3, HRoPESO3, NoEncoding, PRoPE, RayRoPE, RoPE2D, URoPE, WorldRoPE, get_encoding)
 # Documented constants only (docs/encodings.md, docs/encodings_query_frame.md): the grazing clamp
-# |n·r̂|/|r̂| >= 0.05 of Planes(normal, depth), MIN_DEPTH = 0.01, POSITION_MARGIN = 2, RayRoPE's
-# ray offsets (0, 0), (1, 0), (0, 1) and coordinate periods 4 / 8 / 80.
-from .encodings.query_frame import MIN_DEPTH, POSITION_MARGIN
+# |n·r̂|/|r̂| >= 0.05 of Planes(normal, depth), the clamp policy's MAX_INVERSE_DISTANCE = 100,
+# MIN_DEPTH = 0.01 and MAX_DEPTH = 100, POSITION_MARGIN = 2, RayRoPE's ray offsets (0, 0), (1, 0),
+# (0, 1) and coordinate periods 4 / 8 / 80.
+from .encodings.query_frame import POSITION_MARGIN
 from .encodings.rayrope import COORDINATE_PERIODS, RAY_OFFSETS
-from .planes import MIN_GRAZING_COS
+from .planes import MAX_DEPTH, MAX_INVERSE_DISTANCE, MIN_DEPTH, MIN_GRAZING_COS
 
 __all__ = ["multiview_attention", "token_matrices", "dense_attention", "query_frame_matrices",
            "query_frame_attention", "Layout"]
@@ -100,29 +101,41 @@ def _block4(A: Tensor, b: Tensor, c: Tensor | None = None, delta: Tensor | None 
 # ----------------------------------------------------------------------------- planes and frames
 def _plane_vectors(planes, tok: _Tokens) -> Tensor:
     """Camera-frame plane vectors m ``(B, N, 3)``: the stored m of ``Planes.from_m``, else
-    m = n / (z n·r̂) with n·r̂ pushed out to at least MIN_GRAZING_COS |r̂| in magnitude (sign kept,
-    + when exactly 0)."""
+    m = n / (z n·r̂) with z at least MIN_DEPTH and n·r̂ pushed out to at least MIN_GRAZING_COS |r̂|
+    in magnitude (sign kept, + when exactly 0)."""
     if planes.normal is None:
         return planes._m.double()
     n, z = planes.normal.double(), planes.depth.double()
+    z = torch.where(z < MIN_DEPTH, torch.full_like(z, MIN_DEPTH), z)
     n_dot_r = (n * tok.ray).sum(-1)
     floor = MIN_GRAZING_COS * tok.ray.norm(dim=-1)
     n_dot_r = torch.where(n_dot_r.abs() < floor, torch.where(n_dot_r < 0, -floor, floor), n_dot_r)
     return n / (z * n_dot_r)[..., None]
 
 
+def _nearest_plane(m: Tensor, limit: float = MAX_INVERSE_DISTANCE) -> Tensor:
+    """The clamp policy's plane bound: a plane m ``(..., 3)`` nearer than 1/limit to its camera
+    centre (``|m| > limit``) is moved out along its normal to distance 1/limit."""
+    norm = m.norm(dim=-1, keepdim=True)
+    too_close = norm > limit
+    return torch.where(too_close, limit * m / torch.where(too_close, norm, torch.ones_like(norm)), m)
+
+
+def _ray_point_depth(z: Tensor) -> Tensor:
+    """The clamp policy's depth bound: z-depths of points placed on rays, limited to [MIN_DEPTH, MAX_DEPTH]."""
+    return torch.minimum(torch.maximum(z, torch.full_like(z, MIN_DEPTH)), torch.full_like(z, MAX_DEPTH))
+
+
 def _clamp_planes(encoding: HRoPE, m: Tensor, t: Tensor) -> Tensor:
     """``hrope``'s documented clamps of m ``(B, N, 3)`` with the tokens' translations t ``(B, N, 3)``
     in its gauge.
 
-    First m is shortened to ``|m| = max_inverse_distance`` if longer; then, where
-    ``|s| = |1 - m·t| < min_world_offset_ratio``, its component along t is replaced so that s
+    First m is shortened to ``|m| = max_inverse_distance`` if longer (:func:`_nearest_plane`); then,
+    where ``|s| = |1 - m·t| < min_world_offset_ratio``, its component along t is replaced so that s
     becomes ± that bound (the sign of s, + when s = 0).
     """
-    limit, eps = encoding.max_inverse_distance, encoding.min_world_offset_ratio
-    norm = m.norm(dim=-1, keepdim=True)
-    too_close = norm > limit
-    m = torch.where(too_close, limit * m / torch.where(too_close, norm, torch.ones_like(norm)), m)
+    eps = encoding.min_world_offset_ratio
+    m = _nearest_plane(m, encoding.max_inverse_distance)
     s = 1.0 - (m * t).sum(-1, keepdim=True)
     near_origin = s.abs() < eps
     target = torch.where(s < 0, -1.0, 1.0).to(s.dtype) * eps
@@ -198,14 +211,14 @@ def _hrope(encoding, tok: _Tokens, planes, params) -> Tensor:
 
 
 def _hrope_lift(encoding, tok: _Tokens, planes, params) -> Tensor:
-    """Λ E with Λ = [[K̂, 0], [-m^T, 1]]."""
-    m = _plane_vectors(planes, tok)
+    """Λ E with Λ = [[K̂, 0], [-m^T, 1]], m within the plane bound."""
+    m = _nearest_plane(_plane_vectors(planes, tok))
     return _block4(tok.K, torch.zeros_like(m), -m) @ tok.E
 
 
 def _hrope_depth(encoding, tok: _Tokens, planes, params) -> Tensor:
-    """G = [[I, -p], [0, 1]], p = z r̂: D = [[K̂R, K̂ (t - p)], [0, 1]]."""
-    p = params["depth"].double()[..., None] * tok.ray
+    """G = [[I, -p], [0, 1]], p = z r̂ with z within the depth bound: D = [[K̂R, K̂ (t - p)], [0, 1]]."""
+    p = _ray_point_depth(params["depth"].double())[..., None] * tok.ray
     return _block4(tok.K @ tok.R, _mv(tok.K, tok.t - p))
 
 
@@ -223,11 +236,12 @@ def _hrope_se3(encoding, tok: _Tokens, planes, params) -> Tensor:
 
 
 def _hrope_pf(encoding, tok: _Tokens, planes, params) -> Tensor:
-    """G = [[F^T, -F^T p], [0, 1]] with the camera-facing normal n = -m/|m|, p = r̂ / (m·r̂) and
+    """G = [[F^T, -F^T p], [0, 1]] with m within the plane bound, the camera-facing normal
+    n = -m/|m|, p = z r̂ where the plane crosses the ray, z = 1 / (m·r̂) within the depth bound, and
     F = [t1, t2, n]: D = [[K̂ F^T R, K̂ F^T (t - p)], [0, 1]]."""
-    m = _plane_vectors(planes, tok)
+    m = _nearest_plane(_plane_vectors(planes, tok))
     normal = -m / m.norm(dim=-1, keepdim=True)
-    p = tok.ray / (m * tok.ray).sum(-1, keepdim=True)
+    p = _ray_point_depth(1.0 / (m * tok.ray).sum(-1, keepdim=True)) * tok.ray
     KF_T = tok.K @ _tangent_frames(normal).transpose(-1, -2)
     return _block4(KF_T @ tok.R, _mv(KF_T, tok.t - p))
 
@@ -497,13 +511,14 @@ def _worldrope_blocks(encoding, cams, grid, head_dim, view, params) -> Tensor:
         rows = slice(key_view * P, (key_view + 1) * P)
         depth, split = params["depth"][:, rows].double(), params["depth_split"][:, rows].double()
         sigma = params["depth_sigma"][:, rows].double()
+        sigma = torch.minimum(sigma.abs(), torch.full_like(sigma, MAX_DEPTH))  # |σ| within the depth bound
         uv = _uv_grid(grid, (0.5, 0.5))
         pix = torch.cat([uv, torch.ones_like(uv[:, :1])], -1)
         ray = (cams["K_inv"][:, key_view, None] @ pix[..., None]).squeeze(-1)  # (B, P, 3)
         R_qk = cams["E"][:, view, :3, :3] @ cams["C2W"][:, key_view, :3, :3]
         total = 0.0
         for m, sign in enumerate((-1.0, 1.0)):
-            z = (depth + sign * split / 2).clamp_min(MIN_DEPTH)
+            z = _ray_point_depth(depth + sign * split / 2)
             world = _world_points(cams["K_inv"][:, key_view], cams["C2W"][:, key_view], uv, z)
             mean = _in_camera(cams["E"][:, view], world)
             cov = sigma[..., m, None, None] ** 2 * ray[..., :, None] * ray[..., None, :]

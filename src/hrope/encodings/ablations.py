@@ -20,6 +20,7 @@ from torch import Tensor
 
 from ..cameras import Cameras
 from ..geometry import geometry_dtype, invert_intrinsics, invert_se3, lift, make_se3, patch_rays
+from ..planes import clamp_depth, clamp_inverse_depth, clamp_plane_vectors
 from .base import Encoding, EncodingError, HeadLayout, TokenTransform, per_token_param
 
 __all__ = ["PatchTransformEncoding", "HRoPEDepth", "HRoPESO3", "HRoPESE3", "HRoPEPF", "HRoPEFull",
@@ -74,16 +75,21 @@ def _translation(p: Tensor) -> Tensor:
 
 
 class HRoPEDepth(PatchTransformEncoding):
-    """``hrope-depth``: the token frame is moved to its point p = z r̂ at the predicted depth."""
+    """``hrope-depth``: the token frame is moved to its point p = z r̂ at the predicted depth.
+
+    ``depth`` must be positive; it is clamped to ``[MIN_DEPTH, MAX_DEPTH]`` (the clamp policy).
+    """
 
     name = "hrope-depth"
     param_names = ("depth",)
     has_ape_variant = True
 
     def patch_transforms(self, cameras, grid, dtype, planes, *, depth):
-        z = per_token_param(depth.to(dtype), cameras, grid, (), "depth")
-        rays = patch_rays(cameras.normalized_K(dtype), grid)
-        p = z[..., None] * rays
+        z = per_token_param(depth, cameras, grid, (), "depth", dtype)
+        if not (z > 0).all():
+            raise EncodingError(f"hrope-depth: depth must be positive (z-depth along the patch-centre ray), "
+                                f"min is {float(z.detach().min()):g}")
+        p = clamp_depth(z)[..., None] * patch_rays(cameras.normalized_K(dtype), grid)
         return _translation(-p), _translation(p)
 
 
@@ -95,7 +101,7 @@ class HRoPESO3(PatchTransformEncoding):
     has_ape_variant = True
 
     def patch_transforms(self, cameras, grid, dtype, planes, *, rotation):
-        R = per_token_param(rotation.to(dtype), cameras, grid, (3, 3), "rotation")
+        R = per_token_param(rotation, cameras, grid, (3, 3), "rotation", dtype)
         _check_rotations(R, "rotation")
         return lift(R), lift(R.transpose(-1, -2))
 
@@ -109,7 +115,7 @@ class HRoPESE3(PatchTransformEncoding):
     has_ape_variant = True
 
     def patch_transforms(self, cameras, grid, dtype, planes, *, transform):
-        G = per_token_param(transform.to(dtype), cameras, grid, (4, 4), "transform")
+        G = per_token_param(transform, cameras, grid, (4, 4), "transform", dtype)
         _check_rotations(G[..., :3, :3], "transform[..., :3, :3]")
         bottom = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=dtype, device=G.device)
         if (G[..., 3, :] - bottom).abs().amax() > 1e-6:
@@ -122,7 +128,8 @@ class HRoPEPF(PatchTransformEncoding):
 
     G = [[F^T, -F^T p], [0, 1]] maps camera coordinates to the plane's frame (origin at the
     point p where the plane crosses the patch-centre ray, z axis along the camera-facing normal).
-    Needs ``planes`` that cross the patch-centre ray in front of the camera.
+    Needs ``planes`` that cross the patch-centre ray in front of the camera; m is clamped to
+    ``|m| <= MAX_INVERSE_DISTANCE`` and p's z-depth to ``[MIN_DEPTH, MAX_DEPTH]`` (the clamp policy).
     """
 
     name = "hrope-pf"
@@ -132,12 +139,15 @@ class HRoPEPF(PatchTransformEncoding):
     # no APE variant: it would embed the same planes, decoded the same way, as hrope-ape
 
     def patch_transforms(self, cameras, grid, dtype, planes):
-        normal, depth = planes.normal_and_depth(cameras, grid, dtype)
-        if not (torch.isfinite(depth).all() and (depth > 0).all()):
-            raise EncodingError("hrope-pf needs planes crossing every patch-centre ray in front of the camera")
         B, V, P = cameras.batch_size, cameras.num_views, grid[0] * grid[1]
-        normal, depth = normal.reshape(B, V, P, 3), depth.reshape(B, V, P)
-        p = depth[..., None] * patch_rays(cameras.normalized_K(dtype), grid)
+        m = clamp_plane_vectors(planes.m(cameras, grid, dtype).reshape(B, V, P, 3))
+        rays = patch_rays(cameras.normalized_K(dtype), grid)
+        inverse_depth = (m * rays).sum(-1)  # 1 / z of the point where the plane crosses the ray
+        if not (inverse_depth > 0).all():
+            raise EncodingError("hrope-pf needs planes crossing every patch-centre ray in front of the camera")
+        p = rays / clamp_inverse_depth(inverse_depth)[..., None]
+        direction = m / m.abs().amax(-1, keepdim=True)  # m != 0 here; scaled so that the norm cannot underflow
+        normal = -direction / direction.norm(dim=-1, keepdim=True)
         frame_t = tangent_frames(normal).transpose(-1, -2)
         G = make_se3(frame_t, -(frame_t @ p[..., None]).squeeze(-1))
         return G, invert_se3(G)
@@ -152,7 +162,7 @@ class HRoPEFull(PatchTransformEncoding):
     has_ape_variant = True
 
     def patch_transforms(self, cameras, grid, dtype, planes, *, transform):
-        G = per_token_param(transform.to(dtype), cameras, grid, (4, 4), "transform")
+        G = per_token_param(transform, cameras, grid, (4, 4), "transform", dtype)
         G_inv, info = torch.linalg.inv_ex(G)
         if (info != 0).any() or not torch.isfinite(G_inv).all():
             raise EncodingError("hrope-full transform is singular for at least one token")

@@ -23,8 +23,8 @@ from ..cameras import Cameras
 from .banded import banded_operator, banded_product, inverse_rope, rope_diagonals
 from ..errors import InputError
 
-__all__ = ["HeadLayout", "patch_index_rope_angles", "rope_tables", "per_token_param", "TokenTransform", "Encoding",
-           "Prepared", "EncodingError"]
+__all__ = ["HeadLayout", "patch_index_rope_angles", "rope_tables", "per_token_param", "check_prepared_input",
+           "TokenTransform", "Encoding", "Prepared", "EncodingError"]
 
 ROPE_BASE = 100.0
 
@@ -96,15 +96,36 @@ def rope_tables(grid: tuple[int, int], num_freqs: int, base: float, device: torc
     return rope_diagonals(patch_index_rope_angles(grid, num_freqs, base=base, device=device))
 
 
-def per_token_param(x: Tensor, cameras: Cameras, grid, trailing: tuple[int, ...], what: str) -> Tensor:
-    """A per-token input ``x (B, N, *trailing)``, checked finite, reshaped to ``(B, V, P, *trailing)``."""
+def per_token_param(x: Tensor, cameras: Cameras, grid, trailing: tuple[int, ...], what: str,
+                    dtype: torch.dtype) -> Tensor:
+    """A per-token input ``x (B, N, *trailing)`` on the cameras' device, cast to ``dtype``, checked
+    finite, reshaped to ``(B, V, P, *trailing)``."""
     B, V, P = cameras.batch_size, cameras.num_views, grid[0] * grid[1]
-    if tuple(x.shape) != (B, V * P, *trailing):
-        raise EncodingError(f"{what} must have shape {(B, V * P, *trailing)}, got {tuple(x.shape)}")
+    expected = (B, V * P, *trailing)
+    if not isinstance(x, Tensor):
+        raise EncodingError(f"{what} must be a tensor of shape {expected}, got {type(x).__name__}")
+    if tuple(x.shape) != expected:
+        raise EncodingError(f"{what} must have shape {expected}, got {tuple(x.shape)}")
+    if x.device != cameras.device:
+        raise EncodingError(f"{what} is on {x.device} but the cameras are on {cameras.device}")
+    x = x.to(dtype)
     if not torch.isfinite(x).all():
-        raise EncodingError(f"{what} must be finite (found NaN or inf)")
+        raise EncodingError(f"{what} must be finite in {dtype} (found NaN or inf)")
     return x.reshape(B, V, P, *trailing)
 
+
+def check_prepared_input(x: Tensor, batch_size: int, tokens: int, head_dim: int, device: torch.device) -> None:
+    """A prepared transform's input check: x ``(batch_size, heads, tokens, head_dim)``, floating
+    point, on ``device`` (metadata only, no data pass); one-line :class:`EncodingError` otherwise."""
+    expected = (batch_size, tokens, head_dim)
+    if not isinstance(x, Tensor) or x.ndim != 4 or (x.shape[0], *x.shape[2:]) != expected:
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise EncodingError(f"expected ({batch_size}, heads, {tokens}, {head_dim}) (the prepared B, N, head_dim), "
+                            f"got {shape}")
+    if x.device != device:
+        raise EncodingError(f"transform prepared on {device}, applied to a tensor on {x.device}")
+    if not x.is_floating_point():
+        raise EncodingError(f"expected a floating-point tensor, got {x.dtype}")
 
 
 class Prepared:
@@ -123,10 +144,15 @@ class TokenTransform(Prepared):
         num_views, grid: N = num_views * grid_h * grid_w tokens.
         geo, geo_inv: ``(B, V, 1 or P, b, b)`` geometric blocks D and D^-1, per view (1) or per
             token (P), in the geometry dtype; None when the layout has no geometric blocks.
+        batch_size, device: the batch B and the device the transform was prepared for.
         transform_values: False for encodings that act on q and k only (CaPE).
 
+    What it is applied to must have the prepared B, N and head_dim (any number of heads) and lie on
+    the prepared device, else :class:`EncodingError` (shape and device checks only, no data pass).
+    Any floating dtype is accepted: the compute dtype is x's (autocast is off inside).
+
     Applied as a banded product (:mod:`hrope.encodings.banded`): a few elementwise passes per
-    tensor, in x's dtype. The tables of D and D^-1 are built on first use (per dtype and device)
+    tensor, in x's dtype. The tables of D and D^-1 are built on first use (per dtype)
     and reused by every later forward call, D^T sharing D's: keep one object per batch for all
     layers. It holds them while it lives (for per-token b x b blocks about b * N * head_dim
     numbers each, whatever the number of heads); the backward pass rebuilds the ones it needs
@@ -142,19 +168,20 @@ class TokenTransform(Prepared):
     """
 
     def __init__(self, layout: HeadLayout, num_views: int, grid: tuple[int, int],
-                 geo: Tensor | None = None, geo_inv: Tensor | None = None, *,
-                 transform_values: bool = True, rope_base: float = ROPE_BASE) -> None:
+                 geo: Tensor | None = None, geo_inv: Tensor | None = None, *, batch_size: int,
+                 device: torch.device, transform_values: bool = True, rope_base: float = ROPE_BASE) -> None:
         self.layout = layout
         self.num_views = num_views
         self.grid = grid
+        self.batch_size = batch_size
+        self.device = torch.device(device)
         self.transform_values = transform_values
         self._geo: dict[str, Tensor] = {}
         if geo is not None:
             self._geo.update(D=geo, D_inv=geo_inv)
         self._rope = None
         if layout.rope:
-            device = geo.device if geo is not None else torch.device("cpu")
-            self._rope = rope_tables(tuple(grid), layout.num_freqs, rope_base, device)
+            self._rope = rope_tables(tuple(grid), layout.num_freqs, rope_base, self.device)
         self._cache: dict[tuple, object] = {}
 
     def geometric_blocks(self) -> tuple[Tensor, Tensor] | None:
@@ -201,16 +228,15 @@ class TokenTransform(Prepared):
         return self._cache[key]
 
     def _inputs(self, which: str, x: Tensor) -> tuple[Tensor | None, tuple[Tensor, Tensor, Tensor] | None]:
-        """The blocks and RoPE tables of ``which`` ("D" or "D_inv") in x's dtype and device (cached;
-        a cast made under no_grad is not reused where gradients must reach the blocks)."""
+        """The blocks and RoPE tables of ``which`` ("D" or "D_inv") in x's dtype (cached; a cast made
+        under no_grad is not reused where gradients must reach the blocks)."""
         blocks = None
         if which in self._geo:
-            blocks = self._cached(("blocks", which, x.dtype, x.device, torch.is_grad_enabled()),
-                                  lambda: self._geo[which].to(device=x.device, dtype=x.dtype))
+            blocks = self._cached(("blocks", which, x.dtype, torch.is_grad_enabled()),
+                                  lambda: self._geo[which].to(dtype=x.dtype))
         rope = None
         if self._rope is not None:
-            rope = self._cached(("rope", x.dtype, x.device),
-                                lambda: tuple(t.to(device=x.device, dtype=x.dtype) for t in self._rope))
+            rope = self._cached(("rope", x.dtype), lambda: tuple(t.to(dtype=x.dtype) for t in self._rope))
             if which == "D_inv":
                 rope = inverse_rope(rope)
         return blocks, rope
@@ -218,14 +244,11 @@ class TokenTransform(Prepared):
     def _apply(self, x: Tensor, which: str, transpose: bool = False) -> Tensor:
         """D x ("D"), D^T x ("D", transpose) or D^-1 x ("D_inv") for x ``(B, heads, N, head_dim)``.
 
-        The banded operator of D and of D^-1 is built once per dtype and device and reused by
-        every forward call (D^T shares D's tables); gradients reach the blocks through
-        banded_product, whose backward rebuilds its transposed tables from the blocks."""
+        The banded operator of D and of D^-1 is built once per dtype and reused by every forward
+        call (D^T shares D's tables); gradients reach the blocks through banded_product, whose
+        backward rebuilds its transposed tables from the blocks."""
         layout = self.layout
-        if x.shape[-1] != layout.head_dim or x.shape[-2] != self.num_tokens:
-            raise EncodingError(
-                f"expected (B, heads, {self.num_tokens}, {layout.head_dim}), got {tuple(x.shape)}"
-            )
+        check_prepared_input(x, self.batch_size, self.num_tokens, layout.head_dim, self.device)
         if not layout.num_blocks and not layout.rope:
             return x
         with torch.autocast(x.device.type, enabled=False):
@@ -235,7 +258,7 @@ class TokenTransform(Prepared):
                 with torch.no_grad():
                     return banded_operator(blocks, layout.num_blocks, rope, layout.head_dim)
 
-            operator = self._cached(("operator", which, x.dtype, x.device), build)
+            operator = self._cached(("operator", which, x.dtype), build)
             if transpose:
                 operator = operator.transpose()
                 blocks = None if blocks is None else blocks.mT
@@ -276,7 +299,8 @@ class Encoding(nn.Module):
                         geo_inv: Tensor | None = None) -> TokenTransform:
         """A :class:`TokenTransform` over ``cameras``' views with this encoding's RoPE base and
         ``transforms_values``."""
-        return TokenTransform(layout, cameras.num_views, grid, geo, geo_inv, rope_base=self.rope_base,
+        return TokenTransform(layout, cameras.num_views, grid, geo, geo_inv, batch_size=cameras.batch_size,
+                              device=cameras.device, rope_base=self.rope_base,
                               transform_values=self.transforms_values)
 
     def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes=None, **params) -> Prepared:

@@ -23,18 +23,17 @@ from torch import Tensor
 
 from ..cameras import Cameras
 from ..geometry import geometry_dtype, invert_intrinsics, lift
+from ..planes import MAX_INVERSE_DISTANCE, clamp_plane_vectors
 from .ablations import _check_rotations
 from .base import ROPE_BASE, Encoding, EncodingError, HeadLayout, TokenTransform, per_token_param
 
 __all__ = ["HRoPE", "HRoPELift"]
 
-# Clamps of the Eq. 5 form (documented in docs/encodings.md):
-# |s| = |1 - m·t| >= MIN_WORLD_OFFSET_RATIO, t the token's translation in the gauge (planes through
-# the gauge's origin are degenerate in the world-frame parameterisation), and
-# |m| <= MAX_INVERSE_DISTANCE (planes closer than 1/100 scene units). Together they bound the
-# condition number of every H̃.
+# The Eq. 5 form's clamp on top of the shared |m| <= MAX_INVERSE_DISTANCE (docs/encodings.md, "Clamp
+# policy"): |s| = |1 - m·t| >= MIN_WORLD_OFFSET_RATIO, t the token's translation in the gauge (planes
+# through the gauge's origin are degenerate in the world-frame parameterisation). Together they bound
+# the condition number of every H̃.
 MIN_WORLD_OFFSET_RATIO = 0.05
-MAX_INVERSE_DISTANCE = 100.0
 
 # hrope's options: the world frame Eq. 5 is evaluated in, and where (R, t) come from.
 GAUGES = ("centroid", "world")
@@ -43,7 +42,7 @@ PATCH_POSE_PARAMS = ("patch_rotation", "patch_translation")  # the params of pos
 
 
 def _token_planes(planes, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype) -> Tensor:
-    """Plane vectors reshaped to ``(B, V, P, 3)``."""
+    """Plane vectors reshaped to ``(B, V, P, 3)`` (unclamped)."""
     m = planes.m(cameras, grid, dtype)
     return m.reshape(cameras.batch_size, cameras.num_views, grid[0] * grid[1], 3)
 
@@ -75,7 +74,8 @@ def _views(cameras: Cameras, dtype: torch.dtype) -> _Views:
 class HRoPELift(Encoding):
     """``hrope-lift``: D_t = Λ_t E_c, Λ_t = [[K̂, 0], [-m^T, 1]], tiled 4x4 blocks + 2D RoPE.
 
-    Λ_t^-1 = [[K̂^-1, 0], [m^T K̂^-1, 1]] (closed form). Needs ``planes``.
+    Λ_t^-1 = [[K̂^-1, 0], [m^T K̂^-1, 1]] (closed form). Needs ``planes``; m is clamped to
+    ``|m| <= MAX_INVERSE_DISTANCE`` (the clamp policy).
     """
 
     name = "hrope-lift"
@@ -100,7 +100,7 @@ class HRoPELift(Encoding):
         """
         dtype = geometry_dtype(cameras.K.dtype)
         v = _views(cameras, dtype)
-        m = _token_planes(planes, cameras, grid, dtype)  # (B, V, P, 3)
+        m = clamp_plane_vectors(_token_planes(planes, cameras, grid, dtype))  # (B, V, P, 3)
         tokens = m.shape[:-1]
         mK = m @ v.K_inv  # rows (K̂^-T m)^T
         top = torch.cat([v.KR, v.Kt], dim=-1).expand(*tokens, 3, 4)
@@ -163,9 +163,9 @@ class HRoPE(Encoding):
             t = t + R @ centroid
         R, t = R[:, :, None], t[:, :, None]
         if self.pose == "per-patch":
-            dR = per_token_param(params["patch_rotation"].to(dtype), cameras, grid, (3, 3), "patch_rotation")
+            dR = per_token_param(params["patch_rotation"], cameras, grid, (3, 3), "patch_rotation", dtype)
             _check_rotations(dR, "patch_rotation")
-            dt = per_token_param(params["patch_translation"].to(dtype), cameras, grid, (3,), "patch_translation")
+            dt = per_token_param(params["patch_translation"], cameras, grid, (3,), "patch_translation", dtype)
             R, t = dR @ R, dR @ t + dt[..., None]
         return R, t[..., 0]
 
@@ -195,8 +195,7 @@ class HRoPE(Encoding):
         """Apply the documented clamps to planes m ``(..., 3)`` given the tokens' translations t in
         the gauge (from :meth:`poses`): ``|m| <= max_inverse_distance``, then move m along t so
         that ``|1 - m·t| >= min_world_offset_ratio`` (sign of 1 - m·t kept, + when 0)."""
-        norm = m.norm(dim=-1, keepdim=True)
-        m = m * (self.max_inverse_distance / norm.clamp_min(self.max_inverse_distance))
+        m = clamp_plane_vectors(m, self.max_inverse_distance)
         s = 1.0 - (m * t).sum(-1, keepdim=True)
         eps = self.min_world_offset_ratio
         target = torch.where(s < 0, -1.0, 1.0).to(s.dtype) * eps  # eps exactly in s's dtype

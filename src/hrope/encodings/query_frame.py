@@ -19,6 +19,7 @@ Memory is O(V·N·head_dim): one coefficient table per query view, never an N x 
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +28,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ..cameras import Cameras
 from ..geometry import geometry_dtype, invert_se3
-from .base import Encoding, EncodingError, Prepared, per_token_param
+from ..planes import MIN_DEPTH
+from .base import Encoding, EncodingError, Prepared, check_prepared_input, per_token_param
 
 __all__ = [
     "QueryFrameEncoding", "QueryFrameTransform", "relative_poses", "to_query_frames",
@@ -38,8 +40,8 @@ __all__ = [
 # depth Z is projected with |Z| clamped to at least MIN_DEPTH (points behind the camera are
 # mirrored through the image plane, as the public RayRoPE/URoPE code does), and the projected
 # position is clamped per axis to [-POSITION_MARGIN * g, (1 + POSITION_MARGIN) * g] patch units
-# (g = grid width or height), so extreme zoom or near-plane points stay finite.
-MIN_DEPTH = 1e-2
+# (g = grid width or height), so extreme zoom or near-plane points stay finite. MIN_DEPTH is the
+# clamp policy's (hrope.planes, docs/encodings.md "Clamp policy").
 POSITION_MARGIN = 2.0
 EXECUTIONS = ("loop", "fold")
 
@@ -117,6 +119,8 @@ class QueryFrameTransform(Prepared):
     ``sdpa(apply_q(q_c, c), *apply_kv(k, v, c))`` then ``apply_o(o_c, c)``, where ``q_c`` holds
     view c's queries ``(B, heads, P, head_dim)`` and ``k, v`` all N keys (keys of views that
     should not be attended can be sliced out after ``apply_kv``; the transform is per token).
+    Inputs are checked like :class:`~hrope.encodings.base.TokenTransform`'s: the prepared B, N (or P)
+    and head_dim, the prepared device, any floating dtype (the compute dtype is the input's).
     """
 
     def __init__(self, re: Tensor, im: Tensor, grid: tuple[int, int], execution: str = "loop",
@@ -124,6 +128,8 @@ class QueryFrameTransform(Prepared):
         if execution not in EXECUTIONS:
             raise EncodingError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
         B, V, N, pairs = re.shape
+        self.batch_size = B
+        self.device = re.device
         self.grid = tuple(grid)
         self.num_views = V
         self.head_dim = 2 * pairs
@@ -157,11 +163,11 @@ class QueryFrameTransform(Prepared):
 
         ``which`` is "q" ``(B, 1, N, d)`` or "k" ``(B, Vq, 1, N, d)``.
         """
-        cache_key = (which, x.dtype, x.device)
+        cache_key = (which, x.dtype)
         if cache_key not in self._cache:
             re, im = self._query if which == "q" else self._key
-            C = torch.cat([re, re], -1).to(device=x.device, dtype=x.dtype)
-            S = torch.cat([im, -im], -1).to(device=x.device, dtype=x.dtype)
+            C = torch.cat([re, re], -1).to(x.dtype)
+            S = torch.cat([im, -im], -1).to(x.dtype)
             axis = 1 if which == "q" else 2
             self._cache[cache_key] = (C.unsqueeze(axis), S.unsqueeze(axis))
         return self._cache[cache_key]
@@ -180,8 +186,7 @@ class QueryFrameTransform(Prepared):
         return slice(query_view * P, (query_view + 1) * P)
 
     def _check(self, x: Tensor, tokens: int) -> None:
-        if x.ndim != 4 or x.shape[-1] != self.head_dim or x.shape[-2] != tokens:
-            raise EncodingError(f"expected (B, heads, {tokens}, {self.head_dim}), got {tuple(x.shape)}")
+        check_prepared_input(x, self.batch_size, tokens, self.head_dim, self.device)
 
     def _rotate_q(self, x: Tensor, query_view: int | None, conjugate: bool) -> Tensor:
         rows = self._rows(query_view)
@@ -291,6 +296,7 @@ class QueryFrameEncoding(Encoding):
     """
 
     query_frame = True
+    param_shapes: ClassVar[dict[str, tuple[int, ...]]] = {}  # trailing shapes of params that are not (B, N)
 
     def __init__(self, execution: str = "loop", recompute: bool = False) -> None:
         super().__init__()
@@ -314,7 +320,7 @@ class QueryFrameEncoding(Encoding):
             raise EncodingError(f"encoding {self.name!r} needs an even head_dim, got {head_dim}")
         grid = tuple(grid)
         dtype = geometry_dtype(cameras.K.dtype)
-        params = {name: per_token_param(value, cameras, grid, tuple(value.shape[2:]), name).to(dtype)
+        params = {name: per_token_param(value, cameras, grid, self.param_shapes.get(name, ()), name, dtype)
                   for name, value in params.items()}
         re, im = self.key_coefficients(cameras, grid, head_dim, dtype, **params)
         re, im = pad_pairs(re, im, head_dim // 2)

@@ -1,16 +1,18 @@
 """``worldrope``: expected 2D RoPE under a per-token near/far Gaussian mixture (Kim et al. 2026).
 
 Token j of view k carries two 3D Gaussians along its patch-centre ray r̂_j (unit z, key camera
-frame): means at z-depths z_near = depth - split/2 and z_far = depth + split/2 (each at least
-MIN_DEPTH), weights (w, 1 - w) with w = ``near_weight``, covariances
+frame): means at z-depths z_near = depth - split/2 and z_far = depth + split/2 (each clamped to
+[MIN_DEPTH, MAX_DEPTH], the clamp policy of docs/encodings.md), weights (w, 1 - w) with
+w = ``near_weight``, covariances
 
     Σ_m = z_m^2 / 12 · diag(1 / (g_w f̂x)^2, 1 / (g_h f̂y)^2, 0)  +  σ_m^2 r̂ r̂^T
 
 (the uniform variance of the fronto-parallel patch footprint at depth z_m, then the depth
-variance along the ray). For query view c the mean is moved by E_c E_k^-1, the covariance rotated,
-and both projected to query-image patch units with the pinhole Jacobian J at the mean (first
-order). With 2D RoPE frequency vectors ω (axis aligned: (w_f, 0) or (0, w_f), base 100, the
-``urope`` layout) the coefficient is the Gaussian-mixture characteristic function
+variance along the ray, |σ_m| clamped to at most MAX_DEPTH). For query view c the mean is moved
+by E_c E_k^-1, the covariance rotated, and both projected to query-image patch units with the
+pinhole Jacobian J at the mean (first order). With 2D RoPE frequency vectors ω (axis aligned:
+(w_f, 0) or (0, w_f), base 100, the ``urope`` layout) the coefficient is the Gaussian-mixture
+characteristic function
 
     z_j^(c) = Σ_m π_m exp(i ω·μ_m) exp(-½ ω^T (J Σ_m J^T) ω),
 
@@ -27,6 +29,7 @@ from torch import Tensor
 
 from ..cameras import Cameras
 from ..geometry import patch_rays
+from ..planes import MAX_DEPTH, clamp_depth
 from .base import ROPE_BASE, EncodingError
 from .query_frame import (MIN_DEPTH, QueryFrameEncoding, image_position_rope_freqs, project_to_patches,
                           relative_poses, to_query_frames)
@@ -51,6 +54,7 @@ class WorldRoPE(QueryFrameEncoding):
 
     name = "worldrope"
     param_names = ("depth", "depth_split", "depth_sigma")
+    param_shapes = {"depth_sigma": (2,)}
     has_ape_variant = True
 
     def __init__(self, near_weight: float = 0.5, footprint: bool = True, rope_base: float = ROPE_BASE,
@@ -64,14 +68,13 @@ class WorldRoPE(QueryFrameEncoding):
 
     def key_coefficients(self, cameras: Cameras, grid, head_dim: int, dtype: torch.dtype, *,
                          depth: Tensor, depth_split: Tensor, depth_sigma: Tensor) -> tuple[Tensor, Tensor]:
-        if depth_sigma.shape[-1] != 2:
-            raise EncodingError(f"depth_sigma must have shape (B, N, 2), got last dim {depth_sigma.shape[-1]}")
         K = cameras.normalized_K(dtype)
         ray = patch_rays(K, grid)  # (B, Vk, P, 3)
         half = depth_split / 2
-        z = torch.stack([depth - half, depth + half], -1).clamp_min(MIN_DEPTH)  # (B, Vk, P, 2)
+        z = clamp_depth(torch.stack([depth - half, depth + half], -1))  # (B, Vk, P, 2)
         mean = z[..., None] * ray[..., None, :]  # (B, Vk, P, 2, 3)
-        cov = (depth_sigma**2)[..., None, None] * (ray[..., :, None] * ray[..., None, :])[..., None, :, :]
+        sigma = depth_sigma.clamp(-MAX_DEPTH, MAX_DEPTH)
+        cov = (sigma**2)[..., None, None] * (ray[..., :, None] * ray[..., None, :])[..., None, :, :]
         if self.footprint:
             size = torch.tensor([grid[1], grid[0]], dtype=dtype, device=K.device)
             focal = torch.stack([K[..., 0, 0], K[..., 1, 1]], -1)[:, :, None, None]  # (B, Vk, 1, 1, 2)
@@ -98,10 +101,11 @@ def image_variances(mu: Tensor, cov: Tensor, scale: Tensor) -> Tensor:
     """Per-axis image variances ``(..., 2)`` of ``J cov J^T`` for the pinhole Jacobian at ``mu``.
 
     Row a of J is ``scale_a * (e_a - (mu_a / Z_eff) e_z)`` with the mirrored, clamped depth of
-    :func:`project_to_patches` (``scale`` is its second output).
+    :func:`project_to_patches` (``scale`` is its second output). Floored at 0: for a covariance
+    along the viewing ray the terms cancel, and round-off must not make a variance negative.
     """
     z_eff = mu[..., 2].abs().clamp_min(MIN_DEPTH)
     ratio = mu[..., :2] / z_eff[..., None]  # (..., 2)
     diag = torch.diagonal(cov, dim1=-2, dim2=-1)
     var = diag[..., :2] - 2 * ratio * cov[..., :2, 2] + ratio**2 * diag[..., 2:3]
-    return scale**2 * var
+    return scale**2 * var.clamp_min(0.0)

@@ -1,19 +1,23 @@
 """The ``hrope`` command.
 
     hrope train CONFIG [--encoding NAME] [--steps N] [--out DIR] [--section.key VALUE ...]
-    hrope eval CHECKPOINT [--out DIR] [--num-scenes N] [--device cpu|cuda] [--lpips-weights FILE]
+    hrope eval CHECKPOINT [--out DIR] [--num-scenes N] [--device auto|cpu|cuda] [--lpips-weights FILE]
                [--data.key VALUE ...]
     hrope eval CHECKPOINT [CHECKPOINT ...] --protocol standard|views|zoom|extrapolate|baseline
                [--factors F ...] [--zoom-all] [--out DIR] [same options as above]
-    hrope viz planes CHECKPOINT [--out DIR] [--num-scenes N] [--layer L] [--device cpu|cuda]
+    hrope viz planes CHECKPOINT [--out DIR] [--num-scenes N] [--layer L] [--device auto|cpu|cuda]
     hrope viz plane-accuracy RUN [--out DIR]
 
 CHECKPOINT is a ``checkpoint.safetensors`` file or the run folder holding it. ``--data.key VALUE``
 overrides the run's data config (e.g. ``--data.kind re10k --data.root DIR --data.eval_index FILE``).
 Overrides go after the CONFIG/CHECKPOINT argument (``--key VALUE`` before it is an error). Without
 ``--protocol``, ``eval`` scores the run's own held-out split; with it, all checkpoints go into one
-table/plot (``--out`` is required for several). Configuration errors and missing files end with a
-one-line message and exit status 2.
+table/plot (``--out`` is required for several).
+
+Errors: every user error (a :class:`hrope.InputError`: a bad option, config value, file contents;
+or a missing / unreadable user-given path) ends with one line ``hrope <command>: error: ...`` on
+stderr and exit status 2, before any work where it can be checked up front (config values, the
+device, an ``--out`` that is an existing file). Any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -24,22 +28,54 @@ import os
 import sys
 from pathlib import Path
 
-from .checkpoints import CheckpointError, run_folder
-from .config import SHORTCUTS, ConfigError, apply_overrides, load_config, parse_overrides
-from .data.scene import SceneError
+from ..errors import InputError
+from .checkpoints import run_folder
+from .config import (SHORTCUTS, ConfigError, Field, apply_overrides, check_device, load_config, one_line,
+                     parse_overrides, parse_value)
 from .evaluate import evaluate
-from .metrics import MetricError
-from .model import ModelError, count_parameters
-from .predictors import PredictorError
+from .model import count_parameters
 from .protocols import run_protocol, write_results
 from .train import train
-from .viz import VizError, plot_plane_accuracy, visualize_planes
+from .viz import plot_plane_accuracy, visualize_planes
 
-__all__ = ["main"]
+__all__ = ["main", "run", "USER_ERRORS"]
+
+# what the command reports as one line with exit status 2: bad input, and user-given paths
+USER_ERRORS = (InputError, FileNotFoundError, IsADirectoryError, NotADirectoryError, FileExistsError,
+               PermissionError)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one-line :class:`ConfigError` s (printed by :func:`run`)."""
+
+    def error(self, message: str):
+        raise ConfigError(f"{message} (see {self.prog} --help)")
+
+
+def _option(field: Field):
+    """An argparse ``type``: the text parsed like an override value and checked by ``field``."""
+    def convert(text: str):
+        value = parse_value(text)
+        if not field.accepts(value):
+            raise argparse.ArgumentTypeError(f"must be {field.describe()}, got {text!r}")
+        return value
+    return convert
+
+
+def _check_out(path, key: str) -> None:
+    """A :class:`ConfigError` naming ``key`` when the output folder ``path`` (or a folder above it)
+    is an existing file; called before any work starts."""
+    if path is None:
+        return
+    for folder in (Path(path), *Path(path).parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise ConfigError(f"{key} {str(path)!r}: {str(folder)!r} is an existing file, not a folder")
+            return
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hrope", description="HRoPE / LVSM novel view synthesis")
+    parser = _Parser(prog="hrope", description="HRoPE / LVSM novel view synthesis")
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
         "train", help="train a model (overrides: --section.key value)",
@@ -61,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--protocol", default=None,
                           help="standard | views | zoom | extrapolate | baseline (default: none, the run's "
                                "own held-out split)")
-    evaluate.add_argument("--factors", type=float, nargs="+", default=None,
+    evaluate.add_argument("--factors", type=_option(Field("float")), nargs="+", default=None,
                           help="the protocol's axis values (default per protocol: views 2 4 8; zoom 1 2 3 4 5; "
                                "extrapolate 0.25 0.5 1; baseline 1 1.5 2 3)")
     evaluate.add_argument("--zoom-all", action="store_true",
@@ -69,9 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--out", default=None,
                           help="output folder (default: <run>/eval, or <run>/eval/<protocol>; required for "
                                "several checkpoints)")
-    evaluate.add_argument("--num-scenes", type=int, default=None,
+    evaluate.add_argument("--num-scenes", type=_option(Field("int", low=1)), default=None,
                           help="held-out scenes to score (default: the run's eval.num_scenes)")
-    evaluate.add_argument("--device", default="cpu", help="cpu | cuda (default: cpu)")
+    evaluate.add_argument("--device", default="cpu", help="auto | cpu | cuda (default: cpu)")
     evaluate.add_argument("--lpips-weights", default=None,
                           help="local LPIPS (AlexNet) safetensors file (default: the run's eval.lpips_weights; "
                                "none = LPIPS unavailable)")
@@ -80,10 +116,10 @@ def _parser() -> argparse.ArgumentParser:
     planes = viz_commands.add_parser("planes", help="predicted plane normals vs ground truth (plane encodings)")
     planes.add_argument("checkpoint", help="checkpoint.safetensors file or the run folder holding it")
     planes.add_argument("--out", default=None, help="output folder for planes.png (default: <run>/viz)")
-    planes.add_argument("--num-scenes", type=int, default=4, help="held-out scenes, one row per context view "
+    planes.add_argument("--num-scenes", type=_option(Field("int", low=1)), default=4, help="held-out scenes, one row per context view "
                                                                   "(default: 4)")
     planes.add_argument("--layer", type=int, default=-1, help="layer whose planes are shown (default: -1, the last)")
-    planes.add_argument("--device", default="cpu", help="cpu | cuda (default: cpu)")
+    planes.add_argument("--device", default="cpu", help="auto | cpu | cuda (default: cpu)")
     accuracy = viz_commands.add_parser("plane-accuracy",
                                        help="accuracy of predicted planes over training steps (plane_accuracy.jsonl)")
     accuracy.add_argument("run", help="run folder (or its checkpoint.safetensors)")
@@ -117,10 +153,12 @@ def _metrics_line(metrics: dict) -> str:
 
 def run_eval(args, extra: list[str]) -> None:
     data = _data_overrides(extra)
+    _check_out(args.out, "--out")
+    device = str(check_device(args.device, "--device"))
     if args.protocol is None:
         if len(args.checkpoints) > 1 or args.factors or args.zoom_all:
             raise ConfigError("several checkpoints, --factors and --zoom-all need --protocol")
-        results = evaluate(args.checkpoints[0], args.out, num_scenes=args.num_scenes, device=args.device,
+        results = evaluate(args.checkpoints[0], args.out, num_scenes=args.num_scenes, device=device,
                            lpips_weights=args.lpips_weights, data=data)
         print(_metrics_line(results["metrics"]))
         return
@@ -129,7 +167,7 @@ def run_eval(args, extra: list[str]) -> None:
     options = {"factors": args.factors} if args.factors else {}
     if args.zoom_all:
         options["zoom_all"] = True
-    results = [run_protocol(path, args.protocol, data, num_scenes=args.num_scenes, device=args.device,
+    results = [run_protocol(path, args.protocol, data, num_scenes=args.num_scenes, device=device,
                             lpips_weights=args.lpips_weights, **options) for path in args.checkpoints]
     out = Path(args.out) if args.out else run_folder(args.checkpoints[0]) / "eval" / args.protocol
     write_results(results, out)
@@ -140,15 +178,19 @@ def run_eval(args, extra: list[str]) -> None:
 
 
 def run(argv: list[str]) -> int:
-    parser = _parser()
-    args, extra = parser.parse_known_args(argv)
-    if args.command == "viz" and extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    """Run the ``hrope`` command line ``argv``; returns the exit status (module doc: errors)."""
+    command = "hrope"
     try:
+        args, extra = _parser().parse_known_args(argv)
+        command = f"hrope {args.command}"
+        if args.command == "viz" and extra:
+            raise ConfigError(f"unrecognized arguments: {' '.join(extra)} (see hrope viz {args.figure} --help)")
         if args.command in ("train", "eval"):
             _check_override_order(argv, args, extra)
         if args.command == "train":
             config = apply_overrides(load_config(args.config), extra)
+            check_device(config["train"]["device"], "train.device")
+            _check_out(config["train"]["out"], "train.out")
             result = train(config)
             counts = count_parameters(result.model)
             if os.environ.get("RANK", "0") == "0":  # torchrun: report once
@@ -157,13 +199,14 @@ def run(argv: list[str]) -> int:
         elif args.command == "eval":
             run_eval(args, extra)
         elif args.figure == "plane-accuracy":
+            _check_out(args.out, "--out")
             print(f"wrote {plot_plane_accuracy(args.run, args.out)}")
         else:
-            path = visualize_planes(args.checkpoint, args.out, args.num_scenes, args.layer, args.device)
-            print(f"wrote {path}")
-    except (ConfigError, ModelError, PredictorError, CheckpointError, VizError, SceneError, MetricError,
-            FileNotFoundError) as error:
-        print(f"hrope {args.command}: error: {error}", file=sys.stderr)
+            _check_out(args.out, "--out")
+            device = str(check_device(args.device, "--device"))
+            print(f"wrote {visualize_planes(args.checkpoint, args.out, args.num_scenes, args.layer, device)}")
+    except USER_ERRORS as error:
+        print(f"{command}: error: {one_line(error)}", file=sys.stderr)
         return 2
     return 0
 

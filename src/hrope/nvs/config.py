@@ -1,4 +1,4 @@
-"""Run configuration: YAML files with ``--key value`` / dotted command-line overrides.
+"""Run configuration: YAML files with ``--key value`` / dotted command-line overrides, validated.
 
 A config has four sections: ``model`` (``preset`` plus :class:`hrope.nvs.model.ModelConfig` fields,
 whose defaults come from the preset), ``data``, ``train`` and ``eval`` (every key and its default
@@ -6,23 +6,117 @@ in :data:`DEFAULTS`).
 Overrides are ``--section.key value`` (value parsed as YAML, so ``1e-3``, ``true``, ``[1, 2]``
 work) or one of the shortcuts in :data:`SHORTCUTS` (``--encoding prope``). Unknown keys are
 errors. Every run writes its resolved config (``config.yaml``) next to its outputs.
+
+Validation: :func:`resolve`, :func:`update_config`, :func:`apply_overrides` (so :func:`load_config`
+and checkpoint metadata too) check every ``data`` / ``train`` / ``eval`` value against
+:data:`SCHEMA` (:func:`check_config`): types (a bool is never a number; ints are accepted for
+floats), ranges (floats finite), choices and null. ``model`` values are checked by
+:class:`hrope.nvs.model.ModelConfig` when the model is built, ``data.kind`` where the dataset is
+built (:mod:`hrope.nvs.datasets`), device availability by :func:`check_device`. Every error is a
+:class:`ConfigError` with a one-line message naming the key and what it accepts.
+``train.grad_clip`` is the gradient-norm bound, > 0: clipping is always on (a large value makes it
+a no-op).
 """
 
 from __future__ import annotations
 
 import copy
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import yaml
 
 from ..errors import InputError
 
-__all__ = ["ConfigError", "DEFAULTS", "SHORTCUTS", "load_config", "apply_overrides", "parse_overrides",
-           "update_config", "resolve", "save_config"]
+__all__ = ["ConfigError", "DEFAULTS", "SCHEMA", "SHORTCUTS", "DEVICES", "Field", "load_config", "apply_overrides",
+           "parse_overrides", "update_config", "resolve", "check_config", "check_device", "one_line", "save_config"]
 
 
 class ConfigError(InputError):
     """A malformed config file or override (the message names the key)."""
+
+
+def one_line(text: str) -> str:
+    """``text`` with its line breaks (and runs of whitespace) collapsed to single spaces."""
+    return " ".join(str(text).split())
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite(value) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@dataclass(frozen=True)
+class Field:
+    """What one config value accepts (:data:`SCHEMA`, :class:`hrope.nvs.model.ModelConfig`).
+
+    ``kind``: ``int``, ``float`` (ints too; finite), ``bool``, ``str`` / ``path`` (a non-empty
+    string), ``mapping`` or ``range`` (a list ``[low, high]`` of integers, ``0 <= low <= high``).
+    ``low`` / ``high``: inclusive bounds, ``above``: an exclusive lower bound; ``choices``: the
+    accepted strings; ``nullable``: None is accepted too.
+    """
+
+    kind: str
+    low: int | float | None = None
+    high: int | float | None = None
+    above: int | float | None = None
+    choices: tuple[str, ...] = ()
+    nullable: bool = False
+
+    def accepts(self, value) -> bool:
+        if value is None:
+            return self.nullable
+        if self.kind == "range":
+            return (isinstance(value, (list, tuple)) and len(value) == 2 and all(map(_is_int, value))
+                    and 0 <= value[0] <= value[1])
+        if self.kind == "int":
+            return _is_int(value) and self._in_bounds(value)
+        if self.kind == "float":
+            return (_is_int(value) or isinstance(value, float)) and _is_finite(value) and self._in_bounds(value)
+        if self.kind in ("str", "path"):
+            return isinstance(value, str) and (value in self.choices if self.choices else value != "")
+        return isinstance(value, {"bool": bool, "mapping": dict}[self.kind])
+
+    def _in_bounds(self, value) -> bool:
+        return ((self.low is None or value >= self.low) and (self.high is None or value <= self.high)
+                and (self.above is None or value > self.above))
+
+    def describe(self) -> str:
+        """What the field accepts, in words (``a positive integer``, ``one of auto, cpu, cuda``)."""
+        if self.choices:
+            text = "one of " + ", ".join(self.choices)
+        elif self.kind == "int" and self.low in (0, 1) and self.high is None:
+            text = "a positive integer" if self.low == 1 else "a non-negative integer"
+        else:
+            text = {"int": "an integer", "float": "a finite number", "bool": "true or false",
+                    "str": "a non-empty string", "path": "a path (a non-empty string)", "mapping": "a mapping",
+                    "range": "a list [low, high] of integers with 0 <= low <= high"}[self.kind]
+            if self.low is not None and self.high is not None:
+                text += f" in [{self.low}, {self.high}]"
+            elif self.low is not None:
+                text += f" >= {self.low}"
+            elif self.above is not None:
+                text += f" > {self.above}"
+        return "null or " + text if self.nullable else text
+
+    def check(self, key: str, value, error: type[InputError] = ConfigError) -> None:
+        """Raise ``error`` naming ``key`` and what it accepts when ``value`` is not accepted."""
+        if not self.accepts(value):
+            raise error(f"{key} must be {self.describe()}, got {_show(value)}")
+
 
 
 DEFAULTS: dict = {
@@ -49,7 +143,7 @@ DEFAULTS: dict = {
         "min_lr_ratio": 0.1,
         "warmup": 100,
         "weight_decay": 0.05,
-        "grad_clip": 1.0,
+        "grad_clip": 1.0,  # gradient-norm bound, > 0 (clipping is always on; a large value is a no-op)
         "bf16": False,
         "seed": 0,
         "device": "auto",  # auto | cpu | cuda
@@ -67,6 +161,57 @@ DEFAULTS: dict = {
         "batch_size": 4,
         "lpips_weights": None,  # local safetensors with AlexNet + LPIPS heads; None = unavailable
         "num_grid_scenes": 4,
+    },
+}
+
+DEVICES = ("auto", "cpu", "cuda")
+_COUNT = Field("int", low=1)
+_SEED = Field("int", low=0, high=2**63 - 1)
+_NON_NEGATIVE = Field("float", low=0)
+_OPTIONAL_PATH = Field("path", nullable=True)
+
+# What every data / train / eval key of DEFAULTS accepts (checked by check_config).
+SCHEMA: dict[str, dict[str, Field]] = {
+    "data": {
+        "kind": Field("str"),  # the known kinds are checked where the dataset is built (hrope.nvs.datasets)
+        "root": _OPTIONAL_PATH,
+        "eval_root": _OPTIONAL_PATH,
+        "eval_index": _OPTIONAL_PATH,
+        "context_gap": Field("range", nullable=True),  # and low >= num_context - 1 (check_config)
+        "num_scenes": Field("int", low=1, nullable=True),
+        "num_context": _COUNT,
+        "num_target": _COUNT,
+        "seed": _SEED,
+        "cache": Field("bool"),
+        "prefetch": Field("bool"),
+        "synthetic": Field("mapping", nullable=True),  # its keys: hrope.nvs.datasets.synthetic_config
+    },
+    "train": {
+        "out": Field("path"),
+        "steps": _COUNT,
+        "batch_size": _COUNT,
+        "lr": Field("float", above=0),
+        "min_lr_ratio": Field("float", low=0, high=1),
+        "warmup": Field("int", low=0),
+        "weight_decay": _NON_NEGATIVE,
+        "grad_clip": Field("float", above=0),
+        "bf16": Field("bool"),
+        "seed": _SEED,
+        "device": Field("str", choices=DEVICES),  # availability: check_device, where the device is chosen
+        "log_every": _COUNT,
+        "image_every": Field("int", low=0),  # 0: no image grids
+        "checkpoint_every": _COUNT,
+        "perceptual_weight": _NON_NEGATIVE,
+        "parameter_lr_scale": _NON_NEGATIVE,
+        "threads": Field("int", low=0),
+        "max_nonfinite_steps": _COUNT,
+        "init_from": _OPTIONAL_PATH,
+    },
+    "eval": {
+        "num_scenes": Field("int", low=1, nullable=True),
+        "batch_size": _COUNT,
+        "lpips_weights": _OPTIONAL_PATH,
+        "num_grid_scenes": Field("int", low=0),
     },
 }
 
@@ -103,16 +248,41 @@ def _merge(base: dict, update: dict, where: str = "") -> dict:
     return out
 
 
+def check_config(config: dict) -> dict:
+    """``config`` itself when every ``data`` / ``train`` / ``eval`` value is one :data:`SCHEMA`
+    accepts; otherwise a :class:`ConfigError` naming the first bad key."""
+    for section, fields in SCHEMA.items():
+        for key, field in fields.items():
+            field.check(f"{section}.{key}", config[section][key])
+    data = config["data"]
+    if data["context_gap"] is not None and data["context_gap"][0] < data["num_context"] - 1:
+        raise ConfigError(f"data.context_gap {data['context_gap']} must have low >= data.num_context - 1 = "
+                          f"{data['num_context'] - 1} (distinct context frames)")
+    return config
+
+
+def check_device(name, key: str = "train.device") -> torch.device:
+    """The torch device of a device option (one of :data:`DEVICES`; ``auto`` is CUDA when
+    available); a :class:`ConfigError` naming ``key`` otherwise, and for ``cuda`` without CUDA."""
+    Field("str", choices=DEVICES).check(key, name)
+    available = torch.cuda.is_available()
+    if name == "cuda" and not available:
+        raise ConfigError(f"{key} is 'cuda' but torch.cuda.is_available() is False (no CUDA device or a CPU-only "
+                          f"torch build); use cpu or auto")
+    return torch.device("cuda" if available and name != "cpu" else "cpu")
+
+
 def resolve(values: dict | None = None) -> dict:
-    """Defaults updated with ``values`` (unknown sections/keys raise :class:`ConfigError`)."""
+    """Defaults updated with ``values``, validated (:func:`check_config`; unknown sections/keys
+    raise :class:`ConfigError` too)."""
     if values is not None and not isinstance(values, dict):
         raise ConfigError(f"a config must be a mapping of sections, got {type(values).__name__}")
-    return _merge(DEFAULTS, values or {})
+    return check_config(_merge(DEFAULTS, values or {}))
 
 
 def update_config(config: dict, values: dict) -> dict:
-    """``config`` updated with ``{section: {key: value}}`` (unknown sections/keys raise)."""
-    return _merge(config, values)
+    """``config`` updated with ``{section: {key: value}}``, validated (unknown sections/keys raise)."""
+    return check_config(_merge(config, values))
 
 
 def load_config(path: str | Path) -> dict:
@@ -122,8 +292,10 @@ def load_config(path: str | Path) -> dict:
         raise ConfigError(f"config file not found: {path}")
     try:
         values = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a UTF-8 text file (a YAML config)") from None
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path} is not valid YAML: {error}") from None
+        raise ConfigError(f"{path} is not valid YAML: {one_line(error)}") from None
     try:
         return resolve(values)
     except ConfigError as error:
@@ -145,8 +317,8 @@ def parse_value(text: str):
 
 
 def apply_overrides(config: dict, args: list[str]) -> dict:
-    """Apply ``["--train.lr", "1e-3", "--encoding", "prope", ...]`` (also ``--key=value``)."""
-    return _merge(config, parse_overrides(args))
+    """Apply ``["--train.lr", "1e-3", "--encoding", "prope", ...]`` (also ``--key=value``), validated."""
+    return update_config(config, parse_overrides(args))
 
 
 def parse_overrides(args: list[str]) -> dict:

@@ -28,7 +28,7 @@ from .plane_accuracy import GROUPS, METRICS, PlaneAccuracy
 from .viz import save_image_grid
 
 __all__ = ["Evaluation", "evaluate", "evaluate_model", "evaluate_scenes", "batch_metrics", "run_name", "apply_data_overrides",
-           "markdown_table", "planes_table", "UNAVAILABLE"]
+           "apply_eval_options", "markdown_table", "planes_table", "UNAVAILABLE"]
 
 UNAVAILABLE = "unavailable"
 
@@ -132,6 +132,12 @@ def apply_data_overrides(config: dict, data: dict | None) -> dict:
     return update_config(config, {"data": data}) if data else config
 
 
+def apply_eval_options(config: dict, **options) -> dict:
+    """``config`` with the ``eval`` keys of ``options`` that are not None replaced (validated like
+    the config: a :class:`hrope.nvs.config.ConfigError` names a bad one)."""
+    return update_config(config, {"eval": {k: v for k, v in options.items() if v is not None}})
+
+
 def evaluate(checkpoint: str | Path, out: str | Path | None = None, *, num_scenes: int | None = None,
              device: str = "cpu", lpips_weights: str | None = None, data: dict | None = None) -> dict:
     """Evaluate ``checkpoint`` (file or run folder) and write the outputs; returns the results dict.
@@ -139,11 +145,8 @@ def evaluate(checkpoint: str | Path, out: str | Path | None = None, *, num_scene
     ``data`` overrides keys of the run's ``data`` config section (e.g. a real dataset to test on).
     """
     model, config = load_model(checkpoint, device)
-    config = apply_data_overrides(config, data)
-    if num_scenes is not None:
-        config["eval"]["num_scenes"] = int(num_scenes)
-    if lpips_weights is not None:
-        config["eval"]["lpips_weights"] = lpips_weights
+    config = apply_eval_options(apply_data_overrides(config, data), num_scenes=num_scenes,
+                                lpips_weights=lpips_weights)
     weights = config["eval"]["lpips_weights"]
     lpips = LPIPS(weights).to(device) if weights else None
     dataset = build_dataset(config, "eval")

@@ -24,6 +24,7 @@ from ..cameras import Cameras
 from ..encodings import ENCODINGS, Encoding, get_encoding
 from ..errors import InputError
 from ..geometry import patchify
+from .config import Field
 from .predictors import (PREDICTORS, ParameterSource, build_parameter_source, encoding_inputs, flatten_values,
                          parameter_specs)
 from ..rays import RAY_FRAMES, plucker_rays
@@ -59,14 +60,14 @@ class ModelConfig:
     depth_init: float = 1.0
 
     def __post_init__(self) -> None:
+        for name, spec in FIELD_SPECS.items():
+            spec.check(f"model.{name}", getattr(self, name), ModelError)
         if self.image_size % self.patch_size:
             raise ModelError(f"image_size {self.image_size} is not divisible by patch_size {self.patch_size}")
         if self.dim % self.heads or (self.dim // self.heads) % 2:
             raise ModelError(f"dim {self.dim} must split into {self.heads} heads of even size")
         if self.encoding not in encoding_names():
             raise ModelError(f"unknown encoding {self.encoding!r}; available: {', '.join(encoding_names())}")
-        if self.rays not in ("auto", *RAY_FRAMES):
-            raise ModelError(f"rays must be 'auto', 'world' or 'camera', got {self.rays!r}")
         if self.predictor not in PREDICTORS:
             raise ModelError(f"unknown predictor {self.predictor!r}; available: {', '.join(PREDICTORS)}")
 
@@ -102,11 +103,19 @@ class ModelConfig:
         values = dict(values)
         preset = values.pop("preset", None)
         if preset is not None:
-            if preset not in PRESETS:
+            if not isinstance(preset, str) or preset not in PRESETS:
                 raise ModelError(f"unknown model preset {preset!r}; available: {', '.join(PRESETS)}")
             values = {**PRESETS[preset], **values}
         return cls(**values)
 
+
+# what each ModelConfig field accepts (the encoding and predictor names are checked against their registries)
+FIELD_SPECS = {
+    **{name: Field("int", low=1) for name in ("image_size", "patch_size", "dim", "layers", "heads")},
+    "mlp_ratio": Field("float", above=0), "qk_norm": Field("bool"), "encoding": Field("str"),
+    "encoding_options": Field("mapping"), "rays": Field("str", choices=("auto", *RAY_FRAMES)),
+    "predictor": Field("str"), "predictor_options": Field("mapping"), "depth_init": Field("float", above=0),
+}
 
 PRESETS: dict[str, dict] = {
     "tiny": dict(image_size=64, patch_size=8, dim=128, layers=4, heads=4),

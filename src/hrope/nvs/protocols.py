@@ -65,7 +65,7 @@ from .data.scene import Scene, SceneError
 from .data.synthetic import KINDS as SYNTHETIC_KINDS
 from .data.synthetic import make_scene
 from .datasets import build_scene_source, check_synthetic_data, synthetic_config
-from .evaluate import apply_data_overrides, evaluate_scenes, run_name
+from .evaluate import apply_data_overrides, apply_eval_options, evaluate_scenes, run_name
 from .metrics import LPIPS
 from .model import LVSM
 
@@ -311,10 +311,9 @@ def run_protocol(model_or_checkpoint, protocol: str, dataset_config: dict | None
     if protocol == "extrapolate" and min(factors) <= 0:
         raise ConfigError(f"extrapolate: distances must be > 0, got {list(factors)}")
     model, config, checkpoint = _load_model(model_or_checkpoint, dataset_config, device)
-    evaluation = config["eval"]
-    num_scenes = evaluation["num_scenes"] if num_scenes is None else num_scenes
-    batch_size = int(batch_size or evaluation["batch_size"])
-    weights = lpips_weights or evaluation["lpips_weights"]
+    evaluation = apply_eval_options(config, num_scenes=num_scenes, batch_size=batch_size,
+                                    lpips_weights=lpips_weights)["eval"]
+    num_scenes, batch_size, weights = evaluation["num_scenes"], evaluation["batch_size"], evaluation["lpips_weights"]
     lpips = LPIPS(weights).to(device) if weights else None
     videos = build_videos(config, num_scenes)
     scenes, plans, skipped = protocol_plans(videos, protocol, factors, config["data"]["seed"])

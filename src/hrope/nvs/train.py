@@ -1,15 +1,20 @@
-"""Training loop: AdamW + warmup/cosine, clipping, bf16, NaN guard, exact resume, DDP.
+"""Training loop: AdamW + warmup/cosine, clipping, bf16, NaN guard, exact and safe resume, DDP.
 
 ``train(config)`` trains the LVSM model of ``config["model"]`` on the dataset of
 ``config["data"]`` and writes into ``config["train"]["out"]``: ``config.yaml`` (resolved config),
-``checkpoint.safetensors`` (atomic), ``tb/`` (TensorBoard scalars and image grids) and, for
-predicted planes on data with ground-truth planes, ``plane_accuracy.jsonl``
-(:mod:`hrope.nvs.plane_accuracy` of the logged steps' training batches; a resumed run appends).
+``checkpoint.safetensors`` (atomic, checksummed), ``segments.jsonl`` (one line of provenance per
+training segment), ``tb/`` (TensorBoard scalars and image grids) and, for predicted planes on data
+with ground-truth planes, ``plane_accuracy.jsonl`` (:mod:`hrope.nvs.plane_accuracy` of the logged
+steps' training batches; a resumed run appends).
 
 Exact resume: batches are a pure function of (seed, step, rank) (:func:`batch_indices`), the
 learning rate a pure function of the step (:func:`learning_rate`), and the checkpoint holds the
 model, the AdamW state, the step and the RNG state, so a run killed after checkpoint k and
 resumed ends with the same parameters as an uninterrupted one (bit-equal on the same machine).
+Safe resume: a resume under a config that changes the trajectory is refused
+(:func:`hrope.nvs.runs.resume_differences`); ``train.init_from`` starts a new run from another run's weights.
+SIGTERM finishes the current step, saves and returns; ``train.max_nonfinite_steps`` consecutive
+non-finite steps stop the run with a :class:`TrainingError`.
 
 DDP: launch with ``torchrun --nproc_per_node N -m hrope.nvs.cli train ...``; gloo on CPU, nccl on
 GPU. Each rank draws its own batch; gradients are averaged; rank 0 writes outputs.
@@ -17,12 +22,16 @@ GPU. Each rank draws its own batch; gradients are averaged; rank 0 writes output
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
+import signal
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -30,16 +39,19 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import __version__
+from ..errors import InputError
 from .checkpoints import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
-from .config import ConfigError, save_config
+from .config import ConfigError, check_config, check_device, save_config
 from .data.rng import stream_seed
 from .datasets import build_dataset, collate
 from .metrics import LPIPS
 from .model import LVSM, build_model, count_parameters
 from .plane_accuracy import GROUPS, LOG_NAME, METRICS, append_log, plane_accuracy
+from .runs import append_segment, code_provenance, config_hash, resume_differences
 
-__all__ = ["train", "TrainResult", "StepLoader", "learning_rate", "batch_indices", "make_optimizer",
-           "perceptual_loss", "setup_distributed"]
+__all__ = ["train", "TrainResult", "TrainingError", "StepLoader", "learning_rate", "batch_indices",
+           "make_optimizer", "perceptual_loss", "setup_distributed"]
 
 logger = logging.getLogger("hrope.nvs.train")
 
@@ -135,7 +147,7 @@ class DistContext:
 
 def setup_distributed(device_option: str) -> DistContext:
     """Join the torchrun process group when ``WORLD_SIZE > 1`` (gloo on CPU, nccl on GPU)."""
-    use_cuda = torch.cuda.is_available() if device_option == "auto" else device_option == "cuda"
+    use_cuda = check_device(device_option, "train.device").type == "cuda"
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
         return DistContext(device=torch.device("cuda" if use_cuda else "cpu"))
@@ -149,14 +161,83 @@ def setup_distributed(device_option: str) -> DistContext:
     return DistContext(rank, world_size, device, owns_group)
 
 
+# ----------------------------------------------------------------------------- resume
+class TrainingError(InputError):
+    """A run that cannot go on: its loss or gradients stayed non-finite (too high a learning rate, bad
+    data...): the config's doing, so it is reported as a one-line input error."""
+
+
+@dataclass
+class _Origin:
+    """Where a training segment starts."""
+
+    config: dict  # the run's config: stored in its checkpoints and config.yaml
+    step: int
+    state: dict = field(default_factory=dict)  # the resumed checkpoint's training state
+    resumed: bool = False
+    overrides: dict = field(default_factory=dict)  # harmless keys that differ from the run's config
+
+
+def _start(config: dict, checkpoint: Path, model: nn.Module, optimizer, world_size: int) -> _Origin:
+    """Resume from ``checkpoint`` (refused under a config that changes the trajectory), else step 0,
+    from ``train.init_from``'s model weights when set."""
+    if not checkpoint.is_file():
+        if config["train"]["init_from"]:
+            load_checkpoint(config["train"]["init_from"], model)
+        return _Origin(config, 0)
+    stored = load_checkpoint(checkpoint)  # metadata only: compare before loading anything
+    refused, harmless = resume_differences(stored["config"], config)
+    ranks = stored["state"].get("world_size", world_size)
+    if ranks != world_size:
+        refused["torchrun ranks"] = (ranks, world_size)
+    if refused:
+        changes = ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in refused.items())
+        raise ConfigError(f"{checkpoint} was trained under another config ({changes}); resume with the run's "
+                          f"config.yaml, or train into a new train.out (train.init_from: {checkpoint} fine-tunes "
+                          "from its weights)")
+    info = load_checkpoint(checkpoint, model, optimizer, restore_rng=True)
+    return _Origin(stored["config"], info["step"], info["state"], True, {k: list(v) for k, v in harmless.items()})
+
+
+class _Sigterm:
+    """While entered on the main thread, SIGTERM sets ``requested`` instead of killing the process; the
+    previous handler comes back on exit."""
+
+    def __init__(self) -> None:
+        self.requested, self._installed, self._previous = False, False, None
+
+    def _request(self, signum, frame) -> None:
+        self.requested = True
+
+    def __enter__(self) -> "_Sigterm":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._request)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._installed:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
+
+
+def _any_rank(flag: bool, ctx: DistContext) -> bool:
+    """``flag`` on any rank (one all-reduce under DDP), so that all ranks stop at the same step."""
+    if ctx.world_size == 1:
+        return flag
+    value = torch.tensor([float(flag)], device=ctx.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item() > 0)
+
+
 # ----------------------------------------------------------------------------- training
 @dataclass
 class TrainResult:
     model: LVSM
     step: int
-    skipped_steps: int
-    last_loss: float
+    skipped_steps: int  # over the whole run, resumed segments included
+    last_loss: float  # of the last finite step (NaN when no step was finite, or unknown: a v1 checkpoint)
     out: Path
+    outcome: str = "completed"  # completed | stopped (stop_at) | terminated (SIGTERM) | already trained
 
 
 def _image_grid(batch, prediction: Tensor) -> Tensor:
@@ -200,32 +281,46 @@ def _forward_backward(net, model, optimizer, batch, opts: dict, perceptual, ctx:
 
 
 def train(config: dict, *, stop_at: int | None = None, progress: bool = True, dataset=None) -> TrainResult:
-    """Train (resuming from ``out/checkpoint.safetensors`` when present).
+    """Train (resuming from ``out/checkpoint.safetensors`` when present; docs/model.md, "Training").
 
     ``stop_at``: save a checkpoint and return after this step (as if the run were killed there).
     ``dataset``: the training dataset to use instead of ``build_dataset(config, "train")`` (e.g.
     one :class:`CachedDataset` shared by several runs, so its scenes are rendered once).
+    Raises :class:`ConfigError` for a resume under a config that changes the trajectory and
+    :class:`TrainingError` after ``train.max_nonfinite_steps`` consecutive non-finite steps; on
+    SIGTERM it saves the step reached and returns (``outcome == "terminated"``).
     """
+    check_config(config)  # also a config dict edited after resolve()
+    ctx = setup_distributed(config["train"]["device"])
+    try:
+        return _train(config, ctx, stop_at, progress, dataset)
+    finally:
+        if ctx.owns_group:
+            dist.destroy_process_group()
+
+
+def _train(config: dict, ctx: DistContext, stop_at: int | None, progress: bool, dataset) -> TrainResult:
     from tqdm import tqdm
 
     opts = config["train"]
-    for key in ("steps", "batch_size", "warmup", "checkpoint_every", "log_every"):
-        if not isinstance(opts[key], int) or opts[key] < (0 if key == "warmup" else 1):
-            kind = "a non-negative" if key == "warmup" else "a positive"
-            raise ConfigError(f"train.{key} must be {kind} integer, got {opts[key]!r}")
-    ctx = setup_distributed(opts["device"])
     if opts["threads"]:
         torch.set_num_threads(int(opts["threads"]))
     out = Path(opts["out"])
+    began, tick = datetime.now(timezone.utc), time.perf_counter()
     torch.manual_seed(opts["seed"])
     model = build_model(config).to(ctx.device)
     optimizer = make_optimizer(model, opts)
     checkpoint = out / CHECKPOINT_NAME
-    start = 0
-    if checkpoint.is_file():
-        start = load_checkpoint(checkpoint, model, optimizer, restore_rng=True)["step"]
+    origin = _start(config, checkpoint, model, optimizer, ctx.world_size)
+    start = origin.step
+    skipped, loss_value = origin.state.get("skipped_steps", 0), origin.state.get("last_loss", float("nan"))
+    end = opts["steps"] if stop_at is None else min(stop_at, opts["steps"])
+    if start >= end:
+        logger.info("%s is already at step %d (train.steps %d); nothing to train", checkpoint, start, opts["steps"])
+        return TrainResult(model, start, skipped, loss_value, out, "already trained")
     if ctx.is_main:
-        save_config(config, out)
+        if not origin.overrides:  # a new run, or the run's own config
+            save_config(origin.config, out)
         counts = count_parameters(model)
         logger.info("model %s: %d parameters (%d trainable)", config["model"]["encoding"], counts["total"],
                     counts["trainable"])
@@ -240,54 +335,84 @@ def train(config: dict, *, stop_at: int | None = None, progress: bool = True, da
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(str(out / "tb"))
+
+    def save(step: int) -> None:
+        if ctx.is_main:
+            state = {"last_loss": loss_value, "skipped_steps": skipped, "world_size": ctx.world_size}
+            save_checkpoint(checkpoint, model, optimizer, step, origin.config, state)
+
     num_context = config["data"]["num_context"]
-    skipped, loss_value, saved = 0, float("nan"), start
-    end = opts["steps"] if stop_at is None else min(stop_at, opts["steps"])
+    saved = start if origin.resumed else None  # the step of the checkpoint on disk
+    reached, streak, outcome = start, 0, "failed"
     bar = tqdm(range(start, end), initial=start, total=opts["steps"], disable=not (progress and ctx.is_main),
                desc=f"train {config['model']['encoding']}", dynamic_ncols=True)
-    tick, tick_step = time.perf_counter(), start
+    rate_tick, tick_step = time.perf_counter(), start
     model.train()
     loader = StepLoader(dataset, opts["seed"], ctx.rank, opts["batch_size"], config["data"]["prefetch"])
     try:
-        for step in bar:
-            lr = learning_rate(step, opts)
-            for group in optimizer.param_groups:
-                group["lr"] = lr * group.get("lr_scale", 1.0)  # checkpoints older than lr_scale: 1
-            batch = collate(loader.scenes(step, prefetch_next=step + 1 < end), num_context, ctx.device)
-            output, loss, grad_norm, finite = _forward_backward(net, model, optimizer, batch, opts, perceptual, ctx)
-            done = step + 1
-            if finite:
-                optimizer.step()
-                loss_value = float(loss)
-            else:  # the step counter still advances, so checkpoints and resume stay on schedule
-                skipped += 1
-                logger.warning("step %d: non-finite loss or gradient (loss %s, grad norm %s); step skipped",
-                               step, float(loss), float(grad_norm))
-                if writer is not None:
-                    writer.add_scalar("train/skipped_steps", skipped, step)
-            if finite and ctx.is_main and (done % opts["log_every"] == 0 or done == end):
-                now = time.perf_counter()
-                rate = (done - tick_step) / max(now - tick, 1e-9)
-                tick, tick_step = now, done
-                bar.set_postfix(loss=f"{loss_value:.4f}", steps_per_s=f"{rate:.2f}")
-                writer.add_scalar("train/loss", loss_value, done)
-                writer.add_scalar("train/lr", lr, done)
-                writer.add_scalar("train/grad_norm", float(grad_norm), done)
-                writer.add_scalar("train/steps_per_s", rate, done)
-                _log_plane_accuracy(writer, out, done, plane_accuracy(output.parameters, batch, model))
-            if finite and ctx.is_main and opts["image_every"] and done % opts["image_every"] == 0:
-                writer.add_image("train/context|prediction|target", _image_grid(batch, output.images), done)
-            if ctx.is_main and done % opts["checkpoint_every"] == 0:
-                save_checkpoint(checkpoint, model, optimizer, done, config)
-                saved = done
-        final_step = max(end, start)
-        if ctx.is_main and (saved != final_step or not checkpoint.is_file()):
-            save_checkpoint(checkpoint, model, optimizer, final_step, config)
-    finally:  # release the prefetch thread, the log writer and the process group on errors too
+        with _Sigterm() as sigterm:
+            for step in bar:
+                lr = learning_rate(step, opts)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr * group.get("lr_scale", 1.0)  # checkpoints older than lr_scale: 1
+                batch = collate(loader.scenes(step, prefetch_next=step + 1 < end), num_context, ctx.device)
+                output, loss, grad_norm, finite = _forward_backward(net, model, optimizer, batch, opts, perceptual,
+                                                                    ctx)
+                done = reached = step + 1
+                if finite:
+                    optimizer.step()
+                    loss_value, streak = float(loss), 0
+                else:  # the step counter still advances, so checkpoints and resume stay on schedule
+                    skipped, streak = skipped + 1, streak + 1
+                    logger.warning("step %d: non-finite loss or gradient (loss %s, grad norm %s); step skipped",
+                                   step, float(loss), float(grad_norm))
+                    if writer is not None:
+                        writer.add_scalar("train/skipped_steps", skipped, step)
+                    if streak >= opts["max_nonfinite_steps"]:
+                        outcome = "diverged"
+                        last = f"step {saved} in {checkpoint}" if saved is not None else "none was written"
+                        raise TrainingError(
+                            f"training diverged: {streak} consecutive non-finite steps ({done - streak}-{step}) "
+                            f"reached train.max_nonfinite_steps = {opts['max_nonfinite_steps']}; last good "
+                            f"checkpoint: {last}")
+                if finite and ctx.is_main and (done % opts["log_every"] == 0 or done == end):
+                    now = time.perf_counter()
+                    rate = (done - tick_step) / max(now - rate_tick, 1e-9)
+                    rate_tick, tick_step = now, done
+                    bar.set_postfix(loss=f"{loss_value:.4f}", steps_per_s=f"{rate:.2f}")
+                    writer.add_scalar("train/loss", loss_value, done)
+                    writer.add_scalar("train/lr", lr, done)
+                    writer.add_scalar("train/grad_norm", float(grad_norm), done)
+                    writer.add_scalar("train/steps_per_s", rate, done)
+                    _log_plane_accuracy(writer, out, done, plane_accuracy(output.parameters, batch, model))
+                if finite and ctx.is_main and opts["image_every"] and done % opts["image_every"] == 0:
+                    writer.add_image("train/context|prediction|target", _image_grid(batch, output.images), done)
+                if done % opts["checkpoint_every"] == 0:
+                    save(done)
+                    saved = done
+                if done < end and _any_rank(sigterm.requested, ctx):
+                    outcome = "terminated"
+                    break
+            if saved != reached:
+                save(reached)
+                saved = reached
+        if outcome == "terminated":
+            logger.warning("SIGTERM: stopped after step %d of %d; checkpoint %s saved; run the same command to "
+                           "resume", reached, opts["steps"], checkpoint)
+        else:
+            outcome = "completed" if reached == opts["steps"] else "stopped"
+    finally:  # release the prefetch thread and the log writer on errors too; record the segment
         bar.close()
         loader.close()
         if writer is not None:
             writer.close()
-        if ctx.owns_group:
-            dist.destroy_process_group()
-    return TrainResult(model=model, step=final_step, skipped_steps=skipped, last_loss=loss_value, out=out)
+        if ctx.is_main:
+            append_segment(out, {
+                "start_step": start, "end_step": reached, "checkpoint_step": saved, "outcome": outcome,
+                "resumed_from_step": start if origin.resumed else None,
+                "init_from": None if origin.resumed else opts["init_from"], "overrides": origin.overrides,
+                "started": began.isoformat(timespec="seconds"), "seconds": round(time.perf_counter() - tick, 3),
+                "hrope": __version__, "torch": torch.__version__, **code_provenance(),
+                "config_sha256": config_hash(config),
+            })
+    return TrainResult(model, reached, skipped, loss_value, out, outcome)

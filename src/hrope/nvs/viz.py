@@ -23,6 +23,7 @@ from torch import Tensor
 from ..errors import InputError
 from ..planes import Planes
 from .checkpoints import load_model, run_folder
+from .config import Field
 from .datasets import build_dataset, collate
 from .plane_accuracy import GROUPS, LOG_NAME, read_log
 
@@ -70,6 +71,10 @@ def plane_normal_rows(model, batch, layer: int = -1) -> list[list[Tensor]]:
         raise VizError(f"encoding {config.encoding!r} takes no planes; nothing to visualise")
     with torch.no_grad():
         output = model(batch)
+    count = len(output.parameters)
+    if not -count <= layer < count:
+        raise VizError(f"layer {layer} is out of range: the model predicts planes {count} time(s) (layers "
+                       f"{-count}..{count - 1})")
     grid, p = config.grid, config.patch_size
     P = grid[0] * grid[1]
     Vc = int(batch.num_context)
@@ -96,6 +101,7 @@ def plane_normal_rows(model, batch, layer: int = -1) -> list[list[Tensor]]:
 def visualize_planes(checkpoint: str | Path, out: str | Path | None = None, num_scenes: int = 4,
                      layer: int = -1, device: str = "cpu") -> Path:
     """Write ``planes.png`` (see module doc) for ``num_scenes`` held-out scenes; returns its path."""
+    Field("int", low=1).check("num_scenes", num_scenes, VizError)
     model, config = load_model(checkpoint, device)
     dataset = build_dataset(config, "eval")
     scenes = [dataset[i] for i in range(min(num_scenes, len(dataset)))]

@@ -1,8 +1,8 @@
 """CO3Dv2 sequences from ``<root>/<category>/frame_annotations.jgz``.
 
 The file is a gzip-compressed JSON list of frame annotations with ``sequence_name``,
-``frame_number``, ``image.path`` (relative to ``root``), ``image.size = [H, W]`` and a
-``viewpoint`` in PyTorch3D conventions:
+``frame_number``, ``image.path`` (relative to ``root``), ``image.size = [H, W]`` (positive whole
+numbers) and a ``viewpoint`` in PyTorch3D conventions (``focal_length`` positive):
 
 - extrinsics act on **row vectors**: ``X_p3d = X_world @ R + T``, i.e. ``X_p3d = R^T X_world + T``
   for column vectors; the PyTorch3D camera frame has **+x left, +y up, +z forward**;
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from ...geometry import make_se3
-from .frames import Frame
+from .frames import Frame, number_array, pinhole, positive_number
 from .scene import SceneError
 from .source import SceneSource
 
@@ -40,10 +40,9 @@ PYTORCH3D_TO_OPENCV = torch.diag(torch.tensor([-1.0, -1.0, 1.0], dtype=torch.flo
 
 
 def _tensor(viewpoint: dict, field: str, shape: tuple[int, ...], label: str) -> torch.Tensor:
-    try:
-        value = torch.tensor(viewpoint[field], dtype=torch.float64)
-    except (KeyError, TypeError, ValueError) as error:
-        raise SceneError(f"{label}: field viewpoint.{field} is missing or not numeric") from error
+    if field not in viewpoint:
+        raise SceneError(f"{label}: field viewpoint.{field} is missing")
+    value = number_array(viewpoint[field], label, f"viewpoint.{field}")
     if value.shape != shape:
         raise SceneError(f"{label}: field viewpoint.{field} must have shape {shape}, got {tuple(value.shape)}")
     return value
@@ -51,14 +50,16 @@ def _tensor(viewpoint: dict, field: str, shape: tuple[int, ...], label: str) -> 
 
 def co3d_frame(annotation: dict, root: Path, label: str) -> Frame:
     """One CO3D frame annotation converted to a :class:`Frame` (module docstring)."""
-    try:
-        viewpoint, image = annotation["viewpoint"], annotation["image"]
-        path, (height, width) = image["path"], (int(v) for v in image["size"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise SceneError(f"{label}: fields image.path, image.size=[H, W] and viewpoint are required") from error
+    viewpoint, image = annotation.get("viewpoint"), annotation.get("image")
+    path, size = (image.get("path"), image.get("size")) if isinstance(image, dict) else (None, None)
+    if not (isinstance(viewpoint, dict) and isinstance(path, str) and isinstance(size, list) and len(size) == 2):
+        raise SceneError(f"{label}: fields image.path, image.size=[H, W] and viewpoint are required")
+    height, width = (positive_number(v, label, f"image.size {axis}", whole=True) for v, axis in zip(size, "HW"))
     R = _tensor(viewpoint, "R", (3, 3), label)
     T = _tensor(viewpoint, "T", (3,), label)
     focal = _tensor(viewpoint, "focal_length", (2,), label)
+    for value, axis in zip(focal.tolist(), "xy"):
+        positive_number(value, label, f"viewpoint.focal_length {axis}")
     principal = _tensor(viewpoint, "principal_point", (2,), label)
     convention = viewpoint.get("intrinsics_format", "ndc_norm_image_bounds")
     if convention == "ndc_isotropic":
@@ -69,9 +70,8 @@ def co3d_frame(annotation: dict, root: Path, label: str) -> Frame:
         raise SceneError(f"{label}: field viewpoint.intrinsics_format {convention!r} is unknown")
     fx, fy = (focal * scale).tolist()
     cx, cy = (torch.tensor([width / 2, height / 2], dtype=torch.float64) - principal * scale).tolist()
-    K = torch.tensor([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]], dtype=torch.float64)
     world_to_cam = make_se3(PYTORCH3D_TO_OPENCV @ R.T, PYTORCH3D_TO_OPENCV @ T)
-    return Frame(root / path, K, world_to_cam, (height, width), label)
+    return Frame(root / path, pinhole(fx, fy, cx, cy), world_to_cam, (height, width), label)
 
 
 def read_frame_annotations(path: str | Path) -> dict[str, list[dict]]:
@@ -86,10 +86,18 @@ def read_frame_annotations(path: str | Path) -> dict[str, list[dict]]:
         raise SceneError(f"{path}: expected a JSON list of frame annotations")
     sequences = defaultdict(list)
     for i, annotation in enumerate(annotations):
-        if not isinstance(annotation, dict) or "sequence_name" not in annotation or "frame_number" not in annotation:
-            raise SceneError(f"{path}: entry {i} needs fields sequence_name and frame_number")
+        if not (isinstance(annotation, dict) and "sequence_name" in annotation
+                and type(annotation.get("frame_number")) is int):
+            raise SceneError(f"{path}: entry {i} needs fields sequence_name and frame_number (an integer)")
         sequences[str(annotation["sequence_name"])].append(annotation)
     return {name: sorted(frames, key=lambda a: a["frame_number"]) for name, frames in sequences.items()}
+
+
+def _warn_missing(root: Path, what: str, requested: list[str], found: set[str]) -> None:
+    missing = sorted(set(requested) - found)
+    if missing:
+        logger.warning("%s: %d of the %d requested %s not found (or unreadable): %s", root, len(missing),
+                       len(set(requested)), what, missing[:5])
 
 
 class CO3DSource(SceneSource):
@@ -99,7 +107,8 @@ class CO3DSource(SceneSource):
     as in :class:`hrope.nvs.data.source.SceneSource`: e.g. ``num_views=8, sampling="even"`` gives
     fixed evenly spaced views per sequence, ``sampling="random"`` fresh ones at each access.
     Unreadable annotation files are skipped with a counted warning; ``categories`` and
-    ``sequences`` optionally restrict to those names.
+    ``sequences`` optionally restrict to those names (requested names not found are counted in a
+    warning).
     """
 
     def __init__(self, root: str | Path, *, categories: list[str] | None = None, sequences: list[str] | None = None,
@@ -111,6 +120,7 @@ class CO3DSource(SceneSource):
         files = sorted(self.root.glob("*/frame_annotations.jgz"))
         if categories is not None:
             files = [f for f in files if f.parent.name in set(categories)]
+            _warn_missing(self.root, "categories", categories, {f.parent.name for f in files})
         self.sequences: list[tuple[str, Path, list[dict]]] = []
         broken = 0
         for path in files:
@@ -122,6 +132,8 @@ class CO3DSource(SceneSource):
                 continue
             self.sequences += [(name, path, by_name[name]) for name in sorted(by_name)
                                if sequences is None or name in sequences]
+        if sequences is not None:
+            _warn_missing(self.root, "sequences", sequences, {name for name, _, _ in self.sequences})
         if not self.sequences:
             raise SceneError(f"{self.root}: no CO3D sequences (looked for */frame_annotations.jgz)")
 

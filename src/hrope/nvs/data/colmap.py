@@ -3,8 +3,12 @@
 ``cameras.txt`` lines: ``CAMERA_ID MODEL WIDTH HEIGHT PARAMS...`` with PINHOLE ``fx fy cx cy`` and
 SIMPLE_PINHOLE ``f cx cy``; SIMPLE_RADIAL / RADIAL / OPENCV / FULL_OPENCV keep their leading
 ``f cx cy`` or ``fx fy cx cy`` and their distortion is ignored with a warning.
-``images.txt``: two lines per image, ``IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME`` then the
-2D points (ignored, possibly empty). ``(q, t)`` is already **world-to-camera** with OpenCV axes:
+``images.txt``: per image a line ``IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME``, recognised by
+its content, then optionally its POINTS2D line (``x y POINT3D_ID`` triples, possibly empty; kept
+unparsed). The ``# Number of cameras/images: N`` header COLMAP writes, when present, must match
+what the file holds (a truncated file is an error, never fewer frames); every WIDTH, HEIGHT,
+focal length and principal point must be a positive finite number (sizes whole).
+``(q, t)`` is already **world-to-camera** with OpenCV axes:
 ``X_cam = R(q) X_world + t``, ``R(q)`` the rotation of the (normalised) Hamilton quaternion.
 COLMAP's pixel convention (centre of the top-left pixel at (0.5, 0.5)) is the project's, so no
 shift is applied. Images are ``IMAGE_DIR/NAME``, ordered by NAME.
@@ -13,15 +17,17 @@ shift is applied. Images are ``IMAGE_DIR/NAME``, ordered by NAME.
 from __future__ import annotations
 
 import logging
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ...geometry import make_se3
-from .frames import Frame, frames_to_scene
+from .frames import Frame, frames_to_scene, pinhole, positive_number
 from .scene import Scene, SceneError
 
-__all__ = ["quaternion_to_rotation", "read_colmap_cameras", "read_colmap_images", "find_colmap_model",
+__all__ = ["quaternion_to_rotation", "read_colmap_cameras", "ColmapImage", "read_colmap_images", "find_colmap_model",
            "read_colmap_frames", "load_colmap"]
 
 logger = logging.getLogger("hrope.nvs.data")
@@ -46,13 +52,25 @@ def quaternion_to_rotation(q: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.stack(row, -1) for row in rows], -2)
 
 
-def _data_lines(path: Path) -> list[tuple[int, str]]:
-    """``(line number, text)`` of every non-comment line, blank lines kept."""
+def _read_model_file(path: Path, what: str) -> tuple[list[tuple[int, str]], int | None]:
+    """``(line number, text)`` of every non-comment line (blank lines kept), and the count of
+    ``what`` its header declares (COLMAP writes ``# Number of cameras: N``); None without one."""
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as error:
         raise SceneError(f"{path}: cannot read: {error}") from error
-    return [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1) if not line.startswith("#")]
+    lines, declared = [], None
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.startswith("#"):
+            lines.append((n, line.strip()))
+        elif match := re.match(rf"#\s*Number of {what}:\s*(\d+)", line):
+            declared = int(match[1])
+    return lines, declared
+
+
+def _check_count(path: Path, what: str, declared: int | None, found: int) -> None:
+    if declared is not None and declared != found:
+        raise SceneError(f"{path}: the header declares {declared} {what}, the file has {found} (truncated or edited?)")
 
 
 def _floats(tokens: list[str], where: str, field: str) -> list[float]:
@@ -62,10 +80,18 @@ def _floats(tokens: list[str], where: str, field: str) -> list[float]:
         raise SceneError(f"{where}: field {field} is not numeric: {' '.join(tokens)!r}") from error
 
 
+def _integer(token: str, where: str, field: str) -> int:
+    try:
+        return int(token)
+    except ValueError as error:
+        raise SceneError(f"{where}: field {field} must be an integer, got {token!r}") from error
+
+
 def read_colmap_cameras(path: str | Path) -> dict[int, tuple[torch.Tensor, tuple[int, int]]]:
     """``camera_id -> (K (3, 3) float64 pixels, (H, W))`` from ``cameras.txt``."""
     path, cameras, warned = Path(path), {}, set()
-    for n, line in _data_lines(path):
+    lines, declared = _read_model_file(path, "cameras")
+    for n, line in lines:
         if not line:
             continue
         tokens, where = line.split(), f"{path}:{n}"
@@ -81,30 +107,78 @@ def read_colmap_cameras(path: str | Path) -> dict[int, tuple[torch.Tensor, tuple
         if model not in _PINHOLE and model not in warned:
             warned.add(model)
             logger.warning("%s: %s distortion is ignored (treated as pinhole)", path, model)
-        width, height = (int(v) for v in _floats(tokens[2:4], where, "WIDTH/HEIGHT"))
-        K = torch.tensor([[params[ifx], 0.0, params[icx]], [0.0, params[ify], params[icx + 1]], [0.0, 0.0, 1.0]],
-                         dtype=torch.float64)
-        cameras[int(tokens[0])] = (K, (height, width))
+        names = ("f", "f", "cx", "cy") if ifx == ify else ("fx", "fy", "cx", "cy")
+        fx, fy, cx, cy = (positive_number(tokens[4 + i], where, f"PARAMS {name}")
+                          for i, name in zip((ifx, ify, icx, icx + 1), names))
+        size = (positive_number(tokens[3], where, "HEIGHT", whole=True),
+                positive_number(tokens[2], where, "WIDTH", whole=True))
+        cameras[_integer(tokens[0], where, "CAMERA_ID")] = (pinhole(fx, fy, cx, cy), size)
+    _check_count(path, "cameras", declared, len(cameras))
     return cameras
 
 
-def read_colmap_images(path: str | Path) -> list[tuple[str, torch.Tensor, int, str]]:
-    """``(name, world_to_cam (4, 4) float64, camera_id, where)`` per image of ``images.txt``, by name."""
-    path, images = Path(path), []
-    lines = _data_lines(path)
-    for k in range(0, len(lines), 2):
-        n, line = lines[k]
-        if not line:
-            continue
-        tokens, where = line.split(), f"{path}:{n}"
-        if len(tokens) < 10:
-            raise SceneError(f"{where}: expected 'IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME', got {line!r}")
-        values = torch.tensor(_floats(tokens[1:8], where, "QW QX QY QZ TX TY TZ"), dtype=torch.float64)
-        if values[:4].norm() == 0:
-            raise SceneError(f"{where}: field QW QX QY QZ is a zero quaternion")
-        world_to_cam = make_se3(quaternion_to_rotation(values[:4]), values[4:])
-        images.append((" ".join(tokens[9:]), world_to_cam, int(_floats(tokens[8:9], where, "CAMERA_ID")[0]), where))
-    return sorted(images, key=lambda image: image[0])
+@dataclass
+class ColmapImage:
+    """One image of ``images.txt``; ``where`` is ``file:line``, ``points2d`` its POINTS2D line as
+    written (``x y POINT3D_ID`` triples, unparsed; empty when the line is empty or absent)."""
+
+    image_id: int
+    name: str
+    world_to_cam: torch.Tensor
+    camera_id: int
+    where: str
+    points2d: str = ""
+
+
+def _parses(kind: type, *tokens: str) -> bool:
+    try:
+        for token in tokens:
+            kind(token)
+    except ValueError:
+        return False
+    return True
+
+
+def _reads_as_points(tokens: list[str]) -> bool:
+    """Whether a line split with ``maxsplit=9`` starts like POINTS2D (``x y POINT3D_ID``, a number as
+    tenth token) rather than like an image line (whose tenth token starts the NAME)."""
+    tenth = tokens[9].split(maxsplit=1)[:1] if len(tokens) == 10 else []
+    return len(tokens) >= 3 and _parses(float, tokens[0], tokens[1], *tenth) and _parses(int, tokens[2])
+
+
+def _parse_image(tokens: list[str], where: str) -> ColmapImage:
+    if len(tokens) < 10:
+        raise SceneError(f"{where}: expected 'IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME', got {' '.join(tokens)!r}")
+    values = torch.tensor(_floats(tokens[1:8], where, "QW QX QY QZ TX TY TZ"), dtype=torch.float64)
+    if values[:4].norm() == 0:
+        raise SceneError(f"{where}: field QW QX QY QZ is a zero quaternion")
+    world_to_cam = make_se3(quaternion_to_rotation(values[:4]), values[4:])
+    return ColmapImage(_integer(tokens[0], where, "IMAGE_ID"), tokens[9], world_to_cam,
+                       _integer(tokens[8], where, "CAMERA_ID"), where)
+
+
+def read_colmap_images(path: str | Path) -> list[ColmapImage]:
+    """The images of ``images.txt``, by name.
+
+    An image line is recognised by its content; the POINTS2D line after it is optional (empty,
+    missing, or ``x y POINT3D_ID`` triples), so a missing one loses no frame.
+    """
+    path = Path(path)
+    lines, declared = _read_model_file(path, "images")
+    images, seen, previous = [], {}, None  # previous: the image whose POINTS2D line may come next
+    for n, line in lines:
+        tokens = line.split(maxsplit=9)
+        if previous is not None and (not tokens or _reads_as_points(tokens)):
+            previous.points2d, previous = line, None
+        elif tokens:
+            previous = _parse_image(tokens, f"{path}:{n}")
+            if previous.image_id in seen:
+                raise SceneError(f"{previous.where}: field IMAGE_ID {previous.image_id} repeats that of line "
+                                 f"{seen[previous.image_id]}")
+            seen[previous.image_id] = n
+            images.append(previous)
+    _check_count(path, "images", declared, len(images))
+    return sorted(images, key=lambda image: image.name)
 
 
 def find_colmap_model(folder: str | Path) -> Path | None:
@@ -130,11 +204,11 @@ def read_colmap_frames(folder: str | Path, image_dir: str | Path | None = None) 
         image_dir = folder / "images" if (folder / "images").is_dir() else folder
     cameras = read_colmap_cameras(model / "cameras.txt")
     frames = []
-    for name, world_to_cam, camera_id, where in read_colmap_images(model / "images.txt"):
-        if camera_id not in cameras:
-            raise SceneError(f"{where}: field CAMERA_ID {camera_id} is not in {model / 'cameras.txt'}")
-        K, size = cameras[camera_id]
-        frames.append(Frame(Path(image_dir) / name, K, world_to_cam, size, where))
+    for image in read_colmap_images(model / "images.txt"):
+        if image.camera_id not in cameras:
+            raise SceneError(f"{image.where}: field CAMERA_ID {image.camera_id} is not in {model / 'cameras.txt'}")
+        K, size = cameras[image.camera_id]
+        frames.append(Frame(Path(image_dir) / image.name, K, image.world_to_cam, size, image.where))
     return frames
 
 

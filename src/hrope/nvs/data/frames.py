@@ -1,13 +1,16 @@
 """`Frame`: one posed image as a loader reads it, and its assembly into a `Scene`.
 
 Every format module turns its files into a list of frames already in the project's conventions
-(K in pixels, world-to-camera, OpenCV axes); :func:`frames_to_scene` decodes the images, rescales
-K to the decoded image size, optionally resizes + centre-crops, and validates each camera.
+(K in pixels, world-to-camera, OpenCV axes), its sizes and intrinsics checked by
+:func:`positive_number`; :func:`frames_to_scene` decodes the images, rescales K to the decoded
+image size, optionally resizes + centre-crops, and validates each camera.
 """
 
 from __future__ import annotations
 
 import io
+import math
+import reprlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +23,7 @@ from ...cameras import CameraError, Cameras
 from .scene import Scene, SceneError
 from .transforms import resize_crop, scale_intrinsics
 
-__all__ = ["Frame", "read_image", "frames_to_scene", "select_frames"]
+__all__ = ["Frame", "positive_number", "number_array", "pinhole", "read_image", "frames_to_scene", "select_frames"]
 
 
 @dataclass
@@ -45,6 +48,34 @@ class Frame:
     label: str = ""
 
 
+def positive_number(value: object, where: str, field: str, *, whole: bool = False,
+                    below: float = math.inf) -> float | int:
+    """``value`` as a number when it is finite and in ``(0, below)`` (an int when ``whole``), else a
+    :class:`SceneError` naming ``where`` and ``field``: every reader checks its sizes and intrinsics here."""
+    try:
+        number = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError, OverflowError):
+        number = math.nan
+    if not (0 < number < below and (not whole or number.is_integer())):
+        kind = "whole" if whole else "finite"
+        bound = "" if below == math.inf else f" below {below:g}"
+        raise SceneError(f"{where}: field {field} must be a positive {kind} number{bound}, got {reprlib.repr(value)}")
+    return int(number) if whole else number
+
+
+def number_array(value: object, where: str, field: str) -> Tensor:
+    """``value`` (a number or nested lists of numbers) as a float64 tensor, else a :class:`SceneError`."""
+    try:
+        return torch.from_numpy(np.array(value, dtype=np.float64))
+    except (TypeError, ValueError, OverflowError) as error:
+        raise SceneError(f"{where}: field {field} must be numeric, got {reprlib.repr(value)}") from error
+
+
+def pinhole(fx: float, fy: float, cx: float, cy: float) -> Tensor:
+    """The float64 intrinsics ``[[fx, 0, cx], [0, fy, cy], [0, 0, 1]]``."""
+    return torch.tensor([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]], dtype=torch.float64)
+
+
 def read_image(image: Path | bytes | Tensor, label: str = "") -> Tensor:
     """Decode an image file or encoded bytes to ``(3, H, W)`` float32 RGB in [0, 1]."""
     if isinstance(image, Tensor):
@@ -52,15 +83,16 @@ def read_image(image: Path | bytes | Tensor, label: str = "") -> Tensor:
     try:
         with Image.open(io.BytesIO(image) if isinstance(image, bytes) else image) as pil:
             array = np.asarray(pil.convert("RGB"))
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, Image.DecompressionBombError) as error:
         what = "image bytes" if isinstance(image, bytes) else f"image {image}"
         raise SceneError(f"{label}: cannot read {what}: {error}") from error
     return torch.from_numpy(array.copy()).permute(2, 0, 1).float() / 255.0
 
 
 def _check_camera(K: Tensor, world_to_cam: Tensor, image_size: tuple[int, int], label: str) -> None:
+    """A :class:`SceneError` unless the camera is valid as the scene stores it (float32)."""
     try:
-        Cameras(K[None, None], world_to_cam[None, None], image_size)
+        Cameras(K[None, None].float(), world_to_cam[None, None].float(), image_size)
     except CameraError as error:
         raise SceneError(f"{label}: invalid camera: {error}") from error
 

@@ -7,8 +7,9 @@ centre, ``hwf = (H, W, focal)`` in pixels of the full-resolution images.
 
 Conversion to OpenCV (x right, y down, z forward): ``cam_to_world = [c1, c0, -c2 | t]``, then
 ``world_to_cam = inverse``. ``K = [[f, 0, W/2], [0, f, H/2], [0, 0, 1]]`` for ``(H, W)``, rescaled
-to the images read from ``images_N`` (downsampled by N; LLFF's ``factor``). Image files are the
-folder's ``.jpg/.jpeg/.png`` files sorted by name, one per row.
+to the images read from ``images_N`` (downsampled by N; LLFF's ``factor``). Every row's ``H``,
+``W`` (whole) and ``focal`` must be positive finite numbers. Image files are the folder's
+``.jpg/.jpeg/.png`` files sorted by name, one per row.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 
 from ...geometry import invert_se3
-from .frames import Frame, frames_to_scene
+from .frames import Frame, frames_to_scene, positive_number
 from .scene import Scene, SceneError
 
 __all__ = ["read_llff_poses", "read_llff_frames", "load_llff"]
@@ -32,11 +33,16 @@ def read_llff_poses(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, tuple
     path = Path(path)
     try:
         array = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, EOFError) as error:
         raise SceneError(f"{path}: cannot read: {error}") from error
+    if not isinstance(array, np.ndarray) or array.dtype.kind not in "iuf":
+        raise SceneError(f"{path}: expected a numeric .npy array, got {getattr(array, 'dtype', type(array).__name__)}")
     if array.ndim != 2 or array.shape[1] != 17 or len(array) == 0:
         raise SceneError(f"{path}: expected an (N, 17) array, got shape {array.shape}")
     poses = torch.from_numpy(array[:, :15].astype(np.float64)).reshape(-1, 3, 5)
+    for i, hwf in enumerate(poses[:, :, 4].tolist()):
+        for value, field, whole in zip(hwf, ("hwf H", "hwf W", "hwf focal"), (True, True, False)):
+            positive_number(value, f"{path} row {i}", field, whole=whole)
     height, width, focal = poses[:, :, 4].unbind(-1)
     if not (height == height[0]).all() or not (width == width[0]).all():
         raise SceneError(f"{path}: field hwf has different image sizes across rows")

@@ -7,6 +7,7 @@ text model (``sparse/0``, ``sparse`` or ``cameras.txt`` + ``images.txt`` in the 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from .co3d import CO3DSource
@@ -19,6 +20,8 @@ from .scene import Scene, SceneError
 from .source import SceneSource
 
 __all__ = ["detect_format", "scene_frames", "load_scene", "SceneFolderSource", "SOURCE_KINDS", "make_source"]
+
+logger = logging.getLogger("hrope.nvs.data")
 
 _LOOKED_FOR = ("transforms.json", "sparse/0/cameras.txt + images.txt", "sparse/cameras.txt + images.txt",
                "cameras.txt + images.txt", "poses_bounds.npy")
@@ -69,16 +72,24 @@ def load_scene(path: str | Path, image_size: tuple[int, int] | None = None, view
 
 
 class SceneFolderSource(SceneSource):
-    """Every sub-folder of ``root`` in a detectable format (e.g. a DL3DV or LLFF collection), or
-    ``root`` itself when it is one scene; ``options`` as in :class:`hrope.nvs.data.source.SceneSource`."""
+    """Every sub-folder of ``root`` in a detectable format (e.g. a DL3DV or LLFF collection; the
+    others are counted in a warning), or ``root`` itself when it is one scene; ``options`` as in
+    :class:`hrope.nvs.data.source.SceneSource`."""
 
     def __init__(self, root: str | Path, **options) -> None:
         super().__init__(**options)
         self.root = Path(root)
         if not self.root.is_dir():
             raise SceneError(f"{self.root}: scene folder not found")
-        self.folders = [self.root] if detect_format(self.root) else sorted(
-            p for p in self.root.iterdir() if p.is_dir() and detect_format(p))
+        self.folders, ignored = [], []
+        if detect_format(self.root):
+            self.folders.append(self.root)
+        else:
+            for folder in sorted(p for p in self.root.iterdir() if p.is_dir()):
+                (self.folders if detect_format(folder) else ignored).append(folder)
+        if self.folders and ignored:
+            logger.warning("%s: %d sub-folder(s) in no known scene format left out: %s", self.root, len(ignored),
+                           [p.name for p in ignored[:5]])
         if not self.folders:
             raise SceneError(f"{self.root}: no scene folders; each needs one of {', '.join(_LOOKED_FOR)}")
 

@@ -4,8 +4,10 @@ Format: ``frames[i].transform_matrix`` is a 4x4 **camera-to-world** matrix with 
 axes (x right, y up, z backward). Intrinsics are shared at the top level or given per frame:
 ``fl_x, fl_y, cx, cy, w, h`` in pixels of a ``(h, w)`` image, or ``camera_angle_x`` (horizontal
 field of view in radians; optional ``camera_angle_y``, else square pixels); the principal point
-defaults to the centre and ``(h, w)`` to the image file's size. Distortion (``k1..k4, p1, p2``)
-and non-pinhole ``camera_model`` values (fisheye, equirectangular) are ignored with a warning.
+defaults to the centre and ``(h, w)`` to the image file's size. Every size, focal length, principal
+point and angle given must be a positive finite number (``w``, ``h`` whole, angles below pi).
+Distortion (``k1..k4, p1, p2``) and non-pinhole ``camera_model`` values (fisheye,
+equirectangular) are ignored with a warning.
 
 Conversion: ``cam_to_world_cv = transform_matrix @ diag(1, -1, -1, 1)`` (flip y and z) and
 ``world_to_cam = inverse(cam_to_world_cv)``. ``file_path`` is relative to the JSON's folder; a
@@ -24,7 +26,7 @@ import torch
 from PIL import Image
 
 from ...geometry import invert_se3
-from .frames import Frame, frames_to_scene
+from .frames import Frame, frames_to_scene, number_array, pinhole, positive_number
 from .scene import Scene, SceneError
 
 __all__ = ["OPENGL_TO_OPENCV", "read_transforms_json", "load_transforms_json"]
@@ -38,13 +40,6 @@ _DISTORTION = ("k1", "k2", "k3", "k4", "p1", "p2")
 _PINHOLE_MODELS = ("OPENCV", "PINHOLE", "SIMPLE_PINHOLE")
 
 
-def _number(entry: dict, key: str, label: str) -> float:
-    try:
-        return float(entry[key])
-    except (TypeError, ValueError) as error:
-        raise SceneError(f"{label}: field {key!r} must be a number, got {entry[key]!r}") from error
-
-
 def _image_size(path: Path, label: str) -> tuple[int, int]:
     """``(H, W)`` from an image file's header (used when the JSON gives no ``w``/``h``)."""
     try:
@@ -55,24 +50,22 @@ def _image_size(path: Path, label: str) -> tuple[int, int]:
 
 
 def _intrinsics(fields: dict, image: Path, label: str) -> tuple[torch.Tensor, tuple[int, int]]:
-    """``(K, (h, w))`` from the merged top-level and per-frame fields."""
-    if "w" in fields and "h" in fields:
-        size = (int(_number(fields, "h", label)), int(_number(fields, "w", label)))
-    else:
-        size = _image_size(image, label)
+    """``(K, (h, w))`` from the merged top-level and per-frame fields, each checked."""
+    number = lambda key, **bounds: positive_number(fields[key], label, repr(key), **bounds)  # noqa: E731
+    given = {key: number(key, whole=True) for key in ("h", "w") if key in fields}
+    size = (given["h"], given["w"]) if len(given) == 2 else _image_size(image, label)
     if "fl_x" in fields:
-        fx = _number(fields, "fl_x", label)
-        fy = _number(fields, "fl_y", label) if "fl_y" in fields else fx
+        fx = number("fl_x")
+        fy = number("fl_y") if "fl_y" in fields else fx
     elif "camera_angle_x" in fields:
-        fx = fy = 0.5 * size[1] / math.tan(0.5 * _number(fields, "camera_angle_x", label))
+        fx = fy = 0.5 * size[1] / math.tan(0.5 * number("camera_angle_x", below=math.pi))
         if "camera_angle_y" in fields:
-            fy = 0.5 * size[0] / math.tan(0.5 * _number(fields, "camera_angle_y", label))
+            fy = 0.5 * size[0] / math.tan(0.5 * number("camera_angle_y", below=math.pi))
     else:
         raise SceneError(f"{label}: no focal length (expected 'fl_x' or 'camera_angle_x')")
-    cx = _number(fields, "cx", label) if "cx" in fields else size[1] / 2
-    cy = _number(fields, "cy", label) if "cy" in fields else size[0] / 2
-    K = torch.tensor([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]], dtype=torch.float64)
-    return K, size
+    cx = number("cx") if "cx" in fields else size[1] / 2
+    cy = number("cy") if "cy" in fields else size[0] / 2
+    return pinhole(fx, fy, cx, cy), size
 
 
 def _image_path(folder: Path, file_path: str) -> Path:
@@ -105,15 +98,16 @@ def read_transforms_json(path: str | Path) -> list[Frame]:
         label = f"{path} frames[{i}]"
         if not isinstance(entry, dict) or "file_path" not in entry or "transform_matrix" not in entry:
             raise SceneError(f"{label}: needs 'file_path' and 'transform_matrix'")
+        if not isinstance(entry["file_path"], str) or not entry["file_path"]:
+            raise SceneError(f"{label}: field 'file_path' must be a non-empty string, "
+                             f"got {type(entry['file_path']).__name__}")
         fields = {**shared, **entry}
         image = _image_path(path.parent, entry["file_path"])
         K, size = _intrinsics(fields, image, label)
         distorted |= fields.get("camera_model", "OPENCV") not in _PINHOLE_MODELS
-        distorted |= any(_number(fields, key, label) != 0 for key in _DISTORTION if fields.get(key) is not None)
-        try:
-            c2w = torch.tensor(entry["transform_matrix"], dtype=torch.float64)
-        except (TypeError, ValueError) as error:
-            raise SceneError(f"{label}: field 'transform_matrix' is not numeric: {error}") from error
+        distorted |= any(bool((number_array(fields[key], label, repr(key)) != 0).any())
+                         for key in _DISTORTION if fields.get(key) is not None)
+        c2w = number_array(entry["transform_matrix"], label, "'transform_matrix'")
         if c2w.shape == (3, 4):
             c2w = torch.cat([c2w, torch.tensor([[0.0, 0.0, 0.0, 1.0]], dtype=torch.float64)])
         if c2w.shape != (4, 4):

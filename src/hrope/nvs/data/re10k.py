@@ -4,10 +4,11 @@ A split folder holds ``*.torch`` chunks (read with ``torch.load(weights_only=Tru
 optionally ``index.json`` (scene key -> chunk file name). A chunk is a list of scene dicts:
 ``key`` (str), ``timestamps`` ``(n,)``, ``cameras`` ``(n, 18)`` float and ``images`` (n uint8
 tensors, each the bytes of a JPEG file, 640x360 in the public data). A camera row is
-``fx fy cx cy`` normalised by the image width/height, two unused numbers, then a row-major 3x4
-**world-to-camera** matrix with OpenCV axes. So ``K = diag(W, H, 1) @ [[fx, 0, cx], [0, fy, cy],
-[0, 0, 1]]`` for the decoded ``(H, W)`` image (pixel centres at +0.5, as pixelSplat uses it) and
-``world_to_cam = [[row 6..17], [0, 0, 0, 1]]``: no axis change.
+``fx fy cx cy`` normalised by the image width/height (positive finite numbers), two unused
+numbers, then a row-major 3x4 **world-to-camera** matrix with OpenCV axes. So
+``K = diag(W, H, 1) @ [[fx, 0, cx], [0, fy, cy], [0, 0, 1]]`` for the decoded ``(H, W)`` image
+(pixel centres at +0.5, as pixelSplat uses it) and ``world_to_cam = [[row 6..17], [0, 0, 0, 1]]``:
+no axis change.
 
 The evaluation index (pixelSplat's ``evaluation_index_re10k.json``) maps a key to
 ``{"context": [i, j], "target": [a, b, c]}`` frame indices, or to null (scene skipped).
@@ -21,13 +22,15 @@ from pathlib import Path
 
 import torch
 
-from .frames import Frame
+from .frames import Frame, pinhole, positive_number
 from .scene import SceneError
 from .source import SceneSource
 
 __all__ = ["read_chunk", "re10k_frames", "read_evaluation_index", "RealEstate10KSource"]
 
 logger = logging.getLogger("hrope.nvs.data")
+
+_INTRINSICS = ("fx", "fy", "cx", "cy")
 
 
 def read_chunk(path: str | Path) -> list[dict]:
@@ -57,11 +60,12 @@ def re10k_frames(example: dict, where: str) -> list[Frame]:
     for i, (row, image) in enumerate(zip(cameras, images)):
         if not isinstance(image, torch.Tensor) or image.dtype != torch.uint8:
             raise SceneError(f"{label}: field images[{i}] must be a uint8 tensor of JPEG bytes")
-        fx, fy, cx, cy = row[:4].tolist()
-        K = torch.tensor([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]], dtype=torch.float64)
+        where = f"{label} frame {i} (cameras[{i}])"
+        intrinsics = [positive_number(value, where, field) for value, field in zip(row[:4].tolist(), _INTRINSICS)]
+        K = pinhole(*intrinsics)
         world_to_cam = torch.eye(4, dtype=torch.float64)
         world_to_cam[:3] = row[6:].reshape(3, 4)
-        frames.append(Frame(image, K, world_to_cam, (1, 1), f"{label} frame {i} (cameras[{i}])"))
+        frames.append(Frame(image, K, world_to_cam, (1, 1), where))
     return frames
 
 
@@ -79,9 +83,11 @@ def read_evaluation_index(path: str | Path) -> dict[str, tuple[list[int], list[i
         if entry is None:
             index[key] = None
             continue
-        if not isinstance(entry, dict) or not all(isinstance(entry.get(f), list) for f in ("context", "target")):
-            raise SceneError(f"{path}: entry {key!r} needs lists 'context' and 'target'")
-        index[key] = ([int(i) for i in entry["context"]], [int(i) for i in entry["target"]])
+        views = entry if isinstance(entry, dict) else {}
+        context, target = views.get("context"), views.get("target")
+        if not all(isinstance(v, list) and all(type(i) is int for i in v) for v in (context, target)):
+            raise SceneError(f"{path}: entry {key!r} needs lists of frame indices 'context' and 'target'")
+        index[key] = (context, target)
     return index
 
 
@@ -95,7 +101,8 @@ class RealEstate10KSource(SceneSource):
     :class:`hrope.nvs.data.source.SceneSource`.
 
     Chunks are listed from ``index.json`` when present, else by opening every chunk once
-    (unreadable chunks are skipped with a counted warning).
+    (unreadable chunks, scenes without a string ``key`` and repeats of a key, whose first copy is
+    used, are left out with counted warnings).
     """
 
     def __init__(self, root: str | Path, *, evaluation_index: str | Path | None = None, **options) -> None:
@@ -110,6 +117,9 @@ class RealEstate10KSource(SceneSource):
             index = read_evaluation_index(evaluation_index)
             wanted = [key for key, entry in index.items() if entry is not None]
             self.keys = [key for key in wanted if key in self.chunk_of]
+            if len(wanted) < len(index):
+                logger.info("%s: %d of %d entries are null (left out, as the index says)", evaluation_index,
+                            len(index) - len(wanted), len(index))
             if len(self.keys) < len(wanted):
                 logger.warning("%s: %d of %d evaluation scenes are not in the chunks", self.root,
                                len(wanted) - len(self.keys), len(wanted))
@@ -124,8 +134,10 @@ class RealEstate10KSource(SceneSource):
                 names = json.loads(listing.read_text())
             except (OSError, ValueError) as error:
                 raise SceneError(f"{listing}: cannot read JSON: {error}") from error
+            if not isinstance(names, dict) or not all(isinstance(name, str) for name in names.values()):
+                raise SceneError(f"{listing}: expected an object mapping scene keys to chunk file names")
             return {key: self.root / name for key, name in names.items()}
-        chunk_of, broken = {}, 0
+        chunk_of, broken, unnamed, repeated = {}, 0, 0, 0
         for path in sorted(self.root.glob("*.torch")):
             try:
                 chunk = read_chunk(path)
@@ -133,7 +145,19 @@ class RealEstate10KSource(SceneSource):
                 broken += 1
                 logger.warning("skipping chunk %s (%d chunk(s) skipped so far): %s", path.name, broken, error)
                 continue
-            chunk_of.update({str(example.get("key")): path for example in chunk})
+            for example in chunk:
+                key = example.get("key")
+                if not isinstance(key, str):
+                    unnamed += 1
+                elif key in chunk_of:
+                    repeated += 1
+                else:
+                    chunk_of[key] = path
+        if unnamed:
+            logger.warning("%s: %d scene(s) without a string 'key' left out", self.root, unnamed)
+        if repeated:
+            logger.warning("%s: %d scene(s) repeat an earlier scene's key and are left out (the first is used)",
+                           self.root, repeated)
         if not chunk_of:
             raise SceneError(f"{self.root}: no readable *.torch chunks")
         return chunk_of

@@ -1,0 +1,90 @@
+"""A run folder's rules: which config changes a resume accepts, and the log of its training segments.
+
+A run folder holds one training run: ``config.yaml``, ``checkpoint.safetensors`` and
+``segments.jsonl``, one JSON line per training segment (a first run, then each resume) with its
+steps, outcome, harmless overrides and code provenance. A resume must use the run's config: only
+the keys of :data:`HARMLESS_ON_RESUME` (and the ``eval`` section) may differ, since everything else
+changes the trajectory (docs/model.md, "Training").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+
+from .model import ModelConfig
+
+__all__ = ["SEGMENTS_NAME", "HARMLESS_ON_RESUME", "config_differences", "resume_differences", "code_provenance",
+           "config_hash", "append_segment"]
+
+SEGMENTS_NAME = "segments.jsonl"
+
+# Keys that may differ on resume: where outputs go, how the run is executed and logged, evaluation.
+# Every other key (model, data, the optimisation recipe, train.steps, train.init_from) is refused.
+HARMLESS_ON_RESUME = frozenset({
+    "data.cache", "data.prefetch", "data.eval_root", "data.eval_index",
+    "train.out", "train.device", "train.threads", "train.log_every", "train.image_every", "train.checkpoint_every",
+    "train.max_nonfinite_steps",
+})
+
+
+def _flat(config: dict) -> dict:
+    """``{"section.key": value}`` of a run config as JSON values; the model section as the fields of
+    its :class:`ModelConfig` (preset applied)."""
+    config = json.loads(json.dumps(config))
+    values = {f"model.{k}": v for k, v in ModelConfig.from_dict(config["model"]).to_dict().items()}
+    for section, entries in config.items():
+        if section != "model":
+            values.update({f"{section}.{k}": v for k, v in entries.items()})
+    return values
+
+
+def config_differences(old: dict, new: dict) -> dict[str, tuple]:
+    """``{"section.key": (old value, new value)}`` for every key whose value differs."""
+    a, b = _flat(old), _flat(new)
+    return {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
+
+
+def _harmless(key: str, config: dict) -> bool:
+    if key == "eval.lpips_weights":  # the perceptual loss trains with these weights
+        return not config["train"]["perceptual_weight"]
+    return key in HARMLESS_ON_RESUME or key.startswith("eval.")
+
+
+def resume_differences(stored: dict, requested: dict) -> tuple[dict, dict]:
+    """``(refused, harmless)``: the :func:`config_differences` of a run's stored config and the
+    config it is resumed with, split by :data:`HARMLESS_ON_RESUME` (and the ``eval`` section)."""
+    differences = config_differences(stored, requested)
+    harmless = {k: v for k, v in differences.items() if _harmless(k, requested)}
+    return {k: v for k, v in differences.items() if k not in harmless}, harmless
+
+
+def code_provenance(source: Path = Path(__file__)) -> dict:
+    """``{"commit", "dirty"}`` of the git checkout that tracks ``source`` (both None outside one)."""
+    folder = source.resolve().parent
+
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, check=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    if git("ls-files", "--error-unmatch", source.name) is None:
+        return {"commit": None, "dirty": None}
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
+def config_hash(config: dict) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def append_segment(out: Path, record: dict) -> None:
+    """One JSON line per training segment in ``out/segments.jsonl``."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / SEGMENTS_NAME, "a") as handle:
+        handle.write(json.dumps(record) + "\n")

@@ -1,0 +1,239 @@
+"""Every config value is validated: types (a bool is never a number), ranges, choices, null; the
+model section by ModelConfig; the device where it is chosen; fuzzed overrides and YAML files."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hrope.nvs.config import (DEFAULTS, SCHEMA, SHORTCUTS, ConfigError, Field, apply_overrides, check_config,
+                              check_device, load_config, parse_value, resolve, update_config)
+from hrope.nvs.model import ModelConfig, ModelError
+
+CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+KEYS = [f"{section}.{key}" for section, fields in SCHEMA.items() for key in fields]
+
+
+def field_of(key: str) -> Field:
+    section, name = key.split(".")
+    return SCHEMA[section][name]
+
+
+def test_schema_covers_every_key_and_the_defaults_pass():
+    assert {s: set(v) for s, v in SCHEMA.items()} == {s: set(DEFAULTS[s]) for s in SCHEMA}
+    for section, fields in SCHEMA.items():
+        for key, field in fields.items():
+            assert field.accepts(DEFAULTS[section][key]), f"{section}.{key}"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_validates(path):
+    config = load_config(path)
+    ModelConfig.from_dict(config["model"])
+    assert check_config(config) is config
+
+
+# (override, key named in the error): the issue's cases first
+BAD_OVERRIDES = [
+    (["--train.grad_clip", "-1"], "train.grad_clip must be a finite number > 0, got -1"),
+    (["--train.grad_clip", "0"], "train.grad_clip must be a finite number > 0, got 0"),
+    (["--lr", "nan"], "train.lr must be a finite number > 0, got nan"),
+    (["--lr", "abc"], "train.lr must be a finite number > 0, got 'abc'"),
+    (["--lr", ".inf"], "train.lr must be a finite number > 0, got inf"),
+    (["--lr", "1e400"], "train.lr must be a finite number > 0, got inf"),
+    (["--steps", "true"], "train.steps must be a positive integer, got True"),
+    (["--steps", "2.5"], "train.steps must be a positive integer, got 2.5"),
+    (["--device", "tpu"], "train.device must be one of auto, cpu, cuda, got 'tpu'"),
+    (["--data.num_context", "0"], "data.num_context must be a positive integer, got 0"),
+    (["--data.num_target", "0"], "data.num_target must be a positive integer, got 0"),
+    (["--data.num_scenes", "0"], "data.num_scenes must be null or a positive integer, got 0"),
+    (["--eval.num_scenes", "-1"], "eval.num_scenes must be null or a positive integer, got -1"),
+    (["--data.context_gap", "[5, 2]"], "data.context_gap must be null or a list [low, high] of integers"),
+    (["--data.context_gap", "[-1, 2]"], "data.context_gap must be null or a list [low, high]"),
+    (["--data.context_gap", "[1, 2, 3]"], "data.context_gap must be null or a list [low, high]"),
+    (["--data.context_gap", "[0, 9]"], r"data.context_gap [0, 9] must have low >= data.num_context - 1 = 1"),
+    (["--data.seed", "-1"], "data.seed must be an integer in [0, 9223372036854775807], got -1"),
+    (["--data.cache", "1"], "data.cache must be true or false, got 1"),
+    (["--data.synthetic", "[1]"], "data.synthetic must be null or a mapping, got [1]"),
+    (["--data.kind", "7"], "data.kind must be a non-empty string, got 7"),
+    (["--train.min_lr_ratio", "1.5"], "train.min_lr_ratio must be a finite number in [0, 1], got 1.5"),
+    (["--train.warmup", "-1"], "train.warmup must be a non-negative integer, got -1"),
+    (["--train.weight_decay", "-0.1"], "train.weight_decay must be a finite number >= 0, got -0.1"),
+    (["--train.perceptual_weight", "-1"], "train.perceptual_weight must be a finite number >= 0"),
+    (["--train.threads", "-1"], "train.threads must be a non-negative integer, got -1"),
+    (["--batch-size", "0"], "train.batch_size must be a positive integer, got 0"),
+    (["--eval.batch_size", "false"], "eval.batch_size must be a positive integer, got False"),
+    (["--train.max_nonfinite_steps", "0"], "train.max_nonfinite_steps must be a positive integer, got 0"),
+    (["--train.init_from", "5"], "train.init_from must be null or a path (a non-empty string), got 5"),
+    (["--out", "''"], "train.out must be a path (a non-empty string), got ''"),
+    (["--train.bf16", "maybe"], "train.bf16 must be true or false, got 'maybe'"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD_OVERRIDES, ids=[" ".join(a) for a, _ in BAD_OVERRIDES])
+def test_bad_values_are_one_line_errors_naming_the_key(args, message):
+    with pytest.raises(ConfigError) as error:
+        apply_overrides(resolve(), args)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_accepted_values():
+    config = apply_overrides(resolve(), ["--lr", "1", "--train.grad_clip", "0.5", "--data.num_scenes", "null",
+                                         "--data.context_gap", "[1, 5]", "--train.init_from", "runs/x",
+                                         "--train.min_lr_ratio", "0", "--train.image_every", "0"])
+    assert config["train"]["lr"] == 1 and config["train"]["grad_clip"] == 0.5  # an int is a number
+    assert config["data"]["num_scenes"] is None and config["data"]["context_gap"] == [1, 5]
+
+
+def test_every_entry_point_validates(tmp_path):
+    with pytest.raises(ConfigError, match="train.lr must be"):
+        resolve({"train": {"lr": -1}})
+    with pytest.raises(ConfigError, match="eval.num_scenes must be"):
+        update_config(resolve(), {"eval": {"num_scenes": 0}})
+    path = tmp_path / "bad.yaml"
+    path.write_text("train:\n  grad_clip: -1\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: train.grad_clip must be a finite number > 0, got -1$"):
+        load_config(path)
+    path.write_text("train: [unclosed\n")
+    with pytest.raises(ConfigError, match="bad.yaml is not valid YAML") as error:
+        load_config(path)
+    assert "\n" not in str(error.value)  # yaml's own message spans lines
+    path.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(ConfigError, match="not a UTF-8 text file"):
+        load_config(path)
+
+
+def test_check_device(monkeypatch):
+    with pytest.raises(ConfigError, match="--device must be one of auto, cpu, cuda, got 'tpu'"):
+        check_device("tpu", "--device")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"train.device is 'cuda' but torch.cuda.is_available\(\) is False"):
+        check_device("cuda")
+    assert check_device("auto") == torch.device("cpu") == check_device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert check_device("auto") == torch.device("cuda") == check_device("cuda")
+    assert check_device("cpu") == torch.device("cpu")
+
+
+@pytest.mark.parametrize("values,message", [
+    ({"dim": True}, "model.dim must be a positive integer, got True"),
+    ({"layers": -1}, "model.layers must be a positive integer, got -1"),
+    ({"heads": 0}, "model.heads must be a positive integer, got 0"),
+    ({"dim": "abc"}, "model.dim must be a positive integer, got 'abc'"),
+    ({"mlp_ratio": float("nan")}, "model.mlp_ratio must be a finite number > 0, got nan"),
+    ({"qk_norm": 1}, "model.qk_norm must be true or false, got 1"),
+    ({"rays": "sideways"}, "model.rays must be one of auto, world, camera, got 'sideways'"),
+    ({"predictor": ["learned"]}, "model.predictor must be a non-empty string, got ['learned']"),
+    ({"encoding_options": 5}, "model.encoding_options must be a mapping, got 5"),
+    ({"preset": ["tiny"]}, "unknown model preset ['tiny']"),
+])
+def test_model_values_are_one_line_model_errors(values, message):
+    with pytest.raises(ModelError) as error:
+        ModelConfig.from_dict({"preset": "tiny", **values})
+    assert str(error.value).startswith(message)
+
+
+# ----------------------------------------------------------------------------- fuzz
+def valid_values(field: Field) -> st.SearchStrategy:
+    """Values ``field`` accepts, drawn from its declared kind and bounds."""
+    if field.kind == "int":
+        values = st.integers(field.low, field.high)
+    elif field.kind == "float":
+        low, exclusive = (field.low, False) if field.above is None else (field.above, True)
+        integers = st.integers(math.floor(low) + 1 if exclusive else math.ceil(low),
+                               10**6 if field.high is None else math.floor(field.high))
+        values = integers | st.floats(low, field.high, exclude_min=exclusive, allow_nan=False, allow_infinity=False)
+    elif field.kind == "bool":
+        values = st.booleans()
+    elif field.choices:
+        values = st.sampled_from(field.choices)
+    elif field.kind in ("str", "path"):
+        values = st.from_regex(r"[a-z][a-z0-9_/]{0,12}", fullmatch=True).filter(
+            lambda s: isinstance(parse_value(s), str))  # not a YAML keyword (true, null, ...) or nan / inf
+    elif field.kind == "mapping":
+        values = st.dictionaries(st.sampled_from(["a", "b"]), st.integers(0, 9), max_size=2)
+    else:  # range
+        values = st.tuples(st.integers(0, 50), st.integers(0, 50)).map(sorted)
+    return st.none() | values if field.nullable else values
+
+
+def as_text(value) -> str:
+    """The command-line text of ``value`` (parsed back by parse_value)."""
+    return yaml.safe_dump(value, default_flow_style=True).removesuffix("\n...\n").strip()
+
+
+ANY_VALUE = st.one_of(st.text(max_size=12), st.integers(-10**20, 10**20), st.booleans(), st.none(),
+                      st.floats(), st.lists(st.integers(-5, 60) | st.text(max_size=3), max_size=3))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(KEYS + ["--" + s for s in SHORTCUTS]), ANY_VALUE, st.booleans()),
+                max_size=6))
+def test_fuzzed_overrides_only_raise_config_errors(draws):
+    args, last = [], {}
+    for key, value, inline in draws:
+        option = key if key.startswith("--") else "--" + key
+        text = value if isinstance(value, str) else as_text(value)
+        args += [f"{option}={text}"] if inline else [option, text]
+        last[SHORTCUTS.get(option[2:], option[2:])] = text
+    try:
+        config = apply_overrides(resolve(), args)
+    except ConfigError as error:
+        assert "\n" not in str(error)
+        return
+    for key, text in last.items():  # accepted: the config holds the last value given for each key
+        section, name = key.split(".")
+        assert config[section][name] == parse_value(text)
+        if section != "model":
+            assert field_of(key).accepts(config[section][name])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(KEYS), max_size=8, unique=True).flatmap(
+    lambda keys: st.tuples(*(st.tuples(st.just(k), valid_values(field_of(k))) for k in keys))))
+def test_fuzzed_valid_overrides_pass(draws):
+    args = [text for key, value in draws for text in ("--" + key, as_text(value))]
+    given_values = dict(draws)
+    num_context = given_values.get("data.num_context", DEFAULTS["data"]["num_context"])
+    gap = given_values.get("data.context_gap", DEFAULTS["data"]["context_gap"])
+    if gap is not None and gap[0] < num_context - 1:  # the one rule across keys
+        with pytest.raises(ConfigError, match="data.context_gap"):
+            apply_overrides(resolve(), args)
+        return
+    config = apply_overrides(resolve(), args)
+    for key, value in draws:
+        section, name = key.split(".")
+        assert config[section][name] == parse_value(as_text(value)) == value
+
+
+YAML_SCALARS = st.one_of(st.text(max_size=8), st.integers(-10**6, 10**6), st.floats(), st.booleans(), st.none())
+YAML_VALUES = st.recursive(YAML_SCALARS, lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=6)
+SECTION_KEYS = st.sampled_from([k.split(".")[1] for k in KEYS] + ["dim", "preset", "nope"])
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.one_of(
+    st.dictionaries(st.sampled_from([*DEFAULTS, "optim"]),
+                    st.dictionaries(SECTION_KEYS, YAML_VALUES, max_size=4) | YAML_SCALARS, max_size=4),
+    YAML_VALUES,
+).map(lambda doc: yaml.safe_dump(doc)) | st.text(max_size=60))
+def test_fuzzed_yaml_files_only_raise_config_errors(tmp_path_factory, text):
+    path = tmp_path_factory.mktemp("fuzz") / "config.yaml"
+    path.write_text(text, encoding="utf-8", errors="surrogatepass")
+    try:
+        config = load_config(path)
+    except ConfigError as error:
+        assert "\n" not in str(error)
+        return
+    document = yaml.safe_load(text) or {}
+    for section, fields in SCHEMA.items():  # accepted: the file's values, the defaults elsewhere
+        for key, field in fields.items():
+            expected = document.get(section, {}).get(key, DEFAULTS[section][key])
+            assert config[section][key] == expected and field.accepts(expected)
