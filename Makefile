@@ -37,12 +37,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/render_speed.py --threads 1
 	$(PY) benchmarks/train_throughput.py
 
-bench-gpu: $(STAMP)  # on a CUDA machine, with a CUDA build of torch (TORCH_SPEC)
-	$(PY) benchmarks/device_check.py --device cuda
-	$(PY) benchmarks/attention_overhead.py --device cuda --reps 30
-	$(PY) benchmarks/attention_overhead.py --device cuda --dtype bfloat16 --reps 30
-	$(PY) benchmarks/attention_overhead.py --device cuda --dtype bfloat16 --reps 30 --prepared-once
-	$(PY) benchmarks/train_throughput.py --device cuda
+bench-gpu: $(STAMP)  # on a CUDA machine, with a CUDA build of torch (TORCH_SPEC); at most ten minutes
+	$(PY) benchmarks/gpu_suite.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -32,6 +32,7 @@ of a d=512 transformer layer at this N do in a model (results in attention_overh
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -51,6 +52,8 @@ from provenance import describe, provenance
 RESULTS = Path(__file__).resolve().parent / "results"
 TRAILING_SHAPES = {"depth_sigma": (2,)}  # per-token params with more than one number per token
 PEER = "prope-einsum"  # the official module's algorithm, see prope_einsum.py
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH",
+                 "cudnn": "CUDNN_ATTENTION"}
 MALLOC_CACHE_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 
 
@@ -114,7 +117,7 @@ def saved_bytes(fn) -> int:
     return total
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--views", type=int, default=2)
@@ -133,8 +136,14 @@ def main() -> None:
     parser.add_argument("--prepared-once", action="store_true",
                         help="prepare each encoding once before timing and time only its attention (one layer of a "
                              "model that reuses the prepared transform in every layer)")
+    parser.add_argument("--sdpa-backend", choices=("auto", *SDPA_BACKENDS), default="auto",
+                        help="restrict every SDPA call (the baseline's and the encodings') to one backend; "
+                             "auto: PyTorch's choice")
+    parser.add_argument("--transform-backend", choices=("torch", "triton", "auto"), default="torch",
+                        help="how the relative encodings apply their transforms (Encoding.use_backend)")
+    parser.add_argument("--tag", default="", help="suffix of the output files (e.g. n8192)")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.malloc_cache and any(os.environ.get(k) != v for k, v in MALLOC_CACHE_ENV.items()):
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_CACHE_ENV})
 
@@ -157,6 +166,9 @@ def main() -> None:
 
     inputs = {name: example_inputs(name, cameras, grid, gen) for name in names if name != PEER}
     encodings = {name: hrope.get_encoding(name) for name in inputs}
+    for encoding in encodings.values():
+        if not encoding.query_frame:
+            encoding.use_backend(args.transform_backend)
 
     def attend(name):
         """The row's attention as a function of (q, k, v)."""
@@ -185,6 +197,10 @@ def main() -> None:
 
     def timed(name, backward):
         """Seconds and minor page faults of one call."""
+        with sdpa_backend(args.sdpa_backend):
+            return timed_call(name, backward)
+
+    def timed_call(name, backward):
         synchronize()
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.perf_counter()
@@ -217,21 +233,32 @@ def main() -> None:
                          "ratios_per_repetition": ratios,
                          "page_faults_per_call": {n: statistics.median(f) for n, f in faults.items()}}
 
-    sdpa_saved = saved_bytes(lambda: run("sdpa", True))
-    results["saved_for_backward_ratio"] = {n: saved_bytes(lambda n=n: run(n, True)) / sdpa_saved for n in names}
+    with sdpa_backend(args.sdpa_backend):
+        sdpa_saved = saved_bytes(lambda: run("sdpa", True))
+        results["saved_for_backward_ratio"] = {n: saved_bytes(lambda n=n: run(n, True)) / sdpa_saved for n in names}
     results["load_average"] = [round(x, 2) for x in os.getloadavg()]
     results["provenance"] = provenance()
     results["config"] = {"B": 1, "heads": args.heads, "views": args.views, "grid": grid, "head_dim": args.head_dim,
                          "dtype": args.dtype, "device": str(device), "threads": torch.get_num_threads(),
                          "reps": args.reps, "torch": torch.__version__, "machine": platform.machine(),
                          "compiled": args.compile, "malloc_cache": args.malloc_cache,
-                         "prepared_once": args.prepared_once,
+                         "prepared_once": args.prepared_once, "sdpa_backend": args.sdpa_backend,
+                         "transform_backend": args.transform_backend,
                          "warm_allocator_mb": args.warm_allocator}
     stem = ("attention_overhead" + ("" if device.type == "cpu" else f"_{device.type}")
             + ("" if args.dtype == "float32" else f"_{args.dtype}") + ("_compiled" if args.compile else "")
             + ("_malloc_cache" if args.malloc_cache else "") + ("_warm" if args.warm_allocator else "")
-            + ("_prepared_once" if args.prepared_once else ""))
+            + ("_prepared_once" if args.prepared_once else "") + (f"_{args.tag}" if args.tag else ""))
     write(results, names, args.out, stem)
+
+
+def sdpa_backend(name: str):
+    """A context restricting SDPA to backend ``name`` (``auto``: no restriction)."""
+    if name == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[name]))
 
 
 def quartiles(values: list[float]) -> list[float]:
@@ -250,7 +277,10 @@ def write(results: dict, names, out: Path, stem: str = "attention_overhead") -> 
     faults = {n: f"{f:.0f}" for n, f in results["forward"].get("page_faults_per_call", {}).items()}
     best_peer = min(peers, key=lambda n: fwd[n]) if peers else None
     cfg = results["config"]
-    settings = [name for name, on in (("torch.compile", cfg.get("compiled")), ("malloc cache", cfg.get("malloc_cache")),
+    settings = [name for name, on in ((f"SDPA backend {cfg.get('sdpa_backend')}", cfg.get("sdpa_backend", "auto") != "auto"),
+                                      (f"transforms by the {cfg.get('transform_backend')} backend",
+                                       cfg.get("transform_backend", "torch") != "torch"),
+                                      ("torch.compile", cfg.get("compiled")), ("malloc cache", cfg.get("malloc_cache")),
                                       ("each transform prepared once before timing", cfg.get("prepared_once")),
                                       (f"allocator warmed with one {cfg.get('warm_allocator_mb')} MB block",
                                        cfg.get("warm_allocator_mb"))) if on]

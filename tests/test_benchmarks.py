@@ -72,3 +72,41 @@ def test_device_check_passes_here_and_fails_when_the_tolerance_is_impossible(tmp
     assert len(checks) == 3 * len(device_check.TOLERANCE) and all(c["ok"] for c in checks)
     monkeypatch.setattr(device_check, "TOLERANCE", {torch.float32: 1e-12})
     assert device_check.main(["--device", "cpu", "--encodings", "hrope", "--out", str(tmp_path)]) == 1
+
+
+def test_gpu_suite_records_every_step_and_tabulates_the_overheads(tmp_path):
+    """benchmarks/gpu_suite.py (make bench-gpu): a step that passes, fails or runs out of time is
+    recorded as such and the others still run; a spent budget skips the rest; the overhead table
+    reads the per-N runs of both transform backends."""
+    import json
+
+    import gpu_suite
+
+    listed = [("passes", ["-c", "pass"], 30), ("fails", ["-c", "raise SystemExit(3)"], 30),
+              ("hangs", ["-c", "import time; time.sleep(30)"], 1.5), ("passes too", ["-c", "pass"], 30)]
+    records = gpu_suite.run_steps(listed, budget_s=60)
+    assert [r["status"] for r in records] == ["ok", "failed (exit 3)", "timed out after 2 s", "ok"]
+    assert gpu_suite.run_steps(listed[:1], budget_s=5)[0]["status"] == "not run (budget spent)"
+    names = [name for name, _, _ in gpu_suite.steps("cuda", tmp_path, quick=False)]
+    assert names[:2] == ["device_check", "device_check_fused"] and names[-2:] == ["banded_apply", "train_throughput"]
+    assert {f"overhead_n{n}" for n in gpu_suite.SIZES} | {"overhead_n32768_fused_prepared_once"} <= set(names)
+    for stem, ratio in (("n8192", 1.2), ("n8192_fused", 1.1), ("prepared_once_n8192_fused", 1.05)):
+        run = {mode: {"ratio": {"hrope-lift": ratio, "prope-einsum": 1.3}} for mode in ("forward", "forward_backward")}
+        (tmp_path / f"attention_overhead_cuda_bfloat16_{stem}.json").write_text(json.dumps(run))
+    table = gpu_suite.overhead_table(tmp_path, "cuda")
+    assert "| 8192 | banded | hrope-lift | 1.200 | 1.200 | n/a | n/a |" in table
+    assert "| 8192 | fused | hrope-lift | 1.100 | 1.100 | 1.050 | 1.050 |" in table
+    assert "| 8192 | einsum | prope-einsum | 1.300 | 1.300 | n/a | n/a |" in table
+
+
+def test_banded_apply_times_every_layout_and_backend(tmp_path):
+    import json
+
+    import banded_apply
+
+    assert banded_apply.main(["--quick", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "banded_apply.json").read_text())["rows"]
+    assert {(r["layout"], r["mode"]) for r in rows} == {(n, m) for n in banded_apply.LAYOUTS
+                                                       for m in ("forward", "forward_backward")}
+    assert {r["backend"] for r in rows} >= {"copy", "banded"} and all(r["ms"] > 0 for r in rows)
+    assert all(r["ratio_to_banded"] == 1.0 for r in rows if r["backend"] == "banded")

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["rope_diagonals", "inverse_rope", "BandedOperator", "banded_operator", "banded_product"]
+__all__ = ["rope_diagonals", "inverse_rope", "BandedOperator", "banded_operator", "banded_product", "block_gradient"]
 
 RopeTables = tuple[Tensor, Tensor, Tensor]
 
@@ -176,6 +176,15 @@ def _token_grid(blocks: Tensor | None, rope: RopeTables | None) -> tuple[int, in
     return B, V, P
 
 
+def block_gradient(grad: Tensor, x: Tensor, blocks: Tensor, num_blocks: int) -> Tensor:
+    """The gradient of ``y = D x`` w.r.t. ``blocks`` ``(B, V, 1 or P, b, b)``: Σ_{heads, tiles}
+    grad_y x^T per block, for ``grad`` and ``x`` ``(B, heads, V, P, head_dim)``."""
+    b = blocks.shape[-1]
+    g = grad[..., : num_blocks * b].unflatten(-1, (num_blocks, b))
+    xt = x[..., : num_blocks * b].unflatten(-1, (num_blocks, b))
+    return torch.einsum("bhvpni,bhvpnj->bvpij", g, xt).sum_to_size(blocks.shape).to(blocks.dtype)
+
+
 class _BandedProduct(torch.autograd.Function):
     """Autograd for :func:`banded_product`: the input gradient is the transposed product, the
     block gradient Σ_{heads, tiles} grad_y x^T per block; RoPE tables are constants."""
@@ -199,11 +208,7 @@ class _BandedProduct(torch.autograd.Function):
             rope_t = None if ctx.rope is None else inverse_rope(ctx.rope)
             grad_x = banded_product(grad, blocks_t, ctx.num_blocks, rope_t)
         if x is not None:
-            b = blocks.shape[-1]
-            tiles = ctx.num_blocks * b
-            g = grad[..., :tiles].unflatten(-1, (ctx.num_blocks, b))
-            xt = x[..., :tiles].unflatten(-1, (ctx.num_blocks, b))
-            grad_blocks = torch.einsum("bhvpni,bhvpnj->bvpij", g, xt).sum_to_size(blocks.shape)
+            grad_blocks = block_gradient(grad, x, blocks, ctx.num_blocks)
         return grad_x, grad_blocks, None, None, None, None, None
 
 

@@ -20,13 +20,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..cameras import Cameras
+from . import fused_triton
 from .banded import banded_operator, banded_product, inverse_rope, rope_diagonals
 from ..errors import InputError
 
-__all__ = ["HeadLayout", "patch_index_rope_angles", "rope_tables", "per_token_param", "check_prepared_input",
+__all__ = ["BACKENDS", "HeadLayout", "patch_index_rope_angles", "rope_tables", "per_token_param", "check_prepared_input",
            "TokenTransform", "Encoding", "Prepared", "EncodingError"]
 
 ROPE_BASE = 100.0
+# How a TokenTransform applies D: "torch" (banded.py's passes, every device), "triton" (the fused
+# kernel, fused_triton.py: CUDA, or the CPU interpreter), "auto" (triton on CUDA when available).
+BACKENDS = ("torch", "triton", "auto")
 
 
 class EncodingError(InputError):
@@ -146,6 +150,11 @@ class TokenTransform(Prepared):
             token (P), in the geometry dtype; None when the layout has no geometric blocks.
         batch_size, device: the batch B and the device the transform was prepared for.
         transform_values: False for encodings that act on q and k only (CaPE).
+        backend: how D is applied (:data:`BACKENDS`): ``"torch"`` (default) the banded passes below,
+            ``"triton"`` the fused kernel of :mod:`hrope.encodings.fused_triton` (one read and one
+            write of x per tensor; CUDA, or Triton's CPU interpreter), ``"auto"`` the fused kernel
+            for CUDA tensors when triton is installed, the banded passes otherwise. Same values up to
+            float rounding; gradients reach the blocks either way.
 
     What it is applied to must have the prepared B, N and head_dim (any number of heads) and lie on
     the prepared device, else :class:`EncodingError` (shape and device checks only, no data pass).
@@ -169,8 +178,12 @@ class TokenTransform(Prepared):
 
     def __init__(self, layout: HeadLayout, num_views: int, grid: tuple[int, int],
                  geo: Tensor | None = None, geo_inv: Tensor | None = None, *, batch_size: int,
-                 device: torch.device, transform_values: bool = True, rope_base: float = ROPE_BASE) -> None:
+                 device: torch.device, transform_values: bool = True, rope_base: float = ROPE_BASE,
+                 backend: str = "torch") -> None:
+        if backend not in BACKENDS:
+            raise EncodingError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         self.layout = layout
+        self.backend = backend
         self.num_views = num_views
         self.grid = grid
         self.batch_size = batch_size
@@ -253,6 +266,11 @@ class TokenTransform(Prepared):
             return x
         with torch.autocast(x.device.type, enabled=False):
             blocks, rope = self._inputs(which, x)
+            x = x.unflatten(-2, (self.num_views, -1))
+            if self._fused(x):
+                if transpose:
+                    blocks, rope = _transposed(blocks, rope)
+                return fused_triton.fused_banded_product(x, blocks, layout.num_blocks, rope).flatten(-3, -2)
 
             def build():
                 with torch.no_grad():
@@ -261,10 +279,20 @@ class TokenTransform(Prepared):
             operator = self._cached(("operator", which, x.dtype), build)
             if transpose:
                 operator = operator.transpose()
-                blocks = None if blocks is None else blocks.mT
-                rope = None if rope is None else inverse_rope(rope)
-            y = banded_product(x.unflatten(-2, (self.num_views, -1)), blocks, layout.num_blocks, rope, operator)
+                blocks, rope = _transposed(blocks, rope)
+            y = banded_product(x, blocks, layout.num_blocks, rope, operator)
         return y.flatten(-3, -2)
+
+    def _fused(self, x: Tensor) -> bool:
+        """Whether D is applied to ``x`` by the fused Triton kernel (see ``backend``)."""
+        if self.backend == "auto":
+            return x.is_cuda and fused_triton.is_available()
+        return self.backend == "triton"
+
+
+def _transposed(blocks: Tensor | None, rope) -> tuple[Tensor | None, tuple | None]:
+    """The blocks and RoPE tables of D^T from those of D: M^T per block, R(-θ)."""
+    return (None if blocks is None else blocks.mT), (None if rope is None else inverse_rope(rope))
 
 
 class Encoding(nn.Module):
@@ -294,6 +322,17 @@ class Encoding(nn.Module):
     def __init__(self, rope_base: float = ROPE_BASE) -> None:
         super().__init__()
         self.rope_base = rope_base
+        self.backend = "torch"
+
+    def use_backend(self, backend: str) -> "Encoding":
+        """Apply this encoding's transforms with ``backend`` (:data:`BACKENDS`; default ``"torch"``);
+        returns the encoding. Query-frame encodings have one backend and accept only ``"torch"``
+        and ``"auto"``."""
+        if backend not in BACKENDS or (self.query_frame and backend == "triton"):
+            accepted = ", ".join(b for b in BACKENDS if not (self.query_frame and b == "triton"))
+            raise EncodingError(f"encoding {self.name!r}: backend must be one of {accepted}, got {backend!r}")
+        self.backend = backend
+        return self
 
     def token_transform(self, layout: HeadLayout, cameras: Cameras, grid, geo: Tensor | None = None,
                         geo_inv: Tensor | None = None) -> TokenTransform:
@@ -301,7 +340,7 @@ class Encoding(nn.Module):
         ``transforms_values``."""
         return TokenTransform(layout, cameras.num_views, grid, geo, geo_inv, batch_size=cameras.batch_size,
                               device=cameras.device, rope_base=self.rope_base,
-                              transform_values=self.transforms_values)
+                              transform_values=self.transforms_values, backend=self.backend)
 
     def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes=None, **params) -> Prepared:
         """Bind the encoding to one batch of N = V * grid_h * grid_w tokens (view-major).

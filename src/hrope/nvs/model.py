@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from ..cameras import Cameras
 from ..encodings import ENCODINGS, Encoding, get_encoding
+from ..encodings.base import BACKENDS
 from ..errors import InputError
 from ..geometry import patchify
 from .config import Field
@@ -43,7 +44,8 @@ class ModelError(InputError):
 class ModelConfig:
     """LVSM hyper-parameters. ``rays``: ``auto`` (world for ``none`` and ``*-ape``, camera frame
     for relative encodings), ``world`` or ``camera``. ``predictor`` is used only by encodings that
-    need per-token parameters."""
+    need per-token parameters. ``transform_backend``: how the encoding's transforms are applied
+    (:data:`hrope.encodings.base.BACKENDS`; ``auto`` uses the fused Triton kernel on CUDA)."""
 
     image_size: int = 64
     patch_size: int = 8
@@ -58,6 +60,7 @@ class ModelConfig:
     predictor: str = "learned"
     predictor_options: dict = field(default_factory=dict)
     depth_init: float = 1.0
+    transform_backend: str = "torch"
 
     def __post_init__(self) -> None:
         for name, spec in FIELD_SPECS.items():
@@ -115,6 +118,7 @@ FIELD_SPECS = {
     "mlp_ratio": Field("float", above=0), "qk_norm": Field("bool"), "encoding": Field("str"),
     "encoding_options": Field("mapping"), "rays": Field("str", choices=("auto", *RAY_FRAMES)),
     "predictor": Field("str"), "predictor_options": Field("mapping"), "depth_init": Field("float", above=0),
+    "transform_backend": Field("str", choices=BACKENDS),
 }
 
 PRESETS: dict[str, dict] = {
@@ -214,7 +218,7 @@ class LVSM(nn.Module):
         self._init_weights()
         # Geometric encoding (a module: learnable options such as GTA's translation scale train).
         base = get_encoding(c.base_encoding, **c.encoding_options)
-        self.encoding: Encoding = get_encoding("none") if c.is_ape else base
+        self.encoding: Encoding = (get_encoding("none") if c.is_ape else base).use_backend(c.transform_backend)
         plane_decoder = c.predictor_options.get("plane_decoder")
         specs = parameter_specs(base, c.depth_init, plane_decoder) if base.takes_token_inputs() else []
         self.source: ParameterSource | None = None

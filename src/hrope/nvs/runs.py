@@ -27,6 +27,7 @@ HARMLESS_ON_RESUME = frozenset({
     "data.cache", "data.prefetch", "data.eval_root", "data.eval_index",
     "train.out", "train.device", "train.threads", "train.log_every", "train.image_every", "train.checkpoint_every",
     "train.max_nonfinite_steps",
+    "model.transform_backend",  # the same transforms up to float rounding (e.g. a GPU run resumed on a CPU)
 })
 
 

@@ -1,0 +1,140 @@
+"""Every GPU measurement the project needs, in one command of at most ten minutes (``make bench-gpu``).
+
+    python benchmarks/gpu_suite.py                 # on a CUDA machine: writes benchmarks/results/gpu/
+    python benchmarks/gpu_suite.py --quick --device cpu --out /tmp/x   # the same steps on tiny shapes
+
+Steps, each a subprocess with its own time limit (a step that fails or runs out of time is
+recorded and the others still run; the whole run stays inside ``--budget-s``):
+
+1. ``device_check``: every encoding x float32/bfloat16/float16 on the device against the float64
+   reference, with a backward pass; again with the relative encodings' transforms applied by the
+   fused Triton kernel (``device_check_fused``).
+2. ``overhead_n{2048,8192,32768}``: forward and forward+backward time of the relative encodings
+   and the official PRoPE algorithm (``prope-einsum``) over plain SDPA, bfloat16, SDPA restricted
+   to the flash backend (the baseline and the encodings alike), B = 1, 8 heads, head_dim 64,
+   V x 32x32 patches with V = 2, 8, 32; per call (preparation included) and, at N >= 8k, with
+   the transform prepared once (the per-layer cost).
+   The same at N >= 8k with the transforms applied by the fused Triton kernel
+   (``--transform-backend triton``, tag ``_fused``).
+3. ``banded_apply``: the block-diagonal transform alone (y = D x, the op around SDPA) by the
+   fused Triton kernel, the unfused banded passes and ``torch.compile`` of the unfused passes.
+4. ``train_throughput``: steps/s of the tiny LVSM preset per encoding.
+
+``summary.json`` / ``summary.md`` list every step's status and time and the overhead table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from provenance import describe, provenance
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "gpu"
+ROWS = ["prope", "hrope", "hrope-lift", "prope-einsum"]
+SIZES = {2048: 2, 8192: 8, 32768: 32}  # tokens -> views of 32x32 patches
+
+
+def steps(device: str, out: Path, quick: bool) -> list[tuple[str, list[str], float]]:
+    """``(name, argv, time limit in s)`` of every step, in order."""
+    grid, reps = ("2", "2") if quick else ("32", "20")
+    backend = "auto" if quick else "flash"
+    sizes = {2 * 4: 2, 8 * 4: 8} if quick else SIZES
+    checked = ["--encodings", "prope", "hrope-lift"] if quick else []
+    listed = [("device_check", ["device_check.py", "--device", device, "--out", str(out), *checked], 120),
+              ("device_check_fused", ["device_check.py", "--device", device, "--out", str(out), *checked,
+                                      "--transform-backend", "triton"], 120)]
+    for tokens, views in sizes.items():
+        common = ["attention_overhead.py", "--device", device, "--dtype", "bfloat16", "--sdpa-backend", backend,
+                  "--views", str(views), "--grid", grid, "--reps", reps, "--encodings", *ROWS, "--out", str(out)]
+        listed.append((f"overhead_n{tokens}", [*common, "--tag", f"n{tokens}"], 60 if tokens < 32768 else 90))
+        if tokens >= 8192 or quick:
+            listed.append((f"overhead_n{tokens}_prepared_once", [*common, "--prepared-once", "--tag", f"n{tokens}"], 60))
+            fused = [*common, "--transform-backend", "triton", "--tag", f"n{tokens}_fused"]
+            listed.append((f"overhead_n{tokens}_fused", fused, 60))
+            listed.append((f"overhead_n{tokens}_fused_prepared_once", [*fused, "--prepared-once"], 60))
+    listed.append(("banded_apply", ["banded_apply.py", "--device", device, "--out", str(out)]
+                   + (["--quick"] if quick else []), 90))
+    listed.append(("train_throughput", ["train_throughput.py", "--device", device, "--out", str(out)]
+                   + (["--rounds", "1", "--steps", "1", "--encodings", "none", "prope", "hrope-lift"] if quick else []),
+                   120))
+    return listed
+
+
+def run_steps(listed, budget_s: float, env: dict | None = None) -> list[dict]:
+    """Run every step within its limit and what is left of ``budget_s`` (with ``env`` added to the
+    environment); one record per step."""
+    start, records = time.perf_counter(), []
+    for name, argv, limit in listed:
+        left = budget_s - (time.perf_counter() - start)
+        if left < 10:
+            records.append({"step": name, "status": "not run (budget spent)", "seconds": 0.0})
+            continue
+        began = time.perf_counter()
+        try:
+            done = subprocess.run([sys.executable, *argv], cwd=HERE, capture_output=True, text=True,
+                                  timeout=min(limit, left), env={**os.environ, **(env or {})})
+            status = "ok" if done.returncode == 0 else f"failed (exit {done.returncode})"
+            tail = (done.stdout + done.stderr)[-2000:]
+        except subprocess.TimeoutExpired as expired:
+            status, tail = f"timed out after {min(limit, left):.0f} s", str(expired.stdout or "")[-2000:]
+        records.append({"step": name, "status": status, "seconds": round(time.perf_counter() - began, 1),
+                        "output_tail": tail})
+        print(f"{name}: {status} ({records[-1]['seconds']} s)", flush=True)
+    return records
+
+
+def overhead_table(out: Path, device: str) -> list[str]:
+    """Markdown rows: per N, transform backend and encoding, forward and forward+backward / SDPA,
+    per call and with the transform prepared once."""
+    prefix = "attention_overhead" + ("" if device == "cpu" else f"_{device}") + "_bfloat16"
+    lines = ["| N | transforms | encoding | fwd / SDPA | fwd+bwd / SDPA | prepared once: fwd / SDPA "
+             "| prepared once: fwd+bwd / SDPA |", "|---|---|---|---|---|---|---|"]
+    runs = []
+    for path in out.glob(f"{prefix}_n*.json"):
+        match = re.fullmatch(rf"{prefix}_n(\d+)(_fused)?", path.stem)
+        if match:
+            runs.append((int(match[1]), bool(match[2]), path))
+    for tokens, fused, path in sorted(runs):
+        per_call = json.loads(path.read_text())
+        once_path = out / path.name.replace(f"{prefix}_", f"{prefix}_prepared_once_", 1)
+        once = json.loads(once_path.read_text()) if once_path.exists() else None
+        for name in per_call["forward"]["ratio"]:
+            cells = [f"{per_call[m]['ratio'][name]:.3f}" for m in ("forward", "forward_backward")]
+            cells += [f"{once[m]['ratio'][name]:.3f}" if once else "n/a" for m in ("forward", "forward_backward")]
+            backend = "fused" if fused and name != "prope-einsum" else "banded" if name != "prope-einsum" else "einsum"
+            lines.append(f"| {tokens} | {backend} | {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget of all steps")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes and one repetition (a check of the script)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    # on a CPU the fused kernel runs in Triton's interpreter (a check of the script, not a timing)
+    env = {"TRITON_INTERPRET": "1"} if args.device == "cpu" else None
+    records = run_steps(steps(args.device, args.out.resolve(), args.quick), args.budget_s, env)
+    summary = {"device": args.device, "quick": args.quick, "provenance": provenance(), "steps": records}
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+    lines = [f"GPU suite on `{args.device}`{' (quick shapes)' if args.quick else ''}, commit "
+             f"`{describe(summary['provenance'])}`.", "", "| step | status | seconds |", "|---|---|---|",
+             *(f"| {r['step']} | {r['status']} | {r['seconds']} |" for r in records), "",
+             *overhead_table(args.out, args.device)]
+    (args.out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if all(r["status"] == "ok" for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
