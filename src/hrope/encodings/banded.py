@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["rope_diagonals", "inverse_rope", "BandedOperator", "banded_operator", "banded_product", "block_gradient"]
+__all__ = ["rope_diagonals", "inverse_rope", "BandedOperator", "banded_operator", "banded_product", "block_gradient",
+           "TransformProduct"]
 
 RopeTables = tuple[Tensor, Tensor, Tensor]
 
@@ -185,19 +186,19 @@ def block_gradient(grad: Tensor, x: Tensor, blocks: Tensor, num_blocks: int) -> 
     return torch.einsum("bhvpni,bhvpnj->bvpij", g, xt).sum_to_size(blocks.shape).to(blocks.dtype)
 
 
-class _BandedProduct(torch.autograd.Function):
-    """Autograd for :func:`banded_product`: the input gradient is the transposed product, the
-    block gradient Σ_{heads, tiles} grad_y x^T per block; RoPE tables are constants."""
+class TransformProduct(torch.autograd.Function):
+    """Autograd of ``y = D x`` whatever applies D: ``apply(x)`` computes the forward product (the
+    banded passes, or the fused kernel), ``product(x, blocks, num_blocks, rope)`` is the
+    differentiable product used for the input gradient D^T grad (so double backward works too);
+    the block gradient is :func:`block_gradient`; RoPE tables are constants."""
 
     @staticmethod
-    def forward(ctx, x, blocks, num_blocks, cos, plus, minus, operator):
-        rope = None if cos is None else (cos, plus, minus)
-        ctx.num_blocks, ctx.rope = num_blocks, rope
+    def forward(ctx, x, blocks, num_blocks, cos, plus, minus, apply, product):
+        ctx.num_blocks, ctx.product = num_blocks, product
+        ctx.rope = None if cos is None else (cos, plus, minus)
         blocks_need_grad = blocks is not None and ctx.needs_input_grad[1]
         ctx.save_for_backward(x if blocks_need_grad else None, blocks)
-        if operator is None:
-            operator = banded_operator(blocks, num_blocks, rope, x.shape[-1])
-        return operator.apply(x)
+        return apply(x)
 
     @staticmethod
     def backward(ctx, grad):
@@ -206,10 +207,10 @@ class _BandedProduct(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             blocks_t = None if blocks is None else blocks.mT
             rope_t = None if ctx.rope is None else inverse_rope(ctx.rope)
-            grad_x = banded_product(grad, blocks_t, ctx.num_blocks, rope_t)
+            grad_x = ctx.product(grad, blocks_t, ctx.num_blocks, rope_t)
         if x is not None:
             grad_blocks = block_gradient(grad, x, blocks, ctx.num_blocks)
-        return grad_x, grad_blocks, None, None, None, None, None
+        return grad_x, grad_blocks, None, None, None, None, None, None
 
 
 def banded_product(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: RopeTables | None,
@@ -221,5 +222,8 @@ def banded_product(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: Rope
     dtype. ``operator``: the precomputed :func:`banded_operator` of exactly these arguments
     (built here when None). Differentiable in x and ``blocks``.
     """
+    if operator is None:
+        with torch.no_grad():  # tables only: gradients reach the blocks through TransformProduct
+            operator = banded_operator(blocks, num_blocks, rope, x.shape[-1])
     cos, plus, minus = rope if rope is not None else (None, None, None)
-    return _BandedProduct.apply(x, blocks, num_blocks, cos, plus, minus, operator)
+    return TransformProduct.apply(x, blocks, num_blocks, cos, plus, minus, operator.apply, banded_product)

@@ -60,7 +60,7 @@ import torch
 from torch import Tensor
 
 from . import base  # a module import (base.EncodingError at raise time): base may import this module
-from .banded import RopeTables, block_gradient, inverse_rope
+from .banded import RopeTables, TransformProduct
 
 triton = tl = None  # imported on first use (_import_triton): importing hrope does not import triton
 
@@ -199,32 +199,6 @@ def _launch(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: RopeTables 
     return y
 
 
-class _FusedBandedProduct(torch.autograd.Function):
-    """Autograd for :func:`fused_banded_product`: grad_x is the same kernel on D^T (blocks.mT,
-    R(-θ)), the block gradient an einsum; RoPE tables are constants."""
-
-    @staticmethod
-    def forward(ctx, x, blocks, num_blocks, cos, plus, minus, heads_per_program):
-        rope = None if cos is None else (cos, plus, minus)
-        ctx.num_blocks, ctx.rope, ctx.heads_per_program = num_blocks, rope, heads_per_program
-        blocks_need_grad = blocks is not None and ctx.needs_input_grad[1]
-        ctx.save_for_backward(x if blocks_need_grad else None, blocks)
-        return _launch(x, blocks, num_blocks, rope, heads_per_program)
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, blocks = ctx.saved_tensors
-        grad_x = grad_blocks = None
-        if ctx.needs_input_grad[0]:
-            blocks_t = None if blocks is None else blocks.mT
-            rope_t = None if ctx.rope is None else inverse_rope(ctx.rope)
-            grad_x = fused_banded_product(grad, blocks_t, ctx.num_blocks, rope_t,
-                                          heads_per_program=ctx.heads_per_program)
-        if x is not None:
-            grad_blocks = block_gradient(grad, x, blocks, ctx.num_blocks)
-        return grad_x, grad_blocks, None, None, None, None, None
-
-
 def _check(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: RopeTables | None,
            heads_per_program: int | None) -> None:
     """One-line EncodingErrors for arguments the kernel cannot apply."""
@@ -274,4 +248,6 @@ def fused_banded_product(x: Tensor, blocks: Tensor | None, num_blocks: int, rope
     """
     _check(x, blocks, num_blocks, rope, heads_per_program)
     cos, plus, minus = rope if rope is not None else (None, None, None)
-    return _FusedBandedProduct.apply(x, blocks, num_blocks, cos, plus, minus, heads_per_program)
+    product = functools.partial(fused_banded_product, heads_per_program=heads_per_program)
+    return TransformProduct.apply(x, blocks, num_blocks, cos, plus, minus,
+                                  lambda x: _launch(x, blocks, num_blocks, rope, heads_per_program), product)
