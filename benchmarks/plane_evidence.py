@@ -44,6 +44,11 @@ ROWS = (
     Row("hrope-lift", "oracle"),  # context ground truth, targets neutral
     Row("hrope-lift", "oracle", options=TRANSFER),  # context ground truth, transferred
     Row("hrope-lift", "oracle", options=(("scope", "all"),)),  # with target geometry (an unfair bound)
+    # the paper's Eq. 5 (camera pose + plane, centroid gauge) with the same plane sources
+    Row("hrope", options=TRANSFER),
+    Row("hrope", "external", options=TRANSFER),
+    # world-frame rays as token input (what lifted prope by +0.4 dB) with context depth transferred
+    Row("hrope-lift", "external", options=TRANSFER, model_options=(("rays", "world"),)),
 )
 
 
