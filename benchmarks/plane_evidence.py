@@ -49,6 +49,7 @@ ROWS = (
     Row("hrope", "external", options=TRANSFER),
     # world-frame rays as token input (what lifted prope by +0.4 dB) with context depth transferred
     Row("hrope-lift", "external", options=TRANSFER, model_options=(("rays", "world"),)),
+    Row("hrope-lift", options=TRANSFER, model_options=(("rays", "world"),)),
 )
 
 
