@@ -1,20 +1,31 @@
-"""`multiview_attention`: SDPA with any registered geometric encoding."""
+"""Attention with geometric encodings: `multiview_attention` (self-attention, camera tokens
+mixed with identity tokens), `cross_attention` (two token sets) and `KVCache` (incremental decoding).
+
+Each is one ``scaled_dot_product_attention`` call between the transforms (query-frame
+encodings: one per query view), so SDPA's flash and memory-efficient kernels stay eligible: no
+mask is added except ``KVCache``'s lower-right causal bias (:func:`torch.nn.attention.bias.causal_lower_right`,
+which those kernels take) and the user's own.
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .cameras import Cameras
-from .encodings import Encoding, EncodingError, get_encoding
+from .encodings import Encoding, EncodingError, Prepared, get_encoding
+from .encodings.base import check_mask_options
+from .tokens import MixedTokens
 
-__all__ = ["multiview_attention", "check_qkv"]
+__all__ = ["multiview_attention", "check_qkv", "cross_attention", "KVCache"]
 
 
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, cameras: Cameras, grid: tuple[int, int],
-              enable_gqa: bool = False) -> None:
+              enable_gqa: bool = False, camera_tokens=None) -> None:
     """Shapes: q, k, v ``(B, heads, N, head_dim)`` alike, N = V * grid_h * grid_w, B = cameras' B;
-    with ``enable_gqa`` k and v may have fewer heads, a divisor of q's (grouped-query attention)."""
+    with ``enable_gqa`` k and v may have fewer heads, a divisor of q's (grouped-query attention).
+    With ``camera_tokens`` N is the sequence length L (checked by :class:`~hrope.MixedTokens`)."""
     if not isinstance(cameras, Cameras):
         raise EncodingError(f"cameras must be hrope.Cameras, got {type(cameras).__name__}")
     if len(grid) != 2 or min(grid) <= 0:
@@ -28,7 +39,7 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, cameras: Cameras, grid: tuple[int
         )
     B, _, N, _ = q.shape
     expected = cameras.num_views * grid[0] * grid[1]
-    if N != expected:
+    if N != expected and camera_tokens is None:
         raise EncodingError(
             f"N = {N} tokens, but {cameras.num_views} views x grid {tuple(grid)} = {expected}"
         )
@@ -46,6 +57,7 @@ def multiview_attention(
     grid: tuple[int, int],
     planes=None,
     params: dict | None = None,
+    camera_tokens=None,
     **sdpa_kwargs,
 ) -> Tensor:
     """Multi-view self-attention with a geometric positional encoding.
@@ -59,14 +71,139 @@ def multiview_attention(
         grid: ``(grid_h, grid_w)`` patches per view.
         planes: :class:`hrope.Planes` for the plane-based encodings.
         params: extra per-token inputs of an encoding (e.g. ``{"depth": z}`` for ``hrope-depth``).
+        camera_tokens: None (all N tokens are camera tokens), or where the V * grid_h * grid_w
+            camera tokens sit among the L tokens of q, k, v (a slice, integer positions or a
+            boolean mask, :class:`~hrope.MixedTokens`); the others get the identity transform.
         **sdpa_kwargs: passed to ``scaled_dot_product_attention`` (``attn_mask``, ``dropout_p``,
             ``scale``, ...).
 
     Returns ``(B, heads, N, head_dim)``, like SDPA. Geometry is computed in float32 (float64 for
     float64 q) and cast to q's dtype.
     """
-    check_qkv(q, k, v, cameras, grid, enable_gqa=sdpa_kwargs.get("enable_gqa", False))
+    check_qkv(q, k, v, cameras, grid, enable_gqa=sdpa_kwargs.get("enable_gqa", False), camera_tokens=camera_tokens)
     if q.dtype == torch.float64 and cameras.K.dtype != torch.float64:
         cameras = cameras.to(dtype=torch.float64)
     prepared = get_encoding(encoding).prepare(cameras, tuple(grid), q.shape[-1], planes=planes, **(params or {}))
+    if camera_tokens is not None:
+        prepared = MixedTokens(prepared, camera_tokens, q.shape[2])
     return prepared.attention(q, k, v, **sdpa_kwargs)
+
+
+def _relative(transform, where: str) -> Prepared | None:
+    """``transform`` if it is None or a relative encoding's prepared transform, else one-line EncodingError."""
+    if transform is not None and (not isinstance(transform, Prepared) or transform.query_frame):
+        got = "a query-frame transform" if isinstance(transform, Prepared) else type(transform).__name__
+        raise EncodingError(f"{where} takes a relative encoding's TokenTransform, a MixedTokens over one, or None "
+                            f"(identity), got {got}; query-frame encodings re-encode keys per query view: prepare "
+                            "one transform over all the cameras and use its attention() with an attn_mask")
+    return transform
+
+
+def cross_attention(q: Tensor, k: Tensor, v: Tensor, *, query: Prepared | None, key: Prepared | None,
+                    **sdpa_kwargs) -> Tensor:
+    """Queries of one token set attending to the keys and values of another, each set with its own transform.
+
+    ``query`` transforms q and the output (``apply_q``, ``apply_o``), ``key`` transforms k and v
+    (``apply_k``, ``apply_v``): each a relative encoding's :class:`~hrope.TokenTransform`, a
+    :class:`~hrope.MixedTokens` over one (identity tokens on that side), or None (a set without
+    cameras, e.g. text: identity). Logits q_i^T D_i D_j^-1 k_j, one SDPA call.
+
+    q ``(B, heads, Lq, d)``, k and v ``(B, heads_kv, Lk, d)`` (each checked by its transform);
+    returns ``(B, heads, Lq, d)``. ``sdpa_kwargs`` go to SDPA (``attn_mask`` ``(..., Lq, Lk)``, ...).
+    Query-frame encodings are refused (EncodingError).
+    """
+    query, key = _relative(query, "cross_attention: query"), _relative(key, "cross_attention: key")
+    if query is not None and key is not None:
+        shapes = [(t.batch_size, t.head_dim) for t in (query, key)]
+        if shapes[0] != shapes[1]:
+            raise EncodingError(f"cross_attention: query transform has (batch, head_dim) = {shapes[0]}, key transform "
+                                f"{shapes[1]}; they must agree")
+        if query.transform_values != key.transform_values:
+            raise EncodingError("cross_attention: query and key transforms must agree on transform_values "
+                                "(both transform v and the output, or neither)")
+    check_mask_options(sdpa_kwargs)
+    if query is not None:
+        q = query.apply_q(q)
+    if key is not None:
+        k, v = key.apply_k(k), key.apply_v(v)
+    out = F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)
+    return out if query is None else query.apply_o(out)
+
+
+def _chunk_signature(x: Tensor) -> tuple:
+    """What every chunk of a cache shares: batch, heads, head_dim, dtype and device."""
+    return x.shape[0], x.shape[1], x.shape[3], x.dtype, x.device
+
+
+class KVCache:
+    """The encoded keys and values of every token seen so far, for incremental decoding (one per layer).
+
+    Each call takes a new chunk of tokens (new frames with their cameras, identity tokens such as
+    text, or both) with its own ``transform`` (a relative encoding's
+    :class:`~hrope.TokenTransform`, a :class:`~hrope.MixedTokens` over one, or None for identity
+    tokens): its keys and values are transformed once (D^-1 k, D^-1 v) and appended, its queries
+    transformed and attended over every cached token. Exact because a relative encoding's D_j
+    depends on token j alone; prepare once over all cameras and take
+    :meth:`~hrope.TokenTransform.select_views` per chunk where D depends on all cameras (``hrope``
+    with ``gauge="centroid"``, its default). Query-frame encodings are refused (their keys
+    depend on the query view). Appending concatenates (O(cached) copy per call).
+
+    ``keys``, ``values``: the cache ``(B, heads_kv, T, d)``, None while empty.
+    """
+
+    def __init__(self) -> None:
+        self.keys: Tensor | None = None
+        self.values: Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def append(self, k: Tensor, v: Tensor, transform: Prepared | None = None) -> tuple[Tensor, Tensor]:
+        """Transform the new chunk's k, v ``(B, heads_kv, Lk, d)`` (``apply_k``, ``apply_v``), append
+        them and return the whole cache ``(B, heads_kv, T, d)``. The cache is unchanged on an error."""
+        transform = _relative(transform, "KVCache")
+        if not (isinstance(k, Tensor) and isinstance(v, Tensor) and k.ndim == 4 and k.shape == v.shape):
+            shapes = [tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__ for x in (k, v)]
+            raise EncodingError(f"KVCache: k and v must share one shape (B, heads, tokens, head_dim), "
+                                f"got {shapes[0]}, {shapes[1]}")
+        if self.keys is not None and _chunk_signature(k) != _chunk_signature(self.keys):
+            cached = self.keys
+            raise EncodingError(f"KVCache: new keys {tuple(k.shape)} {k.dtype} on {k.device} must match the cache's "
+                                f"(B, heads, ., head_dim) = {tuple(cached.shape)} {cached.dtype} on {cached.device}")
+        if transform is not None:
+            k, v = transform.apply_k(k), transform.apply_v(v)
+        if self.keys is None:
+            self.keys, self.values = k, v
+        else:
+            self.keys, self.values = torch.cat([self.keys, k], 2), torch.cat([self.values, v], 2)
+        return self.keys, self.values
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, transform: Prepared | None = None, *,
+                  is_causal: bool = False, attn_mask: Tensor | None = None, **sdpa_kwargs) -> Tensor:
+        """Append the new chunk (:meth:`append`) and return its queries' outputs over all T cached tokens.
+
+        q ``(B, heads, L, d)`` holds the chunk's L queries (the same tokens as k and v, the last L
+        of the sequence). ``is_causal=False``: each new token attends to every cached token and to
+        the whole chunk (across chunks, block-causal: frame by frame). ``is_causal=True``: the
+        token at sequence position p attends to positions <= p (causal over the whole sequence,
+        SDPA's lower-right causal bias). ``attn_mask`` ``(..., L, T)``: the caller's own.
+        """
+        check_mask_options({"is_causal": is_causal, "attn_mask": attn_mask})
+        if not (isinstance(q, Tensor) and isinstance(k, Tensor) and q.ndim == k.ndim == 4 and
+                (q.shape[0], *q.shape[2:]) == (k.shape[0], *k.shape[2:])):
+            shapes = [tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__ for x in (q, k)]
+            raise EncodingError(f"KVCache.attention: q and k must be (B, heads, L, head_dim) alike but for the heads "
+                                f"(the new chunk's L tokens each), got {shapes[0]}, {shapes[1]}")
+        total = len(self) + k.shape[2]
+        if attn_mask is not None and attn_mask.shape[-1] != total:
+            raise EncodingError(f"KVCache.attention: attn_mask must end in (new tokens, cached + new tokens) = "
+                                f"({q.shape[2]}, {total}), got {tuple(attn_mask.shape)}")
+        q = q if transform is None else _relative(transform, "KVCache").apply_q(q)
+        keys, values = self.append(k, v, transform)
+        L = q.shape[2]
+        if is_causal and L < total:  # the queries are the last L of T tokens: causal aligned lower-right
+            from torch.nn.attention.bias import causal_lower_right  # not loaded by import torch
+
+            attn_mask, is_causal = (None if L == 1 else causal_lower_right(L, total)), False
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, is_causal=is_causal, **sdpa_kwargs)
+        return out if transform is None else transform.apply_o(out)

@@ -10,6 +10,9 @@ Attention is then explicit:
 
     a_ij = softmax_j((D_i^T q_i)·(D_j^-1 k_j) * scale),   o_i = D_i Σ_j a_ij D_j^-1 v_j.
 
+Tokens without a camera (registers, text: ``camera_tokens``) are tokens whose D is the identity
+matrix (:func:`with_identity_tokens`); cross-attention is :func:`dense_attention` with the two
+token sets' matrices, a KV cache the same attention over the concatenated sequence with its mask.
 This costs O(N d^2) memory and O(N^2) time: use it on small inputs.
 """
 
@@ -33,7 +36,7 @@ from .encodings.rayrope import COORDINATE_PERIODS, RAY_OFFSETS
 from .planes import MAX_DEPTH, MAX_INVERSE_DISTANCE, MIN_DEPTH, MIN_GRAZING_COS
 
 __all__ = ["multiview_attention", "token_matrices", "dense_attention", "query_frame_matrices",
-           "query_frame_attention", "Layout"]
+           "query_frame_attention", "Layout", "camera_token_positions", "with_identity_tokens"]
 
 
 class Layout(NamedTuple):
@@ -335,6 +338,28 @@ def token_matrices(encoding: str | Encoding, cameras: Cameras, grid, head_dim: i
     return D, layout
 
 
+def camera_token_positions(camera_tokens, length: int) -> Tensor:
+    """Positions ``(N,)`` of the camera tokens among ``length``: ``arange(length)[camera_tokens]`` for a
+    slice, integer positions (the i-th: camera token i) or a boolean mask (sequence order)."""
+    if not isinstance(camera_tokens, (slice, Tensor)):
+        camera_tokens = torch.tensor(list(camera_tokens), dtype=torch.long)
+    elif isinstance(camera_tokens, Tensor):
+        camera_tokens = camera_tokens.cpu()
+    return torch.arange(length)[camera_tokens]
+
+
+def with_identity_tokens(D: Tensor, camera_tokens, length: int) -> Tensor:
+    """Per-token matrices ``(B, length, d, d)``: the camera tokens' ``D (B, N, d, d)`` at their
+    positions (:func:`camera_token_positions`), the identity matrix at every other position."""
+    B, N, d, _ = D.shape
+    full = torch.eye(d, dtype=D.dtype).repeat(B, length, 1, 1)
+    positions = camera_token_positions(camera_tokens, length)
+    if positions.numel() != N:
+        raise EncodingError(f"camera_tokens gives {positions.numel()} positions for {N} camera tokens")
+    full[:, positions] = D
+    return full
+
+
 def _sdpa_options(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float,
                   is_causal: bool, enable_gqa: bool) -> tuple[Tensor, Tensor, Tensor | None]:
     """SDPA's keyword options for the dense references: k and v with their heads repeated
@@ -387,9 +412,9 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, D_q: Tensor, D_k: Tensor, *
 
 
 def multiview_attention(q: Tensor, k: Tensor, v: Tensor, *, encoding: str | Encoding, cameras: Cameras,
-                        grid, planes=None, params: dict | None = None, attn_mask: Tensor | None = None,
-                        dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-                        enable_gqa: bool = False) -> Tensor:
+                        grid, planes=None, params: dict | None = None, camera_tokens=None,
+                        attn_mask: Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
+                        scale: float | None = None, enable_gqa: bool = False) -> Tensor:
     """Dense float64 reference of :func:`hrope.multiview_attention`: same arguments and output.
 
     q, k, v ``(B, heads, N, head_dim)``; returns float64 ``(B, heads, N, head_dim)`` computed on the
@@ -398,14 +423,19 @@ def multiview_attention(q: Tensor, k: Tensor, v: Tensor, *, encoding: str | Enco
     with ``attn_mask``), ``scale``, ``enable_gqa``, and ``dropout_p`` only as 0.0 (ValueError
     otherwise: a deterministic reference cannot reproduce dropout). The documented input clamps of
     the fast path (the grazing clamp of ``Planes(normal, depth)``, ``hrope``'s plane clamps) are
-    implemented here too, so float64 fast-path outputs equal this to about 1e-9.
+    implemented here too, so float64 fast-path outputs equal this to about 1e-9. With
+    ``camera_tokens`` q, k, v have L tokens, the camera tokens at those positions
+    (:func:`camera_token_positions`) and identity matrices elsewhere.
     """
     encoding = get_encoding(encoding)
     sdpa = {"attn_mask": attn_mask, "dropout_p": dropout_p, "is_causal": is_causal, "scale": scale,
             "enable_gqa": enable_gqa}
     if encoding.query_frame:
-        return query_frame_attention(q, k, v, encoding=encoding, cameras=cameras, grid=grid, params=params, **sdpa)
+        return query_frame_attention(q, k, v, encoding=encoding, cameras=cameras, grid=grid, params=params,
+                                     camera_tokens=camera_tokens, **sdpa)
     D, _ = token_matrices(encoding, cameras, grid, q.shape[-1], planes, params)
+    if camera_tokens is not None:
+        D = with_identity_tokens(D, camera_tokens, q.shape[2])
     return dense_attention(q, k, v, D, D, transform_values=encoding.transforms_values, **sdpa)
 
 
@@ -596,7 +626,7 @@ def query_frame_matrices(encoding: str | Encoding, cameras: Cameras, grid, head_
 
 
 def query_frame_attention(q: Tensor, k: Tensor, v: Tensor, *, encoding: str | Encoding, cameras: Cameras,
-                          grid, params: dict | None = None, attn_mask: Tensor | None = None,
+                          grid, params: dict | None = None, camera_tokens=None, attn_mask: Tensor | None = None,
                           dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                           enable_gqa: bool = False) -> Tensor:
     """Dense reference of a query-frame encoding: with M_j^(c) from :func:`query_frame_matrices`,
@@ -606,18 +636,28 @@ def query_frame_attention(q: Tensor, k: Tensor, v: Tensor, *, encoding: str | En
     c the view of query i and M_i = M_i^(c) (the transpose, not the inverse, on the key side).
     q, k, v ``(B, heads, N, head_dim)``; returns float64 ``(B, heads, N, head_dim)``. SDPA's
     options as in :func:`multiview_attention` (``is_causal`` is causal over the whole sequence).
+
+    With ``camera_tokens`` q, k, v have L tokens and identity tokens get M = I on both sides, except
+    that an identity query sees camera key j through M_j^(view(j)), the key in its own view's frame.
     """
     k, v, attn_mask = _sdpa_options(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
     q, k, v = q.double(), k.double(), v.double()
-    B, H, N, d = q.shape
+    B, H, L, d = q.shape
     M = query_frame_matrices(encoding, cameras, grid, d, params)  # (B, V, N, d, d)
-    V = M.shape[1]
-    P = N // V
-    view_of = torch.arange(N) // P
-    M_q = M[:, view_of, torch.arange(N)]  # (B, N, d, d)
+    V, N = M.shape[1:3]
+    view_of = torch.arange(N) // (N // V)
+    own = M[:, view_of, torch.arange(N)]  # (B, N, d, d): every camera token in its own view's frame
+    cam = torch.arange(N) if camera_tokens is None else camera_token_positions(camera_tokens, L)
+    taken = set(cam.tolist())
+    identity = torch.tensor([p for p in range(L) if p not in taken], dtype=torch.long)
+    eye = torch.eye(d, dtype=torch.float64)
+    M_q = eye.repeat(B, L, 1, 1)
+    M_q[:, cam] = own
     q_t = (M_q.transpose(-1, -2)[:, None] @ q[..., None]).squeeze(-1)
-    M_k = M[:, view_of]  # (B, N queries, N keys, d, d): key matrices in each query's frame
-    k_t = (M_k.transpose(-1, -2)[:, None] @ k[:, :, None, :, :, None]).squeeze(-1)  # (B, H, Nq, Nk, d)
+    M_k = eye.repeat(B, L, L, 1, 1)  # (B, L queries, L keys, d, d): key matrices in each query's frame
+    M_k[:, cam[:, None], cam[None, :]] = M[:, view_of]
+    M_k[:, identity[:, None], cam[None, :]] = own[:, None]
+    k_t = (M_k.transpose(-1, -2)[:, None] @ k[:, :, None, :, :, None]).squeeze(-1)  # (B, H, Lq, Lk, d)
     v_t = (M_k.transpose(-1, -2)[:, None] @ v[:, :, None, :, :, None]).squeeze(-1)
     logits = (q_t[:, :, :, None, :] * k_t).sum(-1) * (scale if scale is not None else 1.0 / math.sqrt(d))
     out = (_softmax(logits, attn_mask)[..., None] * v_t).sum(-2)

@@ -25,7 +25,7 @@ from .banded import banded_operator, banded_product, inverse_rope, rope_diagonal
 from ..errors import InputError
 
 __all__ = ["BACKENDS", "HeadLayout", "patch_index_rope_angles", "rope_tables", "per_token_param", "check_prepared_input",
-           "TokenTransform", "Encoding", "Prepared", "EncodingError"]
+           "check_mask_options", "TokenTransform", "Encoding", "Prepared", "EncodingError"]
 
 ROPE_BASE = 100.0
 # How a TokenTransform applies D: "torch" (banded.py's passes, every device), "triton" (the fused
@@ -132,8 +132,21 @@ def check_prepared_input(x: Tensor, batch_size: int, tokens: int, head_dim: int,
         raise EncodingError(f"expected a floating-point tensor, got {x.dtype}")
 
 
+def check_mask_options(sdpa_kwargs: dict) -> None:
+    """SDPA's ``attn_mask`` and ``is_causal`` are exclusive (one-line :class:`EncodingError`)."""
+    if sdpa_kwargs.get("is_causal") and sdpa_kwargs.get("attn_mask") is not None:
+        raise EncodingError("pass either attn_mask or is_causal, not both")
+
+
 class Prepared:
-    """An encoding bound to one set of cameras, grid and per-token parameters."""
+    """An encoding bound to one set of cameras, grid and per-token parameters.
+
+    Every prepared transform has ``batch_size``, ``device``, ``head_dim`` and ``num_tokens`` (the
+    shape it applies to), ``query_frame`` (keys re-encoded per query view) and ``transform_values``.
+    """
+
+    query_frame: bool = False
+    transform_values: bool = True
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs) -> Tensor:
         """Encoded SDPA over all N tokens: q, k, v ``(B, heads, N, head_dim)`` -> ``(B, heads, N, head_dim)``."""
@@ -171,9 +184,10 @@ class TokenTransform(Prepared):
     blocks again): use ``use_reentrant=False`` or one object per checkpointed layer.
 
     ``apply_q``, ``apply_k``, ``apply_v`` and ``apply_o`` take ``(B, heads, N, head_dim)``.
-    Cross-attention: build one transform for the query tokens and one for the key tokens and use
-    the first's ``apply_q``/``apply_o`` with the second's ``apply_k``/``apply_v``. Extra tokens
-    (registers, text) are sliced out before the transforms and concatenated back after.
+    Tokens without a camera (registers, text): :class:`hrope.MixedTokens`; cross-attention between
+    two token sets: :func:`hrope.cross_attention`; incremental decoding: :class:`hrope.KVCache`;
+    a subset of the views (one chunk of a cache, one side of a cross-attention) with the blocks
+    prepared over all views: :meth:`select_views`.
     """
 
     def __init__(self, layout: HeadLayout, num_views: int, grid: tuple[int, int],
@@ -184,6 +198,7 @@ class TokenTransform(Prepared):
             raise EncodingError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         self.layout = layout
         self.backend = backend
+        self.rope_base = rope_base
         self.num_views = num_views
         self.grid = grid
         self.batch_size = batch_size
@@ -207,6 +222,24 @@ class TokenTransform(Prepared):
     def num_tokens(self) -> int:
         return self.num_views * self.grid[0] * self.grid[1]
 
+    @property
+    def head_dim(self) -> int:
+        return self.layout.head_dim
+
+    def select_views(self, views) -> "TokenTransform":
+        """The transform of the views ``views`` (a list of view indices, in the new order), sharing
+        this one's blocks: what preparing those views alone gives, except where D depends on all
+        the cameras (``hrope``'s default ``gauge="centroid"``), which keeps this transform's gauge."""
+        views = list(views) if isinstance(views, (list, tuple, range)) else views
+        if not isinstance(views, list) or not views or \
+                not all(isinstance(c, int) and 0 <= c < self.num_views for c in views):
+            got = views if isinstance(views, list) else type(views).__name__
+            raise EncodingError(f"views must be a non-empty list of view indices in [0, {self.num_views}), got {got}")
+        blocks = self.geometric_blocks()
+        geo = () if blocks is None else tuple(b[:, views] for b in blocks)
+        return TokenTransform(self.layout, len(views), self.grid, *geo, batch_size=self.batch_size, device=self.device,
+                              transform_values=self.transform_values, rope_base=self.rope_base, backend=self.backend)
+
     # --------------------------------------------------------------------------- apply
     def apply_q(self, x: Tensor) -> Tensor:
         """``D_i^T q_i`` (queries): x ``(B, heads, N, head_dim)`` -> same shape."""
@@ -229,8 +262,7 @@ class TokenTransform(Prepared):
     def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs) -> Tensor:
         """``apply_o(sdpa(apply_q(q), apply_k(k), apply_v(v)))``, logits q_i^T D_i D_j^-1 k_j: q, k, v
         ``(B, heads, N, head_dim)`` -> ``(B, heads, N, head_dim)``; ``sdpa_kwargs`` go to SDPA."""
-        if sdpa_kwargs.get("is_causal") and sdpa_kwargs.get("attn_mask") is not None:  # as QueryFrameTransform
-            raise EncodingError("pass either attn_mask or is_causal, not both")
+        check_mask_options(sdpa_kwargs)  # as QueryFrameTransform
         out = F.scaled_dot_product_attention(self.apply_q(q), self.apply_k(k), self.apply_v(v), **sdpa_kwargs)
         return self.apply_o(out)
 

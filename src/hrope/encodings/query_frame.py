@@ -123,6 +123,8 @@ class QueryFrameTransform(Prepared):
     and head_dim, the prepared device, any floating dtype (the compute dtype is the input's).
     """
 
+    query_frame = True
+
     def __init__(self, re: Tensor, im: Tensor, grid: tuple[int, int], execution: str = "loop",
                  recompute: bool = False) -> None:
         if execution not in EXECUTIONS:
