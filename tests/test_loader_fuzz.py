@@ -89,7 +89,7 @@ def corrupt_transforms(folder: Path, data) -> int:
         return V
     if operation == "delete image":
         delete_image(folder, data)
-        return V
+        return V - 1  # a listed frame whose image file is absent is skipped
     meta = json.loads(path.read_text())
     frames = meta["frames"]
     expected = V
@@ -101,6 +101,7 @@ def corrupt_transforms(folder: Path, data) -> int:
         numbers = [(row, j) for f in frames for row in f["transform_matrix"] for j in range(len(row))]
         owner, key = data.draw(st.sampled_from(fields + numbers), label="field")
         owner[key] = data.draw(st.sampled_from(BAD_VALUES), label="value")
+        expected -= key == "file_path" and isinstance(owner[key], str)  # an absent image: the frame is skipped
     elif operation == "drop":
         del frames[data.draw(st.integers(0, V - 1), label="dropped frame")]
         expected = V - 1
@@ -128,7 +129,7 @@ def corrupt_colmap(folder: Path, data) -> int:
     operation = data.draw(st.sampled_from(OPERATIONS), label="operation")
     if operation == "delete image":
         delete_image(folder, data)
-        return V
+        return V - 1  # a listed image whose file is absent is skipped
     path = folder / "sparse/0" / data.draw(st.sampled_from(["cameras.txt", "images.txt"]), label="file")
     if operation == "truncate":
         truncate(path, data)
@@ -148,6 +149,7 @@ def corrupt_colmap(folder: Path, data) -> int:
         tokens = line.split(" ")
         k = data.draw(st.integers(0, len(tokens) - 1), label="token")
         tokens[k:k + 1] = [] if operation == "delete" else [data.draw(st.sampled_from(BAD_TOKENS), label="value")]
+        expected -= operation == "set" and is_image_line(line) and k == 9 and tokens[k] != ""  # another NAME: absent
         lines[n] = " ".join(tokens)
     path.write_text("\n".join(lines) + "\n")
     return expected

@@ -127,7 +127,7 @@ def test_nerfstudio_reprojects(tmp_path, shared):
     assert_images(scene, images)
 
 
-def test_instant_ngp_camera_angle_and_distortion_warning(tmp_path, caplog):
+def test_instant_ngp_camera_angle_and_ignored_distortion_warning(tmp_path, caplog):
     K, E, _ = truth(2, centred=True, square_pixels=True)
     K[:] = K[0]
     images = view_images(2)
@@ -140,8 +140,8 @@ def test_instant_ngp_camera_angle_and_distortion_warning(tmp_path, caplog):
         frame["file_path"] = frame["file_path"][:-4]  # Blender style: no extension
     (tmp_path / "transforms.json").write_text(json.dumps(meta))
     with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
-        scene = load_scene(tmp_path / "transforms.json")
-    assert "distortion" in caplog.text
+        scene = load_scene(tmp_path / "transforms.json", undistort=False)
+    assert "OPENCV lens distortion ignored" in caplog.text
     X = points_in_front(E, 2)
     assert_reprojects(scene, project_cv(K, E, X), X)
 
@@ -212,8 +212,8 @@ def test_colmap_reprojects(tmp_path, layout, caplog):
     write_colmap(tmp_path, K, E, images, layout)
     assert detect_format(tmp_path) == "colmap"
     with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
-        scene = load_scene(tmp_path)
-    assert "SIMPLE_RADIAL" in caplog.text and "OPENCV" in caplog.text
+        scene = load_scene(tmp_path, undistort=False)  # the images as written (tests/test_undistort.py undistorts)
+    assert "OPENCV, SIMPLE_RADIAL lens distortion ignored" in caplog.text
     X = points_in_front(E, 3)
     assert_reprojects(scene, project_cv(K, E, X), X)
     assert_images(scene, images)
@@ -229,12 +229,13 @@ def test_colmap_unsupported_model_names_line(tmp_path):
 
 
 # ---------------------------------------------------------------- LLFF
-def write_llff(folder: Path, K, E, images, factor: int) -> None:
+def write_llff(folder: Path, K, E, images, factor: int, size=(H, W)) -> None:
+    """``poses_bounds.npy`` for full-resolution ``size`` images, and ``images`` in ``images_{factor}``."""
     rows = []
     for v in range(V):
         c2w = torch.linalg.inv(E[v])
         right, down, forward, centre = c2w[:3, 0], c2w[:3, 1], c2w[:3, 2], c2w[:3, 3]
-        hwf = torch.tensor([H, W, float(K[v, 0, 0])], dtype=torch.float64)
+        hwf = torch.tensor([size[0], size[1], float(K[v, 0, 0])], dtype=torch.float64)
         pose = torch.stack([down, right, -forward, centre, hwf], 1)  # LLFF [down, right, back]
         rows.append(torch.cat([pose.reshape(-1), torch.tensor([0.5, 9.0], dtype=torch.float64)]))
         save_png(folder / ("images" if factor == 1 else f"images_{factor}") / f"IMG_{v:03d}.png", images[v])
@@ -246,13 +247,14 @@ def test_llff_reprojects_with_downsampled_images(tmp_path):
     images = view_images(5, size=(H // 2, W // 2))
     write_llff(tmp_path, K, E, images, factor=2)
     assert detect_format(tmp_path) == "llff"
-    scene = load_llff(tmp_path, factor=2)
+    scene = load_llff(tmp_path, image_factor=2)
     assert scene.image_size == (H // 2, W // 2)
     X = points_in_front(E, 5)
     assert_reprojects(scene, project_cv(K, E, X) / 2, X)  # a half-size image halves pixel coordinates
     assert_images(scene, images)
-    with pytest.raises(SceneError, match="images"):
-        load_scene(tmp_path)  # no full-resolution `images` folder
+    assert load_scene(tmp_path).image_size == (H // 2, W // 2)  # no images/: the downsampled folder there is
+    with pytest.raises(SceneError, match=r"image_factor 1 reads images/, which does not exist; .*present: images_2/"):
+        load_scene(tmp_path, image_factor=1)
 
 
 # ---------------------------------------------------------------- RealEstate10K
@@ -428,7 +430,7 @@ def test_folder_source_skips_broken_scene(tmp_path, caplog):
     K, E, _ = truth(40)
     write_nerfstudio(tmp_path / "a_scene", K, E, view_images(40))
     write_colmap(tmp_path / "b_broken", K, E, view_images(41))
-    (tmp_path / "b_broken" / "images" / "img_03.png").unlink()
+    (tmp_path / "b_broken" / "images" / "img_03.png").write_bytes(b"not an image")
     write_colmap(tmp_path / "c_scene", K, E, view_images(42))
     source = make_source("folder", tmp_path, num_views=2, image_size=(8, 8))
     assert len(source) == 3
@@ -686,3 +688,210 @@ def test_co3d_counts_requested_sequences_not_found(tmp_path, caplog):
     assert len(source) == 1
     assert "1 of the 2 requested sequences not found" in caplog.text and "['ghost']" in caplog.text
     assert "1 of the 2 requested categories not found" in caplog.text and "['hydrant']" in caplog.text
+
+
+# ---------------------------------------------------------------- public layouts as distributed (issue #15)
+def warnings_of(caplog) -> list[str]:
+    return [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+
+
+def test_transforms_json_listing_frames_it_does_not_ship_loads_the_rest_with_one_warning(tmp_path, caplog):
+    """The instant-ngp sample scenes list more frames than they ship (50 of 67); instant-ngp keeps a
+    frame only if its file exists, and so does the loader, once per scene of a source."""
+    K, E, _ = truth(70)
+    K[:] = K[0]
+    images = view_images(70)
+    write_nerfstudio(tmp_path, K, E, images)
+    meta = json.loads((tmp_path / "transforms.json").read_text())
+    ghost = {"file_path": "images/frame_99999.png", "transform_matrix": meta["frames"][0]["transform_matrix"]}
+    meta["frames"] = meta["frames"][:2] + [ghost] * 3 + meta["frames"][2:]
+    (tmp_path / "transforms.json").write_text(json.dumps(meta))
+    (tmp_path / "images" / "frame_00001.png").unlink()
+    with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
+        scene = load_scene(tmp_path)
+    assert warnings_of(caplog) == [f"{tmp_path / 'transforms.json'}: 4 of 7 listed frames have no image file and are "
+                                   f"skipped (first: {tmp_path / 'images' / 'frame_00001.png'})"]
+    kept = [0, 2, 3]
+    X = points_in_front(E, 70)[kept]
+    assert_reprojects(scene, project_cv(K[kept], E[kept], X), X)
+    assert_images(scene, [images[v] for v in kept])
+
+    caplog.clear()
+    source = make_source("nerfstudio", tmp_path, num_views=2)
+    with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
+        assert source.num_frames(0) == 3 and source[0].num_views == 2 and source.load_views(0, [2]).num_views == 1
+    assert len(warnings_of(caplog)) == 1  # the files are read once per source, not at every access
+    for path in (tmp_path / "images").iterdir():
+        path.unlink()
+    with pytest.raises(SceneError, match=r"transforms\.json: none of the 7 listed image files exists \(the first: "):
+        load_scene(tmp_path)
+
+
+def test_llff_scene_as_commonly_downloaded_with_only_images_8(tmp_path):
+    """poses_bounds.npy describes the full-resolution photos; the download ships images_8/ with
+    rounded sizes (100x132 / 8 = 12.5x16.5 -> 13x17): K follows the decoded size, not the factor."""
+    K, E, _ = truth(71, size=(100, 132), centred=True, square_pixels=True)
+    images = view_images(71, size=(13, 17))
+    write_llff(tmp_path, K, E, images, factor=8, size=(100, 132))
+    for scene in (load_scene(tmp_path), load_scene(tmp_path, image_factor=8)):
+        assert scene.image_size == (13, 17)
+        X = points_in_front(E, 71)
+        pixels = project_cv(K, E, X) * torch.tensor([17 / 132, 13 / 100], dtype=torch.float64)
+        assert_reprojects(scene, pixels, X)
+        assert_images(scene, images)
+    with pytest.raises(SceneError, match=r"image_factor 4 reads images_4/, which does not exist; image folders "
+                                         r"present: images_8/"):
+        load_scene(tmp_path, image_factor=4)
+    with pytest.raises(SceneError, match=r"field image_factor must be a positive whole number, got 0"):
+        load_scene(tmp_path, image_factor=0)
+    for v in range(V):  # a rotated copy: another aspect ratio, not a rounding
+        save_png(tmp_path / "images_8" / f"IMG_{v:03d}.png", np.ascontiguousarray(images[v].transpose(1, 0, 2)))
+    with pytest.raises(SceneError, match=r"the image is 17x13 but the camera is for 100x132, another aspect ratio"):
+        load_scene(tmp_path)
+    (tmp_path / "images_8").rename(tmp_path / "photos")
+    with pytest.raises(SceneError, match=r"no image folder; looked for images/ and images_N/"):
+        load_scene(tmp_path)
+
+
+def test_colmap_reads_the_downsampled_folder_there_is_and_skips_absent_images(tmp_path, caplog):
+    K, E, _ = truth(72)
+    write_colmap(tmp_path, K, E, view_images(72), models=["PINHOLE"] * V)
+    small = view_images(73, size=(H // 2, W // 2))
+    for v in range(V):
+        (tmp_path / "images" / f"img_{v:02d}.png").unlink()
+        if v != 2:
+            save_png(tmp_path / "images_2" / f"img_{v:02d}.png", small[v])
+    (tmp_path / "images").rmdir()
+    with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
+        scene = load_scene(tmp_path)
+    assert warnings_of(caplog) == [f"{tmp_path / 'sparse/0/images.txt'}: 1 of 4 listed frames have no image file and "
+                                   f"are skipped (first: {tmp_path / 'images_2' / 'img_02.png'})"]
+    kept = [0, 1, 3]
+    X = points_in_front(E, 72)[kept]
+    assert_reprojects(scene, project_cv(K[kept], E[kept], X) / 2, X)
+    assert_images(scene, [small[v] for v in kept])
+
+
+def test_image_factor_chooses_the_folder_and_rescales_K(tmp_path):
+    K, E, _ = truth(74)
+    K[:] = K[0]
+    images, small = view_images(74), view_images(75, size=(H // 2, W // 2))
+    write_nerfstudio(tmp_path, K, E, images)
+    for v in range(V):
+        save_png(tmp_path / "images_2" / f"frame_{v:05d}.png", small[v])
+    X = points_in_front(E, 74)
+    for factor, expected, scale in ((None, images, 1), (1, images, 1), (2, small, 2)):
+        scene = load_scene(tmp_path, image_factor=factor)  # the full-resolution folder unless told otherwise
+        assert_reprojects(scene, project_cv(K, E, X) / scale, X)
+        assert_images(scene, expected)
+    with pytest.raises(SceneError, match=r"image_factor 4 reads images_4/, .* present: images/, images_2/"):
+        load_scene(tmp_path, image_factor=4)
+    edit_json(tmp_path / "transforms.json", lambda meta: meta["frames"][1].update(file_path="frame_00001.png"))
+    with pytest.raises(SceneError, match=r"frames\[1\]: image_factor 2 needs a field 'file_path' under images/, got "):
+        load_scene(tmp_path, image_factor=2)
+
+
+# ---------------------------------------------------------------- Objaverse renderings (Zero123 / EscherNet)
+def zero123_scene():
+    """A synthetic object rendered with Zero123's intrinsics, its world shifted so the point the
+    cameras look at is the origin (Zero123 normalises objects to it): (scene, K, world_to_cam)."""
+    from hrope.nvs.data.config import SyntheticConfig
+    from hrope.nvs.data.synthetic import make_scene
+
+    fov = math.degrees(2 * math.atan(16 / 35))  # a 35 mm lens on a 32 mm sensor
+    config = SyntheticConfig(fov_deg=(fov, fov), focal_aspect_jitter=0.0, principal_point_jitter=0.0)
+    scene = make_scene(0, 0, "object", num_views=V, image_size=(64, 64), config=config)
+    K, E = scene.cameras.K[0].double(), scene.cameras.world_to_cam[0].double()
+    R, t = E[:, :3, :3], E[:, :3, 3]
+    centres, axes = -(R.transpose(1, 2) @ t[..., None])[..., 0], R[:, 2]  # optical axes in the world
+    projectors = torch.eye(3, dtype=torch.float64) - axes[:, :, None] * axes[:, None, :]
+    target = torch.linalg.solve(projectors.sum(0), (projectors @ centres[..., None]).sum(0))[:, 0]
+    shift = torch.eye(4, dtype=torch.float64)
+    shift[:3, 3] = target
+    return scene, K, E @ shift  # X_world_old = X_new + target
+
+
+def write_objaverse(folder: Path, E, images: list[np.ndarray], opencv_axes: bool = False) -> None:
+    """``NNN.png`` + ``NNN.npy`` as Zero123's get_3x4_RT_matrix_from_blender writes them: the
+    Blender camera's world rotation R_b (OpenCV camera-to-world rotation with y and z flipped) and
+    location C give [R_b^T | -R_b^T C]."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for v, image in enumerate(images):
+        c2w = torch.linalg.inv(E[v])
+        rotation = c2w[:3, :3] @ torch.diag(torch.tensor([1.0, -1.0, -1.0], dtype=torch.float64))
+        R = rotation.T if not opencv_axes else c2w[:3, :3].T
+        RT = torch.cat([R, -(R @ c2w[:3, 3])[:, None]], 1)
+        np.save(folder / f"{v:03d}.npy", RT.numpy())
+        Image.fromarray(image).save(folder / f"{v:03d}.png")
+
+
+def test_objaverse_rendering_round_trips_its_cameras_and_composites_over_white(tmp_path):
+    original, K, E = zero123_scene()
+    rgb = [(image.permute(1, 2, 0) * 255).round().byte().numpy() for image in original.images]
+    rgba = [np.concatenate([image, np.full((64, 64, 1), 255, np.uint8)], -1) for image in rgb]
+    rgba[1][:8, :8] = (10, 200, 30, 0)  # transparent background, whatever colour it carries
+    write_objaverse(tmp_path / "obj", E, rgba)
+    assert detect_format(tmp_path / "obj") == "objaverse"
+    scene = load_scene(tmp_path / "obj")
+    torch.testing.assert_close(scene.cameras.K[0].double(), K, atol=1e-4, rtol=0)  # 560 px at 512 = 70 at 64
+    torch.testing.assert_close(scene.cameras.world_to_cam[0].double(), E, atol=1e-5, rtol=0)
+    rgb[1][:8, :8] = 255
+    assert_images(scene, rgb)
+    source = make_source("objaverse", tmp_path)
+    assert len(source) == 1 and source[0].num_views == V
+
+
+def test_objaverse_convention_check_and_bad_files(tmp_path, caplog):
+    original, _, E = zero123_scene()
+    rgb = [(image.permute(1, 2, 0) * 255).round().byte().numpy() for image in original.images]
+    write_objaverse(tmp_path, E, rgb, opencv_axes=True)  # matrices already in OpenCV axes: the object is behind
+    with pytest.raises(SceneError, match=r"4 of 4 cameras have the object centre behind them .*Blender camera axes"):
+        load_scene(tmp_path)
+    write_objaverse(tmp_path, E, rgb)
+    (tmp_path / "002.png").unlink()
+    with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
+        assert load_scene(tmp_path).num_views == V - 1
+    assert warnings_of(caplog) == [f"{tmp_path}: 1 of 4 listed frames have no image file and are skipped (first: "
+                                   f"{tmp_path / '002.png'})"]
+    np.save(tmp_path / "001.npy", np.eye(3))
+    with pytest.raises(SceneError, match=r"001\.npy: expected a numeric 3x4 \[R \| t\] matrix, got float64 \(3, 3\)"):
+        load_scene(tmp_path)
+    with pytest.raises(SceneError, match=r"image_factor picks an images_N/ folder; Objaverse renderings have none"):
+        load_scene(tmp_path, image_factor=2)
+    turn = torch.eye(4, dtype=torch.float64)  # camera 3 turned 40 degrees away: the object leaves its 49-degree view
+    turn[0, 0] = turn[2, 2] = math.cos(math.radians(40))
+    turn[0, 2], turn[2, 0] = math.sin(math.radians(40)), -math.sin(math.radians(40))
+    E[3] = turn @ E[3]
+    write_objaverse(tmp_path, E, rgb)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
+        load_scene(tmp_path)
+    assert warnings_of(caplog) == [f"{tmp_path}: the object centre projects outside 1 of 4 views (first: "
+                                   f"{tmp_path / '003.npy'}); Zero123 renderings always look at it"]
+
+
+# ---------------------------------------------------------------- the data keys of a run config
+def test_data_config_keys_reach_the_loaders(tmp_path):
+    from hrope.nvs.config import ConfigError, resolve
+    from hrope.nvs.datasets import build_scene_source
+
+    K, E, _ = truth(76, centred=True, square_pixels=True)
+    write_llff(tmp_path / "scene", K, E, view_images(76), factor=1)
+    write_llff(tmp_path / "scene", K, E, view_images(77, size=(H // 2, W // 2)), factor=2)
+    data = {"kind": "llff", "root": str(tmp_path / "scene"), "image_factor": 2, "cache_dir": str(tmp_path / "cache"),
+            "workers": 2}
+    source = build_scene_source(resolve({"data": data}), "train")
+    assert (source.image_factor, source.workers, source.cache.folder) == (2, 2, tmp_path / "cache")
+    assert source.frames(0)[0].image.parent.name == "images_2"
+    assert source.load_views(0, [0, 3]).image_size == (64, 64)  # the tiny preset's resolution
+    assert len(list((tmp_path / "cache").rglob("*.npy"))) == 2
+    assert build_scene_source(resolve({"data": {**data, "cache": False}}), "train").cache is None
+    with pytest.raises(SceneError, match=r"workers must be a non-negative integer, got -1"):
+        make_source("llff", tmp_path / "scene", workers=-1)
+    with pytest.raises(ConfigError, match=r"data.image_factor is for the scene-folder kinds \(colmap, dl3dv, "):
+        build_scene_source(resolve({"data": {**data, "kind": "re10k"}}), "train")
+    for key, value, accepted in (("image_factor", 0, "null or a positive integer"),
+                                 ("workers", -1, "a non-negative integer"), ("undistort", "yes", "true or false"),
+                                 ("cache_dir", "", "null or a path")):
+        with pytest.raises(ConfigError, match=rf"data\.{key} must be {accepted}"):
+            resolve({"data": {key: value}})

@@ -92,7 +92,7 @@ def test_gradient_property_would_catch_a_wrong_backward(monkeypatch):
     def untransposed_backward(ctx, grad):
         x, blocks = ctx.saved_tensors
         grad_x = banded.banded_product(grad, blocks, ctx.num_blocks, ctx.rope)
-        return grad_x, None, None, None, None, None, None
+        return grad_x, None, None, None, None, None, None, None
 
     cameras = random_cameras(B=1, V=2, seed=1)
     q = random_qkv(1, 2, 4, 16, seed=1)[0].requires_grad_()
@@ -102,6 +102,6 @@ def test_gradient_property_would_catch_a_wrong_backward(monkeypatch):
         return torch.autograd.grad(attention(q, k, v, encoding="prope", cameras=cameras, grid=(1, 2)).sum(), q)[0]
 
     expected = grad_q(hrope.reference.multiview_attention)
-    monkeypatch.setattr(banded._BandedProduct, "backward", staticmethod(untransposed_backward))
+    monkeypatch.setattr(banded.TransformProduct, "backward", staticmethod(untransposed_backward))
     with pytest.raises(AssertionError):
         torch.testing.assert_close(grad_q(hrope.multiview_attention), expected, rtol=1e-7, atol=1e-9)

@@ -113,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
                                "none = LPIPS unavailable)")
     viz = commands.add_parser("viz", help="figures")
     viz_commands = viz.add_subparsers(dest="figure", required=True)
-    planes = viz_commands.add_parser("planes", help="predicted plane normals vs ground truth (plane encodings)")
+    planes = viz_commands.add_parser("planes", help="predicted plane normals, vs ground truth when the data has it (plane encodings)")
     planes.add_argument("checkpoint", help="checkpoint.safetensors file or the run folder holding it")
     planes.add_argument("--out", default=None, help="output folder for planes.png (default: <run>/viz)")
     planes.add_argument("--num-scenes", type=_option(Field("int", low=1)), default=4, help="held-out scenes, one row per context view "

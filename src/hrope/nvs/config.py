@@ -131,9 +131,15 @@ DEFAULTS: dict = {
         "num_context": 2,
         "num_target": 1,
         "seed": 0,
-        "cache": True,  # keep generated scenes in memory
+        "cache": True,  # synthetic: keep generated scenes in memory; real: keep decoded views on disk (cache_dir)
         "prefetch": True,  # load the next step's scenes in a background thread while this step trains
         "synthetic": {},  # synthetic kinds: overrides of hrope.nvs.data.SyntheticConfig (e.g. {fov_deg: [40, 60]})
+        "depth": "none",  # real folder kinds: none | points (COLMAP points3D.txt) | maps (depth_file_path per frame)
+        "depth_scale": 0.001,  # scene units per count of a 16-bit PNG depth map (0.001: millimetres)
+        "image_factor": None,  # real folder kinds: read images_N/ (1: images/); None: images/, else the smallest N
+        "undistort": True,  # real data: undistort lens-distorted captures to pinhole images (False: ignore, warn)
+        "cache_dir": None,  # real data, data.cache on: folder of decoded views (None: $XDG_CACHE_HOME/hrope/images)
+        "workers": 0,  # real data: threads decoding the views of one example (0: the loading thread)
     },
     "train": {
         "out": "runs/default",
@@ -165,6 +171,7 @@ DEFAULTS: dict = {
 }
 
 DEVICES = ("auto", "cpu", "cuda")
+DEPTH_SOURCES = ("none", "points", "maps")  # data.depth (hrope.nvs.data.depth_maps)
 _COUNT = Field("int", low=1)
 _SEED = Field("int", low=0, high=2**63 - 1)
 _NON_NEGATIVE = Field("float", low=0)
@@ -185,6 +192,12 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "cache": Field("bool"),
         "prefetch": Field("bool"),
         "synthetic": Field("mapping", nullable=True),  # its keys: hrope.nvs.datasets.synthetic_config
+        "depth": Field("str", choices=DEPTH_SOURCES),
+        "depth_scale": Field("float", above=0),
+        "image_factor": Field("int", low=1, nullable=True),
+        "undistort": Field("bool"),
+        "cache_dir": _OPTIONAL_PATH,
+        "workers": Field("int", low=0),
     },
     "train": {
         "out": Field("path"),

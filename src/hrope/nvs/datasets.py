@@ -13,7 +13,7 @@ from .config import ConfigError
 from .data.batch import collate_scenes
 from .data.config import SyntheticConfig
 from .data.dataset import SceneDataset, SyntheticDataset
-from .data.load import SOURCE_KINDS, make_source
+from .data.load import SOURCE_KINDS, make_source, source_options
 from .data.normalize import normalize_scene
 from .data.scene import SceneError
 from .data.synthetic import KINDS
@@ -91,7 +91,11 @@ def build_scene_source(config: dict, split: str = "train"):
     if data["eval_index"] and data["kind"] != "re10k":
         raise ConfigError(f"data.eval_index is for data.kind 're10k', not {data['kind']!r}")
     size = ModelConfig.from_dict(config["model"]).image_size
-    options = {"image_size": (size, size)}
+    if data["depth"] != "none" and data["kind"] in ("re10k", "co3d"):
+        raise ConfigError(f"data.depth {data['depth']!r} is for scene folders (COLMAP, nerfstudio), not data.kind "
+                          f"{data['kind']!r}; use none")
+    options = {"image_size": (size, size), "depth": data["depth"], "depth_scale": data["depth_scale"],
+               **source_options(data)}
     if split == "eval" and data["eval_index"]:
         options["evaluation_index"] = data["eval_index"]
     try:
@@ -148,9 +152,9 @@ def synthetic_config(config: dict) -> SyntheticConfig:
 def check_synthetic_data(config: dict, num_scenes, split: str) -> None:
     """Clear errors for real-data keys or a missing scene count with a synthetic ``data.kind``."""
     data = config["data"]
-    if data["root"] or data["eval_root"] or data["eval_index"]:
-        raise ConfigError(f"data.root, data.eval_root and data.eval_index are for real data, not the synthetic "
-                          f"kind {data['kind']!r}")
+    if data["root"] or data["eval_root"] or data["eval_index"] or data["depth"] != "none":
+        raise ConfigError(f"data.root, data.eval_root, data.eval_index and data.depth are for real data, not the "
+                          f"synthetic kind {data['kind']!r} (which renders exact depth)")
     if num_scenes is None:
         raise ConfigError(f"{'data' if split == 'train' else 'eval'}.num_scenes must be a number for synthetic data")
 

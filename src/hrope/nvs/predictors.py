@@ -9,8 +9,10 @@ how a raw head output decodes into one such input; a source produces the inputs:
   layer's normalised input; every token (context and target) predicts from its own hidden state.
 - ``backbone`` (:class:`BackboneSource`): a frozen user module on the context images, features
   resampled to the patch grid, a small trainable head (last layer zero-initialised).
-- ``external`` (:class:`ExternalSource`): per-pixel depth (+ optional normals) of the batch,
-  fitted per patch (:meth:`hrope.Planes.from_depth`).
+- ``external`` (:class:`ExternalSource`): per-pixel depth (+ optional normals) of the batch (synthetic
+  depth, depth maps or sparse COLMAP points: ``data.depth``) or of a frozen user depth model,
+  fitted per patch by least squares (:meth:`hrope.Planes.from_depth`) or robustly
+  (:func:`robust_patch_planes`).
 - ``oracle`` (:class:`OracleSource`): the batch's ground-truth planes (``batch.planes(p)``).
 
 Values are dicts ``{name: tensor (B, N, ...)}``; planes travel as their plane vector
@@ -37,6 +39,7 @@ from ..encodings import Encoding, tangent_frames
 from ..errors import InputError
 from ..geometry import make_se3, patch_rays, patchify, pixel_rays
 from ..planes import Planes, check_depth_maps, plane_vectors
+from .config import Field
 from .transfer import transfer_depth, transfer_planes
 
 __all__ = [
@@ -44,7 +47,7 @@ __all__ = [
     "BackboneSource", "ExternalSource", "OracleSource", "PREDICTORS", "build_parameter_source",
     "SOURCE_OPTIONS", "source_options", "TARGETS", "SCOPES", "PLANE_DECODERS", "default_plane_decoder",
     "encoding_inputs", "flatten_values", "load_backbone", "axis_angle_to_matrix", "token_rays",
-    "patch_planes_from_normals", "import_factory",
+    "patch_planes_from_normals", "import_factory", "robust_patch_planes", "FITS", "FALLBACKS",
 ]
 
 # Learned-head values at zero output for the query-frame encodings' uncertainty parameters.
@@ -239,11 +242,19 @@ class ParameterSource(nn.Module):
 
     predicts_in_layers = False
     per_layer = False
+    frozen: tuple[str, ...] = ()  # frozen user submodules: always in eval mode (fixed normalisation statistics)
 
     def __init__(self, specs: list[ParameterSpec], targets: str = "neutral", scope: str = "context") -> None:
         super().__init__()
         self.specs = specs
         self.targets, self.scope = targets, scope
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        for name in self.frozen:
+            if getattr(self, name) is not None:
+                getattr(self, name).eval()
+        return self
 
     def static(self, batch, cameras: Cameras, grid: tuple[int, int], num_context: int) -> dict[str, Tensor]:
         """Values ``{name: (B, V*P, ...)}`` for all V views of the (unfolded) batch."""
@@ -324,7 +335,7 @@ def load_backbone(module: nn.Module, checkpoint: str | Path) -> nn.Module:
     """Load a LOCAL checkpoint into ``module`` (safetensors, or a torch file with weights_only=True)."""
     path = Path(checkpoint)
     if not path.is_file():
-        raise PredictorError(f"backbone checkpoint not found: {path}")
+        raise PredictorError(f"predictor_options.checkpoint not found: {path} (a local file)")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
@@ -349,16 +360,13 @@ class BackboneSource(ParameterSource):
     each decoder's zero-output value (e.g. identity transforms, hrope-lift's plane at infinity), or
     with ``targets="transfer"`` planes transferred from the context views."""
 
+    frozen = ("backbone",)
+
     def __init__(self, specs, module: nn.Module, feature_dim: int, hidden_dim: int = 64,
                  targets: str = "neutral") -> None:
         super().__init__(specs, targets)
         self.backbone = module.eval().requires_grad_(False)
         self.head = nn.Sequential(nn.Linear(feature_dim, hidden_dim), nn.GELU(), _zero_linear(hidden_dim, self.raw_dim))
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self.backbone.eval()  # frozen: keep normalisation statistics fixed
-        return self
 
     def static(self, batch, cameras, grid, num_context):
         images = batch.images[:, :num_context]
@@ -439,42 +447,170 @@ def patch_planes_from_normals(depth: Tensor, normals: Tensor, cameras: Cameras, 
     return Planes.from_m(m)
 
 
+FITS = ("least-squares", "robust")
+FALLBACKS = ("median", "infinity")
+RANSAC_HYPOTHESES = 64  # planes tried per patch (fixed draws): 50 % outliers leave ~2e-4 of patches without a clean one
+
+
+def _inliers(points: Tensor, valid: Tensor, normal: Tensor, offset: Tensor, threshold: float) -> Tensor:
+    """``(B, N, K)``: valid points ``(B, N, K, 3)`` within ``threshold`` x their depth of the planes
+    ``{X : normal·X = offset}`` (``normal (B, N, 3)`` unit, ``offset (B, N)``)."""
+    distance = ((points * normal[:, :, None]).sum(-1) - offset[..., None]).abs()
+    return valid & (distance < threshold * points[..., 2])
+
+
+def robust_patch_planes(depth: Tensor, cameras: Cameras, patch_size: int, min_points: int = 5,
+                        threshold: float = 0.02, fallback: str = "median") -> Planes:
+    """Per-patch planes from z-depth ``(B, V, H, W)`` (sparse, e.g. SfM points, or dense) that ignore outliers.
+
+    Pixels with finite positive depth are back-projected (pixel centres). A patch with at least
+    ``min_points`` of them runs RANSAC: :data:`RANSAC_HYPOTHESES` planes through three of its points
+    (the same fixed draws in every patch), a point being an inlier when its distance to the plane is
+    below ``threshold`` times its depth; the plane with the most inliers is refitted to its inliers by
+    least squares (:meth:`hrope.Planes.from_depth`). A patch with fewer points, or fewer inliers,
+    gets the ``fallback`` (:data:`FALLBACKS`): ``median``, the fronto-parallel plane at the median depth
+    of its points, or of its view's points when it has none (the plane at infinity, m = 0, when the
+    view has none either); ``infinity``, the plane at infinity.
+    """
+    check_depth_maps(depth, cameras, patch_size)
+    depth, cameras = depth.float(), cameras.to(dtype=torch.float32)
+    B, V, H, W = depth.shape
+    p = patch_size
+    ok = torch.isfinite(depth) & (depth > 0)
+    z = torch.where(ok, depth, torch.zeros_like(depth))
+    points = patchify((pixel_rays(cameras.K, (H, W)) * z[..., None]).movedim(-1, 2), p).mT.flatten(1, 2)  # (B, N, K, 3)
+    valid = patchify(ok[:, :, None].float(), p)[:, :, :, 0].flatten(1, 2) > 0  # (B, N, K)
+    # three distinct valid points per hypothesis: positions in the patch's valid points, mapped through `order`
+    count = valid.sum(-1, keepdim=True).clamp_min(3)  # (B, N, 1)
+    draws = torch.rand(RANSAC_HYPOTHESES, 3, generator=torch.Generator().manual_seed(0)).to(depth.device)
+    first = (draws[:, 0] * count).long()
+    second = (first + 1 + (draws[:, 1] * (count - 1)).long()) % count
+    third = (draws[:, 2] * (count - 2)).long()
+    third = third + (third >= torch.minimum(first, second)).long()
+    third = third + (third >= torch.maximum(first, second)).long()
+    order = torch.argsort((~valid).to(torch.uint8), dim=-1, stable=True)  # valid points first
+    index = order.gather(-1, torch.cat([first, second, third], -1))  # (B, N, 3 * hypotheses)
+    corners = points.gather(2, index[..., None].expand(-1, -1, -1, 3)).unflatten(2, (3, RANSAC_HYPOTHESES))
+    a, b = corners[:, :, 1] - corners[:, :, 0], corners[:, :, 2] - corners[:, :, 0]  # (B, N, hypotheses, 3)
+    normal = torch.cross(a, b, dim=-1)
+    area = normal.norm(dim=-1)
+    proper = area > 1e-6 * a.norm(dim=-1) * b.norm(dim=-1)  # not (nearly) collinear
+    normal = normal / area.clamp_min(torch.finfo(area.dtype).tiny)[..., None]
+    offset = (normal * corners[:, :, 0]).sum(-1)
+    scores = torch.stack([_inliers(points, valid, normal[:, :, h], offset[:, :, h], threshold).sum(-1)
+                          for h in range(RANSAC_HYPOTHESES)], -1)
+    best = torch.where(proper, scores, -1).argmax(-1, keepdim=True)  # (B, N, 1)
+    best_normal = normal.gather(2, best[..., None].expand(-1, -1, -1, 3))[:, :, 0]
+    inliers = _inliers(points, valid, best_normal, offset.gather(2, best)[..., 0], threshold)  # (B, N, K)
+    inlier_map = inliers.reshape(B, V, H // p, W // p, p, p).transpose(3, 4).reshape(B, V, H, W)
+    grid = (H // p, W // p)
+    fitted = Planes.from_depth(depth, cameras, p, valid=inlier_map).m(cameras, grid)
+    if fallback == "infinity":
+        rest = torch.zeros_like(fitted)
+    else:
+        patch_median = torch.where(valid, points[..., 2], torch.nan).nanmedian(-1).values  # (B, N), nan: no point
+        view_median = torch.where(ok, depth, torch.nan).flatten(2).nanmedian(-1).values  # (B, V)
+        median = torch.where(patch_median.isnan(), view_median.repeat_interleave(grid[0] * grid[1], 1), patch_median)
+        rest = F.pad((1.0 / median).nan_to_num(0.0)[..., None], (2, 0))  # (0, 0, 1 / z), 0 without any depth
+    enough = inliers.sum(-1) >= min_points  # (so the patch has that many valid points too)
+    return Planes.from_m(torch.where(enough[..., None], fitted, rest))
+
+
+def _median_scale(predicted: Tensor, reference: Tensor) -> Tensor:
+    """``(B, V, 1, 1)``: per view, the median of ``reference / predicted`` over the pixels where both
+    depths ``(B, V, H, W)`` are valid; a view without such pixels takes its scene's median."""
+    both = torch.isfinite(reference) & (reference > 0) & torch.isfinite(predicted) & (predicted > 0)
+    ratio = torch.where(both, reference / predicted, torch.nan)
+    per_view = ratio.flatten(2).nanmedian(-1).values
+    scale = torch.where(per_view.isnan(), ratio.flatten(1).nanmedian(-1).values[:, None], per_view)
+    if scale.isnan().any():
+        raise PredictorError("predictor_options.align 'median': a scene has no pixel with both data depth and "
+                             "positive model depth to scale the depth model's output by")
+    return scale[..., None, None]
+
+
 class ExternalSource(ParameterSource):
-    """``external``: planes from the batch's per-pixel ``depth`` (and ``normals`` when present and
-    ``use_normals``), one plane per patch. Needs ``batch.depth``. Patches without valid depth get
-    the plane at infinity; their depth-like inputs use ``depth_init`` (see ``_values_from_planes``).
+    """``external``: planes from per-pixel depth (and normals when present and ``use_normals``), one
+    plane per patch. The depth is the batch's (``batch.depth``: synthetic depth, depth maps or sparse
+    COLMAP points) or, with a ``depth_model``, that frozen module's output on the views' images,
+    ``(N, 3, H, W)`` in [0, 1] -> ``(N, H', W')`` or ``(N, 1, H', W')`` z-depth (resized bilinearly to
+    ``(H, W)``), scaled per view to the batch's depth by the median ratio (``align="median"``) or
+    used as it is, in scene units (``align="none"``).
+
+    ``fit="least-squares"``: :meth:`hrope.Planes.from_depth` (or :func:`patch_planes_from_normals`);
+    patches without valid depth get the plane at infinity. ``fit="robust"``:
+    :func:`robust_patch_planes` with ``min_points``, ``inlier_threshold`` and ``fallback`` (normals
+    unused). Depth-like inputs of planes that miss the patch ray use ``depth_init``
+    (see ``_values_from_planes``).
 
     ``scope="context"`` (default) reads the context views' depth only; the target views get neutral
     values or (``targets="transfer"``) planes fitted to the context depth splatted into each target
     camera (:func:`hrope.nvs.transfer.transfer_depth`; target patches without splatted depth stay
     neutral). ``scope="all"`` fits every view's own depth: an upper bound with target geometry."""
 
+    frozen = ("depth_model",)
+
     def __init__(self, specs, patch_size: int, use_normals: bool = True, depth_init: float = 1.0,
-                 targets: str = "neutral", scope: str = "context") -> None:
+                 targets: str = "neutral", scope: str = "context", *, fit: str = "least-squares",
+                 min_points: int = 5, inlier_threshold: float = 0.02, fallback: str = "median",
+                 depth_model: nn.Module | None = None, align: str = "median") -> None:
         super().__init__(specs, targets, scope)
         self.patch_size = patch_size
         self.use_normals = use_normals
         self.depth_init = depth_init
+        self.fit, self.min_points, self.inlier_threshold, self.fallback = fit, min_points, inlier_threshold, fallback
+        self.depth_model = None if depth_model is None else depth_model.eval().requires_grad_(False)
+        self.align = align
 
     def _fit(self, depth: Tensor, normals: Tensor | None, cameras: Cameras) -> Planes:
+        if self.fit == "robust":
+            return robust_patch_planes(depth, cameras, self.patch_size, self.min_points, self.inlier_threshold,
+                                       self.fallback)
         if self.use_normals and normals is not None:
             return patch_planes_from_normals(depth, normals, cameras, self.patch_size)
         return Planes.from_depth(depth.float(), cameras.to(dtype=torch.float32), self.patch_size)
 
+    def _depth(self, batch, views: int) -> Tensor:
+        """Depth ``(B, views, H, W)`` of the first ``views`` views (class doc)."""
+        reference = getattr(batch, "depth", None)
+        reference = None if reference is None else reference[:, :views]
+        if self.depth_model is None:
+            if reference is None:
+                raise PredictorError("the 'external' predictor needs per-pixel depth in the batch (batch.depth): set "
+                                     "data.depth (points: COLMAP points3D.txt; maps: depth_file_path) or "
+                                     "predictor_options.depth: model")
+            return reference
+        images = batch.images[:, :views]
+        B, V, _, H, W = images.shape
+        with torch.no_grad():
+            predicted = self.depth_model(images.flatten(0, 1))
+        predicted = predicted[:, 0] if predicted.ndim == 4 and predicted.shape[1] == 1 else predicted
+        if predicted.ndim != 3 or len(predicted) != B * V:
+            raise PredictorError(f"the depth model must return (N, H, W) or (N, 1, H, W) depth for N = {B * V} "
+                                 f"images, got {tuple(predicted.shape)}")
+        predicted = F.interpolate(predicted[:, None].float(), size=(H, W), mode="bilinear",
+                                  align_corners=False).reshape(B, V, H, W)
+        if self.align == "none":
+            return predicted
+        if reference is None:
+            raise PredictorError("predictor_options.align 'median' scales the depth model's output to the data's "
+                                 "depth: set data.depth (points or maps), or align: none for a model that outputs "
+                                 "scene units")
+        return predicted * _median_scale(predicted, reference)
+
     def static(self, batch, cameras, grid, num_context):
-        depth = getattr(batch, "depth", None)
-        if depth is None:
-            raise PredictorError("the 'external' predictor needs per-pixel depth maps in the batch (batch.depth)")
-        normals = getattr(batch, "normals", None)
+        normals = getattr(batch, "normals", None) if self.depth_model is None else None
         if self.scope == "all":
+            depth = self._depth(batch, cameras.num_views)
             return _values_from_planes(self.specs, self._fit(depth, normals, cameras), cameras, grid, self.depth_init)
         context, targets = _views(cameras, 0, num_context), _views(cameras, num_context)
-        planes = self._fit(depth[:, :num_context], None if normals is None else normals[:, :num_context], context)
+        depth = self._depth(batch, num_context)
+        planes = self._fit(depth, None if normals is None else normals[:, :num_context], context)
         values = _values_from_planes(self.specs, planes, context, grid, self.depth_init)
         transferred = hit = None
         if self.targets == "transfer":
-            splatted = transfer_depth(depth[:, :num_context].float(), cameras.to(dtype=torch.float32), num_context)
-            fitted = Planes.from_depth(splatted, targets.to(dtype=torch.float32), self.patch_size)
+            splatted = transfer_depth(depth.float(), cameras.to(dtype=torch.float32), num_context)
+            fitted = self._fit(splatted, None, targets.to(dtype=torch.float32))
             transferred = _values_from_planes(self.specs, fitted, targets, grid, self.depth_init)
             hit = patchify(torch.isfinite(splatted)[:, :, None].float(), self.patch_size).sum(-1).flatten(1) > 0
         return self.with_targets(values, cameras, grid, num_context, transferred, hit)
@@ -511,11 +647,28 @@ class OracleSource(ParameterSource):
 
 
 def import_factory(path: str) -> Callable[..., nn.Module]:
-    """The callable named by ``'package.module:name'`` (user code that builds the backbone)."""
+    """The callable named by ``'package.module:name'`` (user code that builds a backbone or depth model)."""
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
-        raise PredictorError(f"backbone module must look like 'package.module:factory', got {path!r}")
-    return getattr(importlib.import_module(module_name), attr)
+        raise PredictorError(f"predictor_options.module must look like 'package.module:factory', got {path!r}")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as error:
+        raise PredictorError(f"predictor_options.module {path!r} cannot be imported: {error}") from error
+
+
+def _user_module(options: dict, what: str) -> nn.Module:
+    """The module of ``predictor_options.module`` (built from an import path with ``module_kwargs``),
+    with the LOCAL ``checkpoint`` loaded when given; ``what`` names its user in errors."""
+    module = options["module"]
+    if isinstance(module, str):
+        module = import_factory(module)(**options["module_kwargs"])
+    if not isinstance(module, nn.Module):
+        raise PredictorError(f"{what} needs predictor_options.module: an nn.Module or an import path "
+                             "'package.module:factory' (called with predictor_options.module_kwargs)")
+    if options["checkpoint"]:
+        load_backbone(module, options["checkpoint"])
+    return module
 
 
 PREDICTORS = ("learned", "backbone", "external", "oracle")
@@ -526,11 +679,20 @@ SOURCE_OPTIONS = {
     "learned": {"plane_decoder": None, "per_layer": True, "targets": "hidden"},
     "backbone": {"plane_decoder": None, "module": None, "module_kwargs": {}, "checkpoint": None, "feature_dim": None,
                  "hidden_dim": 64, "targets": "neutral"},
-    "external": {"use_normals": True, "scope": "context", "targets": "neutral"},
+    "external": {"use_normals": True, "scope": "context", "targets": "neutral", "depth": "data",
+                 "fit": "least-squares", "min_points": 5, "inlier_threshold": 0.02, "fallback": "median",
+                 "module": None, "module_kwargs": {}, "checkpoint": None, "align": "median"},
     "oracle": {"scope": "context", "targets": "neutral"},
 }
 SOURCE_TARGETS = {"learned": TARGETS, "backbone": ("neutral", "transfer"), "external": ("neutral", "transfer"),
                   "oracle": ("neutral", "transfer")}
+# what the options accept, where more than one value type or choice would be wrong
+OPTION_FIELDS = {
+    "scope": Field("str", choices=SCOPES), "per_layer": Field("bool"), "use_normals": Field("bool"),
+    "depth": Field("str", choices=("data", "model")), "fit": Field("str", choices=FITS),
+    "min_points": Field("int", low=3), "inlier_threshold": Field("float", above=0),
+    "fallback": Field("str", choices=FALLBACKS), "align": Field("str", choices=("median", "none")),
+}
 
 
 def source_options(name: str, options: dict | None) -> dict:
@@ -546,13 +708,15 @@ def source_options(name: str, options: dict | None) -> dict:
     if values["targets"] not in SOURCE_TARGETS[name]:
         raise PredictorError(f"predictor_options.targets must be one of {list(SOURCE_TARGETS[name])} for predictor "
                              f"{name!r}, got {values['targets']!r}")
-    if values.get("scope", "context") not in SCOPES:
-        raise PredictorError(f"predictor_options.scope must be one of {list(SCOPES)}, got {values['scope']!r}")
+    for key, field in OPTION_FIELDS.items():
+        if key in values:
+            field.check(f"predictor_options.{key}", values[key], PredictorError)
     if values.get("scope") == "all" and "targets" in (options or {}):
         raise PredictorError("predictor_options.scope 'all' reads the target views' own geometry; it takes no "
                              "targets option")
-    if not isinstance(values.get("per_layer", True), bool):
-        raise PredictorError(f"predictor_options.per_layer must be true or false, got {values['per_layer']!r}")
+    if name == "external" and (values["module"] is not None) != (values["depth"] == "model"):
+        raise PredictorError("predictor_options.module is the depth model of depth: model (and it needs one); got "
+                             f"depth {values['depth']!r} with module {values['module']!r}")
     return values
 
 
@@ -562,7 +726,9 @@ def build_parameter_source(name: str, specs: list[ParameterSpec], *, dim: int, n
     ``oracle`` / ``external``, ``scope`` (see :class:`ParameterSource`); for ``learned``
     ``per_layer``; for ``backbone`` a ``module`` (nn.Module or import path ``'pkg.mod:factory'`` +
     ``module_kwargs``), a local ``checkpoint`` path, ``feature_dim`` and ``hidden_dim``; for
-    ``external`` ``use_normals``; ``plane_decoder`` is read by :func:`parameter_specs`.
+    ``external`` ``use_normals``, ``fit`` (+ ``min_points``, ``inlier_threshold``, ``fallback``) and
+    ``depth`` (``data``, or ``model``: a depth model given like the backbone, + ``align``), see
+    :class:`ExternalSource`; ``plane_decoder`` is read by :func:`parameter_specs`.
     ``depth_init``: the depth that ``external`` and ``oracle`` use for patches whose plane never
     crosses the patch-centre ray."""
     takes_planes = "planes" in {s.name for s in specs}
@@ -575,18 +741,12 @@ def build_parameter_source(name: str, specs: list[ParameterSpec], *, dim: int, n
     if name == "oracle":
         return OracleSource(specs, patch_size, depth_init, options["targets"], options["scope"])
     if name == "external":
+        depth_model = _user_module(options, "predictor_options.depth 'model'") if options["depth"] == "model" else None
         return ExternalSource(specs, patch_size, use_normals=options["use_normals"], depth_init=depth_init,
-                              targets=options["targets"], scope=options["scope"])
-    module = options["module"]
-    if isinstance(module, str):
-        module = import_factory(module)(**options["module_kwargs"])
-    if not isinstance(module, nn.Module):
-        raise PredictorError(
-            "the 'backbone' predictor needs predictor_options.module: an nn.Module or an import "
-            "path 'package.module:factory' (called with predictor_options.module_kwargs)"
-        )
-    if options["checkpoint"]:
-        load_backbone(module, options["checkpoint"])
+                              targets=options["targets"], scope=options["scope"], fit=options["fit"],
+                              min_points=options["min_points"], inlier_threshold=options["inlier_threshold"],
+                              fallback=options["fallback"], depth_model=depth_model, align=options["align"])
+    module = _user_module(options, "the 'backbone' predictor")
     if options["feature_dim"] is None:
         raise PredictorError("the 'backbone' predictor needs predictor_options.feature_dim (channels C)")
     return BackboneSource(specs, module, int(options["feature_dim"]), int(options["hidden_dim"]), options["targets"])

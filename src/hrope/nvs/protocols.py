@@ -58,7 +58,7 @@ from .checkpoints import load_model
 from .config import ConfigError, resolve
 from .data.config import SyntheticConfig
 from .data.dataset import DEFAULT_CONTEXT_GAP
-from .data.frames import frames_to_scene
+from .data.depth_maps import load_frames
 from .data.normalize import normalize_scene
 from .data.rng import Rng, stream_seed
 from .data.scene import Scene, SceneError
@@ -128,7 +128,8 @@ class SourceVideos:
         return getattr(self.source, "evaluation_views", {}).get(self.source.scene_name(i))
 
     def load(self, i: int, frames: list[int], image_size: tuple[int, int]) -> Scene:
-        return frames_to_scene(self.source.frames(i), self.source.scene_name(i), image_size, frames)
+        return load_frames(self.source.frames(i), self.source.scene_name(i), image_size, frames, self.source.depth,
+                           self.source.depth_scale)
 
 
 def build_videos(config: dict, num_scenes: int | None):

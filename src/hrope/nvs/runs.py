@@ -24,7 +24,7 @@ SEGMENTS_NAME = "segments.jsonl"
 # Keys that may differ on resume: where outputs go, how the run is executed and logged, evaluation.
 # Every other key (model, data, the optimisation recipe, train.steps, train.init_from) is refused.
 HARMLESS_ON_RESUME = frozenset({
-    "data.cache", "data.prefetch", "data.eval_root", "data.eval_index",
+    "data.cache", "data.prefetch", "data.eval_root", "data.eval_index", "data.cache_dir", "data.workers",
     "train.out", "train.device", "train.threads", "train.log_every", "train.image_every", "train.checkpoint_every",
     "train.max_nonfinite_steps",
     "model.transform_backend",  # the same transforms up to float rounding (e.g. a GPU run resumed on a CPU)

@@ -1,9 +1,11 @@
 """Figures: image grids, predicted plane normals (the paper's Fig. 5), plane accuracy over training.
 
-``hrope viz planes CHECKPOINT``: for held-out synthetic scenes, every context view as
-input | input overlaid with the predicted normals | predicted per-patch normal map | ground truth.
-Normals are in the camera frame, facing the camera, coloured ``(n + 1) / 2`` (x red, y green,
-z blue; OpenCV axes).
+``hrope viz planes CHECKPOINT``: for the run's held-out scenes (synthetic or real), every context
+view as input | input overlaid with the model's normals | its per-patch normal map (the planes it
+predicts or, for the ``external`` source, fits) | the data's planes, a column drawn only when the
+data has them (``batch.planes``: exact synthetic planes, or a least-squares fit to the data's
+depth). Normals are in the camera frame, facing the camera, coloured ``(n + 1) / 2`` (x red,
+y green, z blue; OpenCV axes); a patch without a plane (m = 0) is grey.
 
 ``hrope viz plane-accuracy RUN``: the run's ``plane_accuracy.jsonl`` (written by training,
 :mod:`hrope.nvs.plane_accuracy`) over steps: normal error and depth error, context and target
@@ -65,7 +67,8 @@ def normal_colours(normals: Tensor, grid: tuple[int, int], patch_size: int) -> T
 def plane_normal_rows(model, batch, layer: int = -1) -> list[list[Tensor]]:
     """Rows ``[input, overlay, predicted normals, ground-truth normals]`` for every context view of
     every scene of ``batch`` (predictions from the first target's sequence, ``layer`` of the
-    predicted parameters)."""
+    predicted parameters); without ground truth (``batch.planes(p)`` None) the rows end after the
+    predicted normals."""
     config = model.config
     if model.source is None or "planes" not in {s.name for s in model.source.specs}:
         raise VizError(f"encoding {config.encoding!r} takes no planes; nothing to visualise")
@@ -84,17 +87,17 @@ def plane_normal_rows(model, batch, layer: int = -1) -> list[list[Tensor]]:
     m = output.parameters[layer]["planes"]
     predicted, _ = Planes.from_m(m.float()).normal_and_depth(cameras, grid)  # (B*Vt, (Vc+1)P, 3)
     truth_planes = batch.planes(p)
-    if truth_planes is None:
-        raise VizError("the evaluation data has no ground-truth planes or depth (synthetic scenes have both)")
-    truth, _ = truth_planes.normal_and_depth(batch.cameras.to(dtype=torch.float32), grid)  # (B, V*P, 3)
+    if truth_planes is not None:
+        truth, _ = truth_planes.normal_and_depth(batch.cameras.to(dtype=torch.float32), grid)  # (B, V*P, 3)
     rows = []
     for b in range(B):
         for v in range(Vc):
             image = batch.images[b, v].float().cpu()
             pred = normal_colours(predicted[b * Vt, v * P : (v + 1) * P].cpu(), grid, p)
-            true = normal_colours(truth[b, v * P : (v + 1) * P].cpu(), grid, p)
             overlay = (1 - OVERLAY_ALPHA) * image + OVERLAY_ALPHA * pred
-            rows.append([image, overlay, pred, true])
+            rows.append([image, overlay, pred])
+            if truth_planes is not None:
+                rows[-1].append(normal_colours(truth[b, v * P : (v + 1) * P].cpu(), grid, p))
     return rows
 
 

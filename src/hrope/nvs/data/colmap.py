@@ -1,8 +1,10 @@
 """COLMAP text models (``cameras.txt`` + ``images.txt``).
 
 ``cameras.txt`` lines: ``CAMERA_ID MODEL WIDTH HEIGHT PARAMS...`` with PINHOLE ``fx fy cx cy`` and
-SIMPLE_PINHOLE ``f cx cy``; SIMPLE_RADIAL / RADIAL / OPENCV / FULL_OPENCV keep their leading
-``f cx cy`` or ``fx fy cx cy`` and their distortion is ignored with a warning.
+SIMPLE_PINHOLE ``f cx cy``; the distorted models SIMPLE_RADIAL, RADIAL, OPENCV, FULL_OPENCV,
+OPENCV_FISHEYE, RADIAL_FISHEYE and SIMPLE_RADIAL_FISHEYE (their PARAMS in :data:`_MODELS`) are
+undistorted to pinhole images with the same ``fx fy cx cy`` (:mod:`hrope.nvs.data.undistort`);
+other models (FOV, THIN_PRISM_FISHEYE, ...) are an error naming the line.
 ``images.txt``: per image a line ``IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME``, recognised by
 its content, then optionally its POINTS2D line (``x y POINT3D_ID`` triples, possibly empty; kept
 unparsed). The ``# Number of cameras/images: N`` header COLMAP writes, when present, must match
@@ -11,34 +13,39 @@ focal length and principal point must be a positive finite number (sizes whole).
 ``(q, t)`` is already **world-to-camera** with OpenCV axes:
 ``X_cam = R(q) X_world + t``, ``R(q)`` the rotation of the (normalised) Hamilton quaternion.
 COLMAP's pixel convention (centre of the top-left pixel at (0.5, 0.5)) is the project's, so no
-shift is applied. Images are ``IMAGE_DIR/NAME``, ordered by NAME.
+shift is applied. Images are ``IMAGE_DIR/NAME``, ordered by NAME; ``IMAGE_DIR`` is ``images/`` next
+to the model, else the smallest downsampled ``images_N/`` there is (``image_factor`` N chooses
+one), else the scene folder itself; K is rescaled to the decoded size. Images whose file is absent
+are skipped with one warning that counts them.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from ...geometry import make_se3
-from .frames import Frame, frames_to_scene, pinhole, positive_number
+from .frames import Frame, frames_to_scene, image_folder, pinhole, positive_number, report_missing
 from .scene import Scene, SceneError
+from .undistort import Distortion, finite_number, make_distortion
 
-__all__ = ["quaternion_to_rotation", "read_colmap_cameras", "ColmapImage", "read_colmap_images", "find_colmap_model",
-           "read_colmap_frames", "load_colmap"]
+__all__ = ["quaternion_to_rotation", "ColmapCamera", "read_colmap_cameras", "ColmapImage", "read_colmap_images",
+           "find_colmap_model", "read_colmap_frames", "load_colmap"]
 
-logger = logging.getLogger("hrope.nvs.data")
-
-# model -> (number of params, index of fx, index of fy, index of cx) ; cy follows cx
+# model -> its PARAMS in COLMAP's order (f: one focal length for x and y; SIMPLE_RADIAL's k is k1)
 _MODELS = {
-    "SIMPLE_PINHOLE": (3, 0, 0, 1), "PINHOLE": (4, 0, 1, 2),
-    "SIMPLE_RADIAL": (4, 0, 0, 1), "RADIAL": (5, 0, 0, 1),
-    "OPENCV": (8, 0, 1, 2), "FULL_OPENCV": (12, 0, 1, 2),
+    "SIMPLE_PINHOLE": ("f", "cx", "cy"), "PINHOLE": ("fx", "fy", "cx", "cy"),
+    "SIMPLE_RADIAL": ("f", "cx", "cy", "k1"), "RADIAL": ("f", "cx", "cy", "k1", "k2"),
+    "OPENCV": ("fx", "fy", "cx", "cy", "k1", "k2", "p1", "p2"),
+    "FULL_OPENCV": ("fx", "fy", "cx", "cy", "k1", "k2", "p1", "p2", "k3", "k4", "k5", "k6"),
+    "OPENCV_FISHEYE": ("fx", "fy", "cx", "cy", "k1", "k2", "k3", "k4"),
+    "SIMPLE_RADIAL_FISHEYE": ("f", "cx", "cy", "k1"), "RADIAL_FISHEYE": ("f", "cx", "cy", "k1", "k2"),
 }
-_PINHOLE = {"SIMPLE_PINHOLE", "PINHOLE"}
+_FISHEYE = {"OPENCV_FISHEYE", "SIMPLE_RADIAL_FISHEYE", "RADIAL_FISHEYE"}
 
 
 def quaternion_to_rotation(q: torch.Tensor) -> torch.Tensor:
@@ -87,9 +94,18 @@ def _integer(token: str, where: str, field: str) -> int:
         raise SceneError(f"{where}: field {field} must be an integer, got {token!r}") from error
 
 
-def read_colmap_cameras(path: str | Path) -> dict[int, tuple[torch.Tensor, tuple[int, int]]]:
-    """``camera_id -> (K (3, 3) float64 pixels, (H, W))`` from ``cameras.txt``."""
-    path, cameras, warned = Path(path), {}, set()
+class ColmapCamera(NamedTuple):
+    """A camera of ``cameras.txt``: ``K`` (3, 3) float64 pixels of an image of ``size`` (H, W), and
+    its lens ``distortion`` (None: pinhole)."""
+
+    K: torch.Tensor
+    size: tuple[int, int]
+    distortion: Distortion | None
+
+
+def read_colmap_cameras(path: str | Path) -> dict[int, ColmapCamera]:
+    """``camera_id -> ColmapCamera`` from ``cameras.txt``."""
+    path, cameras = Path(path), {}
     lines, declared = _read_model_file(path, "cameras")
     for n, line in lines:
         if not line:
@@ -100,19 +116,18 @@ def read_colmap_cameras(path: str | Path) -> dict[int, tuple[torch.Tensor, tuple
         model = tokens[1]
         if model not in _MODELS:
             raise SceneError(f"{where}: camera model {model} is not supported (use one of {sorted(_MODELS)})")
-        count, ifx, ify, icx = _MODELS[model]
+        names = _MODELS[model]
         params = _floats(tokens[4:], where, "PARAMS")
-        if len(params) != count:
-            raise SceneError(f"{where}: {model} needs {count} PARAMS, got {len(params)}")
-        if model not in _PINHOLE and model not in warned:
-            warned.add(model)
-            logger.warning("%s: %s distortion is ignored (treated as pinhole)", path, model)
-        names = ("f", "f", "cx", "cy") if ifx == ify else ("fx", "fy", "cx", "cy")
-        fx, fy, cx, cy = (positive_number(tokens[4 + i], where, f"PARAMS {name}")
-                          for i, name in zip((ifx, ify, icx, icx + 1), names))
+        if len(params) != len(names):
+            raise SceneError(f"{where}: {model} needs {len(names)} PARAMS ({', '.join(names)}), got {len(params)}")
+        named = dict(zip(names, tokens[4:]))
+        focal = ("f", "f") if "f" in named else ("fx", "fy")
+        fx, fy, cx, cy = (positive_number(named[name], where, f"PARAMS {name}") for name in (*focal, "cx", "cy"))
+        lens = {name: finite_number(value, where, f"PARAMS {name}") for name, value in named.items() if name[0] in "kp"}
+        distortion = make_distortion("fisheye" if model in _FISHEYE else "opencv", lens, model, where)
         size = (positive_number(tokens[3], where, "HEIGHT", whole=True),
                 positive_number(tokens[2], where, "WIDTH", whole=True))
-        cameras[_integer(tokens[0], where, "CAMERA_ID")] = (pinhole(fx, fy, cx, cy), size)
+        cameras[_integer(tokens[0], where, "CAMERA_ID")] = ColmapCamera(pinhole(fx, fy, cx, cy), size, distortion)
     _check_count(path, "cameras", declared, len(cameras))
     return cameras
 
@@ -191,28 +206,37 @@ def find_colmap_model(folder: str | Path) -> Path | None:
     return None
 
 
-def read_colmap_frames(folder: str | Path, image_dir: str | Path | None = None) -> list[Frame]:
+def read_colmap_frames(folder: str | Path, image_dir: str | Path | None = None,
+                       image_factor: int | None = None) -> list[Frame]:
     """Frames of the COLMAP text model in ``folder`` (see :func:`find_colmap_model`), by image name.
 
-    Images are read from ``image_dir`` (default: ``folder/images`` if it exists, else ``folder``).
+    Images are read from ``image_dir``; by default from :func:`hrope.nvs.data.frames.image_folder`
+    of ``folder`` (``images_{image_factor}/``; without a factor ``images/``, else the smallest
+    ``images_N/``, else ``folder``). Listed images whose file is absent are skipped (one warning).
     """
     folder = Path(folder)
     model = find_colmap_model(folder)
     if model is None:
         raise SceneError(f"{folder}: no COLMAP text model (cameras.txt + images.txt in ., sparse/0 or sparse)")
     if image_dir is None:
-        image_dir = folder / "images" if (folder / "images").is_dir() else folder
+        image_dir = image_folder(folder, image_factor, fallback=folder)
     cameras = read_colmap_cameras(model / "cameras.txt")
-    frames = []
-    for image in read_colmap_images(model / "images.txt"):
+    images = read_colmap_images(model / "images.txt")
+    frames, missing = [], []
+    for image in images:
         if image.camera_id not in cameras:
             raise SceneError(f"{image.where}: field CAMERA_ID {image.camera_id} is not in {model / 'cameras.txt'}")
-        K, size = cameras[image.camera_id]
-        frames.append(Frame(Path(image_dir) / image.name, K, image.world_to_cam, size, image.where))
+        camera, path = cameras[image.camera_id], Path(image_dir) / image.name
+        if not path.is_file():
+            missing.append(path)
+            continue
+        frames.append(Frame(path, camera.K, image.world_to_cam, camera.size, image.where,
+                            tracks=(model / "points3D.txt", image.points2d), distortion=camera.distortion))
+    report_missing(str(model / "images.txt"), missing, len(images))
     return frames
 
 
 def load_colmap(folder: str | Path, image_size: tuple[int, int] | None = None, views: list[int] | None = None,
-                image_dir: str | Path | None = None) -> Scene:
+                image_dir: str | Path | None = None, image_factor: int | None = None) -> Scene:
     """A :class:`Scene` from a COLMAP text model (:func:`read_colmap_frames`)."""
-    return frames_to_scene(read_colmap_frames(folder, image_dir), Path(folder).name, image_size, views)
+    return frames_to_scene(read_colmap_frames(folder, image_dir, image_factor), Path(folder).name, image_size, views)

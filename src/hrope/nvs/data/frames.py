@@ -2,16 +2,26 @@
 
 Every format module turns its files into a list of frames already in the project's conventions
 (K in pixels, world-to-camera, OpenCV axes), its sizes and intrinsics checked by
-:func:`positive_number`; :func:`frames_to_scene` decodes the images, rescales K to the decoded
-image size, optionally resizes + centre-crops, and validates each camera.
+:func:`positive_number`; :func:`frames_to_scene` decodes the images (:func:`load_view`), rescales K
+to the decoded image size, removes lens distortion (:mod:`hrope.nvs.data.undistort`), optionally
+resizes + centre-crops, and validates each camera. Readers share :func:`image_folder` (which of
+``images/``, ``images_2/``, ... to read) and :func:`report_missing` (listed frames whose image file
+is absent are skipped with one warning, as instant-ngp's loader does).
+
+With a target size, a JPEG is decoded at a reduced scale (libjpeg's DCT scaling by 1/2, 1/4 or
+1/8, PIL's ``draft``) when that scale divides both sides exactly (so K scales exactly) and still
+leaves at least twice the resolution the resize needs; the antialiased resize does the rest.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import math
 import reprlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +30,15 @@ from PIL import Image
 from torch import Tensor
 
 from ...cameras import CameraError, Cameras
+from .image_cache import ImageCache
 from .scene import Scene, SceneError
-from .transforms import resize_crop, scale_intrinsics
+from .transforms import crop_intrinsics, resize_crop, resize_crop_plan, scale_intrinsics
+from .undistort import Distortion, undistort_image
 
-__all__ = ["Frame", "positive_number", "number_array", "pinhole", "read_image", "frames_to_scene", "select_frames"]
+__all__ = ["Frame", "positive_number", "number_array", "pinhole", "read_image", "load_view", "frames_to_scene",
+           "select_frames", "image_folders", "image_folder", "report_missing"]
+
+logger = logging.getLogger("hrope.nvs.data")
 
 
 @dataclass
@@ -39,6 +54,12 @@ class Frame:
             Normalised intrinsics are intrinsics of a ``(1, 1)`` image. K is rescaled to the image
             actually decoded (e.g. a downsampled copy).
         label: where the frame came from (file and field), for error messages.
+        depth_map, normal_map: optional depth / normal map files of this view, and ``tracks``
+            ``(points3D.txt, POINTS2D line)`` of a COLMAP image; read only on request
+            (``data.depth``, :mod:`hrope.nvs.data.depth_maps`).
+        distortion: the lens model of the image file (None: pinhole); removed when decoded.
+        background: the RGB colour in [0, 1] an image with alpha is composited over (None: alpha
+            is dropped).
     """
 
     image: Path | bytes | Tensor
@@ -46,6 +67,11 @@ class Frame:
     world_to_cam: Tensor
     intrinsics_size: tuple[int, int] | None = None
     label: str = ""
+    depth_map: Path | None = None
+    normal_map: Path | None = None
+    tracks: tuple[Path, str] | None = None
+    distortion: Distortion | None = None
+    background: tuple[float, float, float] | None = None
 
 
 def positive_number(value: object, where: str, field: str, *, whole: bool = False,
@@ -76,17 +102,40 @@ def pinhole(fx: float, fy: float, cx: float, cy: float) -> Tensor:
     return torch.tensor([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]], dtype=torch.float64)
 
 
-def read_image(image: Path | bytes | Tensor, label: str = "") -> Tensor:
-    """Decode an image file or encoded bytes to ``(3, H, W)`` float32 RGB in [0, 1]."""
+def _draft_scale(size: tuple[int, int], target: tuple[int, int]) -> int:
+    """The largest JPEG decoding scale ``1/s`` (``s`` in 8, 4, 2) that divides ``size (H, W)`` exactly
+    and leaves at least twice the size that resizing to ``target`` needs; 1 when there is none."""
+    (height, width), _, _ = resize_crop_plan(size, target)
+    for scale in (8, 4, 2):
+        if not (size[0] % scale or size[1] % scale) and size[0] >= 2 * scale * height and size[1] >= 2 * scale * width:
+            return scale
+    return 1
+
+
+def read_image(image: Path | bytes | Tensor, label: str = "", *, target: tuple[int, int] | None = None,
+               background: tuple[float, float, float] | None = None) -> Tensor:
+    """Decode an image file or encoded bytes to ``(3, H, W)`` float32 RGB in [0, 1].
+
+    ``target (H, W)``: the size the image is resized to next, which allows decoding a JPEG at a
+    reduced scale (module doc). ``background``: an RGB colour in [0, 1] that an image with alpha is
+    composited over (without one, alpha is dropped).
+    """
     if isinstance(image, Tensor):
         image = image.numpy().tobytes()
     try:
         with Image.open(io.BytesIO(image) if isinstance(image, bytes) else image) as pil:
-            array = np.asarray(pil.convert("RGB"))
+            if target is not None and (scale := _draft_scale((pil.height, pil.width), target)) > 1:
+                pil.draft("RGB", (pil.width // scale, pil.height // scale))
+            alpha = background is not None and ("A" in pil.getbands() or "transparency" in pil.info)
+            array = np.asarray(pil.convert("RGBA" if alpha else "RGB"))
     except (OSError, ValueError, Image.DecompressionBombError) as error:
         what = "image bytes" if isinstance(image, bytes) else f"image {image}"
         raise SceneError(f"{label}: cannot read {what}: {error}") from error
-    return torch.from_numpy(array.copy()).permute(2, 0, 1).float() / 255.0
+    pixels = torch.from_numpy(array.copy()).permute(2, 0, 1).float() / 255.0
+    if alpha:
+        colour = torch.tensor(background, dtype=torch.float32).view(3, 1, 1)
+        pixels = pixels[:3] * pixels[3:] + colour * (1 - pixels[3:])
+    return pixels
 
 
 def _check_camera(K: Tensor, world_to_cam: Tensor, image_size: tuple[int, int], label: str) -> None:
@@ -97,13 +146,63 @@ def _check_camera(K: Tensor, world_to_cam: Tensor, image_size: tuple[int, int], 
         raise SceneError(f"{label}: invalid camera: {error}") from error
 
 
+def _intrinsics(frame: Frame, size: tuple[int, int]) -> Tensor:
+    """The frame's K in pixels of its image decoded at ``size``. Rescaling needs the aspect ratios to
+    agree up to a pixel of rounding (downsampled copies are often rounded), unless K is normalised."""
+    if frame.intrinsics_size is None:
+        return frame.K
+    (height, width), (h, w) = frame.intrinsics_size, size
+    if (height, width) != (1, 1) and abs(h * width - w * height) > max(height, width):
+        raise SceneError(f"{frame.label}: the image is {h}x{w} but the camera is for {height}x{width}, another "
+                         f"aspect ratio (a rotated or cropped copy?)")
+    return scale_intrinsics(frame.K, frame.intrinsics_size, size)
+
+
+def _resized_intrinsics(K: Tensor, size: tuple[int, int], image_size: tuple[int, int]) -> Tensor:
+    """K after :func:`hrope.nvs.data.transforms.resize_crop` of a ``size`` image to ``image_size``."""
+    resized, top, left = resize_crop_plan(size, image_size)
+    return crop_intrinsics(scale_intrinsics(K, size, resized), top, left)
+
+
+def load_view(frame: Frame, image_size: tuple[int, int] | None = None,
+              cache: ImageCache | None = None) -> tuple[Tensor, Tensor]:
+    """``(image (3, H, W), K)`` of one frame: decoded, undistorted (K kept), and resized +
+    centre-cropped to ``image_size`` when given, with K updated exactly (the camera is checked by
+    :func:`frames_to_scene`).
+
+    The image is rounded to 8-bit levels, so a view read from ``cache`` (stored there on its first
+    read) equals a freshly decoded one exactly.
+    """
+    image_size = None if image_size is None else (int(image_size[0]), int(image_size[1]))
+    key = None if cache is None else cache.key(frame, image_size)
+    stored = None if key is None else cache.get(key)
+    if stored is None:  # a reduced JPEG scale only when K says which size it is for
+        target = image_size if frame.intrinsics_size is not None else None
+        image = read_image(frame.image, frame.label, target=target, background=frame.background)
+        size = tuple(image.shape[-2:])
+    else:
+        pixels, size = stored
+    K = _intrinsics(frame, size)
+    if stored is None:
+        if frame.distortion is not None:
+            image = undistort_image(image, K, frame.distortion)
+        if image_size is not None:
+            image = resize_crop(image[None], K[None], image_size)[0][0]
+        pixels = (image.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+        if key is not None:
+            cache.put(key, pixels, size)
+    image = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1).float() / 255.0
+    return image, (K if image_size is None else _resized_intrinsics(K, size, image_size))
+
+
 def frames_to_scene(frames: list[Frame], name: str, image_size: tuple[int, int] | None = None,
-                    views: list[int] | None = None) -> Scene:
+                    views: list[int] | None = None, *, cache: ImageCache | None = None, workers: int = 0) -> Scene:
     """Decode ``frames`` (or only ``frames[views]``, in that order) into a :class:`Scene`.
 
     Images are ``(V, 3, H, W)``, cameras float32. With ``image_size (H, W)`` every view is resized
     + centre-cropped to it (:func:`hrope.nvs.data.transforms.resize_crop`); otherwise all images must
-    share one size.
+    share one size. Each view goes through :func:`load_view` (with ``cache``); ``workers > 1``
+    decodes the views in that many threads (PIL and torch release the GIL while decoding).
     """
     if views is not None:
         if any(not -len(frames) <= int(i) < len(frames) for i in views):
@@ -111,22 +210,23 @@ def frames_to_scene(frames: list[Frame], name: str, image_size: tuple[int, int] 
         frames = [frames[int(i)] for i in views]
     if not frames:
         raise SceneError(f"{name}: no frames")
-    images, Ks = [], []
-    for frame in frames:
-        image = read_image(frame.image, frame.label)
-        size = tuple(image.shape[-2:])
-        K = frame.K if frame.intrinsics_size is None else scale_intrinsics(frame.K, frame.intrinsics_size, size)
-        _check_camera(K, frame.world_to_cam, size, frame.label)
-        if image_size is not None:
-            image, K = resize_crop(image[None], K[None], tuple(image_size))
-            image, K = image[0].clamp(0, 1), K[0]
-        images.append(image)
-        Ks.append(K)
+    load = partial(load_view, image_size=image_size, cache=cache)
+    if workers > 1 and len(frames) > 1:
+        with ThreadPoolExecutor(min(workers, len(frames))) as pool:
+            images, Ks = zip(*pool.map(load, frames))
+    else:
+        images, Ks = zip(*map(load, frames))
     sizes = {tuple(image.shape[-2:]) for image in images}
     if len(sizes) > 1:
         raise SceneError(f"{name}: views have different image sizes {sorted(sizes)}; pass image_size=(H, W)")
+    size = sizes.pop()
     world_to_cam = torch.stack([frame.world_to_cam for frame in frames])
-    cameras = Cameras(torch.stack(Ks)[None].float(), world_to_cam[None].float(), sizes.pop(), validate=False)
+    try:  # all views at once; on an error, the first bad view names its file and field
+        cameras = Cameras(torch.stack(Ks)[None].float(), world_to_cam[None].float(), size)
+    except CameraError:
+        for frame, K in zip(frames, Ks):
+            _check_camera(K, frame.world_to_cam, size, frame.label)
+        raise
     return Scene(images=torch.stack(images), cameras=cameras, name=name)
 
 
@@ -150,3 +250,43 @@ def select_frames(num_frames: int, num_views: int | None, sampling: str = "even"
     start = int(torch.randint(0, num_frames - span + 1, (), generator=generator))
     picks = torch.randperm(span, generator=generator)[:num_views].sort().values + start
     return picks.tolist()
+
+
+def image_folders(folder: Path) -> dict[int, Path]:
+    """The image folders of a scene folder by downsampling factor: ``images/`` (1), ``images_N/`` (N)."""
+    found = {1: folder / "images"} if (folder / "images").is_dir() else {}
+    for path in folder.glob("images_*"):
+        suffix = path.name.removeprefix("images_")
+        if suffix.isdecimal() and int(suffix) > 1 and path.is_dir():
+            found[int(suffix)] = path
+    return found
+
+
+def image_folder(folder: Path, image_factor: int | None = None, *, fallback: Path | None = None) -> Path:
+    """The folder to read a scene's images from: ``images_{image_factor}/`` (``images/`` for 1);
+    without a factor ``images/`` when it exists, else the smallest factor present, else ``fallback``.
+    A :class:`SceneError` says what was looked for and what is there."""
+    present = image_folders(folder)
+    names = ", ".join(f"{present[f].name}/" for f in sorted(present)) or "none"
+    if image_factor is None:
+        if present or fallback is not None:
+            return present[min(present)] if present else fallback
+        raise SceneError(f"{folder}: no image folder; looked for images/ and images_N/ (downsampled by N: "
+                         f"images_2/, images_4/, images_8/, ...)")
+    image_factor = positive_number(image_factor, str(folder), "image_factor", whole=True)
+    if image_factor not in present:
+        wanted = "images" if image_factor == 1 else f"images_{image_factor}"
+        raise SceneError(f"{folder}: image_factor {image_factor} reads {wanted}/, which does not exist; image "
+                         f"folders present: {names}")
+    return present[image_factor]
+
+
+def report_missing(where: str, missing: list[Path], listed: int) -> None:
+    """One warning counting the ``missing`` image files of ``listed`` frames (the reader skips them,
+    as instant-ngp's loader does); a :class:`SceneError` when every listed file is missing."""
+    if not missing:
+        return
+    if len(missing) == listed:
+        raise SceneError(f"{where}: none of the {listed} listed image files exists (the first: {missing[0]})")
+    logger.warning("%s: %d of %d listed frames have no image file and are skipped (first: %s)", where,
+                   len(missing), listed, missing[0])

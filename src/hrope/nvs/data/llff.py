@@ -7,9 +7,12 @@ centre, ``hwf = (H, W, focal)`` in pixels of the full-resolution images.
 
 Conversion to OpenCV (x right, y down, z forward): ``cam_to_world = [c1, c0, -c2 | t]``, then
 ``world_to_cam = inverse``. ``K = [[f, 0, W/2], [0, f, H/2], [0, 0, 1]]`` for ``(H, W)``, rescaled
-to the images read from ``images_N`` (downsampled by N; LLFF's ``factor``). Every row's ``H``,
-``W`` (whole) and ``focal`` must be positive finite numbers. Image files are the folder's
-``.jpg/.jpeg/.png`` files sorted by name, one per row.
+to the size of the images actually read (downsampled folders are often rounded). Every row's
+``H``, ``W`` (whole) and ``focal`` must be positive finite numbers. Image files are the
+``.jpg/.jpeg/.png`` files of one image folder sorted by name, one per row: ``images_N/`` for
+``image_factor`` N (``images/`` for 1; LLFF's ``factor``), by default ``images/`` when it exists,
+else the smallest ``images_N/`` present (the scenes as commonly downloaded ship only
+``images_8/``, or ``images_4/`` and ``images_8/``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import numpy as np
 import torch
 
 from ...geometry import invert_se3
-from .frames import Frame, frames_to_scene, positive_number
+from .frames import Frame, frames_to_scene, image_folder, positive_number
 from .scene import Scene, SceneError
 
 __all__ = ["read_llff_poses", "read_llff_frames", "load_llff"]
@@ -58,13 +61,11 @@ def read_llff_poses(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, tuple
     return K, invert_se3(cam_to_world), (int(height[0]), int(width[0]))
 
 
-def read_llff_frames(folder: str | Path, factor: int | None = None) -> list[Frame]:
-    """Frames of an LLFF folder; images from ``images_{factor}`` (``images`` when None or 1)."""
+def read_llff_frames(folder: str | Path, image_factor: int | None = None) -> list[Frame]:
+    """Frames of an LLFF folder; images from :func:`hrope.nvs.data.frames.image_folder` (module doc)."""
     folder = Path(folder)
     K, world_to_cam, size = read_llff_poses(folder / "poses_bounds.npy")
-    image_dir = folder / ("images" if factor in (None, 1) else f"images_{factor}")
-    if not image_dir.is_dir():
-        raise SceneError(f"{folder}: image folder {image_dir.name} not found")
+    image_dir = image_folder(folder, image_factor)
     files = sorted(p for p in image_dir.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES)
     if len(files) != len(K):
         raise SceneError(f"{image_dir}: {len(files)} images but poses_bounds.npy has {len(K)} rows")
@@ -73,6 +74,6 @@ def read_llff_frames(folder: str | Path, factor: int | None = None) -> list[Fram
 
 
 def load_llff(folder: str | Path, image_size: tuple[int, int] | None = None, views: list[int] | None = None,
-              factor: int | None = None) -> Scene:
+              image_factor: int | None = None) -> Scene:
     """A :class:`Scene` from an LLFF folder (:func:`read_llff_frames`)."""
-    return frames_to_scene(read_llff_frames(folder, factor), Path(folder).name, image_size, views)
+    return frames_to_scene(read_llff_frames(folder, image_factor), Path(folder).name, image_size, views)

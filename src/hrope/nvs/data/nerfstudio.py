@@ -6,38 +6,47 @@ axes (x right, y up, z backward). Intrinsics are shared at the top level or give
 field of view in radians; optional ``camera_angle_y``, else square pixels); the principal point
 defaults to the centre and ``(h, w)`` to the image file's size. Every size, focal length, principal
 point and angle given must be a positive finite number (``w``, ``h`` whole, angles below pi).
-Distortion (``k1..k4, p1, p2``) and non-pinhole ``camera_model`` values (fisheye,
-equirectangular) are ignored with a warning.
+
+Lens (top level or per frame): ``camera_model`` (default ``OPENCV``) is one of the perspective
+models ``OPENCV``, ``PINHOLE``, ``SIMPLE_PINHOLE``, ``SIMPLE_RADIAL``, ``RADIAL`` with distortion
+``k1, k2, k3, p1, p2`` (OpenCV's meaning; nerfstudio's ``k4``, an r⁸ term, must be 0), or
+``OPENCV_FISHEYE`` (also instant-ngp's ``is_fisheye: true``) with ``k1..k4`` (equidistant; ``p1``,
+``p2`` must be 0); every coefficient given must be a finite number. Other models
+(equirectangular, ...) are an error. The images are undistorted to pinhole
+(:mod:`hrope.nvs.data.undistort`).
 
 Conversion: ``cam_to_world_cv = transform_matrix @ diag(1, -1, -1, 1)`` (flip y and z) and
 ``world_to_cam = inverse(cam_to_world_cv)``. ``file_path`` is relative to the JSON's folder; a
-path without extension (Blender synthetic) gets ``.png``; when ``images/NAME`` is missing, the
-downsampled ``images_2|4|8/NAME`` (nerfstudio, DL3DV) is read and K rescaled from ``(h, w)``.
+path without extension (Blender synthetic) gets ``.png``. With ``image_factor`` N, ``images/NAME``
+is read from ``images_N/NAME``; without one, when ``images/NAME`` is missing, the smallest
+downsampled ``images_N/NAME`` that exists (nerfstudio, DL3DV) is read; K is rescaled from
+``(h, w)`` to the decoded size. Frames whose image file is absent are skipped with one warning
+that counts them (the instant-ngp sample scenes list frames they do not ship).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
+import reprlib
 from pathlib import Path
 
 import torch
 from PIL import Image
 
 from ...geometry import invert_se3
-from .frames import Frame, frames_to_scene, number_array, pinhole, positive_number
+from .frames import Frame, frames_to_scene, image_folder, image_folders, number_array, pinhole, positive_number, \
+    report_missing
 from .scene import Scene, SceneError
+from .undistort import Distortion, finite_number, make_distortion
 
 __all__ = ["OPENGL_TO_OPENCV", "read_transforms_json", "load_transforms_json"]
-
-logger = logging.getLogger("hrope.nvs.data")
 
 OPENGL_TO_OPENCV = torch.diag(torch.tensor([1.0, -1.0, -1.0, 1.0], dtype=torch.float64))
 """Right-multiplying an OpenGL camera-to-world matrix by this gives the OpenCV one (and back)."""
 
 _DISTORTION = ("k1", "k2", "k3", "k4", "p1", "p2")
-_PINHOLE_MODELS = ("OPENCV", "PINHOLE", "SIMPLE_PINHOLE")
+_CAMERA_MODELS = ("OPENCV", "PINHOLE", "SIMPLE_PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV_FISHEYE")
 
 
 def _image_size(path: Path, label: str) -> tuple[int, int]:
@@ -68,24 +77,50 @@ def _intrinsics(fields: dict, image: Path, label: str) -> tuple[torch.Tensor, tu
     return pinhole(fx, fy, cx, cy), size
 
 
-def _image_path(folder: Path, file_path: str) -> Path:
-    """``folder / file_path``; ``.png`` added to a path without extension; a missing
-    ``images/NAME`` falls back to the first existing ``images_2|4|8/NAME`` (downsampled copies)."""
+def _distortion(fields: dict, label: str) -> Distortion | None:
+    """The lens model of a frame's merged fields (module doc)."""
+    model = fields.get("camera_model", "OPENCV")
+    if model not in _CAMERA_MODELS:
+        raise SceneError(f"{label}: field 'camera_model' must be one of {', '.join(_CAMERA_MODELS)}, got "
+                         f"{reprlib.repr(model)}")
+    values = {key: finite_number(fields[key], label, repr(key)) for key in _DISTORTION if fields.get(key) is not None}
+    fisheye = model == "OPENCV_FISHEYE" or fields.get("is_fisheye") is True
+    name = "OPENCV_FISHEYE" if fisheye else model
+    unsupported, reason = ((("p1", "p2"), "the equidistant model has no tangential terms") if fisheye else
+                           (("k4",), "nerfstudio's r^8 term, which OpenCV's model has not"))
+    if any(values.get(key) for key in unsupported):
+        raise SceneError(f"{label}: field {' and '.join(map(repr, unsupported))} must be 0 for camera_model {name} "
+                         f"({reason}), got {[values.get(key, 0.0) for key in unsupported]}")
+    values = {key: value for key, value in values.items() if key not in unsupported}
+    return make_distortion("fisheye" if fisheye else "opencv", values, name, label)
+
+
+def _image_path(folder: Path, file_path: str, image_factor: int | None, label: str) -> Path:
+    """``folder / file_path`` (``.png`` added to a path without extension), ``images/NAME`` taken
+    from ``images_{image_factor}/``, or without a factor, when missing, from the smallest
+    ``images_N/`` holding it."""
     path = folder / file_path
     if path.suffix == "" and not path.exists():
         path = path.with_suffix(".png")
     parts = Path(file_path).parts
-    if not path.exists() and parts and parts[0] == "images":
-        for factor in (2, 4, 8):
-            candidate = folder / f"images_{factor}" / Path(*parts[1:])
-            if candidate.exists():
-                return candidate
+    under_images = len(parts) > 1 and parts[0] == "images"
+    if image_factor not in (None, 1):
+        if not under_images:
+            raise SceneError(f"{label}: image_factor {image_factor} needs a field 'file_path' under images/, "
+                             f"got {file_path!r}")
+        return folder / f"images_{image_factor}" / Path(*parts[1:])
+    if image_factor is None and under_images and not path.is_file():
+        for _, downsampled in sorted(image_folders(folder).items()):
+            if (downsampled / Path(*parts[1:])).is_file():
+                return downsampled / Path(*parts[1:])
     return path
 
 
-def read_transforms_json(path: str | Path) -> list[Frame]:
+def read_transforms_json(path: str | Path, image_factor: int | None = None) -> list[Frame]:
     """Frames of a ``transforms.json`` file, converted to OpenCV world-to-camera (module doc)."""
     path = Path(path)
+    if image_factor is not None:
+        image_folder(path.parent, image_factor)  # an error naming the folders present when it is missing
     try:
         meta = json.loads(path.read_text())
     except (OSError, ValueError) as error:
@@ -93,7 +128,7 @@ def read_transforms_json(path: str | Path) -> list[Frame]:
     if not isinstance(meta, dict) or not isinstance(meta.get("frames"), list):
         raise SceneError(f"{path}: field 'frames' must be a list")
     shared = {k: v for k, v in meta.items() if k != "frames"}
-    frames, distorted = [], False
+    frames, missing = [], []
     for i, entry in enumerate(meta["frames"]):
         label = f"{path} frames[{i}]"
         if not isinstance(entry, dict) or "file_path" not in entry or "transform_matrix" not in entry:
@@ -102,30 +137,35 @@ def read_transforms_json(path: str | Path) -> list[Frame]:
             raise SceneError(f"{label}: field 'file_path' must be a non-empty string, "
                              f"got {type(entry['file_path']).__name__}")
         fields = {**shared, **entry}
-        image = _image_path(path.parent, entry["file_path"])
+        image = _image_path(path.parent, entry["file_path"], image_factor, label)
+        if not image.is_file():
+            missing.append(image)
+            continue
         K, size = _intrinsics(fields, image, label)
-        distorted |= fields.get("camera_model", "OPENCV") not in _PINHOLE_MODELS
-        distorted |= any(bool((number_array(fields[key], label, repr(key)) != 0).any())
-                         for key in _DISTORTION if fields.get(key) is not None)
+        distortion = _distortion(fields, label)
         c2w = number_array(entry["transform_matrix"], label, "'transform_matrix'")
         if c2w.shape == (3, 4):
             c2w = torch.cat([c2w, torch.tensor([[0.0, 0.0, 0.0, 1.0]], dtype=torch.float64)])
         if c2w.shape != (4, 4):
             raise SceneError(f"{label}: field 'transform_matrix' must be 4x4, got {tuple(c2w.shape)}")
         world_to_cam = invert_se3(c2w @ OPENGL_TO_OPENCV)
-        frames.append(Frame(image, K, world_to_cam, size, label))
-    if distorted:
-        logger.warning("%s: lens distortion / non-pinhole camera_model ignored (images treated as pinhole)", path)
+        maps = [entry.get(key) for key in ("depth_file_path", "normal_file_path")]  # read on request (data.depth)
+        if any(m is not None and not (isinstance(m, str) and m) for m in maps):
+            raise SceneError(f"{label}: fields 'depth_file_path' and 'normal_file_path' must be non-empty strings")
+        frames.append(Frame(image, K, world_to_cam, size, label, *(m and path.parent / m for m in maps),
+                            distortion=distortion))
+    report_missing(str(path), missing, len(meta["frames"]))
     return frames
 
 
 def load_transforms_json(path: str | Path, image_size: tuple[int, int] | None = None,
-                         views: list[int] | None = None) -> Scene:
+                         views: list[int] | None = None, image_factor: int | None = None) -> Scene:
     """A :class:`Scene` from a ``transforms.json`` file or the folder holding it.
 
-    ``views`` selects frames (in the file's order) before any image is decoded.
+    ``views`` selects frames (in the file's order, after missing ones are skipped) before any image
+    is decoded.
     """
     path = Path(path)
     if path.is_dir():
         path = path / "transforms.json"
-    return frames_to_scene(read_transforms_json(path), path.parent.name, image_size, views)
+    return frames_to_scene(read_transforms_json(path, image_factor), path.parent.name, image_size, views)

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
-from .frames import Frame, frames_to_scene, select_frames
+from .depth_maps import PNG_DEPTH_SCALE, load_frames
+from .frames import Frame, select_frames
+from .image_cache import ImageCache
 from .scene import Scene, SceneError
 
 __all__ = ["SceneSource", "load_or_skip"]
@@ -30,15 +33,26 @@ class SceneSource:
             see :func:`hrope.nvs.data.frames.select_frames`; ``max_span`` bounds a random window.
         image_size: ``(H, W)`` to resize + centre-crop every view to (native size when None).
         skip_errors: skip malformed scenes (default); False re-raises the :class:`SceneError`.
+        depth, depth_scale: where each scene's depth comes from (``none``, ``points``, ``maps``) and
+            the scale of 16-bit PNG depth maps (:func:`hrope.nvs.data.depth_maps.load_frames`).
+        cache_dir: a folder keeping each decoded view at ``image_size``
+            (:class:`hrope.nvs.data.image_cache.ImageCache`; None: decode every time).
+        workers: threads decoding the views of one scene (0 or 1: the calling thread).
     """
 
     def __init__(self, *, num_views: int | None = None, sampling: str = "even", max_span: int | None = None,
-                 image_size: tuple[int, int] | None = None, skip_errors: bool = True) -> None:
+                 image_size: tuple[int, int] | None = None, skip_errors: bool = True, depth: str = "none",
+                 depth_scale: float = PNG_DEPTH_SCALE, cache_dir: str | Path | None = None, workers: int = 0) -> None:
         if sampling not in ("even", "random"):
             raise ValueError(f"sampling must be 'even' or 'random', got {sampling!r}")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+            raise SceneError(f"workers must be a non-negative integer, got {workers!r}")
         self.num_views, self.sampling, self.max_span = num_views, sampling, max_span
         self.image_size = None if image_size is None else (int(image_size[0]), int(image_size[1]))
         self.skip_errors = skip_errors
+        self.depth, self.depth_scale = depth, depth_scale
+        self.cache = None if cache_dir is None else ImageCache(cache_dir)
+        self.workers = workers
         self._bad: set[int] = set()
 
     # ------------------------------------------------------------------ subclass interface
@@ -69,11 +83,13 @@ class SceneSource:
 
     def load_views(self, i: int, views: list[int]) -> Scene:
         """Scene ``i`` restricted to frames ``views`` (in that order); errors are raised."""
-        return frames_to_scene(self.frames(i), self.scene_name(i), self.image_size, views)
+        return load_frames(self.frames(i), self.scene_name(i), self.image_size, views, self.depth, self.depth_scale,
+                           cache=self.cache, workers=self.workers)
 
     def load(self, i: int) -> Scene:
         frames = self.frames(i)
-        return frames_to_scene(frames, self.scene_name(i), self.image_size, self.views(i, len(frames)))
+        return load_frames(frames, self.scene_name(i), self.image_size, self.views(i, len(frames)), self.depth,
+                           self.depth_scale, cache=self.cache, workers=self.workers)
 
     def __getitem__(self, i: int) -> Scene:
         return load_or_skip(self, i, self.load, self._bad, self.skip_errors)
