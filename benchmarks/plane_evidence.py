@@ -94,10 +94,10 @@ def row_report(records: list[dict], reference: list[dict]) -> dict:
 
 def run(budget_name: str, datasets: list[str], seeds: list[int], rows: list[Row], out: Path, *, device: str,
         threads: int, report_only: bool, allow_stale: bool, command: str, title: str, cache: Path | None = None,
-        log=print) -> dict:
+        reference: Row = REFERENCE, log=print) -> dict:
     budget = replace(BUDGETS[budget_name], seeds=tuple(seeds))
     runner = CellRunner(budget, cache or out / "cache", device=device, threads=threads, allow_stale=allow_stale)
-    rows = [REFERENCE] + [r for r in rows if r != REFERENCE]
+    rows = [reference] + [r for r in rows if r != reference]
     cells = [Cell(d, row, s) for d in datasets for row in rows for s in seeds]
     runner.check_stale(cells, log=log)
     records: dict[tuple, list[dict]] = {}
@@ -108,14 +108,14 @@ def run(budget_name: str, datasets: list[str], seeds: list[int], rows: list[Row]
             record = runner.run(cell)
         if record is not None:
             records.setdefault((cell.dataset, cell.row), []).append(record)
-    report = {"title": title, "command": command, "provenance": runner.provenance, "budget": budget.as_dict(), "seeds": seeds,
+    report = {"title": title, "command": command, "reference": reference.label, "provenance": runner.provenance, "budget": budget.as_dict(), "seeds": seeds,
               "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "datasets": {}}
     for dataset in datasets:
-        reference = records.get((dataset, REFERENCE), [])
+        reference_records = records.get((dataset, reference), [])
         report["datasets"][dataset] = [
             {"row": row.label, "target_geometry": uses_target_geometry(row),
              "trained_at": sorted({trained_at(r) for r in records[(dataset, row)] if runner.is_stale(r)}),
-             **row_report(records[(dataset, row)], reference)}
+             **row_report(records[(dataset, row)], reference_records)}
             for row in rows if (dataset, row) in records]
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{out.name}.json").write_text(json.dumps(report, indent=2))
@@ -135,7 +135,8 @@ def markdown(report: dict) -> str:
         f"Commit: `{describe(report['provenance'])}`; generated {report['generated']}.  ",
         f"Budget `{budget['name']}`: model {budget['model']}, {budget['steps']} steps of batch {budget['batch_size']}, "
         f"{budget['train_scenes']} training scenes, {budget['eval_scenes']} held-out scenes; seeds {report['seeds']}.  ",
-        "Δ: mean paired PSNR difference to `prope` (same seed, same held-out scene), with a 95% two-level "
+        f"Δ: mean paired PSNR difference to `{report.get('reference', 'prope')}` (same seed, same held-out scene), "
+        "with a 95% two-level "
         "bootstrap interval over seeds and scenes; **bold** where it excludes zero. † uses the target views' own "
         "geometry (an upper bound no NVS model has at test time). Plane errors (learned planes, last layer, vs the "
         "ground truth; neutral = the planes at zero head output): mean normal angle and relative depth error "
@@ -146,14 +147,15 @@ def markdown(report: dict) -> str:
                   "`--allow-stale`), not by the commit above.", ""]
     for dataset, rows in report["datasets"].items():
         lines += [f"**{dataset}**", "",
-                  "| row | PSNR ↑ | Δ vs prope [95% CI] | target normal err ° (neutral) | target depth err (neutral) |"
+                  f"| row | PSNR ↑ | Δ vs {report.get('reference', 'prope')} [95% CI] | target normal err ° (neutral) "
+                  "| target depth err (neutral) |"
                   " context normal err ° (neutral) | context depth err (neutral) | seeds |",
                   "|---|---|---|---|---|---|---|---|"]
         for row in rows:
             psnr = row["psnr"]
             spread = f" ± {psnr['std']:.2f}" if psnr and psnr["std"] is not None else ""
             delta = row.get("vs_reference")
-            if delta is None or row["row"] == "prope":
+            if delta is None or row["row"] == report.get("reference", "prope"):
                 delta_text = "—"
             else:
                 delta_text = f"{delta['mean']:+.2f} [{delta['low']:+.2f}, {delta['high']:+.2f}]"
@@ -187,7 +189,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help="planes: the plane sources (default); query-frame: why urope leads on room; gpu: "
                              "the subset for a larger budget")
     parser.add_argument("--rows", nargs="+", default=None, help="row labels, each one argument (default: all rows); "
-                                                                "prope, the reference, is always included")
+                                                                "the reference is always included")
+    parser.add_argument("--reference", default=REFERENCE.label,
+                        help="the row every other row is paired with (a row of any set; default prope)")
     parser.add_argument("--out", default=None, help="default benchmarks/results/plane_evidence[_<budget>]")
     parser.add_argument("--cache", default=None, help="cell cache (default benchmarks/results/plane_evidence[_<budget>]"
                                                       "/cache, shared by both sets)")
@@ -202,6 +206,9 @@ def main(argv: list[str] | None = None) -> dict:
     if unknown:
         parser.error(f"unknown rows {unknown}; rows: {', '.join(r.label for r in choices)}")
     rows = [r for r in choices if wanted is None or r.label in wanted]
+    known = {r.label: r for rows_of_set in SETS.values() for r in rows_of_set}
+    if args.reference not in known:
+        parser.error(f"unknown reference {args.reference!r}; rows: {', '.join(known)}")
     suffix = "" if args.budget == "full" else f"_{args.budget}"
     name = {"planes": "plane_evidence", "query-frame": "query_frame_ablation", "gpu": "flagship"}[args.set]
     out = Path(args.out or f"benchmarks/results/{name}{suffix}")
@@ -210,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
         return run(args.budget, [d.strip() for d in args.datasets.split(",")], [int(s) for s in args.seeds.split(",")],
                    rows, out, device=args.device, threads=args.threads, report_only=args.report_only,
                    allow_stale=args.allow_stale, command=shlex.join(["python", "benchmarks/plane_evidence.py", *argv]),
-                   title=TITLES[args.set], cache=cache,
+                   title=TITLES[args.set], cache=cache, reference=known[args.reference],
                    log=lambda text: print(text, flush=True))
     except StaleCellsError as error:
         raise SystemExit(f"plane_evidence.py: error: {error}") from None
