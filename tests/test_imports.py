@@ -20,6 +20,7 @@ SOURCE = ROOT / "src"
 LAYERS = {
     "hrope.errors": 0, "hrope.geometry": 0, "hrope.cameras": 1, "hrope.planes": 2, "hrope.rays": 2, "hrope.encodings.": 3,
     "hrope.tokens": 4, "hrope.attention": 5, "hrope.reference": 5, "hrope.testing": 5, "hrope": 6,
+    "hrope.integrations.": 7,
     "hrope.nvs.config": 10, "hrope.nvs.metrics": 10, "hrope.nvs.transfer": 10, "hrope.nvs.data.": 11, "hrope.nvs.predictors": 12,
     "hrope.nvs.model": 13, "hrope.nvs.runs": 14, "hrope.nvs.datasets": 14, "hrope.nvs.checkpoints": 14, "hrope.nvs.plane_accuracy": 14,
     "hrope.nvs.train": 15, "hrope.nvs.viz": 15, "hrope.nvs.evaluate": 16, "hrope.nvs.protocols": 17,
@@ -28,6 +29,10 @@ LAYERS = {
 LIBRARY_THIRD_PARTY = {"torch"}
 # optional imports made inside functions only (the module imports without them)
 OPTIONAL_THIRD_PARTY = {"hrope.encodings.fused_triton": {"triton"}}
+# the integrations (layer 7, opt-in: nothing imports them by default) may import their own library at module
+# level; the package hrope.integrations itself imports nothing
+INTEGRATION_THIRD_PARTY = {"hrope.integrations.transformers": {"transformers"},
+                           "hrope.integrations.diffusers": {"diffusers"}}
 
 
 def module_name(path: Path) -> str:
@@ -85,7 +90,8 @@ def test_every_import_points_down(module):
         if top != "hrope":
             if level < 10:  # the library: torch and the standard library only (optional ones inside functions)
                 optional = top in OPTIONAL_THIRD_PARTY.get(module, ()) and top not in module_level_imports(MODULES[module])
-                assert top in LIBRARY_THIRD_PARTY or top in sys.stdlib_module_names or optional, \
+                integration = top in INTEGRATION_THIRD_PARTY.get(module, ())
+                assert top in LIBRARY_THIRD_PARTY or top in sys.stdlib_module_names or optional or integration, \
                     f"library module {module} imports third-party {target}"
             continue
         target_group, target_level = layer(target)
@@ -102,13 +108,16 @@ def test_the_layer_table_covers_every_module():
 
 
 def test_import_hrope_loads_the_library_only():
-    """``import hrope`` adds only library modules to what ``import torch`` loads by itself."""
-    code = ("import sys, torch; before = set(sys.modules); import hrope; "
+    """``import hrope`` (and ``import hrope.integrations``) adds only library modules to what ``import torch``
+    loads by itself: no integration module and none of their libraries."""
+    code = ("import sys, torch; before = set(sys.modules); import hrope, hrope.integrations; "
             "print(sorted(m for m in set(sys.modules) - before))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     added = ast.literal_eval(result.stdout)  # the printed list of module names
     assert added and all(m.split(".")[0] == "hrope" for m in added), added
     assert not [m for m in added if m.startswith("hrope.nvs") or m == "hrope.reference"], added
+    assert not [m for m in added if m.startswith("hrope.integrations.")], added
+    assert not {m.split(".")[0] for m in added} & set().union(*INTEGRATION_THIRD_PARTY.values()), added
 
 
 def test_benchmarks_import_nothing_from_tests():
