@@ -36,6 +36,15 @@ __all__ = ["rope_diagonals", "inverse_rope", "BandedOperator", "banded_operator"
            "TransformProduct"]
 
 RopeTables = tuple[Tensor, Tensor, Tensor]
+# Below this many bytes per tensor the fixed cost of each op (launch, dispatch, autograd node)
+# outweighs its memory traffic, and the faster paths are the ones with fewer ops (CPU, measured
+# in docs/benchmarks.md "Where the time goes").
+SMALL_BYTES = 1 << 20
+
+
+def is_small(x: Tensor) -> bool:
+    """Whether ``x`` is below :data:`SMALL_BYTES` (per-op overhead dominates its cost)."""
+    return x.numel() * x.element_size() < SMALL_BYTES
 
 
 def rope_diagonals(angles: Tensor) -> RopeTables:
@@ -127,7 +136,10 @@ class BandedOperator:
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
         if self.tile_matrix is not None:
             tiled = self.tile_matrix.shape[-1]
-            torch.matmul(x[..., :tiled], self.tile_matrix, out=out[..., :tiled])
+            if is_small(x):  # a strided out= is ~2x slower for small x, a temporary slower for large x
+                out[..., :tiled] = torch.matmul(x[..., :tiled], self.tile_matrix)
+            else:
+                torch.matmul(x[..., :tiled], self.tile_matrix, out=out[..., :tiled])
         if self.main is not None:
             torch.mul(x[..., self.main_start:], self.main, out=out[..., self.main_start:])
         for offset, start, table in self.diagonals:
@@ -180,10 +192,14 @@ def _token_grid(blocks: Tensor | None, rope: RopeTables | None) -> tuple[int, in
 def block_gradient(grad: Tensor, x: Tensor, blocks: Tensor, num_blocks: int) -> Tensor:
     """The gradient of ``y = D x`` w.r.t. ``blocks`` ``(B, V, 1 or P, b, b)``: Σ_{heads, tiles}
     grad_y x^T per block, for ``grad`` and ``x`` ``(B, heads, V, P, head_dim)``."""
-    b = blocks.shape[-1]
-    g = grad[..., : num_blocks * b].unflatten(-1, (num_blocks, b))
-    xt = x[..., : num_blocks * b].unflatten(-1, (num_blocks, b))
-    return torch.einsum("bhvpni,bhvpnj->bvpij", g, xt).sum_to_size(blocks.shape).to(blocks.dtype)
+    B, _, V, P = grad.shape[:4]
+    per_token, b = blocks.shape[2], blocks.shape[-1]
+
+    def rows(t: Tensor) -> Tensor:  # (B V per_token, rows over heads, tiles (and tokens), b)
+        return t[..., : num_blocks * b].permute(0, 2, 3, 1, 4).reshape(B * V * per_token, -1, b)
+
+    product = torch.bmm(rows(grad).mT, rows(x)).reshape(B, V, per_token, b, b)  # one batched product
+    return product.sum_to_size(blocks.shape).to(blocks.dtype)
 
 
 class TransformProduct(torch.autograd.Function):
@@ -225,5 +241,25 @@ def banded_product(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: Rope
     if operator is None:
         with torch.no_grad():  # tables only: gradients reach the blocks through TransformProduct
             operator = banded_operator(blocks, num_blocks, rope, x.shape[-1])
+    if not torch.is_grad_enabled():  # no graph to record (e.g. inside a first-order backward)
+        return operator.apply(x)
+    product = _transposed_product  # the backward's D^T: per-token tables are rebuilt, not kept
+    if blocks is None or blocks.shape[2] == 1:  # small tables (per view): the backward reuses them as D^T's
+        product = functools.partial(_product_with, operator.transpose())
     cos, plus, minus = rope if rope is not None else (None, None, None)
-    return TransformProduct.apply(x, blocks, num_blocks, cos, plus, minus, operator.apply, banded_product)
+    return TransformProduct.apply(x, blocks, num_blocks, cos, plus, minus, operator.apply, product)
+
+
+def _product_with(operator: BandedOperator, x: Tensor, blocks: Tensor | None, num_blocks: int,
+                  rope: RopeTables | None) -> Tensor:
+    """:func:`banded_product` with ``operator``, the prebuilt tables of exactly these blocks and RoPE."""
+    return banded_product(x, blocks, num_blocks, rope, operator)
+
+
+def _transposed_product(x: Tensor, blocks_t: Tensor | None, num_blocks: int, rope_t: RopeTables | None) -> Tensor:
+    """:func:`banded_product` for D^T = (``blocks_t``, ``rope_t``) with D's tables, built from
+    ``blocks_t.mT`` (D's blocks, contiguous: ~2x faster to build from) and transposed."""
+    with torch.no_grad():
+        operator = banded_operator(None if blocks_t is None else blocks_t.mT, num_blocks,
+                                   None if rope_t is None else inverse_rope(rope_t), x.shape[-1]).transpose()
+    return banded_product(x, blocks_t, num_blocks, rope_t, operator)

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from ..cameras import Cameras
 from . import fused_triton
-from .banded import banded_operator, banded_product, inverse_rope, rope_diagonals
+from .banded import banded_operator, banded_product, inverse_rope, is_small, rope_diagonals
 from ..errors import InputError
 
 __all__ = ["BACKENDS", "HeadLayout", "patch_index_rope_angles", "rope_tables", "per_token_param", "check_prepared_input",
@@ -177,8 +177,8 @@ class TokenTransform(Prepared):
     tensor, in x's dtype. The tables of D and D^-1 are built on first use (per dtype)
     and reused by every later forward call, D^T sharing D's: keep one object per batch for all
     layers. It holds them while it lives (for per-token b x b blocks about b * N * head_dim
-    numbers each, whatever the number of heads); the backward pass rebuilds the ones it needs
-    from the saved blocks instead of keeping them for backward. With geometry that needs
+    numbers each, whatever the number of heads); the backward pass rebuilds per-token tables
+    from the saved blocks instead of keeping them for backward (per-view tables, which are small, it reuses). With geometry that needs
     gradients (learned planes), one object shared by layers under reentrant
     ``torch.utils.checkpoint`` fails (each layer's recomputation backpropagates through the shared
     blocks again): use ``use_reentrant=False`` or one object per checkpointed layer.
@@ -263,8 +263,18 @@ class TokenTransform(Prepared):
         """``apply_o(sdpa(apply_q(q), apply_k(k), apply_v(v)))``, logits q_i^T D_i D_j^-1 k_j: q, k, v
         ``(B, heads, N, head_dim)`` -> ``(B, heads, N, head_dim)``; ``sdpa_kwargs`` go to SDPA."""
         check_mask_options(sdpa_kwargs)  # as QueryFrameTransform
-        out = F.scaled_dot_product_attention(self.apply_q(q), self.apply_k(k), self.apply_v(v), **sdpa_kwargs)
+        # temporaries only: the encoded q, k, v are freed before apply_o allocates (no fresh pages)
+        out = F.scaled_dot_product_attention(self.apply_q(q), *self._keys_values(k, v), **sdpa_kwargs)
         return self.apply_o(out)
+
+    def _keys_values(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """``apply_k(k), apply_v(v)``; small k and v alike go through one pass (concatenated over
+        heads), which halves the per-op overhead that dominates their cost."""
+        if self.transform_values and isinstance(k, Tensor) and isinstance(v, Tensor) and k.shape == v.shape \
+                and k.dtype == v.dtype and is_small(k):
+            check_prepared_input(k, self.batch_size, self.num_tokens, self.head_dim, self.device)  # names k's shape
+            return self.apply_k(torch.cat([k, v], 1)).chunk(2, 1)
+        return self.apply_k(k), self.apply_v(v)
 
     def _cached(self, key: tuple, make):
         """``make()`` on the first call with ``key``, the stored value after."""

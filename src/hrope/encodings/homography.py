@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..cameras import Cameras
@@ -48,18 +49,16 @@ def _token_planes(planes, cameras: Cameras, grid: tuple[int, int], dtype: torch.
 
 
 class _Views(NamedTuple):
-    """What ``hrope-lift`` takes from the cameras: K̂, K̂^-1, R ``(B, V, 3, 3)`` and t ``(B, V, 3, 1)``
-    per view, and the per-view parts K̂R, K̂t, R^T K̂^-1 (``RT_K_inv``), R^T t (``RT_t``) of the
-    per-token matrices, as ``(B, V, 1, 3, 3 or 1)`` to broadcast against ``(B, V, P, ...)``."""
+    """The per-view parts ``(B, V, ...)`` of ``hrope-lift``'s D_t and D_t^-1: ``base``
+    [[K̂R, K̂t], [0, 1]] and ``neg_Rt`` -[R | t] ``(3, 4)`` (D's last row is e4 + m^T neg_Rt),
+    ``base_inv`` [[R^T K̂^-1, -R^T t], [0, 1]], ``column`` [-R^T t; 1] ``(4, 1)``
+    (D^-1 = base_inv + column [(K̂^-T m)^T, 0]) and ``K_inv`` ``(3, 3)``."""
 
-    K: Tensor
+    base: Tensor
+    neg_Rt: Tensor
+    base_inv: Tensor
+    column: Tensor
     K_inv: Tensor
-    R: Tensor
-    t: Tensor
-    KR: Tensor
-    Kt: Tensor
-    RT_K_inv: Tensor
-    RT_t: Tensor
 
 
 def _views(cameras: Cameras, dtype: torch.dtype) -> _Views:
@@ -67,8 +66,12 @@ def _views(cameras: Cameras, dtype: torch.dtype) -> _Views:
     E = cameras.world_to_cam.to(dtype)
     R, t = E[..., :3, :3], E[..., :3, 3:]
     K_inv, R_T = invert_intrinsics(K), R.transpose(-1, -2)
-    per_view = [x[:, :, None] for x in (K @ R, K @ t, R_T @ K_inv, R_T @ t)]
-    return _Views(K, K_inv, R, t, *per_view)
+    RT_t = R_T @ t
+    last = E.new_tensor([0.0, 0.0, 0.0, 1.0]).expand(*E.shape[:-2], 1, 4)
+    base = torch.cat([K @ E[..., :3, :], last], dim=-2)
+    base_inv = torch.cat([torch.cat([R_T @ K_inv, -RT_t], dim=-1), last], dim=-2)
+    column = torch.cat([-RT_t, last[..., 3:]], dim=-2)
+    return _Views(base, -E[..., :3, :], base_inv, column, K_inv)
 
 
 class HRoPELift(Encoding):
@@ -93,7 +96,7 @@ class HRoPELift(Encoding):
     def lifts(cameras: Cameras, grid, planes) -> tuple[Tensor, Tensor]:
         """D_t = Λ_t E_c and D_t^-1 = E_c^-1 Λ_t^-1, each ``(B, V, P, 4, 4)``.
 
-        Only the plane varies per token, so both are per-view matrices with one per-token row or
+        Only the plane varies per token, so both are per-view matrices plus one per-token row or
         a rank-one update (no per-token matrix products):
         D = [[K̂R, K̂t], [-(R^T m)^T, 1 - m·t]],
         D^-1 = [[R^T K̂^-1 - (R^T t)(K̂^-T m)^T, -R^T t], [(K̂^-T m)^T, 1]].
@@ -101,13 +104,9 @@ class HRoPELift(Encoding):
         dtype = geometry_dtype(cameras.K.dtype)
         v = _views(cameras, dtype)
         m = clamp_plane_vectors(_token_planes(planes, cameras, grid, dtype))  # (B, V, P, 3)
-        tokens = m.shape[:-1]
-        mK = m @ v.K_inv  # rows (K̂^-T m)^T
-        top = torch.cat([v.KR, v.Kt], dim=-1).expand(*tokens, 3, 4)
-        bottom = torch.cat([-(m @ v.R), 1.0 - m @ v.t], dim=-1)[..., None, :]
-        top_inv = torch.cat([v.RT_K_inv - v.RT_t * mK[..., None, :], (-v.RT_t).expand(*tokens, 3, 1)], dim=-1)
-        bottom_inv = torch.cat([mK, torch.ones_like(mK[..., :1])], dim=-1)[..., None, :]
-        return torch.cat([top, bottom], dim=-2), torch.cat([top_inv, bottom_inv], dim=-2)
+        D = v.base[:, :, None] + F.pad((m @ v.neg_Rt)[..., None, :], (0, 0, 3, 0))  # the per-token last row
+        D_inv = v.base_inv[:, :, None] + v.column[:, :, None] * F.pad(m @ v.K_inv, (0, 1))[..., None, :]
+        return D, D_inv
 
 
 class HRoPE(Encoding):
