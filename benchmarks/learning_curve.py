@@ -1,14 +1,18 @@
-"""Does a gap open with training? Held-out PSNR over a long run for ``prope`` and HRoPE variants.
+"""Does a gap open with training? Held-out PSNR over long runs for ``prope`` and HRoPE variants.
 
-Each row trains once for ``--steps`` (default 3000, five times the ``full`` budget) with the
+Each row trains for ``--steps`` (default 3000, five times the ``full`` budget) per seed with the
 ``full`` budget's data, model, optimiser and learning-rate schedule (cosine over all steps), and is
 evaluated on the same held-out scenes every ``--every`` steps (training stops at each point,
-checkpoints, evaluates, and resumes exactly). A finished row's curve is kept in
-``OUT/runs/<row>/curve.json`` and reused (rows can run in separate processes). Writes
-``OUT/learning_curve.{json,md,png}``.
+checkpoints, evaluates, and resumes exactly). At every point each row's PSNR is paired with the
+first row's (same seed, same scene) and given a two-level bootstrap 95% interval
+(nvs_report.paired_bootstrap). A finished run's curve, with the commit that trained it, is kept in
+``OUT/runs/seed<s>/<row>/curve.json`` and reused, so (row, seed) runs can be split over separate
+processes and a last call writes the report. Writes ``OUT/learning_curve.{json,md,png}``.
 
-    python benchmarks/learning_curve.py                          # room, seed 0, 3000 steps
-    python benchmarks/learning_curve.py --steps 600 --every 200  # a quick look
+    python benchmarks/learning_curve.py                                   # room, seeds 0 1 2, 3000 steps
+    python benchmarks/learning_curve.py --set world                       # with world-frame rays
+    python benchmarks/learning_curve.py --set world --seeds 1 --rows "prope" --no-report  # one part, in its own process
+    python benchmarks/learning_curve.py --steps 600 --every 200 --seeds 0 # a quick look
 """
 
 from __future__ import annotations
@@ -26,50 +30,88 @@ from hrope.nvs.datasets import build_dataset  # noqa: E402
 from hrope.nvs.evaluate import evaluate_model  # noqa: E402
 from hrope.nvs.plane_accuracy import PlaneAccuracy, measures_planes  # noqa: E402
 from hrope.nvs.train import train  # noqa: E402
+from nvs_report import paired_bootstrap, stat  # noqa: E402
 from nvs_rows import BUDGETS, Cell, Row, cell_config  # noqa: E402
 from provenance import describe, provenance  # noqa: E402
 
-__all__ = ["ROWS", "run", "main"]
+__all__ = ["SETS", "run", "summarise", "main"]
 
-ROWS = (
-    Row("prope"),
-    Row("hrope-lift", options=(("targets", "transfer"),)),  # the best learned HRoPE (docs/results.md)
-    Row("hrope-lift", "oracle", options=(("targets", "transfer"),)),  # the fair (context-only) oracle
-)
+TRANSFER = (("targets", "transfer"),)
+WORLD = (("rays", "world"),)
+SETS = {
+    # camera-frame rays (model.rays auto): prope, the learned planes transferred to the targets, the fair oracle
+    "camera": (Row("prope"), Row("hrope-lift", options=TRANSFER), Row("hrope-lift", "oracle", options=TRANSFER)),
+    # world-frame rays in the tokens (docs/results.md): the best learned HRoPE and the fair oracle with them
+    "world": (Row("prope"), Row("prope", model_options=WORLD), Row("hrope-lift", options=TRANSFER, model_options=WORLD),
+              Row("hrope-lift", "oracle", options=TRANSFER, model_options=WORLD)),
+}
 
 
-def run(steps: int, every: int, dataset_kind: str, seed: int, rows, out: Path, log=print) -> dict:
+def train_curve(steps: int, every: int, dataset_kind: str, seed: int, row: Row, folder: Path, datasets: dict,
+                log=print) -> dict:
+    """Train one (row, seed) run to ``steps``, evaluating every ``every`` steps; its curve dict."""
     budget = replace(BUDGETS["full"], steps=steps, seeds=(seed,))
-    curves = []
+    config = cell_config(budget, Cell(dataset_kind, row, seed), folder)
+    config["train"]["checkpoint_every"] = every
+    for split in ("train", "eval"):
+        if split not in datasets:
+            datasets[split] = build_dataset(config, split)
+    points = []
+    for stop in range(every, steps + 1, every):
+        log(f"{row.label}, seed {seed}: training to step {stop} of {steps}")
+        model = train(config, stop_at=stop, progress=False, dataset=datasets["train"]).model.eval()
+        planes = PlaneAccuracy() if measures_planes(model) else None
+        means, per_scene, _ = evaluate_model(model, datasets["eval"], config["data"]["num_context"],
+                                             batch_size=config["eval"]["batch_size"], planes=planes)
+        point = {"step": stop, "psnr": means["psnr"], "ssim": means["ssim"], "per_scene_psnr": per_scene["psnr"]}
+        if planes is not None:
+            point["planes"] = planes.means()
+        points.append(point)
+    return {"row": row.label, "seed": seed, "provenance": provenance(), "budget": budget.as_dict(), "points": points}
+
+
+def run(steps: int, every: int, dataset_kind: str, seeds: list[int], rows, out: Path, log=print,
+        summarise_rows: bool = True) -> dict:
+    """Every (row, seed) curve, trained or reused from ``OUT/runs``, and (``summarise_rows``) their
+    summary against the first row."""
     datasets: dict[str, object] = {}
-    for row in rows:
-        folder = out / "runs" / row.key
-        finished = folder / "curve.json"
-        if finished.is_file():
-            curves.append(json.loads(finished.read_text()))
-            continue
-        config = cell_config(budget, Cell(dataset_kind, row, seed), folder)
-        config["train"]["checkpoint_every"] = every
-        for split in ("train", "eval"):
-            if split not in datasets:
-                datasets[split] = build_dataset(config, split)
+    curves = []
+    for seed in seeds:
+        for row in rows:
+            finished = out / "runs" / f"seed{seed}" / row.key / "curve.json"
+            if finished.is_file():
+                curve = json.loads(finished.read_text())
+            else:
+                curve = train_curve(steps, every, dataset_kind, seed, row, finished.parent, datasets, log)
+                finished.write_text(json.dumps(curve, indent=2))
+            if [p["step"] for p in curve["points"]] != list(range(every, steps + 1, every)):
+                raise SystemExit(f"learning_curve.py: error: {finished} has other evaluation steps; use another --out")
+            curves.append(curve)
+    return {"command": "", "dataset": dataset_kind, "seeds": seeds, "steps": steps, "every": every,
+            "rows": [row.label for row in rows], "curves": curves,
+            "summary": summarise(curves, [r.label for r in rows]) if summarise_rows else None}
+
+
+def summarise(curves: list[dict], labels: list[str]) -> list[dict]:
+    """Per row and evaluation step: PSNR mean/std over seeds and the paired difference to the first row."""
+    by_row = {label: sorted((c for c in curves if c["row"] == label), key=lambda c: c["seed"]) for label in labels}
+    reference = by_row[labels[0]]
+    summary = []
+    for label in labels:
         points = []
-        for stop in range(every, steps + 1, every):
-            log(f"{row.label}: training to step {stop} of {steps}")
-            model = train(config, stop_at=stop, progress=False, dataset=datasets["train"]).model.eval()
-            planes = PlaneAccuracy() if measures_planes(model) else None
-            means, _, _ = evaluate_model(model, datasets["eval"], config["data"]["num_context"],
-                                         batch_size=config["eval"]["batch_size"], planes=planes)
-            point = {"step": stop, "psnr": means["psnr"], "ssim": means["ssim"]}
-            if planes is not None:
-                point["planes"] = planes.means()
-            points.append(point)
-            model.train()
-        curves.append({"row": row.label, "points": points})
-        finished.write_text(json.dumps(curves[-1], indent=2))
-    report = {"command": "", "provenance": provenance(), "dataset": dataset_kind, "seed": seed, "steps": steps,
-              "every": every, "budget": budget.as_dict(), "curves": curves}
-    return report
+        for index, point in enumerate(by_row[label][0]["points"]):
+            entry = {"step": point["step"], "psnr": stat([c["points"][index]["psnr"] for c in by_row[label]])}
+            if label != labels[0]:
+                entry["vs_reference"] = paired_bootstrap([c["points"][index]["per_scene_psnr"] for c in by_row[label]],
+                                                         [c["points"][index]["per_scene_psnr"] for c in reference])
+            planes = [c["points"][index]["planes"] for c in by_row[label] if c["points"][index].get("planes")]
+            if planes:
+                entry["planes"] = {group: {metric: stat([p[group][metric] for p in planes])["mean"]
+                                           for metric in ("normal_error_deg", "depth_rel_error")}
+                                   for group in ("context", "target")}
+            points.append(entry)
+        summary.append({"row": label, "points": points})
+    return summary
 
 
 def write(report: dict, out: Path) -> None:
@@ -80,19 +122,41 @@ def write(report: dict, out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "learning_curve.json").write_text(json.dumps(report, indent=2))
-    steps = [p["step"] for p in report["curves"][0]["points"]]
+    summary = report["summary"]
+    steps = [p["step"] for p in summary[0]["points"]]
+    commits = sorted({describe(c["provenance"]) for c in report["curves"]})
+    seeds = ", ".join(str(s) for s in report["seeds"])
     lines = ["## Learning curves: held-out PSNR over training", "",
-             f"Command: `{report['command']}`  ", f"Commit: `{describe(report['provenance'])}`  ",
-             f"`{report['dataset']}`, seed {report['seed']}, {report['steps']} steps (the `full` budget's model, data and "
-             "optimiser; cosine schedule over all steps), 64 held-out scenes.", "",
+             f"Command: `{report['command']}`  ", f"Trained at: {', '.join(f'`{c}`' for c in commits)}  ",
+             f"`{report['dataset']}`, seeds {seeds}, {report['steps']} steps (the `full` budget's model, data and "
+             "optimiser; cosine schedule over all steps), 64 held-out scenes. PSNR mean ± std over seeds; below it "
+             f"the paired difference to `{summary[0]['row']}` with its 95% bootstrap interval over seeds and scenes "
+             "(bold where it excludes zero).", "",
              "| row | " + " | ".join(f"step {s}" for s in steps) + " |", "|---|" + "---|" * len(steps)]
     figure, axis = plt.subplots(figsize=(6, 4))
-    for curve in report["curves"]:
-        psnr = [p["psnr"] for p in curve["points"]]
-        lines.append(f"| {curve['row']} | " + " | ".join(f"{v:.2f}" for v in psnr) + " |")
-        axis.plot(steps, psnr, marker="o", label=curve["row"])
+    for row in summary:
+        cells = []
+        for point in row["points"]:
+            psnr = point["psnr"]
+            text = f"{psnr['mean']:.2f}" + (f" ± {psnr['std']:.2f}" if psnr["std"] is not None else "")
+            if "vs_reference" in point:
+                d = point["vs_reference"]
+                interval = f"{d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]"
+                text += "<br>" + (f"**{interval}**" if d["excludes_zero"] else interval)
+            cells.append(text)
+        lines.append(f"| {row['row']} | " + " | ".join(cells) + " |")
+        axis.plot(steps, [p["psnr"]["mean"] for p in row["points"]], marker="o", label=row["row"])
+    planes = [row for row in summary if "planes" in row["points"][-1]]
+    if planes:
+        lines += ["", "Learned plane errors (last layer, mean over seeds; neutral: 90° and 1.0), per step:", "",
+                  "| row | views | " + " | ".join(f"step {s}" for s in steps) + " |", "|---|---|" + "---|" * len(steps)]
+        for row in planes:
+            for group in ("context", "target"):
+                values = [f"{p['planes'][group]['normal_error_deg']:.1f}° / {p['planes'][group]['depth_rel_error']:.3f}"
+                          for p in row["points"]]
+                lines.append(f"| {row['row']} | {group} | " + " | ".join(values) + " |")
     axis.set_xlabel("training step")
-    axis.set_ylabel("held-out PSNR (dB)")
+    axis.set_ylabel("held-out PSNR (dB), mean over seeds")
     axis.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(out / "learning_curve.png", dpi=120)
@@ -107,17 +171,31 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--every", type=int, default=500)
     parser.add_argument("--dataset", default="room")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rows", nargs="+", default=None, help="row labels (default: all)")
-    parser.add_argument("--out", default="benchmarks/results/learning_curve")
+    parser.add_argument("--seeds", default="0,1,2", help="comma list of training seeds")
+    parser.add_argument("--set", choices=sorted(SETS), default="camera")
+    parser.add_argument("--rows", nargs="+", default=None,
+                        help="row labels, each one argument (default: the set's rows; its first row is always kept "
+                             "as the reference)")
+    parser.add_argument("--out", default=None, help="default benchmarks/results/learning_curve_<set>")
+    parser.add_argument("--no-report", action="store_true",
+                        help="only train the given rows and seeds (the reference too only if listed); a later call "
+                             "without it writes the report")
     args = parser.parse_args(argv)
     if args.steps % args.every:
         parser.error("--steps must be a multiple of --every")
-    rows = [r for r in ROWS if args.rows is None or r.label in args.rows]
-    report = run(args.steps, args.every, args.dataset, args.seed, rows, Path(args.out),
-                 log=lambda text: print(text, flush=True))
+    choices = SETS[args.set]
+    unknown = sorted(set(args.rows or ()) - {r.label for r in choices})
+    if unknown:
+        parser.error(f"unknown rows {unknown}; rows: {', '.join(r.label for r in choices)}")
+    keep_reference = not args.no_report
+    rows = [r for i, r in enumerate(choices) if (i == 0 and keep_reference) or args.rows is None or r.label in args.rows]
+    out = Path(args.out or f"benchmarks/results/learning_curve_{args.set}")
+    report = run(args.steps, args.every, args.dataset, [int(s) for s in args.seeds.split(",")], rows, out,
+                 log=lambda text: print(text, flush=True), summarise_rows=keep_reference)
+    if args.no_report:
+        return report
     report["command"] = shlex.join(["python", "benchmarks/learning_curve.py", *argv])
-    write(report, Path(args.out))
+    write(report, out)
     return report
 
 

@@ -110,3 +110,28 @@ def test_banded_apply_times_every_layout_and_backend(tmp_path):
                                                        for m in ("forward", "forward_backward")}
     assert {r["backend"] for r in rows} >= {"copy", "banded"} and all(r["ms"] > 0 for r in rows)
     assert all(r["ratio_to_banded"] == 1.0 for r in rows if r["backend"] == "banded")
+
+
+def test_learning_curve_summary_pairs_every_step_with_the_reference():
+    """benchmarks/learning_curve.py: at each step a row's PSNR is averaged over seeds and paired,
+    seed by seed and scene by scene, with the first row's; plane errors are averaged over seeds."""
+    from learning_curve import summarise
+
+    def curve(row, seed, offset, planes=None):
+        points = []
+        for step, base in ((10, 15.0), (20, 16.0)):
+            scenes = [base + seed + offset + 0.1 * i for i in range(4)]
+            point = {"step": step, "psnr": sum(scenes) / 4, "per_scene_psnr": scenes}
+            if planes is not None:
+                point["planes"] = {g: {"normal_error_deg": planes + seed, "depth_rel_error": 0.5} for g in ("context", "target")}
+            points.append(point)
+        return {"row": row, "seed": seed, "points": points}
+
+    curves = [curve("prope", s, 0.0) for s in (0, 1)] + [curve("hrope-lift", s, 0.25, planes=60.0) for s in (1, 0)]
+    reference, other = summarise(curves, ["prope", "hrope-lift"])
+    assert "vs_reference" not in reference["points"][0]
+    for point, base in zip(other["points"], (15.0, 16.0)):
+        assert point["psnr"]["mean"] == pytest.approx(base + 0.5 + 0.15 + 0.25)
+        assert point["vs_reference"]["mean"] == pytest.approx(0.25)
+        assert point["vs_reference"]["low"] == pytest.approx(0.25) and point["vs_reference"]["excludes_zero"]
+        assert point["planes"]["target"] == {"normal_error_deg": 60.5, "depth_rel_error": 0.5}
