@@ -50,6 +50,12 @@ ROWS = (
     # world-frame rays as token input (what lifted prope by +0.4 dB) with context depth transferred
     Row("hrope-lift", "external", options=TRANSFER, model_options=(("rays", "world"),)),
     Row("hrope-lift", options=TRANSFER, model_options=(("rays", "world"),)),
+    # one set of planes per attention head (the best learned configuration above, per head)
+    Row("hrope-lift", options=TRANSFER + (("per_head", True),), model_options=(("rays", "world"),)),
+    # why geometry hurts on `object`: planes passing near the camera centre (|m| large; 8% of the
+    # object patches have |m| > 2, 0.2% of the room ones) moved out to distance 0.5
+    Row("hrope-lift", "oracle", options=(("scope", "all"), ("max_inverse_distance", 2.0))),
+    Row("hrope-lift", "external", options=TRANSFER + (("max_inverse_distance", 2.0),)),
 )
 
 

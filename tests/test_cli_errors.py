@@ -109,6 +109,8 @@ def test_viz_option_errors(run_dir, capsys):
     assert "argument --num-scenes: must be a positive integer" in one_error_line(capsys, code)
     code = cli.run(["viz", "planes", str(run_dir), "--layer", "7", "--num-scenes", "1", "--out", str(run_dir / "v")])
     assert "layer 7 is out of range" in one_error_line(capsys, code)
+    code = cli.run(["viz", "planes", str(run_dir), "--head", "1", "--num-scenes", "1", "--out", str(run_dir / "v")])
+    assert "head 1 is out of range: the model predicts planes for 1 head(s)" in one_error_line(capsys, code)
     assert "unrecognized arguments: --data.kind room" in one_error_line(
         capsys, cli.run(["viz", "planes", str(run_dir), "--data.kind", "room"]))
 

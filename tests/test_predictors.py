@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from _lvsm_helpers import SMALL_MODEL, synthetic_batch
 from safetensors.torch import save_file
 from torch import nn
@@ -348,3 +349,99 @@ def test_learned_targets_default_to_hidden_and_labels_say_otherwise():
                                       options={"targets": "transfer"})
     assert default.targets == "hidden" and default.describe("learned") == "learned"
     assert transfer.describe("learned") == "learned, targets transfer"
+
+
+def per_head_pair(encoding="hrope-lift", targets="transfer", seed=0):
+    """A shared-planes model with random (small) plane heads and the per-head model whose every
+    attention head predicts exactly those planes (the head weights tiled), all else equal."""
+    torch.manual_seed(seed)
+    shared = LVSM(ModelConfig(**SMALL_MODEL, encoding=encoding, predictor_options={"targets": targets}))
+    per_head = LVSM(ModelConfig(**SMALL_MODEL, encoding=encoding, predictor_options={"targets": targets,
+                                                                                   "per_head": True}))
+    heads = SMALL_MODEL["heads"]
+    state = shared.state_dict()
+    with torch.no_grad():
+        for head in shared.source.heads:
+            head.weight.normal_(0, 0.05)
+            head.bias.normal_(0, 0.05)
+        state = {name: value.repeat(heads, *(1,) * (value.ndim - 1)) if name.startswith("source.heads") else value
+                 for name, value in shared.state_dict().items()}
+    per_head.load_state_dict(state)
+    return shared, per_head
+
+
+@pytest.mark.parametrize(("encoding", "targets"), [("hrope-lift", "transfer"), ("hrope-lift", "hidden"),
+                                                   ("hrope", "transfer")])
+def test_per_head_planes_that_agree_reproduce_shared_planes(encoding, targets, batch):
+    """Every head predicting the shared planes gives the shared model's images, planes and plane
+    errors (per head: a heads axis after N, each head's targets transferred on their own)."""
+    from hrope.nvs.plane_accuracy import plane_accuracy
+
+    shared, per_head = per_head_pair(encoding, targets)
+    expected, got = shared(batch), per_head(batch)
+    torch.testing.assert_close(got.images, expected.images, rtol=1e-5, atol=1e-6)
+    for mine, theirs in zip(got.parameters, expected.parameters):
+        assert mine["planes"].shape == (*theirs["planes"].shape[:2], SMALL_MODEL["heads"], 3)
+        for h in range(SMALL_MODEL["heads"]):
+            torch.testing.assert_close(mine["planes"][:, :, h], theirs["planes"], rtol=1e-5, atol=1e-6)
+    accuracy, reference = plane_accuracy(got.parameters, batch, per_head), plane_accuracy(expected.parameters, batch, shared)
+    for group in ("context", "target"):
+        for metric, value in reference[group].items():
+            assert accuracy[group][metric] == pytest.approx(value, rel=1e-4, abs=1e-4), (group, metric)
+
+
+def test_per_head_planes_give_each_head_its_own_transform(batch):
+    """One attention layer with per-head planes equals each head attending on its own with its own
+    planes (hrope.multiview_attention, one head at a time), and differs from shared planes."""
+    import hrope
+
+    _, model = per_head_pair()
+    cameras = model.fold_cameras(batch.cameras, 2)
+    B, N, heads = cameras.batch_size, 3 * 16, SMALL_MODEL["heads"]
+    generator = torch.Generator().manual_seed(3)
+    m = 0.3 * torch.randn(B, N, heads, 3, generator=generator)
+    q, k, v = (torch.randn(B, heads, N, 24, generator=generator) for _ in range(3))
+    got = model._prepare(cameras, {"planes": m}).attention(q, k, v)
+    for h in range(heads):
+        alone = hrope.multiview_attention(q[:, h : h + 1], k[:, h : h + 1], v[:, h : h + 1], encoding="hrope-lift",
+                                          cameras=cameras, grid=GRID, planes=Planes.from_m(m[:, :, h]))
+        torch.testing.assert_close(got[:, h : h + 1], alone, rtol=1e-5, atol=1e-6)
+    shared = hrope.multiview_attention(q, k, v, encoding="hrope-lift", cameras=cameras, grid=GRID,
+                                       planes=Planes.from_m(m[:, :, 0]))
+    assert not torch.allclose(got[:, 1:], shared[:, 1:], atol=1e-3)
+
+
+def test_per_head_planes_train_and_reject_additive_encodings(batch):
+    """Gradients reach every head's slice of the plane heads; an APE variant (parameters added to the
+    tokens once) refuses per-head planes with one clear line."""
+    from hrope.nvs.model import ModelError
+
+    _, model = per_head_pair()
+    model(batch).images.mean().backward()
+    grad = model.source.heads[0].weight.grad.reshape(SMALL_MODEL["heads"], 3, -1)
+    assert (grad.abs().sum((1, 2)) > 0).all()
+    with pytest.raises(ModelError, match="per_head needs a relative encoding"):
+        LVSM(ModelConfig(**SMALL_MODEL, encoding="hrope-lift-ape", predictor_options={"per_head": True}))
+    with pytest.raises(PredictorError, match="per_head must be"):
+        build_parameter_source("learned", parameter_specs(get_encoding("hrope-lift")), dim=4, num_layers=1,
+                               patch_size=8, options={"per_head": 1})
+
+
+@pytest.mark.parametrize("name", ["oracle", "external"])
+def test_geometry_sources_cap_planes_near_the_camera(name, batch):
+    """max_inverse_distance moves planes closer than 1 / cap out to that distance (normal kept) and
+    leaves the others exactly as they are; the depth inputs follow the capped planes."""
+    specs = parameter_specs(get_encoding("hrope-lift")) + parameter_specs(get_encoding("hrope-depth"))
+    free = build_parameter_source(name, specs, dim=4, num_layers=1, patch_size=8, options={"scope": "all"})
+    capped = build_parameter_source(name, specs, dim=4, num_layers=1, patch_size=8,
+                                    options={"scope": "all", "max_inverse_distance": 0.6})
+    before, after = free.static(batch, batch.cameras, GRID, 2), capped.static(batch, batch.cameras, GRID, 2)
+    norm = before["planes"].norm(dim=-1)
+    inside, outside = norm <= 0.6, norm > 0.6
+    assert inside.any() and outside.any()
+    torch.testing.assert_close(after["planes"][inside], before["planes"][inside])
+    torch.testing.assert_close(after["planes"][outside].norm(dim=-1), torch.full((int(outside.sum()),), 0.6))
+    torch.testing.assert_close(F.normalize(after["planes"][outside], dim=-1), F.normalize(before["planes"][outside], dim=-1))
+    assert (after["depth"][outside] > before["depth"][outside]).all()
+    with pytest.raises(PredictorError, match="max_inverse_distance must be"):
+        build_parameter_source(name, specs, dim=4, num_layers=1, patch_size=8, options={"max_inverse_distance": 0})

@@ -179,6 +179,12 @@ class Cameras:
             index = [index]
         return Cameras(self.K[:, index], self.world_to_cam[:, index], self.image_size, validate=False)
 
+    def repeat_batch(self, count: int) -> "Cameras":
+        """``(B, V)`` -> ``(B * count, V)``: each batch element's cameras ``count`` times in a row
+        (element ``b * count + c`` is element ``b``), e.g. one copy per attention head."""
+        K, E = (x.repeat_interleave(count, dim=0) for x in (self.K, self.world_to_cam))
+        return Cameras(K, E, self.image_size, validate=False)
+
     def transform_world(self, world_from_new: Tensor, *, validate: bool = True,
                         rotation_atol: float = 1e-3) -> "Cameras":
         """Re-express the cameras in a new world frame.

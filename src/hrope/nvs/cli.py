@@ -5,7 +5,7 @@
                [--data.key VALUE ...]
     hrope eval CHECKPOINT [CHECKPOINT ...] --protocol standard|views|zoom|extrapolate|baseline
                [--factors F ...] [--zoom-all] [--out DIR] [same options as above]
-    hrope viz planes CHECKPOINT [--out DIR] [--num-scenes N] [--layer L] [--device auto|cpu|cuda]
+    hrope viz planes CHECKPOINT [--out DIR] [--num-scenes N] [--layer L] [--head H] [--device auto|cpu|cuda]
     hrope viz plane-accuracy RUN [--out DIR]
 
 CHECKPOINT is a ``checkpoint.safetensors`` file or the run folder holding it. ``--data.key VALUE``
@@ -119,6 +119,8 @@ def _parser() -> argparse.ArgumentParser:
     planes.add_argument("--num-scenes", type=_option(Field("int", low=1)), default=4, help="held-out scenes, one row per context view "
                                                                   "(default: 4)")
     planes.add_argument("--layer", type=int, default=-1, help="layer whose planes are shown (default: -1, the last)")
+    planes.add_argument("--head", type=int, default=0,
+                        help="attention head whose planes are shown, for predictor_options.per_head (default: 0)")
     planes.add_argument("--device", default="cpu", help="auto | cpu | cuda (default: cpu)")
     accuracy = viz_commands.add_parser("plane-accuracy",
                                        help="accuracy of predicted planes over training steps (plane_accuracy.jsonl)")
@@ -204,7 +206,8 @@ def run(argv: list[str]) -> int:
         else:
             _check_out(args.out, "--out")
             device = str(check_device(args.device, "--device"))
-            print(f"wrote {visualize_planes(args.checkpoint, args.out, args.num_scenes, args.layer, device)}")
+            path = visualize_planes(args.checkpoint, args.out, args.num_scenes, args.layer, device, args.head)
+            print(f"wrote {path}")
     except USER_ERRORS as error:
         print(f"{command}: error: {one_line(error)}", file=sys.stderr)
         return 2

@@ -225,7 +225,11 @@ class LVSM(nn.Module):
         self.ape: nn.ModuleList | None = None
         if specs:
             self.source = build_parameter_source(c.predictor, specs, dim=c.dim, num_layers=c.layers,
-                                       patch_size=c.patch_size, options=c.predictor_options, depth_init=c.depth_init)
+                                       patch_size=c.patch_size, options=c.predictor_options, depth_init=c.depth_init,
+                                       attention_heads=c.heads)
+            if c.is_ape and self.source.attention_heads > 1:
+                raise ModelError(f"predictor_options.per_head needs a relative encoding; {c.encoding!r} adds its "
+                                 "parameters to the tokens, once for all heads")
             if c.is_ape:
                 embed_dim = sum(s.embed_dim for s in specs)
                 count = c.layers if self.source.per_layer else 1
@@ -334,10 +338,32 @@ class LVSM(nn.Module):
         return LVSMOutput(images=out, parameters=parameters)
 
     def _prepare(self, cameras: Cameras, values: dict[str, Tensor]):
-        """The encoding bound to the folded cameras and per-token ``values``."""
+        """The encoding bound to the folded cameras and per-token ``values`` (with a heads axis
+        after N for a per-head source: then one transform per head, :class:`HeadsInBatch`)."""
+        heads = self.source.attention_heads if self.source is not None and values else 1
+        if heads > 1:
+            values = {name: value.transpose(1, 2).flatten(0, 1) for name, value in values.items()}
+            cameras = cameras.repeat_batch(heads)
         planes, params = encoding_inputs(values)
-        return self.encoding.prepare(cameras, self.config.grid, self.config.dim // self.config.heads,
-                                     planes=planes, **params)
+        prepared = self.encoding.prepare(cameras, self.config.grid, self.config.dim // self.config.heads,
+                                         planes=planes, **params)
+        return prepared if heads == 1 else HeadsInBatch(prepared, heads)
+
+
+class HeadsInBatch:
+    """A transform prepared per attention head, on a batch of ``B * heads`` (element ``b * heads +
+    h``): ``attention(q, k, v)`` with ``(B, heads, N, head_dim)`` runs every head as its own batch
+    element with one head, in one SDPA call."""
+
+    def __init__(self, prepared, heads: int) -> None:
+        self.prepared, self.heads = prepared, heads
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        B, H, N, d = q.shape
+        if H != self.heads:
+            raise ModelError(f"the transform was prepared for {self.heads} heads, got {H}")
+        out = self.prepared.attention(*(x.reshape(B * H, 1, N, d) for x in (q, k, v)))
+        return out.reshape(B, H, N, d)
 
 
 def build_model(config: dict) -> LVSM:

@@ -21,6 +21,7 @@ adds every layer's two prediction errors for the per-layer ``learned`` source). 
 averaged over a scene's patches, separately for ``context`` and ``target`` views, then over
 scenes. A context view appears in the folded sequence of every target (:meth:`LVSM.fold_cameras`)
 and, with the learned source, gets a prediction in each: its errors are averaged over all of them.
+A per-head source (``predictor_options.per_head``) is scored head by head and averaged over heads.
 
 Training appends the batch means of logged steps to ``<run>/plane_accuracy.jsonl``
 (:func:`append_log`, :func:`read_log`); ``hrope viz plane-accuracy`` draws them.
@@ -69,7 +70,8 @@ def scene_errors(parameters: list[dict[str, Tensor]], batch, model) -> dict[tupl
     """Per-scene mean errors of one forward pass; None unless :func:`measures_planes` and the batch
     has ground-truth planes.
 
-    ``parameters``: ``LVSMOutput.parameters`` (``"planes"``: m ``(B*Vt, (Vc+1)*P, 3)`` per entry) of
+    ``parameters``: ``LVSMOutput.parameters`` (``"planes"``: m ``(B*Vt, (Vc+1)*P, 3)`` per entry, or
+    ``(B*Vt, (Vc+1)*P, heads, 3)`` from a per-head source: errors are then averaged over heads) of
     ``batch``, the :class:`~hrope.nvs.data.SceneBatch` it came from. Returns ``{(group, metric): (B,)}``
     for the 4 :data:`METRICS` and, with several entries (per-layer source), ``{("per_layer", group,
     metric): (L, B)}`` for the two prediction errors; NaN for a scene without a valid patch in a group.
@@ -94,7 +96,17 @@ def scene_errors(parameters: list[dict[str, Tensor]], batch, model) -> dict[tupl
 
         spec = next(s for s in model.source.specs if s.name == "planes")
         neutral_m = spec.decode(true_m.new_zeros(*true_m.shape[:2], spec.raw_dim), cameras, grid)
-        layers = [_plane_errors(values["planes"].detach().float(), true_planes, cameras, grid)
+        heads = model.source.attention_heads
+        head_cameras = cameras.repeat_batch(heads)
+        head_truth = tuple(t.repeat_interleave(heads, dim=0) for t in true_planes)
+
+        def predicted_errors(m: Tensor) -> tuple[Tensor, Tensor]:  # per-head m (B', N, heads, 3): mean over heads
+            if heads == 1:
+                return _plane_errors(m, true_planes, cameras, grid)
+            errors = _plane_errors(m.transpose(1, 2).flatten(0, 1), head_truth, head_cameras, grid)
+            return tuple(e.reshape(-1, heads, e.shape[-1]).mean(1) for e in errors)
+
+        layers = [predicted_errors(values["planes"].detach().float())
                   for values in parameters]  # per entry: (normal error, depth error)
         neutral = _plane_errors(neutral_m, true_planes, cameras, grid)
         maps = {"normal_error_deg": layers[-1][0], "normal_error_deg_neutral": neutral[0],

@@ -38,13 +38,13 @@ from ..cameras import Cameras
 from ..encodings import Encoding, tangent_frames
 from ..errors import InputError
 from ..geometry import make_se3, patch_rays, patchify, pixel_rays
-from ..planes import Planes, check_depth_maps, plane_vectors
+from ..planes import Planes, check_depth_maps, clamp_plane_vectors, plane_vectors
 from .config import Field
 from .transfer import transfer_depth, transfer_planes
 
 __all__ = [
     "PredictorError", "ParameterSpec", "parameter_specs", "ParameterSource", "LearnedSource",
-    "BackboneSource", "ExternalSource", "OracleSource", "PREDICTORS", "build_parameter_source",
+    "BackboneSource", "GeometrySource", "ExternalSource", "OracleSource", "PREDICTORS", "build_parameter_source",
     "SOURCE_OPTIONS", "source_options", "TARGETS", "SCOPES", "PLANE_DECODERS", "default_plane_decoder",
     "encoding_inputs", "flatten_values", "load_backbone", "axis_angle_to_matrix", "token_rays",
     "patch_planes_from_normals", "import_factory", "robust_patch_planes", "FITS", "FALLBACKS",
@@ -242,6 +242,7 @@ class ParameterSource(nn.Module):
 
     predicts_in_layers = False
     per_layer = False
+    attention_heads = 1  # > 1: one set of values per attention head (a heads axis after N)
     frozen: tuple[str, ...] = ()  # frozen user submodules: always in eval mode (fixed normalisation statistics)
 
     def __init__(self, specs: list[ParameterSpec], targets: str = "neutral", scope: str = "context") -> None:
@@ -317,18 +318,32 @@ def _zero_linear(in_dim: int, out_dim: int) -> nn.Linear:
 
 class LearnedSource(ParameterSource):
     """``learned``: a zero-initialised ``Linear(dim, raw_dim)`` per token, in every layer
-    (``per_layer``) or once, on the first block's input, for all layers."""
+    (``per_layer``) or once, on the first block's input, for all layers.
+
+    ``attention_heads`` > 1: one set of values per attention head (``Linear(dim, heads * raw_dim)``),
+    returned with a heads axis, ``{name: (B, N, heads, ...)}``; each head's target values follow
+    ``targets`` on their own (e.g. transferred from that head's context planes)."""
 
     predicts_in_layers = True
 
-    def __init__(self, specs, dim: int, num_layers: int, per_layer: bool = True, targets: str = "hidden") -> None:
+    def __init__(self, specs, dim: int, num_layers: int, per_layer: bool = True, targets: str = "hidden",
+                 attention_heads: int = 1) -> None:
         super().__init__(specs, targets)
         self.per_layer = per_layer
-        self.heads = nn.ModuleList(_zero_linear(dim, self.raw_dim) for _ in range(num_layers if per_layer else 1))
+        self.attention_heads = attention_heads
+        self.heads = nn.ModuleList(_zero_linear(dim, attention_heads * self.raw_dim)
+                                   for _ in range(num_layers if per_layer else 1))
 
     def layer(self, index, hidden, cameras, grid, num_context):
-        values = self.decode(self.heads[index if self.per_layer else 0](hidden), cameras, grid)
-        return self.with_targets(values, cameras, grid, num_context)
+        raw = self.heads[index if self.per_layer else 0](hidden)
+        count = self.attention_heads
+        if count == 1:
+            return self.with_targets(self.decode(raw, cameras, grid), cameras, grid, num_context)
+        B, N, _ = raw.shape  # heads into the batch (b * count + h), decoded and completed per head
+        raw = raw.reshape(B, N, count, self.raw_dim).transpose(1, 2).reshape(B * count, N, self.raw_dim)
+        cameras = cameras.repeat_batch(count)
+        values = self.with_targets(self.decode(raw, cameras, grid), cameras, grid, num_context)
+        return {name: value.reshape(B, count, *value.shape[1:]).transpose(1, 2) for name, value in values.items()}
 
 
 def load_backbone(module: nn.Module, checkpoint: str | Path) -> nn.Module:
@@ -529,7 +544,27 @@ def _median_scale(predicted: Tensor, reference: Tensor) -> Tensor:
     return scale[..., None, None]
 
 
-class ExternalSource(ParameterSource):
+class GeometrySource(ParameterSource):
+    """Sources of known geometry (``external``, ``oracle``): planes turned into every encoding input
+    by :meth:`values_of`. ``max_inverse_distance``: planes closer to the camera centre than
+    1 / max_inverse_distance are moved out to that distance, normal kept (|m| capped,
+    :func:`hrope.planes.clamp_plane_vectors`), before anything is derived from them; None leaves
+    them to the encodings' own clamp (|m| <= :data:`hrope.planes.MAX_INVERSE_DISTANCE`)."""
+
+    def __init__(self, specs, targets: str, scope: str, depth_init: float = 1.0,
+                 max_inverse_distance: float | None = None) -> None:
+        super().__init__(specs, targets, scope)
+        self.depth_init, self.max_inverse_distance = depth_init, max_inverse_distance
+
+    def values_of(self, planes: Planes, cameras: Cameras, grid: tuple[int, int]) -> dict[str, Tensor]:
+        """The encoding inputs ``{name: (B, N, ...)}`` of known ``planes`` seen by ``cameras``."""
+        if self.max_inverse_distance is not None:
+            m = planes.m(cameras.to(dtype=torch.float32), grid, torch.float32)
+            planes = Planes.from_m(clamp_plane_vectors(m, self.max_inverse_distance))
+        return _values_from_planes(self.specs, planes, cameras, grid, self.depth_init)
+
+
+class ExternalSource(GeometrySource):
     """``external``: planes from per-pixel depth (and normals when present and ``use_normals``), one
     plane per patch. The depth is the batch's (``batch.depth``: synthetic depth, depth maps or sparse
     COLMAP points) or, with a ``depth_model``, that frozen module's output on the views' images,
@@ -553,11 +588,11 @@ class ExternalSource(ParameterSource):
     def __init__(self, specs, patch_size: int, use_normals: bool = True, depth_init: float = 1.0,
                  targets: str = "neutral", scope: str = "context", *, fit: str = "least-squares",
                  min_points: int = 5, inlier_threshold: float = 0.02, fallback: str = "median",
-                 depth_model: nn.Module | None = None, align: str = "median") -> None:
-        super().__init__(specs, targets, scope)
+                 depth_model: nn.Module | None = None, align: str = "median",
+                 max_inverse_distance: float | None = None) -> None:
+        super().__init__(specs, targets, scope, depth_init, max_inverse_distance)
         self.patch_size = patch_size
         self.use_normals = use_normals
-        self.depth_init = depth_init
         self.fit, self.min_points, self.inlier_threshold, self.fallback = fit, min_points, inlier_threshold, fallback
         self.depth_model = None if depth_model is None else depth_model.eval().requires_grad_(False)
         self.align = align
@@ -602,21 +637,21 @@ class ExternalSource(ParameterSource):
         normals = getattr(batch, "normals", None) if self.depth_model is None else None
         if self.scope == "all":
             depth = self._depth(batch, cameras.num_views)
-            return _values_from_planes(self.specs, self._fit(depth, normals, cameras), cameras, grid, self.depth_init)
+            return self.values_of(self._fit(depth, normals, cameras), cameras, grid)
         context, targets = _views(cameras, 0, num_context), _views(cameras, num_context)
         depth = self._depth(batch, num_context)
         planes = self._fit(depth, None if normals is None else normals[:, :num_context], context)
-        values = _values_from_planes(self.specs, planes, context, grid, self.depth_init)
+        values = self.values_of(planes, context, grid)
         transferred = hit = None
         if self.targets == "transfer":
             splatted = transfer_depth(depth.float(), cameras.to(dtype=torch.float32), num_context)
             fitted = self._fit(splatted, None, targets.to(dtype=torch.float32))
-            transferred = _values_from_planes(self.specs, fitted, targets, grid, self.depth_init)
+            transferred = self.values_of(fitted, targets, grid)
             hit = patchify(torch.isfinite(splatted)[:, :, None].float(), self.patch_size).sum(-1).flatten(1) > 0
         return self.with_targets(values, cameras, grid, num_context, transferred, hit)
 
 
-class OracleSource(ParameterSource):
+class OracleSource(GeometrySource):
     """``oracle``: the dataset's ground-truth per-patch planes ``batch.planes(patch_size)``;
     ``depth_init`` as for ``external``. ``scope="context"`` (default): the context views' planes
     only, targets neutral or (``targets="transfer"``) the context planes transferred into the
@@ -624,25 +659,22 @@ class OracleSource(ParameterSource):
     ``scope="all"``: every view's own planes, an upper bound with target geometry."""
 
     def __init__(self, specs, patch_size: int, depth_init: float = 1.0, targets: str = "neutral",
-                 scope: str = "context") -> None:
-        super().__init__(specs, targets, scope)
+                 scope: str = "context", max_inverse_distance: float | None = None) -> None:
+        super().__init__(specs, targets, scope, depth_init, max_inverse_distance)
         self.patch_size = patch_size
-        self.depth_init = depth_init
 
     def static(self, batch, cameras, grid, num_context):
         planes = batch.planes(self.patch_size) if hasattr(batch, "planes") else None
         if planes is None:
             raise PredictorError("the 'oracle' predictor needs ground-truth planes (batch.planes(patch_size))")
         if self.scope == "all":
-            return _values_from_planes(self.specs, planes, cameras, grid, self.depth_init)
+            return self.values_of(planes, cameras, grid)
         context_m = planes.m(cameras, grid, torch.float32)[:, :num_context * grid[0] * grid[1]]
         transferred = hit = None
         if self.targets == "transfer":
             target_m, hit = transfer_planes(context_m, cameras.to(dtype=torch.float32), grid, num_context)
-            transferred = _values_from_planes(self.specs, Planes.from_m(target_m), _views(cameras, num_context),
-                                              grid, self.depth_init)
-        values = _values_from_planes(self.specs, Planes.from_m(context_m), _views(cameras, 0, num_context), grid,
-                                     self.depth_init)
+            transferred = self.values_of(Planes.from_m(target_m), _views(cameras, num_context), grid)
+        values = self.values_of(Planes.from_m(context_m), _views(cameras, 0, num_context), grid)
         return self.with_targets(values, cameras, grid, num_context, transferred, hit)
 
 
@@ -676,22 +708,23 @@ PREDICTORS = ("learned", "backbone", "external", "oracle")
 
 # every source's options (predictor_options) with their defaults; "targets" choices per source
 SOURCE_OPTIONS = {
-    "learned": {"plane_decoder": None, "per_layer": True, "targets": "hidden"},
+    "learned": {"plane_decoder": None, "per_layer": True, "per_head": False, "targets": "hidden"},
     "backbone": {"plane_decoder": None, "module": None, "module_kwargs": {}, "checkpoint": None, "feature_dim": None,
                  "hidden_dim": 64, "targets": "neutral"},
     "external": {"use_normals": True, "scope": "context", "targets": "neutral", "depth": "data",
                  "fit": "least-squares", "min_points": 5, "inlier_threshold": 0.02, "fallback": "median",
-                 "module": None, "module_kwargs": {}, "checkpoint": None, "align": "median"},
-    "oracle": {"scope": "context", "targets": "neutral"},
+                 "module": None, "module_kwargs": {}, "checkpoint": None, "align": "median", "max_inverse_distance": None},
+    "oracle": {"scope": "context", "targets": "neutral", "max_inverse_distance": None},
 }
 SOURCE_TARGETS = {"learned": TARGETS, "backbone": ("neutral", "transfer"), "external": ("neutral", "transfer"),
                   "oracle": ("neutral", "transfer")}
 # what the options accept, where more than one value type or choice would be wrong
 OPTION_FIELDS = {
-    "scope": Field("str", choices=SCOPES), "per_layer": Field("bool"), "use_normals": Field("bool"),
+    "scope": Field("str", choices=SCOPES), "per_layer": Field("bool"), "per_head": Field("bool"), "use_normals": Field("bool"),
     "depth": Field("str", choices=("data", "model")), "fit": Field("str", choices=FITS),
     "min_points": Field("int", low=3), "inlier_threshold": Field("float", above=0),
     "fallback": Field("str", choices=FALLBACKS), "align": Field("str", choices=("median", "none")),
+    "max_inverse_distance": Field("float", above=0, nullable=True),
 }
 
 
@@ -721,14 +754,17 @@ def source_options(name: str, options: dict | None) -> dict:
 
 
 def build_parameter_source(name: str, specs: list[ParameterSpec], *, dim: int, num_layers: int, patch_size: int,
-                           options: dict | None = None, depth_init: float = 1.0) -> ParameterSource:
+                           options: dict | None = None, depth_init: float = 1.0,
+                           attention_heads: int = 1) -> ParameterSource:
     """A parameter source by name with its ``options`` (:data:`SOURCE_OPTIONS`): ``targets`` and, for
     ``oracle`` / ``external``, ``scope`` (see :class:`ParameterSource`); for ``learned``
-    ``per_layer``; for ``backbone`` a ``module`` (nn.Module or import path ``'pkg.mod:factory'`` +
-    ``module_kwargs``), a local ``checkpoint`` path, ``feature_dim`` and ``hidden_dim``; for
+    ``per_layer`` and ``per_head`` (one set of values for each of the ``attention_heads``); for
+    ``backbone`` a ``module`` (nn.Module or import path ``'pkg.mod:factory'`` + ``module_kwargs``), a local ``checkpoint`` path, ``feature_dim`` and ``hidden_dim``; for
     ``external`` ``use_normals``, ``fit`` (+ ``min_points``, ``inlier_threshold``, ``fallback``) and
     ``depth`` (``data``, or ``model``: a depth model given like the backbone, + ``align``), see
-    :class:`ExternalSource`; ``plane_decoder`` is read by :func:`parameter_specs`.
+    :class:`ExternalSource`; for ``oracle`` and ``external`` ``max_inverse_distance``
+    (:class:`GeometrySource`);
+    ``plane_decoder`` is read by :func:`parameter_specs`.
     ``depth_init``: the depth that ``external`` and ``oracle`` use for patches whose plane never
     crosses the patch-centre ray."""
     takes_planes = "planes" in {s.name for s in specs}
@@ -737,15 +773,18 @@ def build_parameter_source(name: str, specs: list[ParameterSpec], *, dim: int, n
         raise PredictorError("predictor_options.targets 'transfer' carries planes over from the context views: it "
                              "needs an encoding that takes planes")
     if name == "learned":
-        return LearnedSource(specs, dim, num_layers, options["per_layer"], options["targets"])
+        return LearnedSource(specs, dim, num_layers, options["per_layer"], options["targets"],
+                             attention_heads if options["per_head"] else 1)
     if name == "oracle":
-        return OracleSource(specs, patch_size, depth_init, options["targets"], options["scope"])
+        return OracleSource(specs, patch_size, depth_init, options["targets"], options["scope"],
+                            options["max_inverse_distance"])
     if name == "external":
         depth_model = _user_module(options, "predictor_options.depth 'model'") if options["depth"] == "model" else None
         return ExternalSource(specs, patch_size, use_normals=options["use_normals"], depth_init=depth_init,
                               targets=options["targets"], scope=options["scope"], fit=options["fit"],
                               min_points=options["min_points"], inlier_threshold=options["inlier_threshold"],
-                              fallback=options["fallback"], depth_model=depth_model, align=options["align"])
+                              fallback=options["fallback"], depth_model=depth_model, align=options["align"],
+                              max_inverse_distance=options["max_inverse_distance"])
     module = _user_module(options, "the 'backbone' predictor")
     if options["feature_dim"] is None:
         raise PredictorError("the 'backbone' predictor needs predictor_options.feature_dim (channels C)")

@@ -64,11 +64,11 @@ def normal_colours(normals: Tensor, grid: tuple[int, int], patch_size: int) -> T
     return F.interpolate(image[None], scale_factor=patch_size, mode="nearest")[0].clamp(0, 1)
 
 
-def plane_normal_rows(model, batch, layer: int = -1) -> list[list[Tensor]]:
+def plane_normal_rows(model, batch, layer: int = -1, head: int = 0) -> list[list[Tensor]]:
     """Rows ``[input, overlay, predicted normals, ground-truth normals]`` for every context view of
     every scene of ``batch`` (predictions from the first target's sequence, ``layer`` of the
-    predicted parameters); without ground truth (``batch.planes(p)`` None) the rows end after the
-    predicted normals."""
+    predicted parameters, attention head ``head`` of a per-head source); without ground truth
+    (``batch.planes(p)`` None) the rows end after the predicted normals."""
     config = model.config
     if model.source is None or "planes" not in {s.name for s in model.source.specs}:
         raise VizError(f"encoding {config.encoding!r} takes no planes; nothing to visualise")
@@ -85,6 +85,11 @@ def plane_normal_rows(model, batch, layer: int = -1) -> list[list[Tensor]]:
     Vt = V - Vc
     cameras = model.fold_cameras(batch.cameras, Vc).to(dtype=torch.float32)
     m = output.parameters[layer]["planes"]
+    heads = model.source.attention_heads
+    if not -heads <= head < heads:
+        raise VizError(f"head {head} is out of range: the model predicts planes for {heads} head(s)")
+    if heads > 1:
+        m = m[:, :, head]
     predicted, _ = Planes.from_m(m.float()).normal_and_depth(cameras, grid)  # (B*Vt, (Vc+1)P, 3)
     truth_planes = batch.planes(p)
     if truth_planes is not None:
@@ -102,14 +107,14 @@ def plane_normal_rows(model, batch, layer: int = -1) -> list[list[Tensor]]:
 
 
 def visualize_planes(checkpoint: str | Path, out: str | Path | None = None, num_scenes: int = 4,
-                     layer: int = -1, device: str = "cpu") -> Path:
+                     layer: int = -1, device: str = "cpu", head: int = 0) -> Path:
     """Write ``planes.png`` (see module doc) for ``num_scenes`` held-out scenes; returns its path."""
     Field("int", low=1).check("num_scenes", num_scenes, VizError)
     model, config = load_model(checkpoint, device)
     dataset = build_dataset(config, "eval")
     scenes = [dataset[i] for i in range(min(num_scenes, len(dataset)))]
     batch = collate(scenes, config["data"]["num_context"], torch.device(device))
-    rows = plane_normal_rows(model, batch, layer)
+    rows = plane_normal_rows(model, batch, layer, head)
     out = Path(out) if out is not None else run_folder(checkpoint) / "viz"
     return save_image_grid(rows, out / "planes.png")
 
