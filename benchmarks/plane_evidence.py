@@ -58,6 +58,7 @@ ROWS = (
     Row("hrope-lift", "oracle", options=(("scope", "all"), ("max_inverse_distance", 2.0))),
     Row("hrope-lift", "oracle", options=(("scope", "all"), ("max_inverse_distance", 5.0))),
     Row("hrope-lift", "external", options=TRANSFER + (("max_inverse_distance", 2.0),)),
+    Row("hrope-lift", "external", options=TRANSFER + (("max_inverse_distance", 2.0),), model_options=(("rays", "world"),)),
 )
 
 
