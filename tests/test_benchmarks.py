@@ -135,3 +135,26 @@ def test_learning_curve_summary_pairs_every_step_with_the_reference():
         assert point["vs_reference"]["mean"] == pytest.approx(0.25)
         assert point["vs_reference"]["low"] == pytest.approx(0.25) and point["vs_reference"]["excludes_zero"]
         assert point["planes"]["target"] == {"normal_error_deg": 60.5, "depth_rel_error": 0.5}
+
+
+def test_plane_conditioning_norms_are_one_within_a_view_at_infinity_and_grow_with_near_planes():
+    """benchmarks/plane_conditioning.py: with every plane at infinity (prope) a token pair of the same
+    view has D_i D_j^-1 = I (norm 1); a plane near the camera stretches its pairs, a cap undoes it."""
+    from _lvsm_helpers import synthetic_batch
+    from plane_conditioning import pair_norms
+
+    from hrope.planes import clamp_plane_vectors
+
+    batch = synthetic_batch(num_scenes=1, num_views=3)
+    grid, P = (4, 4), 16
+    zero = torch.zeros(1, 3 * P, 3)
+    norms = pair_norms(zero, batch, grid)[0]
+    for v in range(3):
+        view = slice(v * P, (v + 1) * P)
+        torch.testing.assert_close(norms[view, view], torch.ones(P, P, dtype=torch.float64))
+    near = zero.clone()
+    near[0, 0] = torch.tensor([0.0, 0.0, 40.0])  # token 0: a plane 1/40 in front of its camera
+    stretched = pair_norms(near, batch, grid)[0]
+    capped = pair_norms(clamp_plane_vectors(near, 2.0), batch, grid)[0]
+    assert stretched[0, P:].min() > 5 * norms[0, P:].max()
+    assert capped[0, P:].max() < stretched[0, P:].min()
