@@ -57,8 +57,9 @@ class Row:
     """One model variant. ``external`` fits planes to the renderer's depth maps (no normals).
     ``options``: ``(key, value)`` pairs of ``model.predictor_options`` (e.g. ``(("targets",
     "transfer"),)``) and ``encoding_options`` of ``model.encoding_options`` (e.g. ``(("anchors",
-    (1000.0,)),)``) and ``model_options`` of other model fields (e.g. ``(("rays", "world"),)``); part of
-    the label, the folder name and the cache key."""
+    (1000.0,)),)``) and ``model_options`` of other model fields (e.g. ``(("rays", "world"),)``) and
+    ``train_options`` of the ``train`` section (e.g. ``(("parameter_lr_scale", 10.0),)``); part of the
+    label, the folder name and the cache key."""
 
     encoding: str
     predictor: str = "learned"
@@ -66,19 +67,21 @@ class Row:
     options: tuple[tuple[str, object], ...] = ()
     encoding_options: tuple[tuple[str, object], ...] = ()
     model_options: tuple[tuple[str, object], ...] = ()
+    train_options: tuple[tuple[str, object], ...] = ()
 
     @property
     def label(self) -> str:
         details = ([] if self.predictor == "learned" else [self.predictor]) + [
             "with target geometry" if (k, v) == ("scope", "all") else f"{k} {v}"
-            for k, v in self.options + self.encoding_options + self.model_options]
+            for k, v in self.options + self.encoding_options + self.model_options + self.train_options]
         text = f"{self.encoding} ({', '.join(details)})" if details else self.encoding
         return text if self.num_context == 2 else f"{text}, {self.num_context} views"
 
     @property
     def key(self) -> str:
         """Folder name of the row's cells."""
-        options = "".join(f".{k}-{v}" for k, v in self.options + self.encoding_options + self.model_options)
+        options = "".join(f".{k}-{v}" for k, v in
+                          self.options + self.encoding_options + self.model_options + self.train_options)
         options = options.replace(" ", "")
         return f"{self.encoding}.{self.predictor}.ctx{self.num_context}{options}"
 
@@ -186,7 +189,7 @@ def cell_settings(budget: Budget, cell: Cell, lpips_weights: str | None = None) 
         "data": {"kind": cell.dataset, "num_scenes": budget.train_scenes, "num_context": row.num_context,
                  "num_target": 1, "seed": budget.data_seed, "cache": True},
         "train": {"steps": budget.steps, "batch_size": budget.batch_size, "lr": budget.lr,
-                  "warmup": budget.warmup, "seed": cell.seed},
+                  "warmup": budget.warmup, "seed": cell.seed, **dict(row.train_options)},
         "eval": {"num_scenes": budget.eval_scenes, "batch_size": 8, "lpips_weights": lpips_weights,
                  "num_grid_scenes": 0},
     }

@@ -50,8 +50,11 @@ ROWS = (
     # world-frame rays as token input (what lifted prope by +0.4 dB) with context depth transferred
     Row("hrope-lift", "external", options=TRANSFER, model_options=(("rays", "world"),)),
     Row("hrope-lift", options=TRANSFER, model_options=(("rays", "world"),)),
-    # one set of planes per attention head (the best learned configuration above, per head)
+    # the learned source's options on the best learned configuration above: planes per attention
+    # head, predicted once (first block) for all layers, plane heads at 10x the learning rate
     Row("hrope-lift", options=TRANSFER + (("per_head", True),), model_options=(("rays", "world"),)),
+    Row("hrope-lift", options=TRANSFER + (("per_layer", False),), model_options=(("rays", "world"),)),
+    Row("hrope-lift", options=TRANSFER, model_options=(("rays", "world"),), train_options=(("parameter_lr_scale", 10.0),)),
     # why geometry hurts on `object`: planes passing near the camera centre (|m| large) moved out to
     # distance 0.5 or 0.2 (after scene normalisation |m| > 2 for 22% of the object patches, 3% of the
     # room ones; |m| > 5 for 1.2% and 0.03%)
