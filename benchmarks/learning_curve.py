@@ -38,6 +38,8 @@ __all__ = ["SETS", "run", "summarise", "main"]
 
 TRANSFER = (("targets", "transfer"),)
 WORLD = (("rays", "world"),)
+# later rows that the rows below them are also paired with (beside the first row)
+EXTRA_REFERENCES = {"world": ("prope (rays world)",)}
 SETS = {
     # camera-frame rays (model.rays auto): prope, the learned planes transferred to the targets, the fair oracle
     "camera": (Row("prope"), Row("hrope-lift", options=TRANSFER), Row("hrope-lift", "oracle", options=TRANSFER)),
@@ -71,7 +73,7 @@ def train_curve(steps: int, every: int, dataset_kind: str, seed: int, row: Row, 
 
 
 def run(steps: int, every: int, dataset_kind: str, seeds: list[int], rows, out: Path, log=print,
-        summarise_rows: bool = True) -> dict:
+        summarise_rows: bool = True, references: tuple[str, ...] = ()) -> dict:
     """Every (row, seed) curve, trained or reused from ``OUT/runs``, and (``summarise_rows``) their
     summary against the first row."""
     datasets: dict[str, object] = {}
@@ -89,21 +91,29 @@ def run(steps: int, every: int, dataset_kind: str, seeds: list[int], rows, out: 
             curves.append(curve)
     return {"command": "", "dataset": dataset_kind, "seeds": seeds, "steps": steps, "every": every,
             "rows": [row.label for row in rows], "curves": curves,
-            "summary": summarise(curves, [r.label for r in rows]) if summarise_rows else None}
+            "summary": summarise(curves, [r.label for r in rows], references) if summarise_rows else None}
 
 
-def summarise(curves: list[dict], labels: list[str]) -> list[dict]:
-    """Per row and evaluation step: PSNR mean/std over seeds and the paired difference to the first row."""
+def summarise(curves: list[dict], labels: list[str], references: tuple[str, ...] = ()) -> list[dict]:
+    """Per row and evaluation step: PSNR mean/std over seeds and the paired difference to the first
+    row (``vs_reference``) and to each later row named in ``references`` (``vs[label]``)."""
     by_row = {label: sorted((c for c in curves if c["row"] == label), key=lambda c: c["seed"]) for label in labels}
-    reference = by_row[labels[0]]
+
+    def paired(label: str, reference: str, index: int) -> dict:
+        return paired_bootstrap([c["points"][index]["per_scene_psnr"] for c in by_row[label]],
+                                [c["points"][index]["per_scene_psnr"] for c in by_row[reference]])
+
+    others = [r for r in references if r in by_row and r != labels[0]]
     summary = []
     for label in labels:
         points = []
         for index, point in enumerate(by_row[label][0]["points"]):
             entry = {"step": point["step"], "psnr": stat([c["points"][index]["psnr"] for c in by_row[label]])}
             if label != labels[0]:
-                entry["vs_reference"] = paired_bootstrap([c["points"][index]["per_scene_psnr"] for c in by_row[label]],
-                                                         [c["points"][index]["per_scene_psnr"] for c in reference])
+                entry["vs_reference"] = paired(label, labels[0], index)
+            later = [r for r in others if labels.index(r) < labels.index(label)]
+            if later:
+                entry["vs"] = {r: paired(label, r, index) for r in later}
             planes = [c["points"][index]["planes"] for c in by_row[label] if c["points"][index].get("planes")]
             if planes:
                 entry["planes"] = {group: {metric: stat([p[group][metric] for p in planes])["mean"]
@@ -112,6 +122,11 @@ def summarise(curves: list[dict], labels: list[str]) -> list[dict]:
             points.append(entry)
         summary.append({"row": label, "points": points})
     return summary
+
+
+def _interval(d: dict) -> str:
+    text = f"{d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]"
+    return f"**{text}**" if d["excludes_zero"] else text
 
 
 def write(report: dict, out: Path) -> None:
@@ -140,12 +155,16 @@ def write(report: dict, out: Path) -> None:
             psnr = point["psnr"]
             text = f"{psnr['mean']:.2f}" + (f" ± {psnr['std']:.2f}" if psnr["std"] is not None else "")
             if "vs_reference" in point:
-                d = point["vs_reference"]
-                interval = f"{d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]"
-                text += "<br>" + (f"**{interval}**" if d["excludes_zero"] else interval)
+                text += "<br>" + _interval(point["vs_reference"])
             cells.append(text)
         lines.append(f"| {row['row']} | " + " | ".join(cells) + " |")
         axis.plot(steps, [p["psnr"]["mean"] for p in row["points"]], marker="o", label=row["row"])
+    for reference in sorted({r for row in summary for p in row["points"] for r in p.get("vs", {})}):
+        lines += ["", f"Paired difference to `{reference}` (same seeds and scenes, 95% interval):", "",
+                  "| row | " + " | ".join(f"step {s}" for s in steps) + " |", "|---|" + "---|" * len(steps)]
+        for row in summary:
+            if reference in row["points"][0].get("vs", {}):
+                lines.append(f"| {row['row']} | " + " | ".join(_interval(p["vs"][reference]) for p in row["points"]) + " |")
     planes = [row for row in summary if "planes" in row["points"][-1]]
     if planes:
         lines += ["", "Learned plane errors (last layer, mean over seeds; neutral: 90° and 1.0), per step:", "",
@@ -191,7 +210,8 @@ def main(argv: list[str] | None = None) -> dict:
     rows = [r for i, r in enumerate(choices) if (i == 0 and keep_reference) or args.rows is None or r.label in args.rows]
     out = Path(args.out or f"benchmarks/results/learning_curve_{args.set}")
     report = run(args.steps, args.every, args.dataset, [int(s) for s in args.seeds.split(",")], rows, out,
-                 log=lambda text: print(text, flush=True), summarise_rows=keep_reference)
+                 log=lambda text: print(text, flush=True), summarise_rows=keep_reference,
+                 references=EXTRA_REFERENCES.get(args.set, ()))
     if args.no_report:
         return report
     report["command"] = shlex.join(["python", "benchmarks/learning_curve.py", *argv])

@@ -128,8 +128,12 @@ def test_learning_curve_summary_pairs_every_step_with_the_reference():
         return {"row": row, "seed": seed, "points": points}
 
     curves = [curve("prope", s, 0.0) for s in (0, 1)] + [curve("hrope-lift", s, 0.25, planes=60.0) for s in (1, 0)]
-    reference, other = summarise(curves, ["prope", "hrope-lift"])
-    assert "vs_reference" not in reference["points"][0]
+    curves += [curve("prope (rays world)", s, 0.125) for s in (0, 1)]
+    reference, other, world = summarise(curves, ["prope", "hrope-lift", "prope (rays world)"])
+    assert "vs_reference" not in reference["points"][0] and "vs" not in other["points"][0]
+    assert world["points"][0]["vs_reference"]["mean"] == pytest.approx(0.125)
+    *_, late = summarise(curves, ["prope", "prope (rays world)", "hrope-lift"], references=("prope (rays world)",))
+    assert late["points"][1]["vs"]["prope (rays world)"]["mean"] == pytest.approx(0.125)
     for point, base in zip(other["points"], (15.0, 16.0)):
         assert point["psnr"]["mean"] == pytest.approx(base + 0.5 + 0.15 + 0.25)
         assert point["vs_reference"]["mean"] == pytest.approx(0.25)
