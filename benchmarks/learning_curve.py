@@ -45,7 +45,9 @@ SETS = {
     "camera": (Row("prope"), Row("hrope-lift", options=TRANSFER), Row("hrope-lift", "oracle", options=TRANSFER)),
     # world-frame rays in the tokens (docs/results.md): the best learned HRoPE and the fair oracle with them
     "world": (Row("prope"), Row("prope", model_options=WORLD), Row("hrope-lift", options=TRANSFER, model_options=WORLD),
-              Row("hrope-lift", "oracle", options=TRANSFER, model_options=WORLD)),
+              Row("hrope-lift", "oracle", options=TRANSFER, model_options=WORLD),
+              # context depth, planes next to the camera capped (the best fair row at the full budget)
+              Row("hrope-lift", "external", options=TRANSFER + (("max_inverse_distance", 2.0),), model_options=WORLD)),
 }
 
 

@@ -75,10 +75,12 @@ QUERY_FRAME_ROWS = (
     Row("prope", model_options=(("rays", "world"),)),  # rope2d's token input: does the ray frame explain it?
     Row("rope2d", model_options=(("rays", "camera"),)),
 )
-# The subset for a GPU (issue #14 item 7): the baseline, prope, the best learned HRoPE, the fair
-# oracle and urope, at the `gpu` budget.
-GPU_ROWS = (REFERENCE, Row("none"), Row("hrope-lift", options=TRANSFER), Row("hrope-lift", "oracle", options=TRANSFER),
-            Row("urope"))
+# The subset for a GPU (issue #14 item 7): the baseline, prope (camera and world rays), the best
+# learned HRoPE and the fair oracle (both with world rays, docs/results.md) and urope, at a GPU budget.
+WORLD = (("rays", "world"),)
+GPU_ROWS = (REFERENCE, Row("none"), Row("prope", model_options=WORLD),
+            Row("hrope-lift", options=TRANSFER, model_options=WORLD),
+            Row("hrope-lift", "oracle", options=TRANSFER, model_options=WORLD), Row("urope"))
 SETS = {"planes": ROWS, "query-frame": QUERY_FRAME_ROWS, "gpu": GPU_ROWS}
 TITLES = {"planes": "Do HRoPE's planes help? Plane sources vs `prope`",
           "query-frame": "Why do the query-frame encodings lead on `room`? An ablation vs `prope`",
