@@ -4,6 +4,7 @@ every row, per-cell cache that resumes, Markdown/JSON/PNG outputs, the noise rul
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import sys
@@ -127,10 +128,12 @@ def test_config_hash_tracks_the_budget_not_paths_or_device(tmp_path):
 def test_results_version_is_in_the_cache_key(monkeypatch):
     cell = Cell("room", Row("hrope"), 0)
     settings = cell_settings(TOY, cell)
-    assert nvs_rows.RESULTS_VERSION == 0  # version 0 keeps the committed cells' folder names
-    plain = config_hash(settings)
-    monkeypatch.setattr(nvs_rows, "RESULTS_VERSION", 1)
-    assert config_hash(settings) != plain
+    current, version = config_hash(settings), nvs_rows.RESULTS_VERSION
+    monkeypatch.setattr(nvs_rows, "RESULTS_VERSION", 0)  # version 0 (unhashed): the cells trained before it existed
+    legacy = config_hash(settings)
+    assert legacy == hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+    monkeypatch.setattr(nvs_rows, "RESULTS_VERSION", version + 1)
+    assert len({current, legacy, config_hash(settings)}) == 3
 
 
 def test_fig4a_ape_rows_only_for_distinct_ape_models():

@@ -429,10 +429,14 @@ def test_per_head_planes_train_and_reject_additive_encodings(batch):
 
 @pytest.mark.parametrize("name", ["oracle", "external"])
 def test_geometry_sources_cap_planes_near_the_camera(name, batch):
-    """max_inverse_distance moves planes closer than 1 / cap out to that distance (normal kept) and
-    leaves the others exactly as they are; the depth inputs follow the capped planes."""
+    """max_inverse_distance (default 2, None: no cap) moves planes closer than 1 / cap out to that
+    distance (normal kept) and leaves the others exactly as they are; the depth inputs follow the
+    capped planes."""
     specs = parameter_specs(get_encoding("hrope-lift")) + parameter_specs(get_encoding("hrope-depth"))
-    free = build_parameter_source(name, specs, dim=4, num_layers=1, patch_size=8, options={"scope": "all"})
+    free = build_parameter_source(name, specs, dim=4, num_layers=1, patch_size=8,
+                                  options={"scope": "all", "max_inverse_distance": None})
+    default = build_parameter_source(name, specs, dim=4, num_layers=1, patch_size=8)
+    assert free.max_inverse_distance is None and default.max_inverse_distance == 2.0
     capped = build_parameter_source(name, specs, dim=4, num_layers=1, patch_size=8,
                                     options={"scope": "all", "max_inverse_distance": 0.6})
     before, after = free.static(batch, batch.cameras, GRID, 2), capped.static(batch, batch.cameras, GRID, 2)

@@ -45,7 +45,7 @@ from .transfer import transfer_depth, transfer_planes
 __all__ = [
     "PredictorError", "ParameterSpec", "parameter_specs", "ParameterSource", "LearnedSource",
     "BackboneSource", "GeometrySource", "ExternalSource", "OracleSource", "PREDICTORS", "build_parameter_source",
-    "SOURCE_OPTIONS", "source_options", "TARGETS", "SCOPES", "PLANE_DECODERS", "default_plane_decoder",
+    "SOURCE_OPTIONS", "DEFAULT_MAX_INVERSE_DISTANCE", "source_options", "TARGETS", "SCOPES", "PLANE_DECODERS", "default_plane_decoder",
     "encoding_inputs", "flatten_values", "load_backbone", "axis_angle_to_matrix", "token_rays",
     "patch_planes_from_normals", "import_factory", "robust_patch_planes", "FITS", "FALLBACKS",
 ]
@@ -53,6 +53,12 @@ __all__ = [
 # Learned-head values at zero output for the query-frame encodings' uncertainty parameters.
 RAYROPE_INIT_HALFWIDTH = 3.0  # RayRoPE's init_sigma (log-depth half-width)
 WORLDROPE_INIT_SIGMA = 0.25  # fraction of depth_init
+
+# Known geometry (oracle, external): planes closer to the camera centre than 1/2 of the context
+# baseline (scenes are normalised to a unit baseline) are moved out to that distance. Measured in
+# docs/results.md ("Why geometry hurts on `object`"): uncapped, a few such planes destabilise
+# training (object -0.95 dB, room +0.47 dB with transferred context depth; capped +0.05 and +0.80).
+DEFAULT_MAX_INVERSE_DISTANCE = 2.0
 
 # Default camera-facing normal of a predicted plane (camera frame, OpenCV: z forward).
 FACING_NORMAL = (0.0, 0.0, -1.0)
@@ -546,13 +552,14 @@ def _median_scale(predicted: Tensor, reference: Tensor) -> Tensor:
 
 class GeometrySource(ParameterSource):
     """Sources of known geometry (``external``, ``oracle``): planes turned into every encoding input
-    by :meth:`values_of`. ``max_inverse_distance``: planes closer to the camera centre than
-    1 / max_inverse_distance are moved out to that distance, normal kept (|m| capped,
-    :func:`hrope.planes.clamp_plane_vectors`), before anything is derived from them; None leaves
-    them to the encodings' own clamp (|m| <= :data:`hrope.planes.MAX_INVERSE_DISTANCE`)."""
+    by :meth:`values_of`. ``max_inverse_distance`` (default :data:`DEFAULT_MAX_INVERSE_DISTANCE`):
+    planes closer to the camera centre than 1 / max_inverse_distance are moved out to that
+    distance, normal kept (|m| capped, :func:`hrope.planes.clamp_plane_vectors`), before anything
+    is derived from them; None leaves them to the encodings' own clamp (|m| <=
+    :data:`hrope.planes.MAX_INVERSE_DISTANCE`, an overflow guard)."""
 
     def __init__(self, specs, targets: str, scope: str, depth_init: float = 1.0,
-                 max_inverse_distance: float | None = None) -> None:
+                 max_inverse_distance: float | None = DEFAULT_MAX_INVERSE_DISTANCE) -> None:
         super().__init__(specs, targets, scope)
         self.depth_init, self.max_inverse_distance = depth_init, max_inverse_distance
 
@@ -589,7 +596,7 @@ class ExternalSource(GeometrySource):
                  targets: str = "neutral", scope: str = "context", *, fit: str = "least-squares",
                  min_points: int = 5, inlier_threshold: float = 0.02, fallback: str = "median",
                  depth_model: nn.Module | None = None, align: str = "median",
-                 max_inverse_distance: float | None = None) -> None:
+                 max_inverse_distance: float | None = DEFAULT_MAX_INVERSE_DISTANCE) -> None:
         super().__init__(specs, targets, scope, depth_init, max_inverse_distance)
         self.patch_size = patch_size
         self.use_normals = use_normals
@@ -659,7 +666,8 @@ class OracleSource(GeometrySource):
     ``scope="all"``: every view's own planes, an upper bound with target geometry."""
 
     def __init__(self, specs, patch_size: int, depth_init: float = 1.0, targets: str = "neutral",
-                 scope: str = "context", max_inverse_distance: float | None = None) -> None:
+                 scope: str = "context",
+                 max_inverse_distance: float | None = DEFAULT_MAX_INVERSE_DISTANCE) -> None:
         super().__init__(specs, targets, scope, depth_init, max_inverse_distance)
         self.patch_size = patch_size
 
@@ -713,8 +721,9 @@ SOURCE_OPTIONS = {
                  "hidden_dim": 64, "targets": "neutral"},
     "external": {"use_normals": True, "scope": "context", "targets": "neutral", "depth": "data",
                  "fit": "least-squares", "min_points": 5, "inlier_threshold": 0.02, "fallback": "median",
-                 "module": None, "module_kwargs": {}, "checkpoint": None, "align": "median", "max_inverse_distance": None},
-    "oracle": {"scope": "context", "targets": "neutral", "max_inverse_distance": None},
+                 "module": None, "module_kwargs": {}, "checkpoint": None, "align": "median",
+                 "max_inverse_distance": DEFAULT_MAX_INVERSE_DISTANCE},
+    "oracle": {"scope": "context", "targets": "neutral", "max_inverse_distance": DEFAULT_MAX_INVERSE_DISTANCE},
 }
 SOURCE_TARGETS = {"learned": TARGETS, "backbone": ("neutral", "transfer"), "external": ("neutral", "transfer"),
                   "oracle": ("neutral", "transfer")}
