@@ -135,10 +135,16 @@ def test_stale_cells_are_refused_by_default_and_reused_marked_with_allow_stale(t
     assert f"Commit: `{describe(runner.provenance)}`" in markdown
 
 
-def test_committed_cells_need_allow_stale_and_cells_of_dropped_encodings_are_skipped(tmp_path):
-    """The committed quick-budget cells predate provenance: found (no retraining needed), refused
-    without the option; the two cells of the dropped hrope-pf-ape are skipped with a note."""
+def test_committed_cells_need_allow_stale_and_cells_of_dropped_encodings_are_skipped(tmp_path, monkeypatch):
+    """The committed quick-budget cells predate provenance and RESULTS_VERSION 1: under version 0
+    they are found (no retraining needed), refused without the option; the two cells of the dropped
+    hrope-pf-ape are skipped with a note. Under the current version none of them is reused."""
+    import nvs_rows
+
     shutil.copytree(BENCHMARKS / "results" / "nvs_quick" / "cache", tmp_path / "cache")
+    current = main(["--quick", "--report-only", "--allow-stale", "--out", str(tmp_path)])["progress"]
+    assert nvs_rows.RESULTS_VERSION >= 1 and current["finished"] == 0
+    monkeypatch.setattr(nvs_rows, "RESULTS_VERSION", 0)
     with pytest.raises(SystemExit, match="commit not recorded"):
         main(["--quick", "--report-only", "--out", str(tmp_path)])
     report = main(["--quick", "--report-only", "--allow-stale", "--out", str(tmp_path)])
