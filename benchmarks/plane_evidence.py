@@ -74,6 +74,7 @@ QUERY_FRAME_ROWS = (
     Row("rope2d"),
     Row("prope", model_options=(("rays", "world"),)),  # rope2d's token input: does the ray frame explain it?
     Row("rope2d", model_options=(("rays", "camera"),)),
+    Row("worldrope"),
 )
 # The subset for a GPU (issue #14 item 7): the baseline, prope (camera and world rays), the best
 # learned HRoPE and the fair oracle (both with world rays, docs/results.md) and urope, at a GPU budget.
