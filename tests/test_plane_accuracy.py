@@ -137,13 +137,14 @@ def test_training_logs_plane_accuracy_and_resume_appends(lift_run):
     for record in records:
         assert all(0 <= record[g][m] <= (90 if "normal" in m else 1) for g in GROUPS for m in METRICS)
         assert len(record["per_layer"]["target"]["normal_error_deg"]) == 2
+        assert record["parameter_grad_norm"] > 0  # the plane heads' gradient, before clipping
     train(lift_run, progress=False)  # resumes from step 3 and appends step 4
     assert [r["step"] for r in read_log(f"{out}/{LOG_NAME}")] == [1, 2, 3, 4]
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tags = EventAccumulator(f"{out}/tb").Reload().Tags()["scalars"]
-    assert {f"planes/{g}/{m}" for g in GROUPS for m in METRICS} <= set(tags)
+    assert {f"planes/{g}/{m}" for g in GROUPS for m in METRICS} | {"train/parameter_grad_norm"} <= set(tags)
 
 
 def test_evaluate_writes_plane_accuracy_for_predicted_planes_only(lift_run, tmp_path_factory, tmp_path, capsys):

@@ -51,7 +51,7 @@ from .plane_accuracy import GROUPS, LOG_NAME, METRICS, append_log, plane_accurac
 from .runs import append_segment, code_provenance, config_hash, resume_differences
 
 __all__ = ["train", "TrainResult", "TrainingError", "StepLoader", "learning_rate", "batch_indices",
-           "make_optimizer", "perceptual_loss", "setup_distributed"]
+           "make_optimizer", "perceptual_loss", "setup_distributed", "parameter_grad_norm"]
 
 logger = logging.getLogger("hrope.nvs.train")
 
@@ -247,15 +247,27 @@ def _image_grid(batch, prediction: Tensor) -> Tensor:
     return torch.cat([v.detach().float().clamp(0, 1).cpu() for v in views], dim=-1)
 
 
-def _log_plane_accuracy(writer, out: Path, step: int, accuracy: dict | None) -> None:
-    """The 8 plane errors to TensorBoard (``planes/<group>/<metric>``) and ``out/plane_accuracy.jsonl``
-    (nothing when ``accuracy`` is None: no predicted planes or no ground truth)."""
+def _log_plane_accuracy(writer, out: Path, step: int, accuracy: dict | None,
+                        parameter_grad_norm: float | None) -> None:
+    """The 8 plane errors to TensorBoard (``planes/<group>/<metric>``) and ``out/plane_accuracy.jsonl``,
+    with the parameter heads' gradient norm (nothing when ``accuracy`` is None: no predicted planes
+    or no ground truth)."""
     if accuracy is None:
         return
     for group in GROUPS:
         for metric in METRICS:
             writer.add_scalar(f"planes/{group}/{metric}", accuracy[group][metric], step)
-    append_log(out / LOG_NAME, step, accuracy)
+    record = accuracy if parameter_grad_norm is None else {**accuracy, "parameter_grad_norm": parameter_grad_norm}
+    append_log(out / LOG_NAME, step, record)
+
+
+def parameter_grad_norm(model) -> float | None:
+    """The 2-norm of the gradients of the parameter source's trainable parameters (the plane heads,
+    ...), before clipping; None for a model without them or before any backward pass."""
+    grads = [p.grad for p in (model.source.parameters() if model.source is not None else ()) if p.grad is not None]
+    if not grads:
+        return None
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
 
 
 def _forward_backward(net, model, optimizer, batch, opts: dict, perceptual, ctx: DistContext):
@@ -271,13 +283,14 @@ def _forward_backward(net, model, optimizer, batch, opts: dict, perceptual, ctx:
         loss = loss + opts["perceptual_weight"] * distance.mean()
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    heads_norm = parameter_grad_norm(model)
     grad_norm = nn.utils.clip_grad_norm_(model.parameters(), opts["grad_clip"])
     finite = torch.isfinite(loss.detach()) & torch.isfinite(grad_norm)
     if ctx.world_size > 1:  # every rank skips together
         flag = finite.float().to(ctx.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         finite = flag > 0
-    return output, loss.detach(), grad_norm, bool(finite)
+    return output, loss.detach(), grad_norm, heads_norm, bool(finite)
 
 
 def train(config: dict, *, stop_at: int | None = None, progress: bool = True, dataset=None) -> TrainResult:
@@ -356,8 +369,8 @@ def _train(config: dict, ctx: DistContext, stop_at: int | None, progress: bool, 
                 for group in optimizer.param_groups:
                     group["lr"] = lr * group.get("lr_scale", 1.0)  # checkpoints older than lr_scale: 1
                 batch = collate(loader.scenes(step, prefetch_next=step + 1 < end), num_context, ctx.device)
-                output, loss, grad_norm, finite = _forward_backward(net, model, optimizer, batch, opts, perceptual,
-                                                                    ctx)
+                output, loss, grad_norm, heads_norm, finite = _forward_backward(net, model, optimizer, batch, opts,
+                                                                                perceptual, ctx)
                 done = reached = step + 1
                 if finite:
                     optimizer.step()
@@ -383,8 +396,10 @@ def _train(config: dict, ctx: DistContext, stop_at: int | None, progress: bool, 
                     writer.add_scalar("train/loss", loss_value, done)
                     writer.add_scalar("train/lr", lr, done)
                     writer.add_scalar("train/grad_norm", float(grad_norm), done)
+                    if heads_norm is not None:
+                        writer.add_scalar("train/parameter_grad_norm", heads_norm, done)
                     writer.add_scalar("train/steps_per_s", rate, done)
-                    _log_plane_accuracy(writer, out, done, plane_accuracy(output.parameters, batch, model))
+                    _log_plane_accuracy(writer, out, done, plane_accuracy(output.parameters, batch, model), heads_norm)
                 if finite and ctx.is_main and opts["image_every"] and done % opts["image_every"] == 0:
                     writer.add_image("train/context|prediction|target", _image_grid(batch, output.images), done)
                 if done % opts["checkpoint_every"] == 0:

@@ -9,7 +9,8 @@ y green, z blue; OpenCV axes); a patch without a plane (m = 0) is grey.
 
 ``hrope viz plane-accuracy RUN``: the run's ``plane_accuracy.jsonl`` (written by training,
 :mod:`hrope.nvs.plane_accuracy`) over steps: normal error and depth error, context and target
-views, predicted (solid) and neutral planes (dashed).
+views, predicted (solid) and neutral planes (dashed), and the plane heads' gradient norm when the
+run logged it.
 """
 
 from __future__ import annotations
@@ -136,8 +137,15 @@ def plot_plane_accuracy(run: str | Path, out: str | Path | None = None) -> Path:
     records = read_log(log)
     steps = [r["step"] for r in records]
     marker = "." if len(steps) <= 50 else None  # a short log: show its points
-    figure, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    with_grads = all("parameter_grad_norm" in r for r in records)
+    figure, axes = plt.subplots(1, 3 if with_grads else 2, figsize=(13.5 if with_grads else 9, 3.4))
     panels = (("normal_error_deg", "normal error (degrees)"), ("depth_rel_error", "relative depth error"))
+    if with_grads:  # the plane heads' gradient norm, before clipping
+        axes[2].plot(steps, [r["parameter_grad_norm"] for r in records], color="tab:green", marker=marker)
+        axes[2].set_xlabel("step")
+        axes[2].set_ylabel("plane heads' gradient norm")
+        axes[2].set_yscale("log")
+        axes[2].grid(alpha=0.3)
     for axis, (metric, label) in zip(axes, panels):
         for group, colour in zip(GROUPS, ("tab:blue", "tab:orange")):
             axis.plot(steps, [r[group][metric] for r in records], color=colour, marker=marker, label=group)
