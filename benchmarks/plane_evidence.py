@@ -40,7 +40,9 @@ ROWS = (
     Row("hrope-lift", options=(("targets", "hidden"),)),  # learned: target tokens predict from their hidden states
     Row("hrope-lift", options=(("plane_decoder", "normal-depth"), ("targets", "hidden"))),  # the previous decoder
     Row("hrope-lift", options=TRANSFER),  # learned on the context, transferred to the targets (the default)
+    Row("hrope-lift", "external"),  # context depth, targets neutral
     Row("hrope-lift", "external", options=TRANSFER),  # context depth, splatted into the targets
+    Row("hrope-lift", "external", options=(("scope", "all"),)),  # every view's depth (an unfair bound)
     Row("hrope-lift", "oracle"),  # context ground truth, targets neutral
     Row("hrope-lift", "oracle", options=TRANSFER),  # context ground truth, transferred
     Row("hrope-lift", "oracle", options=(("scope", "all"),)),  # with target geometry (an unfair bound)
