@@ -27,7 +27,7 @@ from ..errors import InputError
 from ..geometry import patchify
 from .config import Field
 from .predictors import (PREDICTORS, ParameterSource, build_parameter_source, encoding_inputs, flatten_values,
-                         parameter_specs)
+                         fold_heads, parameter_specs)
 from ..rays import RAY_FRAMES, plucker_rays
 
 __all__ = ["ModelConfig", "PRESETS", "LVSM", "LVSMOutput", "ModelError", "unpatchify",
@@ -342,7 +342,7 @@ class LVSM(nn.Module):
         after N for a per-head source: then one transform per head, :class:`HeadsInBatch`)."""
         heads = self.source.attention_heads if self.source is not None and values else 1
         if heads > 1:
-            values = {name: value.transpose(1, 2).flatten(0, 1) for name, value in values.items()}
+            values = {name: fold_heads(value) for name, value in values.items()}
             cameras = cameras.repeat_batch(heads)
         planes, params = encoding_inputs(values)
         prepared = self.encoding.prepare(cameras, self.config.grid, self.config.dim // self.config.heads,

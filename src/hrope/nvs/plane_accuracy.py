@@ -37,6 +37,7 @@ from torch import Tensor
 
 from ..cameras import Cameras
 from ..planes import Planes
+from .predictors import fold_heads, unfold_heads
 
 __all__ = ["GROUPS", "METRICS", "LOG_NAME", "measures_planes", "scene_errors", "PlaneAccuracy", "plane_accuracy",
            "append_log", "read_log"]
@@ -97,14 +98,15 @@ def scene_errors(parameters: list[dict[str, Tensor]], batch, model) -> dict[tupl
         spec = next(s for s in model.source.specs if s.name == "planes")
         neutral_m = spec.decode(true_m.new_zeros(*true_m.shape[:2], spec.raw_dim), cameras, grid)
         heads = model.source.attention_heads
-        head_cameras = cameras.repeat_batch(heads)
-        head_truth = tuple(t.repeat_interleave(heads, dim=0) for t in true_planes)
+        if heads > 1:
+            head_cameras = cameras.repeat_batch(heads)
+            head_truth = tuple(t.repeat_interleave(heads, dim=0) for t in true_planes)
 
         def predicted_errors(m: Tensor) -> tuple[Tensor, Tensor]:  # per-head m (B', N, heads, 3): mean over heads
             if heads == 1:
                 return _plane_errors(m, true_planes, cameras, grid)
-            errors = _plane_errors(m.transpose(1, 2).flatten(0, 1), head_truth, head_cameras, grid)
-            return tuple(e.reshape(-1, heads, e.shape[-1]).mean(1) for e in errors)
+            errors = _plane_errors(fold_heads(m), head_truth, head_cameras, grid)
+            return tuple(unfold_heads(e, heads).mean(-1) for e in errors)
 
         layers = [predicted_errors(values["planes"].detach().float())
                   for values in parameters]  # per entry: (normal error, depth error)

@@ -45,8 +45,8 @@ from .transfer import transfer_depth, transfer_planes
 __all__ = [
     "PredictorError", "ParameterSpec", "parameter_specs", "ParameterSource", "LearnedSource",
     "BackboneSource", "GeometrySource", "ExternalSource", "OracleSource", "PREDICTORS", "build_parameter_source",
-    "SOURCE_OPTIONS", "DEFAULT_MAX_INVERSE_DISTANCE", "source_options", "TARGETS", "SCOPES", "PLANE_DECODERS", "default_plane_decoder",
-    "encoding_inputs", "flatten_values", "load_backbone", "axis_angle_to_matrix", "token_rays",
+    "SOURCE_OPTIONS", "DEFAULT_MAX_INVERSE_DISTANCE", "source_options", "TARGETS", "SCOPES", "PLANE_DECODERS",
+    "default_plane_decoder", "fold_heads", "unfold_heads", "encoding_inputs", "flatten_values", "load_backbone", "axis_angle_to_matrix", "token_rays",
     "patch_planes_from_normals", "import_factory", "robust_patch_planes", "FITS", "FALLBACKS",
 ]
 
@@ -322,6 +322,17 @@ def _zero_linear(in_dim: int, out_dim: int) -> nn.Linear:
     return layer
 
 
+def fold_heads(value: Tensor) -> Tensor:
+    """Per-head values ``(B, N, heads, ...)`` -> ``(B * heads, N, ...)``, element ``b * heads + h``
+    (the batch layout of :meth:`hrope.Cameras.repeat_batch`)."""
+    return value.transpose(1, 2).flatten(0, 1)
+
+
+def unfold_heads(value: Tensor, heads: int) -> Tensor:
+    """The inverse of :func:`fold_heads`: ``(B * heads, N, ...)`` -> ``(B, N, heads, ...)``."""
+    return value.unflatten(0, (-1, heads)).transpose(1, 2)
+
+
 class LearnedSource(ParameterSource):
     """``learned``: a zero-initialised ``Linear(dim, raw_dim)`` per token, in every layer
     (``per_layer``) or once, on the first block's input, for all layers.
@@ -345,11 +356,10 @@ class LearnedSource(ParameterSource):
         count = self.attention_heads
         if count == 1:
             return self.with_targets(self.decode(raw, cameras, grid), cameras, grid, num_context)
-        B, N, _ = raw.shape  # heads into the batch (b * count + h), decoded and completed per head
-        raw = raw.reshape(B, N, count, self.raw_dim).transpose(1, 2).reshape(B * count, N, self.raw_dim)
+        raw = fold_heads(raw.unflatten(-1, (count, self.raw_dim)))  # decoded and completed head by head
         cameras = cameras.repeat_batch(count)
         values = self.with_targets(self.decode(raw, cameras, grid), cameras, grid, num_context)
-        return {name: value.reshape(B, count, *value.shape[1:]).transpose(1, 2) for name, value in values.items()}
+        return {name: unfold_heads(value, count) for name, value in values.items()}
 
 
 def load_backbone(module: nn.Module, checkpoint: str | Path) -> nn.Module:
@@ -729,7 +739,8 @@ SOURCE_TARGETS = {"learned": TARGETS, "backbone": ("neutral", "transfer"), "exte
                   "oracle": ("neutral", "transfer")}
 # what the options accept, where more than one value type or choice would be wrong
 OPTION_FIELDS = {
-    "scope": Field("str", choices=SCOPES), "per_layer": Field("bool"), "per_head": Field("bool"), "use_normals": Field("bool"),
+    "scope": Field("str", choices=SCOPES), "per_layer": Field("bool"), "per_head": Field("bool"),
+    "use_normals": Field("bool"),
     "depth": Field("str", choices=("data", "model")), "fit": Field("str", choices=FITS),
     "min_points": Field("int", low=3), "inlier_threshold": Field("float", above=0),
     "fallback": Field("str", choices=FALLBACKS), "align": Field("str", choices=("median", "none")),
@@ -768,12 +779,12 @@ def build_parameter_source(name: str, specs: list[ParameterSpec], *, dim: int, n
     """A parameter source by name with its ``options`` (:data:`SOURCE_OPTIONS`): ``targets`` and, for
     ``oracle`` / ``external``, ``scope`` (see :class:`ParameterSource`); for ``learned``
     ``per_layer`` and ``per_head`` (one set of values for each of the ``attention_heads``); for
-    ``backbone`` a ``module`` (nn.Module or import path ``'pkg.mod:factory'`` + ``module_kwargs``), a local ``checkpoint`` path, ``feature_dim`` and ``hidden_dim``; for
+    ``backbone`` a ``module`` (nn.Module or import path ``'pkg.mod:factory'`` + ``module_kwargs``),
+    a local ``checkpoint`` path, ``feature_dim`` and ``hidden_dim``; for
     ``external`` ``use_normals``, ``fit`` (+ ``min_points``, ``inlier_threshold``, ``fallback``) and
     ``depth`` (``data``, or ``model``: a depth model given like the backbone, + ``align``), see
     :class:`ExternalSource`; for ``oracle`` and ``external`` ``max_inverse_distance``
-    (:class:`GeometrySource`);
-    ``plane_decoder`` is read by :func:`parameter_specs`.
+    (:class:`GeometrySource`); ``plane_decoder`` is read by :func:`parameter_specs`.
     ``depth_init``: the depth that ``external`` and ``oracle`` use for patches whose plane never
     crosses the patch-centre ray."""
     takes_planes = "planes" in {s.name for s in specs}
