@@ -270,8 +270,11 @@ def parameter_grad_norm(model) -> float | None:
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
 
 
-def _forward_backward(net, model, optimizer, batch, opts: dict, perceptual, ctx: DistContext):
-    """Model output, loss, gradients and clipping for one batch; ``finite`` is agreed on by all ranks."""
+def _forward_backward(net, model, optimizer, batch, opts: dict, perceptual, ctx: DistContext,
+                      measure_heads: bool = False):
+    """Model output, loss, gradients and clipping for one batch; ``finite`` is agreed on by all ranks.
+    ``measure_heads``: also return the parameter heads' gradient norm before clipping (else None;
+    it costs a device sync, so only logged steps ask for it)."""
     num_context = int(batch.num_context)
     with torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=bool(opts["bf16"])):
         output = net(batch)
@@ -283,7 +286,7 @@ def _forward_backward(net, model, optimizer, batch, opts: dict, perceptual, ctx:
         loss = loss + opts["perceptual_weight"] * distance.mean()
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    heads_norm = parameter_grad_norm(model)
+    heads_norm = parameter_grad_norm(model) if measure_heads else None
     grad_norm = nn.utils.clip_grad_norm_(model.parameters(), opts["grad_clip"])
     finite = torch.isfinite(loss.detach()) & torch.isfinite(grad_norm)
     if ctx.world_size > 1:  # every rank skips together
@@ -369,8 +372,9 @@ def _train(config: dict, ctx: DistContext, stop_at: int | None, progress: bool, 
                 for group in optimizer.param_groups:
                     group["lr"] = lr * group.get("lr_scale", 1.0)  # checkpoints older than lr_scale: 1
                 batch = collate(loader.scenes(step, prefetch_next=step + 1 < end), num_context, ctx.device)
+                logged = ctx.is_main and ((step + 1) % opts["log_every"] == 0 or step + 1 == end)
                 output, loss, grad_norm, heads_norm, finite = _forward_backward(net, model, optimizer, batch, opts,
-                                                                                perceptual, ctx)
+                                                                                perceptual, ctx, measure_heads=logged)
                 done = reached = step + 1
                 if finite:
                     optimizer.step()
@@ -388,7 +392,7 @@ def _train(config: dict, ctx: DistContext, stop_at: int | None, progress: bool, 
                             f"training diverged: {streak} consecutive non-finite steps ({done - streak}-{step}) "
                             f"reached train.max_nonfinite_steps = {opts['max_nonfinite_steps']}; last good "
                             f"checkpoint: {last}")
-                if finite and ctx.is_main and (done % opts["log_every"] == 0 or done == end):
+                if finite and logged:
                     now = time.perf_counter()
                     rate = (done - tick_step) / max(now - rate_tick, 1e-9)
                     rate_tick, tick_step = now, done
