@@ -46,7 +46,8 @@ __all__ = [
     "PredictorError", "ParameterSpec", "parameter_specs", "ParameterSource", "LearnedSource",
     "BackboneSource", "GeometrySource", "ExternalSource", "OracleSource", "PREDICTORS", "build_parameter_source",
     "SOURCE_OPTIONS", "DEFAULT_MAX_INVERSE_DISTANCE", "source_options", "TARGETS", "SCOPES", "PLANE_DECODERS",
-    "default_plane_decoder", "fold_heads", "unfold_heads", "encoding_inputs", "flatten_values", "load_backbone", "axis_angle_to_matrix", "token_rays",
+    "default_plane_decoder", "fold_heads", "unfold_heads", "encoding_inputs", "flatten_values", "load_backbone",
+    "axis_angle_to_matrix", "token_rays",
     "patch_planes_from_normals", "import_factory", "robust_patch_planes", "FITS", "FALLBACKS",
 ]
 
