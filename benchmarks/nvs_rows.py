@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-import hrope
 from hrope.nvs.config import resolve
+from hrope.nvs.model import APE_ENCODINGS
 
 __all__ = ["Row", "Table", "Budget", "BUDGETS", "TABLE1_ENCODINGS", "ABLATIONS", "APE_ABLATIONS", "tables",
            "cell_config", "cell_settings", "config_hash", "Cell", "RESULTS_VERSION"]
@@ -37,7 +37,7 @@ TABLE1_ENCODINGS = ("none", "gta", "prope", "cape", "rayrope", "urope", "worldro
 ABLATIONS = ("hrope-depth", "hrope-so3", "hrope-pf", "hrope-se3", "hrope", "hrope-full")
 # Fig. 4a's additive (APE) versions: only of the encodings whose APE version is a distinct model
 # (``hrope-pf``'s would embed the same decoded plane vector as ``hrope-ape``).
-APE_ABLATIONS = tuple(e for e in ABLATIONS if hrope.ENCODINGS[e].has_ape_variant)
+APE_ABLATIONS = tuple(e for e in ABLATIONS if e in APE_ENCODINGS)
 # Table 3's plane sources as (predictor, predictor options): learned; the context views' geometry
 # only (external: fitted to the context depth and transferred to the target; oracle: neutral or
 # transferred targets), the fair upper bounds; and every view's own geometry ("scope all"), upper

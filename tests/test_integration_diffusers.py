@@ -140,7 +140,7 @@ def cross_reference(name, q, k, v, queries, keys):
         P_scene = scene.grid[0] * scene.grid[1]
         M = M[:, [c * P_scene + p for c in views for p in range(P_scene)]]
         matrices.append(M if camera_tokens is None else with_identity_tokens(M, camera_tokens, length))
-    return dense_attention(q, k, v, *matrices, transform_values=hrope.ENCODINGS[name].transforms_values)
+    return dense_attention(q, k, v, *matrices, transform_values=hrope.ENCODINGS[name].transform_values)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

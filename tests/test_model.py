@@ -5,7 +5,7 @@ import torch
 from _lvsm_helpers import SMALL_MODEL, synthetic_batch
 
 from hrope.encodings import ENCODINGS
-from hrope.nvs.model import (LVSM, PRESETS, ModelConfig, ModelError, count_parameters, encoding_names,
+from hrope.nvs.model import (APE_ENCODINGS, LVSM, PRESETS, ModelConfig, ModelError, count_parameters, encoding_names,
                          unpatchify)
 from hrope.nvs.predictors import axis_angle_to_matrix
 from hrope.geometry import make_se3, patchify
@@ -162,3 +162,10 @@ def test_bf16_autocast_matches_float32(encoding, batch):
             half = model(batch).images
     assert half.dtype == torch.bfloat16
     assert (half.float() - full).abs().max() < 0.008  # measured worst 0.0026 (hrope-lift)
+
+
+def test_ape_variants_are_the_encodings_with_token_inputs():
+    """Every encoding with per-token inputs has a distinct ``-ape`` model, except hrope-pf (hrope-ape's twin)."""
+    with_inputs = {name for name, cls in ENCODINGS.items() if cls.takes_token_inputs()}
+    assert set(APE_ENCODINGS) == with_inputs - {"hrope-pf"}
+    assert "hrope-pf" in with_inputs and "hrope-pf-ape" not in encoding_names()

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import hrope
-from hrope.nvs.model import encoding_names
+from hrope.nvs.model import APE_ENCODINGS, encoding_names
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -137,10 +137,10 @@ def test_results_version_is_in_the_cache_key(monkeypatch):
 
 
 def test_fig4a_ape_rows_only_for_distinct_ape_models():
-    """``hrope-pf-ape`` (the same model as ``hrope-ape``) is gone: APE rows come from has_ape_variant."""
+    """``hrope-pf-ape`` (the same model as ``hrope-ape``) is gone: APE rows come from APE_ENCODINGS."""
     rows = tables(TOY)["fig4a"].rows
     labels = [row.label for row in rows]
-    expected = [e + "-ape" for e in ABLATIONS if hrope.ENCODINGS[e].has_ape_variant]
+    expected = [e + "-ape" for e in ABLATIONS if e in APE_ENCODINGS]
     assert "hrope-pf" in labels and "hrope-pf-ape" not in labels and "hrope-ape" in labels
     assert [label for label in labels if label.endswith("-ape")] == expected
     known = set(encoding_names())

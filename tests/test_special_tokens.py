@@ -219,7 +219,7 @@ def test_cross_attention_between_two_token_sets(name):
     _, k, v = random_qkv(2, 1, 9, D, seed=10)  # grouped-query attention: one key/value head
     D_q, D_k = matrices(name, q_cams, q_inputs, q_layout, 6), matrices(name, k_cams, k_inputs, k_layout, 9)
     eye_k = torch.eye(D, dtype=torch.float64).expand(2, 9, D, D)
-    values = hrope.ENCODINGS[name].transforms_values
+    values = hrope.ENCODINGS[name].transform_values
     for q_side, k_side, M_k in ((query, key, D_k), (query, None, eye_k)):
         out = hrope.cross_attention(q, k, v, query=q_side, key=k_side, enable_gqa=True, scale=0.4)
         ref = dense_attention(q, k, v, D_q, M_k, transform_values=values, enable_gqa=True, scale=0.4)
@@ -284,7 +284,7 @@ def test_kv_cache_equals_attention_over_the_whole_sequence(name, is_causal):
     chunk_of = torch.tensor(chunk_of)
     mask = torch.ones(14, 14, dtype=torch.bool).tril() if is_causal else chunk_of[:, None] >= chunk_of[None, :]
     M = matrices(name, cameras, inputs, list(range(4, 12)), 14)
-    ref = dense_attention(q, k, v, M, M, transform_values=hrope.ENCODINGS[name].transforms_values, attn_mask=mask)
+    ref = dense_attention(q, k, v, M, M, transform_values=hrope.ENCODINGS[name].transform_values, attn_mask=mask)
     torch.testing.assert_close(torch.cat(outs, 2), ref, rtol=1e-9, atol=1e-9)
 
 

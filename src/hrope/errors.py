@@ -7,8 +7,12 @@ as one line on stderr and exits with status 2; any other exception is a bug and 
 
 from __future__ import annotations
 
-__all__ = ["InputError"]
+__all__ = ["InputError", "EncodingError"]
 
 
 class InputError(ValueError):
     """Bad input (shape, value, config, file contents); the message says what and where, in one line."""
+
+
+class EncodingError(InputError):
+    """Invalid input to an encoding (shapes, missing or malformed parameters)."""

@@ -436,7 +436,7 @@ def multiview_attention(q: Tensor, k: Tensor, v: Tensor, *, encoding: str | Enco
     D, _ = token_matrices(encoding, cameras, grid, q.shape[-1], planes, params)
     if camera_tokens is not None:
         D = with_identity_tokens(D, camera_tokens, q.shape[2])
-    return dense_attention(q, k, v, D, D, transform_values=encoding.transforms_values, **sdpa)
+    return dense_attention(q, k, v, D, D, transform_values=encoding.transform_values, **sdpa)
 
 
 # ----------------------------------------------------------------------------- query-frame encodings

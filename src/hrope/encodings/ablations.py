@@ -82,7 +82,6 @@ class HRoPEDepth(PatchTransformEncoding):
 
     name = "hrope-depth"
     param_names = ("depth",)
-    has_ape_variant = True
 
     def patch_transforms(self, cameras, grid, dtype, planes, *, depth):
         z = per_token_param(depth, cameras, grid, (), "depth", dtype)
@@ -98,7 +97,6 @@ class HRoPESO3(PatchTransformEncoding):
 
     name = "hrope-so3"
     param_names = ("rotation",)
-    has_ape_variant = True
 
     def patch_transforms(self, cameras, grid, dtype, planes, *, rotation):
         R = per_token_param(rotation, cameras, grid, (3, 3), "rotation", dtype)
@@ -112,7 +110,6 @@ class HRoPESE3(PatchTransformEncoding):
     name = "hrope-se3"
     param_names = ("transform",)
     transform_kind = "rigid"
-    has_ape_variant = True
 
     def patch_transforms(self, cameras, grid, dtype, planes, *, transform):
         G = per_token_param(transform, cameras, grid, (4, 4), "transform", dtype)
@@ -159,7 +156,6 @@ class HRoPEFull(PatchTransformEncoding):
     name = "hrope-full"
     param_names = ("transform",)
     transform_kind = "invertible"
-    has_ape_variant = True
 
     def patch_transforms(self, cameras, grid, dtype, planes, *, transform):
         G = per_token_param(transform, cameras, grid, (4, 4), "transform", dtype)

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from ..cameras import Cameras
 from . import fused_triton
 from .banded import banded_operator, banded_product, inverse_rope, is_small, rope_diagonals
-from ..errors import InputError
+from ..errors import EncodingError
 
 __all__ = ["BACKENDS", "HeadLayout", "patch_index_rope_angles", "rope_tables", "per_token_param", "check_prepared_input",
            "check_mask_options", "TokenTransform", "Encoding", "Prepared", "EncodingError"]
@@ -31,10 +31,6 @@ ROPE_BASE = 100.0
 # How a TokenTransform applies D: "torch" (banded.py's passes, every device), "triton" (the fused
 # kernel, fused_triton.py: CUDA, or the CPU interpreter), "auto" (triton on CUDA when available).
 BACKENDS = ("torch", "triton", "auto")
-
-
-class EncodingError(InputError):
-    """Invalid input to an encoding (shapes, missing or malformed parameters)."""
 
 
 @dataclass(frozen=True)
@@ -350,11 +346,10 @@ class Encoding(nn.Module):
     param_names: ClassVar[tuple[str, ...]] = ()  # the per-token params prepare needs
     query_frame: ClassVar[bool] = False  # keys re-encoded per query view (QueryFrameTransform)
     encodes_pose: ClassVar[bool] = True  # attention sees the relative camera pose (else tokens need world rays)
-    transforms_values: ClassVar[bool] = True  # v and the output are transformed too (False: q and k only)
+    transform_values: ClassVar[bool] = True  # v and the output are transformed too (False: q and k only)
     neutral_planes: ClassVar[str | None] = None  # planes at zero learned output: "infinity" or "fronto-parallel"
     planes_in_front: ClassVar[bool] = False  # every plane must cross its patch-centre ray in front of the camera
     transform_kind: ClassVar[str | None] = None  # the ``transform`` param: "rigid" or "invertible" (any GL(4))
-    has_ape_variant: ClassVar[bool] = False  # "<name>-ape" (inputs added to the tokens) is a distinct model
 
     @classmethod
     def takes_token_inputs(cls) -> bool:
@@ -379,10 +374,10 @@ class Encoding(nn.Module):
     def token_transform(self, layout: HeadLayout, cameras: Cameras, grid, geo: Tensor | None = None,
                         geo_inv: Tensor | None = None) -> TokenTransform:
         """A :class:`TokenTransform` over ``cameras``' views with this encoding's RoPE base and
-        ``transforms_values``."""
+        ``transform_values``."""
         return TokenTransform(layout, cameras.num_views, grid, geo, geo_inv, batch_size=cameras.batch_size,
                               device=cameras.device, rope_base=self.rope_base,
-                              transform_values=self.transforms_values, backend=self.backend)
+                              transform_values=self.transform_values, backend=self.backend)
 
     def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes=None, **params) -> Prepared:
         """Bind the encoding to one batch of N = V * grid_h * grid_w tokens (view-major).

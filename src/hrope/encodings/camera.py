@@ -101,7 +101,7 @@ class CaPE(Encoding):
     """
 
     name = "cape"
-    transforms_values = False
+    transform_values = False
 
     def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
         """No planes or params; D_t = E_c tiles over all channels, on q and k only (v, o untouched)."""

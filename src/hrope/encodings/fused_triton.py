@@ -59,7 +59,7 @@ import functools
 import torch
 from torch import Tensor
 
-from . import base  # a module import (base.EncodingError at raise time): base may import this module
+from ..errors import EncodingError
 from .banded import RopeTables, TransformProduct
 
 triton = tl = None  # imported on first use (_import_triton): importing hrope does not import triton
@@ -203,15 +203,15 @@ def _check(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: RopeTables |
            heads_per_program: int | None) -> None:
     """One-line EncodingErrors for arguments the kernel cannot apply."""
     if not is_available():
-        raise base.EncodingError("fused_banded_product needs triton and a CUDA device (or TRITON_INTERPRET=1 set "
+        raise EncodingError("fused_banded_product needs triton and a CUDA device (or TRITON_INTERPRET=1 set "
                                  "before triton's first import, for CPU tensors); use banded_product instead")
     if x.dim() != 5 or x.dtype not in _DTYPES:
-        raise base.EncodingError(f"x must be (B, heads, V, P, head_dim) float32/float16/bfloat16/float64, "
+        raise EncodingError(f"x must be (B, heads, V, P, head_dim) float32/float16/bfloat16/float64, "
                                  f"got {tuple(x.shape)} {x.dtype}")
     if not x.is_cuda and not _interpreting():
-        raise base.EncodingError(f"x must be a CUDA tensor (CPU tensors need TRITON_INTERPRET=1), got {x.device}")
+        raise EncodingError(f"x must be a CUDA tensor (CPU tensors need TRITON_INTERPRET=1), got {x.device}")
     if blocks is None and rope is None:
-        raise base.EncodingError("D without blocks and RoPE is the identity; pass blocks, rope or both")
+        raise EncodingError("D without blocks and RoPE is the identity; pass blocks, rope or both")
     B, _, V, P, head_dim = x.shape
     rope_dim = 0
     if rope is not None:
@@ -219,19 +219,19 @@ def _check(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: RopeTables |
         rope_dim = 4 * F
         shapes = tuple(tuple(t.shape) for t in rope)
         if shapes != ((P, 4 * F), (P, 3 * F), (P, 3 * F)) or not 0 < rope_dim <= head_dim:
-            raise base.EncodingError(f"rope must be rope_diagonals tables (P, 4F), (P, 3F), (P, 3F) with P = {P} "
+            raise EncodingError(f"rope must be rope_diagonals tables (P, 4F), (P, 3F), (P, 3F) with P = {P} "
                                      f"and 4F <= head_dim = {head_dim}, got {shapes}")
     if blocks is not None:
         shape = tuple(blocks.shape)
         if (len(shape) != 5 or shape[:2] != (B, V) or shape[2] not in (1, P) or shape[3] != shape[4]
                 or not 0 <= num_blocks * shape[4] <= head_dim - rope_dim):
-            raise base.EncodingError(f"blocks must be (B, V, 1 or P, b, b) = ({B}, {V}, 1 or {P}, b, b) with "
+            raise EncodingError(f"blocks must be (B, V, 1 or P, b, b) = ({B}, {V}, 1 or {P}, b, b) with "
                                      f"0 <= num_blocks * b <= {head_dim - rope_dim} channels, got {shape} "
                                      f"and num_blocks = {num_blocks}")
     if any(t.device != x.device or not t.is_floating_point() for t in (blocks, *(rope or ())) if t is not None):
-        raise base.EncodingError(f"blocks and rope must be floating-point tensors on x's device {x.device}")
+        raise EncodingError(f"blocks and rope must be floating-point tensors on x's device {x.device}")
     if heads_per_program is not None and heads_per_program < 1:
-        raise base.EncodingError(f"heads_per_program must be a positive int or None, got {heads_per_program}")
+        raise EncodingError(f"heads_per_program must be a positive int or None, got {heads_per_program}")
 
 
 def fused_banded_product(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: RopeTables | None, *,

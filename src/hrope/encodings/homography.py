@@ -84,7 +84,6 @@ class HRoPELift(Encoding):
     name = "hrope-lift"
     needs_planes = True
     neutral_planes = "infinity"  # m = 0: exactly prope
-    has_ape_variant = True
 
     def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
         """Needs ``planes (B, N)``; D_t = blockdiag(Λ_t E_c tiles, RoPE)."""
@@ -128,7 +127,6 @@ class HRoPE(Encoding):
     name = "hrope"
     needs_planes = True
     neutral_planes = "fronto-parallel"  # the plane at infinity would drop the camera translation (H = K̂R)
-    has_ape_variant = True
 
     def __init__(self, lift4: bool = False, rope_base: float = ROPE_BASE,
                  min_world_offset_ratio: float = MIN_WORLD_OFFSET_RATIO,

@@ -58,7 +58,6 @@ class RayRoPE(QueryFrameEncoding):
 
     name = "rayrope"
     param_names = ("log_depth", "log_depth_halfwidth")
-    has_ape_variant = True
 
     def __init__(self, freq_base: float = 3.0, max_log_depth: float = 3.0, max_depth_coordinate: float = 10.0,
                  execution: str = "loop", recompute: bool = False) -> None:

@@ -55,7 +55,6 @@ class WorldRoPE(QueryFrameEncoding):
     name = "worldrope"
     param_names = ("depth", "depth_split", "depth_sigma")
     param_shapes = {"depth_sigma": (2,)}
-    has_ape_variant = True
 
     def __init__(self, near_weight: float = 0.5, footprint: bool = True, rope_base: float = ROPE_BASE,
                  execution: str = "loop", recompute: bool = False) -> None:

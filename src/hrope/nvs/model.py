@@ -30,7 +30,7 @@ from .predictors import (PREDICTORS, ParameterSource, build_parameter_source, en
                          fold_heads, parameter_specs)
 from ..rays import RAY_FRAMES, plucker_rays
 
-__all__ = ["ModelConfig", "PRESETS", "LVSM", "LVSMOutput", "ModelError", "unpatchify",
+__all__ = ["ModelConfig", "PRESETS", "APE_ENCODINGS", "LVSM", "LVSMOutput", "ModelError", "unpatchify",
            "count_parameters", "encoding_names", "build_model"]
 
 APE_SUFFIX = "-ape"
@@ -128,11 +128,14 @@ PRESETS: dict[str, dict] = {
 }
 
 
+# Encodings whose ``<name>-ape`` variant is a distinct model: every encoding with per-token inputs
+# except hrope-pf, whose APE variant would embed hrope's planes with hrope's decoder (hrope-ape).
+APE_ENCODINGS = ("hrope-lift", "hrope", "hrope-depth", "hrope-so3", "hrope-se3", "hrope-full", "rayrope", "worldrope")
+
+
 def encoding_names() -> list[str]:
-    """Registry names plus ``<name>-ape`` for every encoding with ``has_ape_variant``."""
-    names = list(ENCODINGS)
-    names += [n + APE_SUFFIX for n, cls in ENCODINGS.items() if cls.has_ape_variant]
-    return names
+    """Registry names plus ``<name>-ape`` for every name in :data:`APE_ENCODINGS`."""
+    return list(ENCODINGS) + [name + APE_SUFFIX for name in APE_ENCODINGS]
 
 
 def unpatchify(x: Tensor, patch_size: int, grid: tuple[int, int]) -> Tensor:
