@@ -12,7 +12,7 @@ how a raw head output decodes into one such input; a source produces the inputs:
 - ``external`` (:class:`ExternalSource`): per-pixel depth (+ optional normals) of the batch (synthetic
   depth, depth maps or sparse COLMAP points: ``data.depth``) or of a frozen user depth model,
   fitted per patch by least squares (:meth:`hrope.Planes.from_depth`) or robustly
-  (:func:`robust_patch_planes`).
+  (:func:`hrope.nvs.plane_fitting.robust_patch_planes`).
 - ``oracle`` (:class:`OracleSource`): the batch's ground-truth planes (``batch.planes(p)``).
 
 Values are dicts ``{name: tensor (B, N, ...)}``; planes travel as their plane vector
@@ -37,9 +37,10 @@ from torch import Tensor, nn
 from ..cameras import Cameras
 from ..encodings import Encoding, tangent_frames
 from ..errors import InputError
-from ..geometry import make_se3, patch_rays, patchify, pixel_rays
-from ..planes import Planes, check_depth_maps, clamp_plane_vectors, plane_vectors
+from ..geometry import make_se3, patch_rays, patchify
+from ..planes import Planes, clamp_plane_vectors, plane_vectors
 from .config import Field
+from .plane_fitting import FALLBACKS, FITS, fit_patch_planes
 from .transfer import transfer_depth, transfer_planes
 
 __all__ = [
@@ -47,8 +48,7 @@ __all__ = [
     "BackboneSource", "GeometrySource", "ExternalSource", "OracleSource", "PREDICTORS", "build_parameter_source",
     "SOURCE_OPTIONS", "DEFAULT_MAX_INVERSE_DISTANCE", "source_options", "TARGETS", "SCOPES", "PLANE_DECODERS",
     "default_plane_decoder", "fold_heads", "unfold_heads", "encoding_inputs", "flatten_values", "load_backbone",
-    "axis_angle_to_matrix", "token_rays",
-    "patch_planes_from_normals", "import_factory", "robust_patch_planes", "FITS", "FALLBACKS",
+    "axis_angle_to_matrix", "token_rays", "import_factory",
 ]
 
 # Learned-head values at zero output for the query-frame encodings' uncertainty parameters.
@@ -451,103 +451,6 @@ def _values_from_planes(specs, planes: Planes, cameras: Cameras, grid,
     return {s.name: values[s.name] for s in specs}
 
 
-def patch_planes_from_normals(depth: Tensor, normals: Tensor, cameras: Cameras, patch_size: int) -> Planes:
-    """Per-patch planes with the mean pixel normal of the patch and the least-squares offset.
-
-    ``depth (B, V, H, W)``, ``normals (B, V, 3, H, W)`` camera frame. The offset solves
-    ``min_d Σ (n·X - d)^2`` over the patch's valid back-projected points X, i.e. the mean of n·X.
-    A patch without valid depth gets the plane at infinity (m = 0); one whose normals cancel or whose
-    plane contains the camera centre gets the fronto-parallel plane through its mean point.
-    """
-    check_depth_maps(depth, cameras, patch_size)
-    ok = (torch.isfinite(depth) & (depth > 0)).float()[:, :, None]  # (B, V, 1, H, W)
-    z = torch.where(ok > 0, depth[:, :, None], torch.zeros_like(ok)).float()
-    points = pixel_rays(cameras.K.float(), cameras.image_size).movedim(-1, 2) * z  # (B, V, 3, H, W)
-
-    def per_patch(x: Tensor) -> Tensor:  # (B, V, C, H, W) -> sum over each patch (B, N, C)
-        return patchify(x, patch_size).sum(-1).flatten(1, 2)
-
-    n_sum = per_patch(normals.float() * ok)
-    count = per_patch(ok).squeeze(-1)
-    mean_point = per_patch(points * ok) / count.clamp_min(1)[..., None]
-    normal = F.normalize(n_sum, dim=-1)
-    d = (normal * mean_point).sum(-1)
-    good = (count > 0) & (n_sum.norm(dim=-1) > 1e-6) & (d.abs() > 1e-6)
-    fronto = F.pad(1.0 / mean_point[..., 2:].clamp_min(1e-6), (2, 0))  # (0, 0, 1 / z̄)
-    m = torch.where(good[..., None], normal / torch.where(good, d, torch.ones_like(d))[..., None],
-                    torch.where((count > 0)[..., None], fronto, torch.zeros_like(fronto)))
-    return Planes.from_m(m)
-
-
-FITS = ("least-squares", "robust")
-FALLBACKS = ("median", "infinity")
-RANSAC_HYPOTHESES = 64  # planes tried per patch (fixed draws): 50 % outliers leave ~2e-4 of patches without a clean one
-
-
-def _inliers(points: Tensor, valid: Tensor, normal: Tensor, offset: Tensor, threshold: float) -> Tensor:
-    """``(B, N, K)``: valid points ``(B, N, K, 3)`` within ``threshold`` x their depth of the planes
-    ``{X : normal·X = offset}`` (``normal (B, N, 3)`` unit, ``offset (B, N)``)."""
-    distance = ((points * normal[:, :, None]).sum(-1) - offset[..., None]).abs()
-    return valid & (distance < threshold * points[..., 2])
-
-
-def robust_patch_planes(depth: Tensor, cameras: Cameras, patch_size: int, min_points: int = 5,
-                        threshold: float = 0.02, fallback: str = "median") -> Planes:
-    """Per-patch planes from z-depth ``(B, V, H, W)`` (sparse, e.g. SfM points, or dense) that ignore outliers.
-
-    Pixels with finite positive depth are back-projected (pixel centres). A patch with at least
-    ``min_points`` of them runs RANSAC: :data:`RANSAC_HYPOTHESES` planes through three of its points
-    (the same fixed draws in every patch), a point being an inlier when its distance to the plane is
-    below ``threshold`` times its depth; the plane with the most inliers is refitted to its inliers by
-    least squares (:meth:`hrope.Planes.from_depth`). A patch with fewer points, or fewer inliers,
-    gets the ``fallback`` (:data:`FALLBACKS`): ``median``, the fronto-parallel plane at the median depth
-    of its points, or of its view's points when it has none (the plane at infinity, m = 0, when the
-    view has none either); ``infinity``, the plane at infinity.
-    """
-    check_depth_maps(depth, cameras, patch_size)
-    depth, cameras = depth.float(), cameras.to(dtype=torch.float32)
-    B, V, H, W = depth.shape
-    p = patch_size
-    ok = torch.isfinite(depth) & (depth > 0)
-    z = torch.where(ok, depth, torch.zeros_like(depth))
-    points = patchify((pixel_rays(cameras.K, (H, W)) * z[..., None]).movedim(-1, 2), p).mT.flatten(1, 2)  # (B, N, K, 3)
-    valid = patchify(ok[:, :, None].float(), p)[:, :, :, 0].flatten(1, 2) > 0  # (B, N, K)
-    # three distinct valid points per hypothesis: positions in the patch's valid points, mapped through `order`
-    count = valid.sum(-1, keepdim=True).clamp_min(3)  # (B, N, 1)
-    draws = torch.rand(RANSAC_HYPOTHESES, 3, generator=torch.Generator().manual_seed(0)).to(depth.device)
-    first = (draws[:, 0] * count).long()
-    second = (first + 1 + (draws[:, 1] * (count - 1)).long()) % count
-    third = (draws[:, 2] * (count - 2)).long()
-    third = third + (third >= torch.minimum(first, second)).long()
-    third = third + (third >= torch.maximum(first, second)).long()
-    order = torch.argsort((~valid).to(torch.uint8), dim=-1, stable=True)  # valid points first
-    index = order.gather(-1, torch.cat([first, second, third], -1))  # (B, N, 3 * hypotheses)
-    corners = points.gather(2, index[..., None].expand(-1, -1, -1, 3)).unflatten(2, (3, RANSAC_HYPOTHESES))
-    a, b = corners[:, :, 1] - corners[:, :, 0], corners[:, :, 2] - corners[:, :, 0]  # (B, N, hypotheses, 3)
-    normal = torch.cross(a, b, dim=-1)
-    area = normal.norm(dim=-1)
-    proper = area > 1e-6 * a.norm(dim=-1) * b.norm(dim=-1)  # not (nearly) collinear
-    normal = normal / area.clamp_min(torch.finfo(area.dtype).tiny)[..., None]
-    offset = (normal * corners[:, :, 0]).sum(-1)
-    scores = torch.stack([_inliers(points, valid, normal[:, :, h], offset[:, :, h], threshold).sum(-1)
-                          for h in range(RANSAC_HYPOTHESES)], -1)
-    best = torch.where(proper, scores, -1).argmax(-1, keepdim=True)  # (B, N, 1)
-    best_normal = normal.gather(2, best[..., None].expand(-1, -1, -1, 3))[:, :, 0]
-    inliers = _inliers(points, valid, best_normal, offset.gather(2, best)[..., 0], threshold)  # (B, N, K)
-    inlier_map = inliers.reshape(B, V, H // p, W // p, p, p).transpose(3, 4).reshape(B, V, H, W)
-    grid = (H // p, W // p)
-    fitted = Planes.from_depth(depth, cameras, p, valid=inlier_map).m(cameras, grid)
-    if fallback == "infinity":
-        rest = torch.zeros_like(fitted)
-    else:
-        patch_median = torch.where(valid, points[..., 2], torch.nan).nanmedian(-1).values  # (B, N), nan: no point
-        view_median = torch.where(ok, depth, torch.nan).flatten(2).nanmedian(-1).values  # (B, V)
-        median = torch.where(patch_median.isnan(), view_median.repeat_interleave(grid[0] * grid[1], 1), patch_median)
-        rest = F.pad((1.0 / median).nan_to_num(0.0)[..., None], (2, 0))  # (0, 0, 1 / z), 0 without any depth
-    enough = inliers.sum(-1) >= min_points  # (so the patch has that many valid points too)
-    return Planes.from_m(torch.where(enough[..., None], fitted, rest))
-
-
 def _median_scale(predicted: Tensor, reference: Tensor) -> Tensor:
     """``(B, V, 1, 1)``: per view, the median of ``reference / predicted`` over the pixels where both
     depths ``(B, V, H, W)`` are valid; a view without such pixels takes its scene's median."""
@@ -590,11 +493,11 @@ class ExternalSource(GeometrySource):
     ``(H, W)``), scaled per view to the batch's depth by the median ratio (``align="median"``) or
     used as it is, in scene units (``align="none"``).
 
-    ``fit="least-squares"``: :meth:`hrope.Planes.from_depth` (or :func:`patch_planes_from_normals`);
-    patches without valid depth get the plane at infinity. ``fit="robust"``:
-    :func:`robust_patch_planes` with ``min_points``, ``inlier_threshold`` and ``fallback`` (normals
-    unused). Depth-like inputs of planes that miss the patch ray use ``depth_init``
-    (see ``_values_from_planes``).
+    The fit is :func:`hrope.nvs.plane_fitting.fit_patch_planes`: ``fit="least-squares"``,
+    :meth:`hrope.Planes.from_depth` (or ``patch_planes_from_normals``), patches without valid depth
+    getting the plane at infinity; ``fit="robust"``, ``robust_patch_planes`` with ``min_points``,
+    ``inlier_threshold`` and ``fallback`` (normals unused). Depth-like inputs of planes that miss
+    the patch ray use ``depth_init`` (see ``_values_from_planes``).
 
     ``scope="context"`` (default) reads the context views' depth only; the target views get neutral
     values or (``targets="transfer"``) planes fitted to the context depth splatted into each target
@@ -616,12 +519,9 @@ class ExternalSource(GeometrySource):
         self.align = align
 
     def _fit(self, depth: Tensor, normals: Tensor | None, cameras: Cameras) -> Planes:
-        if self.fit == "robust":
-            return robust_patch_planes(depth, cameras, self.patch_size, self.min_points, self.inlier_threshold,
-                                       self.fallback)
-        if self.use_normals and normals is not None:
-            return patch_planes_from_normals(depth, normals, cameras, self.patch_size)
-        return Planes.from_depth(depth.float(), cameras.to(dtype=torch.float32), self.patch_size)
+        return fit_patch_planes(depth, cameras, self.patch_size, fit=self.fit,
+                                normals=normals if self.use_normals else None, min_points=self.min_points,
+                                threshold=self.inlier_threshold, fallback=self.fallback)
 
     def _depth(self, batch, views: int) -> Tensor:
         """Depth ``(B, views, H, W)`` of the first ``views`` views (class doc)."""
