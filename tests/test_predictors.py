@@ -14,8 +14,8 @@ from hrope import Planes, get_encoding
 from hrope.encodings import Encoding
 from hrope.nvs.model import LVSM, ModelConfig
 from hrope.nvs.plane_fitting import patch_planes_from_normals
-from hrope.nvs.predictors import (PredictorError, axis_angle_to_matrix, build_parameter_source, load_backbone,
-                              parameter_specs, token_rays)
+from hrope.nvs.sources import (PredictorError, axis_angle_to_matrix, build_parameter_source, load_backbone,
+                               parameter_specs, token_rays)
 
 GRID = (4, 4)
 
