@@ -38,7 +38,7 @@ import hrope
 from hrope.geometry import patchify
 from hrope.integrations.diffusers import MultiViewAttnProcessor, SceneGeometry, set_processor
 from hrope.nvs.data.synthetic import make_scene
-from hrope.nvs.predictors import parameter_specs
+from hrope.nvs.sources import parameter_specs
 from hrope.nvs.transfer import transfer_planes
 
 RELATIVE = [name for name, cls in hrope.ENCODINGS.items() if not cls.query_frame]

@@ -20,7 +20,7 @@ from hrope.geometry import invert_se3, make_se3
 from hrope.nvs.data import collate_scenes, normalize_scene
 from hrope.nvs.data.synthetic import make_scene
 from hrope.nvs.model import LVSM, ModelConfig
-from hrope.nvs.predictors import axis_angle_to_matrix
+from hrope.nvs.sources import axis_angle_to_matrix
 
 GRID = (2, 3)
 P = GRID[0] * GRID[1]

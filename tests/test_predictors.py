@@ -13,8 +13,9 @@ from torch import nn
 from hrope import Planes, get_encoding
 from hrope.encodings import Encoding
 from hrope.nvs.model import LVSM, ModelConfig
-from hrope.nvs.predictors import (PredictorError, axis_angle_to_matrix, build_parameter_source, load_backbone,
-                              parameter_specs, patch_planes_from_normals, token_rays)
+from hrope.nvs.plane_fitting import patch_planes_from_normals
+from hrope.nvs.sources import (PredictorError, axis_angle_to_matrix, build_parameter_source, load_backbone,
+                               parameter_specs, token_rays)
 
 GRID = (4, 4)
 

@@ -26,7 +26,8 @@ from hrope.nvs.data.colmap import quaternion_to_rotation
 from hrope.nvs.data.colmap_points import rotation_to_quaternion, write_colmap_model
 from hrope.nvs.data.load import SceneFolderSource
 from hrope.nvs.datasets import build_dataset
-from hrope.nvs.predictors import PredictorError, build_parameter_source, parameter_specs, robust_patch_planes
+from hrope.nvs.plane_fitting import robust_patch_planes
+from hrope.nvs.sources import PredictorError, build_parameter_source, parameter_specs
 
 TINY = str(Path(__file__).parents[1] / "configs" / "tiny.yaml")
 SMALL = ["--model.image_size", "32", "--model.dim", "48", "--model.layers", "2", "--model.heads", "2",

@@ -26,8 +26,8 @@ from ..encodings.base import BACKENDS
 from ..errors import InputError
 from ..geometry import patchify
 from .config import Field
-from .predictors import (PREDICTORS, ParameterSource, build_parameter_source, encoding_inputs, flatten_values,
-                         fold_heads, parameter_specs)
+from .sources import (PREDICTORS, ParameterSource, build_parameter_source, encoding_inputs, flatten_values, fold_heads,
+                      parameter_specs)
 from ..rays import RAY_FRAMES, plucker_rays
 
 __all__ = ["ModelConfig", "PRESETS", "APE_ENCODINGS", "LVSM", "LVSMOutput", "ModelError", "unpatchify",

@@ -12,7 +12,7 @@ plane, both in the token's camera frame at the patch-centre ray r̂:
   crosses the patch-centre ray; saturated at 1 per patch, so a predicted plane at infinity or one
   crossing the ray behind the camera counts as fully wrong (and an over-far one at most that).
 - ``*_neutral``: the same for the neutral planes, what a zero raw head output decodes to through
-  the model's own plane :class:`~hrope.nvs.predictors.ParameterSpec` (``hrope-lift``: the plane at
+  the model's own plane :class:`~hrope.nvs.sources.ParameterSpec` (``hrope-lift``: the plane at
   infinity, so 90° and 1; ``hrope`` / ``hrope-pf``: fronto-parallel at ``depth_init``).
 
 Patches whose true plane is undefined (m = 0: no valid depth) or does not cross the patch-centre
@@ -37,7 +37,7 @@ from torch import Tensor
 
 from ..cameras import Cameras
 from ..planes import Planes
-from .predictors import fold_heads, unfold_heads
+from .sources import fold_heads, unfold_heads
 
 __all__ = ["GROUPS", "METRICS", "LOG_NAME", "measures_planes", "scene_errors", "PlaneAccuracy", "plane_accuracy",
            "append_log", "read_log"]

@@ -1,0 +1,115 @@
+"""The ``external`` source: planes fitted to the batch's depth or to a frozen depth model's output."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ...cameras import Cameras
+from ...geometry import patchify
+from ...planes import Planes
+from ..plane_fitting import fit_patch_planes
+from ..transfer import transfer_depth
+from .base import camera_views
+from .errors import PredictorError
+from .known_planes import DEFAULT_MAX_INVERSE_DISTANCE, GeometrySource
+
+__all__ = ["ExternalSource"]
+
+
+def _median_scale(predicted: Tensor, reference: Tensor) -> Tensor:
+    """``(B, V, 1, 1)``: per view, the median of ``reference / predicted`` over the pixels where both
+    depths ``(B, V, H, W)`` are valid; a view without such pixels takes its scene's median."""
+    both = torch.isfinite(reference) & (reference > 0) & torch.isfinite(predicted) & (predicted > 0)
+    ratio = torch.where(both, reference / predicted, torch.nan)
+    per_view = ratio.flatten(2).nanmedian(-1).values
+    scale = torch.where(per_view.isnan(), ratio.flatten(1).nanmedian(-1).values[:, None], per_view)
+    if scale.isnan().any():
+        raise PredictorError("predictor_options.align 'median': a scene has no pixel with both data depth and "
+                             "positive model depth to scale the depth model's output by")
+    return scale[..., None, None]
+
+
+class ExternalSource(GeometrySource):
+    """``external``: planes from per-pixel depth (and normals when present and ``use_normals``), one
+    plane per patch. The depth is the batch's (``batch.depth``: synthetic depth, depth maps or sparse
+    COLMAP points) or, with a ``depth_model``, that frozen module's output on the views' images,
+    ``(N, 3, H, W)`` in [0, 1] -> ``(N, H', W')`` or ``(N, 1, H', W')`` z-depth (resized bilinearly to
+    ``(H, W)``), scaled per view to the batch's depth by the median ratio (``align="median"``) or
+    used as it is, in scene units (``align="none"``).
+
+    The fit is :func:`hrope.nvs.plane_fitting.fit_patch_planes`: ``fit="least-squares"``,
+    :meth:`hrope.Planes.from_depth` (or ``patch_planes_from_normals``), patches without valid depth
+    getting the plane at infinity; ``fit="robust"``, ``robust_patch_planes`` with ``min_points``,
+    ``inlier_threshold`` and ``fallback`` (normals unused). Depth-like inputs of planes that miss
+    the patch ray use ``depth_init`` (:mod:`hrope.nvs.sources.known_planes`).
+
+    ``scope="context"`` (default) reads the context views' depth only; the target views get neutral
+    values or (``targets="transfer"``) planes fitted to the context depth splatted into each target
+    camera (:func:`hrope.nvs.transfer.transfer_depth`; target patches without splatted depth stay
+    neutral). ``scope="all"`` fits every view's own depth: an upper bound with target geometry."""
+
+    frozen = ("depth_model",)
+
+    def __init__(self, specs, patch_size: int, use_normals: bool = True, depth_init: float = 1.0,
+                 targets: str = "neutral", scope: str = "context", *, fit: str = "least-squares",
+                 min_points: int = 5, inlier_threshold: float = 0.02, fallback: str = "median",
+                 depth_model: nn.Module | None = None, align: str = "median",
+                 max_inverse_distance: float | None = DEFAULT_MAX_INVERSE_DISTANCE) -> None:
+        super().__init__(specs, targets, scope, depth_init, max_inverse_distance)
+        self.patch_size = patch_size
+        self.use_normals = use_normals
+        self.fit, self.min_points, self.inlier_threshold, self.fallback = fit, min_points, inlier_threshold, fallback
+        self.depth_model = None if depth_model is None else depth_model.eval().requires_grad_(False)
+        self.align = align
+
+    def _fit(self, depth: Tensor, normals: Tensor | None, cameras: Cameras) -> Planes:
+        return fit_patch_planes(depth, cameras, self.patch_size, fit=self.fit,
+                                normals=normals if self.use_normals else None, min_points=self.min_points,
+                                threshold=self.inlier_threshold, fallback=self.fallback)
+
+    def _depth(self, batch, views: int) -> Tensor:
+        """Depth ``(B, views, H, W)`` of the first ``views`` views (class doc)."""
+        reference = getattr(batch, "depth", None)
+        reference = None if reference is None else reference[:, :views]
+        if self.depth_model is None:
+            if reference is None:
+                raise PredictorError("the 'external' predictor needs per-pixel depth in the batch (batch.depth): set "
+                                     "data.depth (points: COLMAP points3D.txt; maps: depth_file_path) or "
+                                     "predictor_options.depth: model")
+            return reference
+        images = batch.images[:, :views]
+        B, V, _, H, W = images.shape
+        with torch.no_grad():
+            predicted = self.depth_model(images.flatten(0, 1))
+        predicted = predicted[:, 0] if predicted.ndim == 4 and predicted.shape[1] == 1 else predicted
+        if predicted.ndim != 3 or len(predicted) != B * V:
+            raise PredictorError(f"the depth model must return (N, H, W) or (N, 1, H, W) depth for N = {B * V} "
+                                 f"images, got {tuple(predicted.shape)}")
+        predicted = F.interpolate(predicted[:, None].float(), size=(H, W), mode="bilinear",
+                                  align_corners=False).reshape(B, V, H, W)
+        if self.align == "none":
+            return predicted
+        if reference is None:
+            raise PredictorError("predictor_options.align 'median' scales the depth model's output to the data's "
+                                 "depth: set data.depth (points or maps), or align: none for a model that outputs "
+                                 "scene units")
+        return predicted * _median_scale(predicted, reference)
+
+    def static(self, batch, cameras, grid, num_context):
+        normals = getattr(batch, "normals", None) if self.depth_model is None else None
+        if self.scope == "all":
+            depth = self._depth(batch, cameras.num_views)
+            return self.values_of(self._fit(depth, normals, cameras), cameras, grid)
+        context, targets = camera_views(cameras, 0, num_context), camera_views(cameras, num_context)
+        depth = self._depth(batch, num_context)
+        planes = self._fit(depth, None if normals is None else normals[:, :num_context], context)
+        values = self.values_of(planes, context, grid)
+        transferred = hit = None
+        if self.targets == "transfer":
+            splatted = transfer_depth(depth.float(), cameras.to(dtype=torch.float32), num_context)
+            fitted = self._fit(splatted, None, targets.to(dtype=torch.float32))
+            transferred = self.values_of(fitted, targets, grid)
+            hit = patchify(torch.isfinite(splatted)[:, :, None].float(), self.patch_size).sum(-1).flatten(1) > 0
+        return self.with_targets(values, cameras, grid, num_context, transferred, hit)
