@@ -795,7 +795,7 @@ def test_image_factor_chooses_the_folder_and_rescales_K(tmp_path):
 def zero123_scene():
     """A synthetic object rendered with Zero123's intrinsics, its world shifted so the point the
     cameras look at is the origin (Zero123 normalises objects to it): (scene, K, world_to_cam)."""
-    from hrope.nvs.data.config import SyntheticConfig
+    from hrope.nvs.data.synthetic.config import SyntheticConfig
     from hrope.nvs.data.synthetic import make_scene
 
     fov = math.degrees(2 * math.atan(16 / 35))  # a 35 mm lens on a 32 mm sensor

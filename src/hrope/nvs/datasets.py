@@ -11,7 +11,7 @@ import torch
 
 from .config import ConfigError
 from .data.batch import collate_scenes
-from .data.config import SyntheticConfig
+from .data.synthetic import SyntheticConfig
 from .data.dataset import SceneDataset, SyntheticDataset
 from .data.load import SOURCE_KINDS, make_source, source_options
 from .data.normalize import normalize_scene

@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from ..cameras import Cameras
 from .checkpoints import load_model
 from .config import ConfigError, resolve
-from .data.config import SyntheticConfig
+from .data.synthetic import SyntheticConfig
 from .data.dataset import DEFAULT_CONTEXT_GAP
 from .data.depth_maps import load_frames
 from .data.normalize import normalize_scene

@@ -3,7 +3,6 @@
 from .batch import SceneBatch, collate_scenes
 from .co3d import CO3DSource, read_frame_annotations
 from .colmap import load_colmap, read_colmap_frames
-from .config import SyntheticConfig
 from .dataset import SceneDataset, SyntheticDataset, sample_views
 from .frames import Frame, frames_to_scene, read_image, select_frames
 from .llff import load_llff, read_llff_frames
@@ -13,7 +12,7 @@ from .normalize import normalize_scene
 from .re10k import RealEstate10KSource, read_chunk, read_evaluation_index
 from .scene import Scene, SceneError, patch_planes
 from .source import SceneSource
-from .synthetic import make_scene
+from .synthetic import SyntheticConfig, make_scene
 from .transforms import crop_intrinsics, resize_crop, resize_crop_plan, resize_crop_scene, scale_intrinsics
 
 __all__ = [

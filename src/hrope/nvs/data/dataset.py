@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from torch.utils.data import Dataset
 
 from .batch import SceneBatch, collate_scenes
-from .config import SyntheticConfig
+from .synthetic import SyntheticConfig
 from .normalize import normalize_scene
 from .rng import Rng, stream_seed
 from .scene import Scene, SceneError
