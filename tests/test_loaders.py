@@ -20,12 +20,12 @@ import torch
 from PIL import Image
 
 from helpers import random_rotation, so3_exp
-from hrope.nvs.data.co3d import CO3DSource
-from hrope.nvs.data.colmap import read_colmap_images
-from hrope.nvs.data.frames import select_frames
-from hrope.nvs.data.llff import load_llff
-from hrope.nvs.data.load import SceneFolderSource, detect_format, load_scene, make_source
-from hrope.nvs.data.re10k import RealEstate10KSource, read_evaluation_index
+from hrope.nvs.data.real.co3d import CO3DSource
+from hrope.nvs.data.real.colmap import read_colmap_images
+from hrope.nvs.data.real.frames import select_frames
+from hrope.nvs.data.real.llff import load_llff
+from hrope.nvs.data.real.loaders import SceneFolderSource, detect_format, load_scene, make_source
+from hrope.nvs.data.real.re10k import RealEstate10KSource, read_evaluation_index
 from hrope.nvs.data.scene import SceneError
 
 H, W = 12, 16  # non-square so that width/height mix-ups show

@@ -171,7 +171,7 @@ DEFAULTS: dict = {
 }
 
 DEVICES = ("auto", "cpu", "cuda")
-DEPTH_SOURCES = ("none", "points", "maps")  # data.depth (hrope.nvs.data.depth_maps)
+DEPTH_SOURCES = ("none", "points", "maps")  # data.depth (hrope.nvs.data.real.depth_maps)
 _COUNT = Field("int", low=1)
 _SEED = Field("int", low=0, high=2**63 - 1)
 _NON_NEGATIVE = Field("float", low=0)

@@ -11,12 +11,11 @@ import torch
 
 from .config import ConfigError
 from .data.batch import collate_scenes
-from .data.synthetic import SyntheticConfig
 from .data.dataset import SceneDataset, SyntheticDataset
-from .data.load import SOURCE_KINDS, make_source, source_options
 from .data.normalize import normalize_scene
+from .data.real.loaders import SOURCE_KINDS, make_source, source_options
 from .data.scene import SceneError
-from .data.synthetic import KINDS
+from .data.synthetic import KINDS, SyntheticConfig
 from .model import ModelConfig
 
 __all__ = ["CachedDataset", "FirstScenes", "IndexedViews", "build_scene_source", "build_dataset",

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..config import ConfigError
+from ...config import ConfigError
+from ..scene import Scene, SceneError
 from .co3d import CO3DSource
 from .colmap import find_colmap_model, read_colmap_frames
 from .frames import Frame, frames_to_scene
@@ -22,7 +23,6 @@ from .llff import read_llff_frames
 from .nerfstudio import read_transforms_json
 from .objaverse import read_objaverse_frames
 from .re10k import RealEstate10KSource
-from .scene import Scene, SceneError
 from .source import SceneSource
 from .undistort import without_distortion
 
@@ -87,8 +87,8 @@ def load_scene(path: str | Path, image_size: tuple[int, int] | None = None, view
 
     ``path``, ``image_factor`` and ``undistort`` as in :func:`scene_frames`. With ``image_size (H, W)``
     views are resized + centre-cropped with K updated exactly; otherwise they keep their size (which
-    must agree). ``cache_dir``: an :class:`hrope.nvs.data.image_cache.ImageCache` folder for the
-    decoded views; ``workers`` threads decode them (:func:`hrope.nvs.data.frames.frames_to_scene`).
+    must agree). ``cache_dir``: an :class:`hrope.nvs.data.real.image_cache.ImageCache` folder for the
+    decoded views; ``workers`` threads decode them (:func:`hrope.nvs.data.real.frames.frames_to_scene`).
     """
     path = Path(path)
     name = path.parent.name if path.is_file() else path.name
@@ -100,7 +100,7 @@ def load_scene(path: str | Path, image_size: tuple[int, int] | None = None, view
 class SceneFolderSource(SceneSource):
     """Every sub-folder of ``root`` in a detectable format (e.g. a DL3DV or LLFF collection; the
     others are counted in a warning), or ``root`` itself when it is one scene. ``image_factor`` and
-    ``undistort`` as in :func:`scene_frames`; ``options`` as in :class:`hrope.nvs.data.source.SceneSource`.
+    ``undistort`` as in :func:`scene_frames`; ``options`` as in :class:`hrope.nvs.data.real.source.SceneSource`.
     Each scene's files are parsed once (the last 64 scenes' frames are kept)."""
 
     def __init__(self, root: str | Path, *, image_factor: int | None = None, undistort: bool = True,

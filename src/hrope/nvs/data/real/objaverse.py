@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..scene import Scene, SceneError
 from .frames import Frame, frames_to_scene, pinhole, report_missing
-from .scene import Scene, SceneError
 
 __all__ = ["ZERO123_SIZE", "ZERO123_FOCAL", "BLENDER_TO_OPENCV", "read_objaverse_frames", "load_objaverse"]
 
