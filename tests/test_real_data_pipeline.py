@@ -231,7 +231,7 @@ def test_scene_dataset_honours_skip_errors_and_never_swallows_bugs():
 @pytest.mark.parametrize("name", ["re10k", "dl3dv", "co3d", "folder"])
 def test_example_configs_resolve(name):
     from hrope.nvs.config import load_config
-    from hrope.nvs.data import SOURCE_KINDS
+    from hrope.nvs.data import LOADERS
 
     config = load_config(Path(__file__).parents[1] / "configs" / f"{name}.yaml")
-    assert config["data"]["kind"] in SOURCE_KINDS and config["data"]["root"]
+    assert config["data"]["kind"] in LOADERS and config["data"]["root"]

@@ -122,7 +122,7 @@ class Field:
 DEFAULTS: dict = {
     "model": {"preset": "tiny", "encoding": "none", "predictor": "learned"},
     "data": {
-        "kind": "room",  # synthetic: room | object; real (hrope.nvs.data.SOURCE_KINDS): re10k | co3d | dl3dv | ...
+        "kind": "room",  # synthetic: room | object; real (hrope.nvs.data.LOADERS): re10k | co3d | dl3dv | ...
         "root": None,  # real data: the dataset folder (required for real kinds)
         "eval_root": None,  # real data: held-out folder for evaluation (None = root)
         "eval_index": None,  # RE10K evaluation index JSON (2 context + 3 targets per scene), eval only

@@ -14,7 +14,7 @@ from .real.co3d import CO3DSource, read_frame_annotations
 from .real.colmap import load_colmap, read_colmap_frames
 from .real.frames import Frame, frames_to_scene, read_image, select_frames
 from .real.llff import load_llff, read_llff_frames
-from .real.loaders import SOURCE_KINDS, SceneFolderSource, detect_format, load_scene, make_source, scene_frames
+from .real.loaders import LOADERS, Loader, SceneFolderSource, detect_format, load_scene, make_source, scene_frames
 from .real.nerfstudio import load_transforms_json, read_transforms_json
 from .real.re10k import RealEstate10KSource, read_chunk, read_evaluation_index
 from .real.source import SceneSource
@@ -28,7 +28,7 @@ __all__ = [
     # synthetic scenes and dataset wrappers
     "SyntheticConfig", "make_scene", "SceneDataset", "SyntheticDataset", "sample_views",
     # real-data loaders
-    "SceneSource", "SceneFolderSource", "SOURCE_KINDS", "make_source", "detect_format", "load_scene",
+    "SceneSource", "SceneFolderSource", "Loader", "LOADERS", "make_source", "detect_format", "load_scene",
     "scene_frames", "Frame", "frames_to_scene", "read_image", "select_frames",
     "load_transforms_json", "read_transforms_json", "load_colmap", "read_colmap_frames", "load_llff",
     "read_llff_frames", "RealEstate10KSource", "read_chunk", "read_evaluation_index", "CO3DSource",

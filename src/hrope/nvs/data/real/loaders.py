@@ -1,24 +1,27 @@
-"""`load_scene`: detect a scene folder's format and load it; sources of many scenes by kind.
+"""The loader registry: one :class:`Loader` per ``data.kind``; detection, `load_scene` and `make_source` read it.
 
-Detected formats, in this order: ``transforms.json`` (nerfstudio / DL3DV / instant-ngp), a COLMAP
-text model (``sparse/0``, ``sparse`` or ``cameras.txt`` + ``images.txt`` in the folder), LLFF
+Scene-folder formats, detected in this order: ``transforms.json`` (nerfstudio / DL3DV / instant-ngp), a
+COLMAP text model (``sparse/0``, ``sparse`` or ``cameras.txt`` + ``images.txt`` in the folder), LLFF
 ``poses_bounds.npy``, Objaverse renderings (``000.npy`` + ``000.png``, ...: Zero123 / EscherNet).
 Every reader picks the image folder (``images/`` or the downsampled ``images_N/``; ``image_factor``
 chooses), skips listed frames whose image is absent with one warning, and attaches each frame's
-lens model, which decoding removes unless ``undistort=False``.
+lens model, which decoding removes unless ``undistort=False``. Each format's name is also a kind of
+many scenes (a :class:`SceneFolderSource`, which detects every scene's format), as are ``folder`` and
+``dl3dv``; ``re10k`` and ``co3d`` have sources of their own. Adding a loader is one :data:`LOADERS` entry.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from ...config import ConfigError
 from ..scene import Scene, SceneError
 from .co3d import CO3DSource
 from .colmap import find_colmap_model, read_colmap_frames
 from .frames import Frame, frames_to_scene
-from .image_cache import ImageCache, default_cache_dir
+from .image_cache import ImageCache
 from .llff import read_llff_frames
 from .nerfstudio import read_transforms_json
 from .objaverse import read_objaverse_frames
@@ -26,28 +29,59 @@ from .re10k import RealEstate10KSource
 from .source import SceneSource
 from .undistort import without_distortion
 
-__all__ = ["detect_format", "scene_frames", "load_scene", "SceneFolderSource", "SOURCE_KINDS", "make_source",
-           "source_options"]
+__all__ = ["Loader", "LOADERS", "detect_format", "scene_frames", "load_scene",
+           "SceneFolderSource", "make_source"]
 
 logger = logging.getLogger("hrope.nvs.data")
 
-_LOOKED_FOR = ("transforms.json", "sparse/0/cameras.txt + images.txt", "sparse/cameras.txt + images.txt",
-               "cameras.txt + images.txt", "poses_bounds.npy", "000.npy + 000.png (Objaverse renderings)")
 _FRAMES_KEPT = 64  # scenes whose frames a SceneFolderSource keeps (files are parsed once, not at every step)
 
 
+@dataclass(frozen=True)
+class Loader:
+    """One ``data.kind``: how its scenes are found and read.
+
+    Args:
+        name: the ``data.kind``.
+        source: the class of its collections of scenes, ``source(root, **options)`` (a :class:`SceneSource`).
+        detect: for a scene-folder format, ``detect(folder) -> bool``: whether ``folder`` is one scene in it.
+        read_frames: with ``detect``, ``read_frames(path, image_factor) -> list[Frame]`` of that scene.
+        looks_for: with ``detect``, what it looks for, as the errors of a folder in no known format list it.
+        evaluation_index: whether ``source`` takes an ``evaluation_index`` (``data.eval_index``).
+    """
+
+    name: str
+    source: Callable[..., SceneSource]
+    detect: Callable[[Path], bool] | None = None
+    read_frames: Callable[[Path, int | None], list[Frame]] | None = None
+    looks_for: tuple[str, ...] = ()
+    evaluation_index: bool = False
+
+    @property
+    def scene_folders(self) -> bool:
+        """Whether the kind is a folder of scene folders (which take ``image_factor``, ``undistort``, ``depth``)."""
+        return self.source is SceneFolderSource
+
+
+def _transforms_json(path: Path, image_factor: int | None) -> list[Frame]:
+    return read_transforms_json(path if path.is_file() else path / "transforms.json", image_factor)
+
+
+def _objaverse(path: Path, image_factor: int | None) -> list[Frame]:
+    if image_factor is not None:
+        raise SceneError(f"{path}: image_factor picks an images_N/ folder; Objaverse renderings have none")
+    return read_objaverse_frames(path)
+
+
 def detect_format(folder: str | Path) -> str | None:
-    """"nerfstudio", "colmap", "llff", "objaverse" or None for a scene folder."""
+    """The name of the scene-folder format of ``folder`` (the first :data:`LOADERS` entry that detects
+    it: "nerfstudio", "colmap", "llff" or "objaverse"), or None."""
     folder = Path(folder)
-    if (folder / "transforms.json").is_file():
-        return "nerfstudio"
-    if find_colmap_model(folder) is not None:
-        return "colmap"
-    if (folder / "poses_bounds.npy").is_file():
-        return "llff"
-    if (folder / "000.npy").is_file():
-        return "objaverse"
-    return None
+    return next((loader.name for loader in LOADERS.values() if loader.detect and loader.detect(folder)), None)
+
+
+def _looked_for() -> str:
+    return ", ".join(item for loader in LOADERS.values() for item in loader.looks_for)
 
 
 def scene_frames(path: str | Path, *, image_factor: int | None = None, undistort: bool = True) -> list[Frame]:
@@ -64,19 +98,10 @@ def scene_frames(path: str | Path, *, image_factor: int | None = None, undistort
     kind = kind or detect_format(path)
     if kind is None:
         found = sorted(p.name for p in path.iterdir())[:10]
-        raise SceneError(f"{path}: no known scene format; looked for {', '.join(_LOOKED_FOR)} "
+        raise SceneError(f"{path}: no known scene format; looked for {_looked_for()} "
                          f"(COLMAP .bin models: convert with 'colmap model_converter --output_type TXT'); "
                          f"the folder contains {found}")
-    if kind == "objaverse" and image_factor is not None:
-        raise SceneError(f"{path}: image_factor picks an images_N/ folder; Objaverse renderings have none")
-    if kind == "nerfstudio":
-        frames = read_transforms_json(path if path.is_file() else path / "transforms.json", image_factor)
-    elif kind == "colmap":
-        frames = read_colmap_frames(path, image_factor=image_factor)
-    elif kind == "llff":
-        frames = read_llff_frames(path, image_factor)
-    else:
-        frames = read_objaverse_frames(path)
+    frames = LOADERS[kind].read_frames(path, image_factor)
     return frames if undistort else without_distortion(frames, str(path))
 
 
@@ -121,7 +146,7 @@ class SceneFolderSource(SceneSource):
             logger.warning("%s: %d sub-folder(s) in no known scene format left out: %s", self.root, len(ignored),
                            [p.name for p in ignored[:5]])
         if not self.folders:
-            raise SceneError(f"{self.root}: no scene folders; each needs one of {', '.join(_LOOKED_FOR)}")
+            raise SceneError(f"{self.root}: no scene folders; each needs one of {_looked_for()}")
 
     def __len__(self) -> int:
         return len(self.folders)
@@ -140,30 +165,28 @@ class SceneFolderSource(SceneSource):
         return self._frames[i]
 
 
-SOURCE_KINDS = {"re10k": RealEstate10KSource, "co3d": CO3DSource, "folder": SceneFolderSource,
-                "dl3dv": SceneFolderSource, "nerfstudio": SceneFolderSource, "colmap": SceneFolderSource,
-                "llff": SceneFolderSource, "objaverse": SceneFolderSource}
-"""``--data.kind`` names of the real-data sources; the folder kinds detect each scene's format."""
+LOADERS: dict[str, Loader] = {loader.name: loader for loader in (
+    Loader("nerfstudio", SceneFolderSource, detect=lambda folder: (folder / "transforms.json").is_file(),
+           read_frames=_transforms_json, looks_for=("transforms.json",)),
+    Loader("colmap", SceneFolderSource, detect=lambda folder: find_colmap_model(folder) is not None,
+           read_frames=lambda path, image_factor: read_colmap_frames(path, image_factor=image_factor),
+           looks_for=("sparse/0/cameras.txt + images.txt", "sparse/cameras.txt + images.txt",
+                      "cameras.txt + images.txt")),
+    Loader("llff", SceneFolderSource, detect=lambda folder: (folder / "poses_bounds.npy").is_file(),
+           read_frames=read_llff_frames, looks_for=("poses_bounds.npy",)),
+    Loader("objaverse", SceneFolderSource, detect=lambda folder: (folder / "000.npy").is_file(),
+           read_frames=_objaverse, looks_for=("000.npy + 000.png (Objaverse renderings)",)),
+    Loader("folder", SceneFolderSource),
+    Loader("dl3dv", SceneFolderSource),
+    Loader("re10k", RealEstate10KSource, evaluation_index=True),
+    Loader("co3d", CO3DSource),
+)}
+"""Every real ``data.kind`` by name; the scene-folder formats first, in the order they are detected."""
 
 
 def make_source(kind: str, root: str | Path, **options) -> SceneSource:
-    """The scene source of ``kind`` (a key of :data:`SOURCE_KINDS`) at ``root``; ``options`` go to
+    """The scene source of ``kind`` (a key of :data:`LOADERS`) at ``root``; ``options`` go to
     its constructor (``num_views``, ``sampling``, ``image_size``, ...)."""
-    if kind not in SOURCE_KINDS:
-        raise ValueError(f"unknown data kind {kind!r}; expected one of {sorted(SOURCE_KINDS)}")
-    return SOURCE_KINDS[kind](root, **options)
-
-
-def source_options(data: dict) -> dict:
-    """:func:`make_source` options of a run config's ``data`` section: the disk cache of decoded views
-    (``data.cache`` on: in ``data.cache_dir``, by default :func:`default_cache_dir`), decoding
-    threads (``data.workers``), and for the folder kinds ``data.image_factor`` and ``data.undistort``."""
-    options = {"cache_dir": (data["cache_dir"] or default_cache_dir()) if data["cache"] else None,
-               "workers": data["workers"]}
-    if SOURCE_KINDS[data["kind"]] is SceneFolderSource:
-        return {**options, "image_factor": data["image_factor"], "undistort": data["undistort"]}
-    if data["image_factor"] is not None:
-        folders = sorted(kind for kind, source in SOURCE_KINDS.items() if source is SceneFolderSource)
-        raise ConfigError(f"data.image_factor is for the scene-folder kinds ({', '.join(folders)}), not "
-                          f"{data['kind']!r}; set it to null")
-    return options
+    if kind not in LOADERS:
+        raise ValueError(f"unknown data kind {kind!r}; expected one of {sorted(LOADERS)}")
+    return LOADERS[kind].source(root, **options)
