@@ -73,11 +73,15 @@ def _objaverse(path: Path, image_factor: int | None) -> list[Frame]:
     return read_objaverse_frames(path)
 
 
+def _detected(folder: Path) -> Loader | None:
+    return next((loader for loader in LOADERS.values() if loader.detect and loader.detect(folder)), None)
+
+
 def detect_format(folder: str | Path) -> str | None:
     """The name of the scene-folder format of ``folder`` (the first :data:`LOADERS` entry that detects
     it: "nerfstudio", "colmap", "llff" or "objaverse"), or None."""
-    folder = Path(folder)
-    return next((loader.name for loader in LOADERS.values() if loader.detect and loader.detect(folder)), None)
+    loader = _detected(Path(folder))
+    return None if loader is None else loader.name
 
 
 def _looked_for() -> str:
@@ -92,16 +96,16 @@ def scene_frames(path: str | Path, *, image_factor: int | None = None, undistort
     the smallest ``images_N/``). ``undistort=False`` drops the lens models with a warning.
     """
     path = Path(path)
-    kind = "nerfstudio" if path.is_file() and path.suffix == ".json" else None
-    if kind is None and not path.is_dir():
+    loader = LOADERS["nerfstudio"] if path.is_file() and path.suffix == ".json" else None
+    if loader is None and not path.is_dir():
         raise SceneError(f"{path}: no such scene folder")
-    kind = kind or detect_format(path)
-    if kind is None:
+    loader = loader or _detected(path)
+    if loader is None or loader.read_frames is None:
         found = sorted(p.name for p in path.iterdir())[:10]
         raise SceneError(f"{path}: no known scene format; looked for {_looked_for()} "
                          f"(COLMAP .bin models: convert with 'colmap model_converter --output_type TXT'); "
                          f"the folder contains {found}")
-    frames = LOADERS[kind].read_frames(path, image_factor)
+    frames = loader.read_frames(path, image_factor)
     return frames if undistort else without_distortion(frames, str(path))
 
 
@@ -136,7 +140,8 @@ class SceneFolderSource(SceneSource):
         self._frames: dict[int, list[Frame]] = {}
         if not self.root.is_dir():
             raise SceneError(f"{self.root}: scene folder not found")
-        self.folders, ignored = [], []
+        self.folders: list[Path] = []
+        ignored: list[Path] = []
         if detect_format(self.root):
             self.folders.append(self.root)
         else:

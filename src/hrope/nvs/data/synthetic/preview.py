@@ -33,7 +33,8 @@ def preview_grid(scenes: Sequence[Scene]) -> torch.Tensor:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m hrope.nvs.data.synthetic.preview", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m hrope.nvs.data.synthetic.preview",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("out", metavar="OUT.png", help="where to write the grid of views, depth and normals")
     parser.add_argument("--kind", choices=[*KINDS, "both"], default="both")
     parser.add_argument("--seed", type=int, default=0)
