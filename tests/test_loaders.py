@@ -874,7 +874,7 @@ def test_objaverse_convention_check_and_bad_files(tmp_path, caplog):
 # ---------------------------------------------------------------- the data keys of a run config
 def test_data_config_keys_reach_the_loaders(tmp_path):
     from hrope.nvs.config import ConfigError, resolve
-    from hrope.nvs.datasets import build_scene_source
+    from hrope.nvs.build_data import build_scene_source
 
     K, E, _ = truth(76, centred=True, square_pixels=True)
     write_llff(tmp_path / "scene", K, E, view_images(76), factor=1)
@@ -903,7 +903,7 @@ def test_a_new_loader_is_one_registry_entry(tmp_path, monkeypatch):
     """A format registered as one :class:`Loader` is detected, loaded, a ``data.kind`` and listed in the errors."""
     from hrope.nvs.config import ConfigError, resolve
     from hrope.nvs.data.real.frames import Frame
-    from hrope.nvs.datasets import build_scene_source
+    from hrope.nvs.build_data import build_scene_source
 
     K, E, _ = truth(81)
     X = points_in_front(E, 81)

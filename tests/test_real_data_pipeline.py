@@ -18,7 +18,7 @@ from hrope.nvs.cli import run
 from hrope.nvs.config import resolve
 from hrope.nvs.data import SceneDataset, SceneError, make_scene, normalize_scene, resize_crop_scene
 from hrope.nvs.protocols import SourceVideos, protocol_plans
-from hrope.nvs.datasets import build_dataset, build_scene_source
+from hrope.nvs.build_data import build_dataset, build_scene_source
 
 TINY = str(Path(__file__).parents[1] / "configs" / "tiny.yaml")
 SMALL = ["--model.image_size", "32", "--model.dim", "48", "--model.layers", "2", "--model.heads", "2",

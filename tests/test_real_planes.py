@@ -25,7 +25,7 @@ from hrope.nvs.data.batch import collate_scenes
 from hrope.nvs.data.real.colmap import quaternion_to_rotation
 from hrope.nvs.data.real.colmap_points import rotation_to_quaternion, write_colmap_model
 from hrope.nvs.data.real.loaders import SceneFolderSource
-from hrope.nvs.datasets import build_dataset
+from hrope.nvs.build_data import build_dataset
 from hrope.nvs.predictors import PredictorError, build_parameter_source, parameter_specs, robust_patch_planes
 
 TINY = str(Path(__file__).parents[1] / "configs" / "tiny.yaml")

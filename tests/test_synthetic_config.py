@@ -11,7 +11,7 @@ from hrope.nvs.config import ConfigError, update_config
 from hrope.nvs.data.rng import Rng
 from hrope.nvs.data.synthetic.config import SyntheticConfig
 from hrope.nvs.data.synthetic.layouts import object_layout
-from hrope.nvs.datasets import build_dataset
+from hrope.nvs.build_data import build_dataset
 from hrope.nvs.protocols import build_videos
 
 

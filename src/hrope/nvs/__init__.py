@@ -2,7 +2,7 @@
 
 Modules, each importing only the ones listed before it (and the library, :mod:`hrope`):
 ``config`` (run configs), ``metrics``, ``data`` (scenes, synthetic generator, real-data loaders),
-``predictors`` (per-patch parameter sources), ``model`` (LVSM), ``datasets`` (the examples of a run
+``predictors`` (per-patch parameter sources), ``model`` (LVSM), ``build_data`` (the datasets of a run
 config), ``checkpoints``, ``train``, ``evaluate``, ``viz``, ``protocols``, ``demo``, ``cli``.
 
 Importing this package imports none of them, so ``hrope`` (the command, :func:`main`) can say what
