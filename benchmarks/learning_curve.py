@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling nvs_* modules
 
-from hrope.nvs.datasets import build_dataset  # noqa: E402
+from hrope.nvs.build_data import build_dataset  # noqa: E402
 from hrope.nvs.evaluate import evaluate_model  # noqa: E402
 from hrope.nvs.plane_accuracy import PlaneAccuracy, measures_planes  # noqa: E402
 from hrope.nvs.train import train  # noqa: E402

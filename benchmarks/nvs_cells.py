@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 from hrope.nvs.checkpoints import CHECKPOINT_NAME, load_checkpoint
-from hrope.nvs.datasets import build_dataset
+from hrope.nvs.build_data import build_dataset
 from hrope.nvs.evaluate import evaluate_model
 from hrope.nvs.metrics import LPIPS
 from hrope.nvs.model import count_parameters, encoding_names

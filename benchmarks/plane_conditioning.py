@@ -24,7 +24,7 @@ import torch
 
 from hrope.encodings import get_encoding
 from hrope.nvs.config import resolve
-from hrope.nvs.datasets import build_dataset, collate
+from hrope.nvs.build_data import build_dataset, collate
 from hrope.planes import Planes, clamp_plane_vectors
 from provenance import describe, provenance
 

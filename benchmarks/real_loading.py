@@ -39,7 +39,7 @@ import torch
 from PIL import Image
 
 from hrope.nvs.config import resolve
-from hrope.nvs.datasets import build_dataset, collate
+from hrope.nvs.build_data import build_dataset, collate
 from hrope.nvs.model import build_model
 from hrope.nvs.train import StepLoader, make_optimizer
 from provenance import describe, provenance

@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from hrope.nvs.data import SyntheticDataset, collate_scenes, make_scene
-from hrope.nvs.data.render import render
 from hrope.nvs.data.synthetic import scene_setup
+from hrope.nvs.data.synthetic.render import render
 from provenance import describe, provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -13,10 +13,10 @@ import numpy as np
 import torch
 from PIL import Image, JpegImagePlugin
 
-import hrope.nvs.data.frames as frames_module
-from hrope.nvs.data.frames import Frame, load_view, pinhole
-from hrope.nvs.data.image_cache import ImageCache, default_cache_dir
-from hrope.nvs.data.load import load_scene
+import hrope.nvs.data.real.frames as frames_module
+from hrope.nvs.data.real.frames import Frame, load_view, pinhole
+from hrope.nvs.data.real.image_cache import ImageCache, default_cache_dir
+from hrope.nvs.data.real.loaders import load_scene
 
 H, W = 48, 64
 SIZE = (16, 16)

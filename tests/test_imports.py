@@ -23,7 +23,7 @@ LAYERS = {
     "hrope.integrations.": 7,
     "hrope.nvs.plane_fitting": 10,
     "hrope.nvs.config": 10, "hrope.nvs.metrics": 10, "hrope.nvs.transfer": 10, "hrope.nvs.data.": 11, "hrope.nvs.sources.": 12,
-    "hrope.nvs.model": 13, "hrope.nvs.runs": 14, "hrope.nvs.datasets": 14, "hrope.nvs.checkpoints": 14, "hrope.nvs.plane_accuracy": 14,
+    "hrope.nvs.model": 13, "hrope.nvs.runs": 14, "hrope.nvs.build_data": 14, "hrope.nvs.checkpoints": 14, "hrope.nvs.plane_accuracy": 14,
     "hrope.nvs.train": 15, "hrope.nvs.viz": 15, "hrope.nvs.evaluate": 16, "hrope.nvs.protocols": 17,
     "hrope.nvs.demo": 17, "hrope.nvs.cli": 18, "hrope.nvs": 19,
 }
@@ -101,6 +101,33 @@ def test_every_import_points_down(module):
             f"{module} (layer {level}) imports {target} (layer {target_level}): imports must point down"
         if level < 10:
             assert target_level < 10, f"library module {module} imports the toolkit ({target})"
+
+
+# inside hrope.nvs.data: the shared modules, the two floors on them (which never import each other), the wrappers
+DATA_LEVELS = {"hrope.nvs.data.synthetic": 1, "hrope.nvs.data.real": 1, "hrope.nvs.data.dataset": 2,
+               "hrope.nvs.data": 3}
+
+
+def data_level(module: str) -> tuple[str, int]:
+    """(group, level) of a module of ``hrope.nvs.data``: a floor, the wrappers, the package, else a shared module."""
+    for group, level in DATA_LEVELS.items():
+        if module == group or (level == 1 and module.startswith(group + ".")):
+            return group, level
+    return "shared", 0
+
+
+def in_data(module: str) -> bool:
+    return module == "hrope.nvs.data" or module.startswith("hrope.nvs.data.")
+
+
+@pytest.mark.parametrize("module", sorted(filter(in_data, MODULES)))
+def test_data_floors_point_down(module):
+    group, level = data_level(module)
+    for target in imports(MODULES[module]):
+        if in_data(target):
+            target_group, target_level = data_level(target)
+            assert target_level < level or target_group == group, \
+                f"{module} (data level {level}) imports {target} (data level {target_level}): imports must point down"
 
 
 def test_the_layer_table_covers_every_module():

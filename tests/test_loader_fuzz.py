@@ -25,8 +25,8 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from hrope.nvs.data.load import make_source
-from hrope.nvs.data.re10k import RealEstate10KSource
+from hrope.nvs.data.real.loaders import make_source
+from hrope.nvs.data.real.re10k import RealEstate10KSource
 from hrope.nvs.data.scene import SceneError
 from test_loaders import V, re10k_example, truth, view_images, write_colmap, write_llff, write_nerfstudio
 

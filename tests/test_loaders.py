@@ -12,6 +12,7 @@ import io
 import json
 import logging
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -20,12 +21,12 @@ import torch
 from PIL import Image
 
 from helpers import random_rotation, so3_exp
-from hrope.nvs.data.co3d import CO3DSource
-from hrope.nvs.data.colmap import read_colmap_images
-from hrope.nvs.data.frames import select_frames
-from hrope.nvs.data.llff import load_llff
-from hrope.nvs.data.load import SceneFolderSource, detect_format, load_scene, make_source
-from hrope.nvs.data.re10k import RealEstate10KSource, read_evaluation_index
+from hrope.nvs.data.real.co3d import CO3DSource
+from hrope.nvs.data.real.colmap import read_colmap_images
+from hrope.nvs.data.real.frames import select_frames
+from hrope.nvs.data.real.llff import load_llff
+from hrope.nvs.data.real.loaders import LOADERS, Loader, SceneFolderSource, detect_format, load_scene, make_source
+from hrope.nvs.data.real.re10k import RealEstate10KSource, read_evaluation_index
 from hrope.nvs.data.scene import SceneError
 
 H, W = 12, 16  # non-square so that width/height mix-ups show
@@ -795,7 +796,7 @@ def test_image_factor_chooses_the_folder_and_rescales_K(tmp_path):
 def zero123_scene():
     """A synthetic object rendered with Zero123's intrinsics, its world shifted so the point the
     cameras look at is the origin (Zero123 normalises objects to it): (scene, K, world_to_cam)."""
-    from hrope.nvs.data.config import SyntheticConfig
+    from hrope.nvs.data.synthetic.config import SyntheticConfig
     from hrope.nvs.data.synthetic import make_scene
 
     fov = math.degrees(2 * math.atan(16 / 35))  # a 35 mm lens on a 32 mm sensor
@@ -873,7 +874,7 @@ def test_objaverse_convention_check_and_bad_files(tmp_path, caplog):
 # ---------------------------------------------------------------- the data keys of a run config
 def test_data_config_keys_reach_the_loaders(tmp_path):
     from hrope.nvs.config import ConfigError, resolve
-    from hrope.nvs.datasets import build_scene_source
+    from hrope.nvs.build_data import build_scene_source
 
     K, E, _ = truth(76, centred=True, square_pixels=True)
     write_llff(tmp_path / "scene", K, E, view_images(76), factor=1)
@@ -895,3 +896,47 @@ def test_data_config_keys_reach_the_loaders(tmp_path):
                                  ("cache_dir", "", "null or a path")):
         with pytest.raises(ConfigError, match=rf"data\.{key} must be {accepted}"):
             resolve({"data": {key: value}})
+
+
+# ---------------------------------------------------------------- the loader registry
+def test_a_new_loader_is_one_registry_entry(tmp_path, monkeypatch):
+    """A format registered as one :class:`Loader` is detected, loaded, a ``data.kind`` and listed in the errors."""
+    from hrope.nvs.config import ConfigError, resolve
+    from hrope.nvs.data.real.frames import Frame
+    from hrope.nvs.build_data import build_scene_source
+
+    K, E, _ = truth(81)
+    X = points_in_front(E, 81)
+    images = view_images(81)
+    for v, image in enumerate(images):
+        save_png(tmp_path / "scene" / f"{v}.png", image)
+    torch.save({"K": K, "world_to_cam": E}, tmp_path / "scene" / "cameras.toy")
+
+    def read_toy(folder: Path, image_factor: int | None) -> list[Frame]:
+        cameras = torch.load(folder / "cameras.toy")
+        return [Frame(folder / f"{v}.png", cameras["K"][v], cameras["world_to_cam"][v], label=f"{folder} view {v}")
+                for v in range(V)]
+
+    toy = Loader("toy", SceneFolderSource, detect=lambda folder: (folder / "cameras.toy").is_file(),
+                 read_frames=read_toy, looks_for=("cameras.toy",))
+    monkeypatch.setitem(LOADERS, "toy", toy)
+    assert detect_format(tmp_path / "scene") == "toy"
+    scene = load_scene(tmp_path / "scene")
+    assert_reprojects(scene, project_cv(K, E, X), X)
+    assert_images(scene, images)
+    assert len(make_source("toy", tmp_path)) == 1
+    source = build_scene_source(resolve({"data": {"kind": "toy", "root": str(tmp_path), "cache": False}}))
+    assert source.scene_name(0) == "scene" and source.load_views(0, [2]).image_size == (64, 64)
+    with pytest.raises(SceneError, match=r"looked for transforms\.json, .*, cameras\.toy \(COLMAP \.bin models"):
+        load_scene(tmp_path)
+    with pytest.raises(ConfigError, match=r"unknown data\.kind 'toys'; expected room, object or one of \[.*'toy'\]"):
+        build_scene_source(resolve({"data": {"kind": "toys", "root": str(tmp_path)}}))
+
+
+def test_docs_list_every_loader():
+    """The ``data.kind`` row of docs/data.md and its list of source kinds name exactly the registry's kinds."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "data.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `data.kind` |"))
+    assert set(re.findall(r"`([a-z0-9]+)`", row)) - {"room", "object"} == set(LOADERS)
+    kinds = re.search(r"Kinds: (.*?) \(a folder of scene folders", text, re.S).group(1)
+    assert set(re.findall(r"`([a-z0-9]+)`", kinds)) == set(LOADERS)

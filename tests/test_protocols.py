@@ -11,9 +11,9 @@ from _lvsm_helpers import SMALL_MODEL, random_lpips_weights
 
 from hrope.cameras import Cameras
 from hrope.nvs.config import ConfigError
-from hrope.nvs.data.render import render
 from hrope.nvs.data.scene import Scene
 from hrope.nvs.data.synthetic import scene_setup
+from hrope.nvs.data.synthetic.render import render
 from hrope.nvs.model import LVSM, ModelConfig
 from hrope.nvs.protocols import (NUM_TARGETS, SyntheticVideos, protocol_plans, run_protocol, write_results,
                              zoom_views)

@@ -18,7 +18,7 @@ from hrope.nvs.cli import run
 from hrope.nvs.config import resolve
 from hrope.nvs.data import SceneDataset, SceneError, make_scene, normalize_scene, resize_crop_scene
 from hrope.nvs.protocols import SourceVideos, protocol_plans
-from hrope.nvs.datasets import build_dataset, build_scene_source
+from hrope.nvs.build_data import build_dataset, build_scene_source
 
 TINY = str(Path(__file__).parents[1] / "configs" / "tiny.yaml")
 SMALL = ["--model.image_size", "32", "--model.dim", "48", "--model.layers", "2", "--model.heads", "2",
@@ -231,7 +231,7 @@ def test_scene_dataset_honours_skip_errors_and_never_swallows_bugs():
 @pytest.mark.parametrize("name", ["re10k", "dl3dv", "co3d", "folder"])
 def test_example_configs_resolve(name):
     from hrope.nvs.config import load_config
-    from hrope.nvs.data import SOURCE_KINDS
+    from hrope.nvs.data import LOADERS
 
     config = load_config(Path(__file__).parents[1] / "configs" / f"{name}.yaml")
-    assert config["data"]["kind"] in SOURCE_KINDS and config["data"]["root"]
+    assert config["data"]["kind"] in LOADERS and config["data"]["root"]

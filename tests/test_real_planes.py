@@ -22,10 +22,10 @@ from hrope.nvs.cli import run
 from hrope.nvs.config import ConfigError, resolve
 from hrope.nvs.data import SceneError, make_scene, normalize_scene, resize_crop_scene
 from hrope.nvs.data.batch import collate_scenes
-from hrope.nvs.data.colmap import quaternion_to_rotation
-from hrope.nvs.data.colmap_points import rotation_to_quaternion, write_colmap_model
-from hrope.nvs.data.load import SceneFolderSource
-from hrope.nvs.datasets import build_dataset
+from hrope.nvs.build_data import build_dataset
+from hrope.nvs.data.real.colmap import quaternion_to_rotation
+from hrope.nvs.data.real.colmap_points import rotation_to_quaternion, write_colmap_model
+from hrope.nvs.data.real.loaders import SceneFolderSource
 from hrope.nvs.plane_fitting import robust_patch_planes
 from hrope.nvs.sources import PredictorError, build_parameter_source, parameter_specs
 

@@ -10,10 +10,10 @@ import torch.nn.functional as F
 
 import hrope
 from hrope.nvs.data import Scene, SyntheticConfig, make_scene
-from hrope.nvs.data.render import Quads, render
-from hrope.nvs.data.preview import main as preview_main
 from hrope.nvs.data.synthetic import scene_setup
-from hrope.nvs.data.textures import MipTextures
+from hrope.nvs.data.synthetic.preview import main as preview_main
+from hrope.nvs.data.synthetic.render import Quads, render
+from hrope.nvs.data.synthetic.textures import MipTextures
 
 SIZE = (24, 32)
 
@@ -220,7 +220,7 @@ def test_preview_cli_writes_a_grid(tmp_path):
 
 def test_textures_and_mip_levels():
     from hrope.nvs.data.rng import Rng
-    from hrope.nvs.data.textures import make_texture
+    from hrope.nvs.data.synthetic.textures import make_texture
 
     for kind in ("photo", "procedural", "any"):
         texture = make_texture(Rng(kind), 64, kind)

@@ -8,10 +8,10 @@ import pytest
 from _lvsm_helpers import small_config
 
 from hrope.nvs.config import ConfigError, update_config
-from hrope.nvs.data.config import SyntheticConfig
-from hrope.nvs.data.layouts import object_layout
 from hrope.nvs.data.rng import Rng
-from hrope.nvs.datasets import build_dataset
+from hrope.nvs.data.synthetic.config import SyntheticConfig
+from hrope.nvs.data.synthetic.layouts import object_layout
+from hrope.nvs.build_data import build_dataset
 from hrope.nvs.protocols import build_videos
 
 

@@ -20,7 +20,7 @@ import hrope.nvs.train as train_module
 from hrope.nvs.config import ConfigError, apply_overrides, load_config, resolve
 from hrope.nvs.evaluate import evaluate_model
 from hrope.nvs.checkpoints import CheckpointError, load_checkpoint, load_model, save_checkpoint
-from hrope.nvs.datasets import build_dataset
+from hrope.nvs.build_data import build_dataset
 from hrope.nvs.model import build_model
 from hrope import InputError
 from hrope.nvs.train import TrainingError, learning_rate, make_optimizer, train

@@ -25,10 +25,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from hrope.nvs.data.colmap import read_colmap_cameras
-from hrope.nvs.data.load import load_scene
+from hrope.nvs.data.real.colmap import read_colmap_cameras
+from hrope.nvs.data.real.loaders import load_scene
 from hrope.nvs.data.scene import SceneError
-from hrope.nvs.data.undistort import distort_pixels, undistort_image
+from hrope.nvs.data.real.undistort import distort_pixels, undistort_image
 
 H, W = 48, 64
 FX, FY, CX, CY = 45.0, 44.0, 32.3, 23.7

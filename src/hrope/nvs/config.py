@@ -12,7 +12,7 @@ and checkpoint metadata too) check every ``data`` / ``train`` / ``eval`` value a
 :data:`SCHEMA` (:func:`check_config`): types (a bool is never a number; ints are accepted for
 floats), ranges (floats finite), choices and null. ``model`` values are checked by
 :class:`hrope.nvs.model.ModelConfig` when the model is built, ``data.kind`` where the dataset is
-built (:mod:`hrope.nvs.datasets`), device availability by :func:`check_device`. Every error is a
+built (:mod:`hrope.nvs.build_data`), device availability by :func:`check_device`. Every error is a
 :class:`ConfigError` with a one-line message naming the key and what it accepts.
 ``train.grad_clip`` is the gradient-norm bound, > 0: clipping is always on (a large value makes it
 a no-op).
@@ -122,7 +122,7 @@ class Field:
 DEFAULTS: dict = {
     "model": {"preset": "tiny", "encoding": "none", "predictor": "learned"},
     "data": {
-        "kind": "room",  # synthetic: room | object; real (hrope.nvs.data.SOURCE_KINDS): re10k | co3d | dl3dv | ...
+        "kind": "room",  # synthetic: room | object; real (hrope.nvs.data.LOADERS): re10k | co3d | dl3dv | ...
         "root": None,  # real data: the dataset folder (required for real kinds)
         "eval_root": None,  # real data: held-out folder for evaluation (None = root)
         "eval_index": None,  # RE10K evaluation index JSON (2 context + 3 targets per scene), eval only
@@ -171,7 +171,7 @@ DEFAULTS: dict = {
 }
 
 DEVICES = ("auto", "cpu", "cuda")
-DEPTH_SOURCES = ("none", "points", "maps")  # data.depth (hrope.nvs.data.depth_maps)
+DEPTH_SOURCES = ("none", "points", "maps")  # data.depth (hrope.nvs.data.real.depth_maps)
 _COUNT = Field("int", low=1)
 _SEED = Field("int", low=0, high=2**63 - 1)
 _NON_NEGATIVE = Field("float", low=0)
@@ -180,7 +180,7 @@ _OPTIONAL_PATH = Field("path", nullable=True)
 # What every data / train / eval key of DEFAULTS accepts (checked by check_config).
 SCHEMA: dict[str, dict[str, Field]] = {
     "data": {
-        "kind": Field("str"),  # the known kinds are checked where the dataset is built (hrope.nvs.datasets)
+        "kind": Field("str"),  # the known kinds are checked where the dataset is built (hrope.nvs.build_data)
         "root": _OPTIONAL_PATH,
         "eval_root": _OPTIONAL_PATH,
         "eval_index": _OPTIONAL_PATH,
@@ -191,7 +191,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "seed": _SEED,
         "cache": Field("bool"),
         "prefetch": Field("bool"),
-        "synthetic": Field("mapping", nullable=True),  # its keys: hrope.nvs.datasets.synthetic_config
+        "synthetic": Field("mapping", nullable=True),  # its keys: hrope.nvs.build_data.synthetic_config
         "depth": Field("str", choices=DEPTH_SOURCES),
         "depth_scale": Field("float", above=0),
         "image_factor": Field("int", low=1, nullable=True),

@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .build_data import build_dataset, collate
 from .config import resolve
-from .datasets import build_dataset, collate
 from .evaluate import evaluate_model, markdown_table, planes_table
 from .plane_accuracy import PlaneAccuracy, measures_planes
 from .train import train

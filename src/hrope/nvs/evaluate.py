@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
+from .build_data import build_dataset, collate
 from .checkpoints import load_model, run_folder
 from .config import save_config, update_config
-from .datasets import build_dataset, collate
 from .metrics import LPIPS, image_metrics
 from .plane_accuracy import GROUPS, METRICS, PlaneAccuracy
 from .viz import save_image_grid

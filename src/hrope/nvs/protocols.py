@@ -54,17 +54,16 @@ import torch
 import torch.nn.functional as F
 
 from ..cameras import Cameras
+from .build_data import build_scene_source, check_synthetic_data, synthetic_config
 from .checkpoints import load_model
 from .config import ConfigError, resolve
-from .data.config import SyntheticConfig
 from .data.dataset import DEFAULT_CONTEXT_GAP
-from .data.depth_maps import load_frames
 from .data.normalize import normalize_scene
+from .data.real.depth_maps import load_frames
 from .data.rng import Rng, stream_seed
 from .data.scene import Scene, SceneError
 from .data.synthetic import KINDS as SYNTHETIC_KINDS
-from .data.synthetic import make_scene
-from .datasets import build_scene_source, check_synthetic_data, synthetic_config
+from .data.synthetic import SyntheticConfig, make_scene
 from .evaluate import apply_data_overrides, apply_eval_options, evaluate_scenes, run_name
 from .metrics import LPIPS
 from .model import LVSM

@@ -44,7 +44,7 @@ from ..errors import InputError
 from .checkpoints import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from .config import ConfigError, check_config, check_device, save_config
 from .data.rng import stream_seed
-from .datasets import build_dataset, collate
+from .build_data import build_dataset, collate
 from .metrics import LPIPS
 from .model import LVSM, build_model, count_parameters
 from .plane_accuracy import GROUPS, LOG_NAME, METRICS, append_log, plane_accuracy

@@ -25,9 +25,9 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..planes import Planes
+from .build_data import build_dataset, collate
 from .checkpoints import load_model, run_folder
 from .config import Field
-from .datasets import build_dataset, collate
 from .plane_accuracy import GROUPS, LOG_NAME, read_log
 
 __all__ = ["save_image_grid", "normal_colours", "plane_normal_rows", "visualize_planes", "plot_plane_accuracy",

@@ -15,12 +15,11 @@ from collections.abc import Sequence
 from torch.utils.data import Dataset
 
 from .batch import SceneBatch, collate_scenes
-from .config import SyntheticConfig
 from .normalize import normalize_scene
+from .real.source import load_or_skip
 from .rng import Rng, stream_seed
 from .scene import Scene, SceneError
-from .source import load_or_skip
-from .synthetic import KINDS, make_scene
+from .synthetic import KINDS, SyntheticConfig, make_scene
 
 __all__ = ["sample_views", "TooFewFramesError", "ViewSampling", "SceneDataset", "SyntheticDataset",
            "DEFAULT_CONTEXT_GAP"]

@@ -1,12 +1,12 @@
-"""Synthetic planar scenes with exact geometry: `make_scene` and a preview CLI.
+"""Synthetic planar scenes with exact geometry: `make_scene`.
 
 ``make_scene(seed, index, kind)`` builds a procedural layout (``room`` or ``object``), a camera
 trajectory of ``config.num_frames`` frames, random intrinsics and textures, all from independent
 random streams keyed by ``(seed, index)``, and renders the requested frames exactly (see
-:mod:`hrope.nvs.data.render`). The layout and trajectory do not depend on which frames, how many
+:mod:`hrope.nvs.data.synthetic.render`). The layout and trajectory do not depend on which frames, how many
 views or what image size are requested, so any subset of frames shows the same scene.
 
-Preview: ``python -m hrope.nvs.data.synthetic --preview OUT.png``.
+Preview: ``python -m hrope.nvs.data.synthetic.preview OUT.png``.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Sequence
 
 import torch
 
-from ...cameras import Cameras
+from ....cameras import Cameras
+from ..rng import Rng
+from ..scene import Scene
 from .config import SyntheticConfig
 from .layouts import Layout, object_layout, room_layout
 from .render import render
-from .rng import Rng
-from .scene import Scene
 from .textures import MipTextures, make_texture
 from .trajectories import object_trajectory, room_trajectory, sample_intrinsics
 

@@ -1,4 +1,4 @@
-"""Preview synthetic scenes: ``python -m hrope.nvs.data.preview OUT.png [--kind room|object|both]``.
+"""Preview synthetic scenes: ``python -m hrope.nvs.data.synthetic.preview OUT.png [--kind room|object|both]``.
 
 Writes a grid with, per scene, one row each of images, inverse depth (turbo colour map) and
 camera-frame normals mapped to RGB as (n + 1) / 2.
@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .scene import Scene
-from .synthetic import KINDS, make_scene
+from ..scene import Scene
+from .generator import KINDS, make_scene
 
 __all__ = ["preview_grid", "main"]
 
@@ -33,7 +33,8 @@ def preview_grid(scenes: Sequence[Scene]) -> torch.Tensor:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m hrope.nvs.data.preview", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m hrope.nvs.data.synthetic.preview",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("out", metavar="OUT.png", help="where to write the grid of views, depth and normals")
     parser.add_argument("--kind", choices=[*KINDS, "both"], default="both")
     parser.add_argument("--seed", type=int, default=0)

@@ -43,7 +43,7 @@ from kornia.geometry.calibration import distort_points
 from kornia.geometry.camera import distort_points_kannala_brandt
 from torch import Tensor
 
-from .scene import SceneError
+from ..scene import SceneError
 
 __all__ = ["COEFFICIENTS", "Distortion", "finite_number", "make_distortion", "distort_pixels", "undistort_image",
            "without_distortion"]

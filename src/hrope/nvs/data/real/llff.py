@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...geometry import invert_se3
+from ....geometry import invert_se3
+from ..scene import Scene, SceneError
 from .frames import Frame, frames_to_scene, image_folder, positive_number
-from .scene import Scene, SceneError
 
 __all__ = ["read_llff_poses", "read_llff_frames", "load_llff"]
 
@@ -62,7 +62,7 @@ def read_llff_poses(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, tuple
 
 
 def read_llff_frames(folder: str | Path, image_factor: int | None = None) -> list[Frame]:
-    """Frames of an LLFF folder; images from :func:`hrope.nvs.data.frames.image_folder` (module doc)."""
+    """Frames of an LLFF folder; images from :func:`hrope.nvs.data.real.frames.image_folder` (module doc)."""
     folder = Path(folder)
     K, world_to_cam, size = read_llff_poses(folder / "poses_bounds.npy")
     image_dir = image_folder(folder, image_factor)

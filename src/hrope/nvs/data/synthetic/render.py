@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ...cameras import Cameras
+from ....cameras import Cameras
 from .textures import MipTextures
 
 __all__ = ["Quads", "Rendering", "render"]

@@ -28,10 +28,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .frames import Frame, frames_to_scene, pinhole, report_missing
-from .scene import Scene, SceneError
+from ..scene import SceneError
+from .frames import Frame, pinhole, report_missing
 
-__all__ = ["ZERO123_SIZE", "ZERO123_FOCAL", "BLENDER_TO_OPENCV", "read_objaverse_frames", "load_objaverse"]
+__all__ = ["ZERO123_SIZE", "ZERO123_FOCAL", "BLENDER_TO_OPENCV", "read_objaverse_frames"]
 
 logger = logging.getLogger("hrope.nvs.data")
 
@@ -97,9 +97,3 @@ def read_objaverse_frames(folder: str | Path) -> list[Frame]:
     report_missing(str(folder), missing, len(cameras))
     _check_convention(frames, folder)
     return frames
-
-
-def load_objaverse(folder: str | Path, image_size: tuple[int, int] | None = None,
-                   views: list[int] | None = None) -> Scene:
-    """A :class:`Scene` from a Zero123 / EscherNet object folder (:func:`read_objaverse_frames`)."""
-    return frames_to_scene(read_objaverse_frames(folder), Path(folder).name, image_size, views)

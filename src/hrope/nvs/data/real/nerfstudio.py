@@ -13,7 +13,7 @@ models ``OPENCV``, ``PINHOLE``, ``SIMPLE_PINHOLE``, ``SIMPLE_RADIAL``, ``RADIAL`
 ``OPENCV_FISHEYE`` (also instant-ngp's ``is_fisheye: true``) with ``k1..k4`` (equidistant; ``p1``,
 ``p2`` must be 0); every coefficient given must be a finite number. Other models
 (equirectangular, ...) are an error. The images are undistorted to pinhole
-(:mod:`hrope.nvs.data.undistort`).
+(:mod:`hrope.nvs.data.real.undistort`).
 
 Conversion: ``cam_to_world_cv = transform_matrix @ diag(1, -1, -1, 1)`` (flip y and z) and
 ``world_to_cam = inverse(cam_to_world_cv)``. ``file_path`` is relative to the JSON's folder; a
@@ -34,10 +34,10 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from ...geometry import invert_se3
+from ....geometry import invert_se3
+from ..scene import Scene, SceneError
 from .frames import Frame, frames_to_scene, image_folder, image_folders, number_array, pinhole, positive_number, \
     report_missing
-from .scene import Scene, SceneError
 from .undistort import Distortion, finite_number, make_distortion
 
 __all__ = ["OPENGL_TO_OPENCV", "read_transforms_json", "load_transforms_json"]

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
+from ..scene import SceneError
 from .frames import Frame, pinhole, positive_number
-from .scene import SceneError
 from .source import SceneSource
 
 __all__ = ["read_chunk", "re10k_frames", "read_evaluation_index", "RealEstate10KSource"]
@@ -98,7 +98,7 @@ class RealEstate10KSource(SceneSource):
     views, in that order (:meth:`context_target` gives their positions); null entries and keys
     absent from the chunks are left out (the latter with a warning). Otherwise ``options``
     (``num_views``, ``sampling``, ``max_span``, ``image_size``, ``skip_errors``) work as in
-    :class:`hrope.nvs.data.source.SceneSource`.
+    :class:`hrope.nvs.data.real.source.SceneSource`.
 
     Chunks are listed from ``index.json`` when present, else by opening every chunk once
     (unreadable chunks, scenes without a string ``key`` and repeats of a key, whose first copy is

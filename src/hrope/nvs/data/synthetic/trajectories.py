@@ -11,10 +11,10 @@ import math
 import torch
 from torch import Tensor
 
-from ...geometry import invert_se3, make_se3
+from ....geometry import invert_se3, make_se3
+from ..rng import Rng
 from .config import SyntheticConfig
 from .layouts import _OBJECT_ENCLOSURE, Layout
-from .rng import Rng
 
 __all__ = ["look_rotation", "room_trajectory", "object_trajectory", "sample_intrinsics"]
 

@@ -14,10 +14,10 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from ..scene import Scene, SceneError
 from .depth_maps import PNG_DEPTH_SCALE, load_frames
 from .frames import Frame, select_frames
 from .image_cache import ImageCache
-from .scene import Scene, SceneError
 
 __all__ = ["SceneSource", "load_or_skip"]
 
@@ -30,13 +30,13 @@ class SceneSource:
     Args:
         num_views: frames per scene for ``source[i]`` (all when None).
         sampling: "even" (deterministic, evaluation) or "random" (fresh at each access, training),
-            see :func:`hrope.nvs.data.frames.select_frames`; ``max_span`` bounds a random window.
+            see :func:`hrope.nvs.data.real.frames.select_frames`; ``max_span`` bounds a random window.
         image_size: ``(H, W)`` to resize + centre-crop every view to (native size when None).
         skip_errors: skip malformed scenes (default); False re-raises the :class:`SceneError`.
         depth, depth_scale: where each scene's depth comes from (``none``, ``points``, ``maps``) and
-            the scale of 16-bit PNG depth maps (:func:`hrope.nvs.data.depth_maps.load_frames`).
+            the scale of 16-bit PNG depth maps (:func:`hrope.nvs.data.real.depth_maps.load_frames`).
         cache_dir: a folder keeping each decoded view at ``image_size``
-            (:class:`hrope.nvs.data.image_cache.ImageCache`; None: decode every time).
+            (:class:`hrope.nvs.data.real.image_cache.ImageCache`; None: decode every time).
         workers: threads decoding the views of one scene (0 or 1: the calling thread).
     """
 

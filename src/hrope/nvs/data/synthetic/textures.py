@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .rng import Rng
+from ..rng import Rng
 
 __all__ = ["PHOTO_NAMES", "make_texture", "MipTextures"]
 

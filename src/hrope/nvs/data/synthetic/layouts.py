@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..rng import Rng
 from .config import SyntheticConfig
 from .render import Quads
-from .rng import Rng
 
 __all__ = ["Layout", "room_layout", "object_layout"]
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from ...geometry import make_se3
+from ....geometry import make_se3
+from ..scene import SceneError
 from .frames import Frame, number_array, pinhole, positive_number
-from .scene import SceneError
 from .source import SceneSource
 
 __all__ = ["PYTORCH3D_TO_OPENCV", "co3d_frame", "read_frame_annotations", "CO3DSource"]
@@ -104,7 +104,7 @@ class CO3DSource(SceneSource):
     """CO3Dv2 sequences under ``root`` (one scene per sequence, categories sorted, then names).
 
     ``options`` (``num_views``, ``sampling``, ``max_span``, ``image_size``, ``skip_errors``) work
-    as in :class:`hrope.nvs.data.source.SceneSource`: e.g. ``num_views=8, sampling="even"`` gives
+    as in :class:`hrope.nvs.data.real.source.SceneSource`: e.g. ``num_views=8, sampling="even"`` gives
     fixed evenly spaced views per sequence, ``sampling="random"`` fresh ones at each access.
     Unreadable annotation files are skipped with a counted warning; ``categories`` and
     ``sequences`` optionally restrict to those names (requested names not found are counted in a

@@ -3,7 +3,7 @@
 Every format module turns its files into a list of frames already in the project's conventions
 (K in pixels, world-to-camera, OpenCV axes), its sizes and intrinsics checked by
 :func:`positive_number`; :func:`frames_to_scene` decodes the images (:func:`load_view`), rescales K
-to the decoded image size, removes lens distortion (:mod:`hrope.nvs.data.undistort`), optionally
+to the decoded image size, removes lens distortion (:mod:`hrope.nvs.data.real.undistort`), optionally
 resizes + centre-crops, and validates each camera. Readers share :func:`image_folder` (which of
 ``images/``, ``images_2/``, ... to read) and :func:`report_missing` (listed frames whose image file
 is absent are skipped with one warning, as instant-ngp's loader does).
@@ -29,10 +29,10 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from ...cameras import CameraError, Cameras
+from ....cameras import CameraError, Cameras
+from ..scene import Scene, SceneError
+from ..transforms import crop_intrinsics, resize_crop, resize_crop_plan, scale_intrinsics
 from .image_cache import ImageCache
-from .scene import Scene, SceneError
-from .transforms import crop_intrinsics, resize_crop, resize_crop_plan, scale_intrinsics
 from .undistort import Distortion, undistort_image
 
 __all__ = ["Frame", "positive_number", "number_array", "pinhole", "read_image", "load_view", "frames_to_scene",
@@ -56,7 +56,7 @@ class Frame:
         label: where the frame came from (file and field), for error messages.
         depth_map, normal_map: optional depth / normal map files of this view, and ``tracks``
             ``(points3D.txt, POINTS2D line)`` of a COLMAP image; read only on request
-            (``data.depth``, :mod:`hrope.nvs.data.depth_maps`).
+            (``data.depth``, :mod:`hrope.nvs.data.real.depth_maps`).
         distortion: the lens model of the image file (None: pinhole); removed when decoded.
         background: the RGB colour in [0, 1] an image with alpha is composited over (None: alpha
             is dropped).

@@ -1,10 +1,10 @@
 """Depth for real scenes (``data.depth``): depth and normal maps on disk, or COLMAP's 3D points.
 
-:func:`load_frames` decodes frames like :func:`hrope.nvs.data.frames.frames_to_scene` and adds
+:func:`load_frames` decodes frames like :func:`hrope.nvs.data.real.frames.frames_to_scene` and adds
 ``Scene.depth`` (and ``Scene.normals``) from one of :data:`DEPTH_SOURCES`:
 
 - ``none``: no depth (nothing extra is read).
-- ``points``: sparse depth of the COLMAP model's 3D points (:mod:`hrope.nvs.data.colmap_points`).
+- ``points``: sparse depth of the COLMAP model's 3D points (:mod:`hrope.nvs.data.real.colmap_points`).
 - ``maps``: one depth map per frame (nerfstudio ``depth_file_path``), z-depth in the poses' units:
   ``.npy`` float arrays ``(H, W)`` as they are, 16-bit PNGs times ``depth_scale`` (default
   :data:`PNG_DEPTH_SCALE`: millimetres to metres, nerfstudio's convention); 0, NaN and inf mean
@@ -32,12 +32,12 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 
-from ...geometry import pixel_rays
-from ..config import DEFAULTS, DEPTH_SOURCES, one_line
+from ....geometry import pixel_rays
+from ...config import DEFAULTS, DEPTH_SOURCES, one_line
+from ..scene import Scene, SceneError
+from ..transforms import resize_crop
 from .colmap_points import with_point_depth
 from .frames import Frame, _intrinsics, frames_to_scene
-from .scene import Scene, SceneError
-from .transforms import resize_crop
 from .undistort import undistort_image
 
 __all__ = ["DEPTH_SOURCES", "PNG_DEPTH_SCALE", "read_depth_map", "read_normal_map", "with_depth_maps", "load_frames"]
@@ -149,7 +149,7 @@ def with_depth_maps(scene: Scene, frames: list[Frame], depth_scale: float = PNG_
 def load_frames(frames: list[Frame], name: str, image_size: tuple[int, int] | None = None,
                 views: list[int] | None = None, depth: str = "none", depth_scale: float = PNG_DEPTH_SCALE,
                 **decoding) -> Scene:
-    """:func:`hrope.nvs.data.frames.frames_to_scene` (``decoding``: its ``cache``, ``workers``) with
+    """:func:`hrope.nvs.data.real.frames.frames_to_scene` (``decoding``: its ``cache``, ``workers``) with
     ``depth`` from ``depth`` (:data:`DEPTH_SOURCES`)."""
     if depth not in DEPTH_SOURCES:
         raise SceneError(f"{name}: depth must be one of {', '.join(DEPTH_SOURCES)}, got {depth!r}")

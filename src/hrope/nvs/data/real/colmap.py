@@ -3,7 +3,7 @@
 ``cameras.txt`` lines: ``CAMERA_ID MODEL WIDTH HEIGHT PARAMS...`` with PINHOLE ``fx fy cx cy`` and
 SIMPLE_PINHOLE ``f cx cy``; the distorted models SIMPLE_RADIAL, RADIAL, OPENCV, FULL_OPENCV,
 OPENCV_FISHEYE, RADIAL_FISHEYE and SIMPLE_RADIAL_FISHEYE (their PARAMS in :data:`_MODELS`) are
-undistorted to pinhole images with the same ``fx fy cx cy`` (:mod:`hrope.nvs.data.undistort`);
+undistorted to pinhole images with the same ``fx fy cx cy`` (:mod:`hrope.nvs.data.real.undistort`);
 other models (FOV, THIN_PRISM_FISHEYE, ...) are an error naming the line.
 ``images.txt``: per image a line ``IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME``, recognised by
 its content, then optionally its POINTS2D line (``x y POINT3D_ID`` triples, possibly empty; kept
@@ -28,9 +28,9 @@ from typing import NamedTuple
 
 import torch
 
-from ...geometry import make_se3
+from ....geometry import make_se3
+from ..scene import Scene, SceneError
 from .frames import Frame, frames_to_scene, image_folder, pinhole, positive_number, report_missing
-from .scene import Scene, SceneError
 from .undistort import Distortion, finite_number, make_distortion
 
 __all__ = ["quaternion_to_rotation", "ColmapCamera", "read_colmap_cameras", "ColmapImage", "read_colmap_images",
@@ -210,7 +210,7 @@ def read_colmap_frames(folder: str | Path, image_dir: str | Path | None = None,
                        image_factor: int | None = None) -> list[Frame]:
     """Frames of the COLMAP text model in ``folder`` (see :func:`find_colmap_model`), by image name.
 
-    Images are read from ``image_dir``; by default from :func:`hrope.nvs.data.frames.image_folder`
+    Images are read from ``image_dir``; by default from :func:`hrope.nvs.data.real.frames.image_folder`
     of ``folder`` (``images_{image_factor}/``; without a factor ``images/``, else the smallest
     ``images_N/``, else ``folder``). Listed images whose file is absent are skipped (one warning).
     """

@@ -3,7 +3,7 @@
 ``points3D.txt`` lines: ``POINT3D_ID X Y Z R G B ERROR TRACK[]`` (world coordinates; the track is
 not read here). Which points an image observes comes from its POINTS2D line in ``images.txt``
 (``x y POINT3D_ID`` triples; ``POINT3D_ID`` -1 means no 3D point), which
-:func:`hrope.nvs.data.colmap.read_colmap_frames` keeps on every frame (``Frame.tracks``).
+:func:`hrope.nvs.data.real.colmap.read_colmap_frames` keeps on every frame (``Frame.tracks``).
 
 :func:`with_point_depth` projects every view's observed points with the scene's FINAL cameras
 (after any resize / crop the loader applied, before scene normalisation), so the sparse depth
@@ -27,9 +27,9 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from ..scene import Scene, SceneError
 from .colmap import _check_count, _floats, _integer, _read_model_file
 from .frames import Frame
-from .scene import Scene, SceneError
 
 __all__ = ["MIN_PLANE_POINTS", "read_points3d", "observed_points", "point_depth", "with_point_depth",
            "rotation_to_quaternion", "write_colmap_model"]
@@ -129,7 +129,7 @@ def with_point_depth(scene: Scene, frames: list[Frame]) -> Scene:
 
 def rotation_to_quaternion(R: Tensor) -> Tensor:
     """The unit quaternion ``(w, x, y, z)`` (w >= 0) of a rotation ``R (3, 3)``; inverse of
-    :func:`hrope.nvs.data.colmap.quaternion_to_rotation`."""
+    :func:`hrope.nvs.data.real.colmap.quaternion_to_rotation`."""
     R = R.double()
     w = (1 + R.trace()).clamp_min(0).sqrt() / 2
     xyz = (1 + torch.stack([R[0, 0] - R[1, 1] - R[2, 2], R[1, 1] - R[0, 0] - R[2, 2],

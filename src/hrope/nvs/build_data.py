@@ -11,12 +11,12 @@ import torch
 
 from .config import ConfigError
 from .data.batch import collate_scenes
-from .data.config import SyntheticConfig
 from .data.dataset import SceneDataset, SyntheticDataset
-from .data.load import SOURCE_KINDS, make_source, source_options
 from .data.normalize import normalize_scene
+from .data.real.image_cache import default_cache_dir
+from .data.real.loaders import LOADERS, Loader, make_source
 from .data.scene import SceneError
-from .data.synthetic import KINDS
+from .data.synthetic import KINDS, SyntheticConfig
 from .model import ModelConfig
 
 __all__ = ["CachedDataset", "FirstScenes", "IndexedViews", "build_scene_source", "build_dataset",
@@ -83,25 +83,44 @@ def build_scene_source(config: dict, split: str = "train"):
     ``data.eval_index``. Views are resized + centre-cropped with exact intrinsics.
     """
     data = config["data"]
-    if data["kind"] not in SOURCE_KINDS:
-        raise ConfigError(f"unknown data.kind {data['kind']!r}; expected room, object or one of {sorted(SOURCE_KINDS)}")
+    if data["kind"] not in LOADERS:
+        raise ConfigError(f"unknown data.kind {data['kind']!r}; expected room, object or one of {sorted(LOADERS)}")
+    loader = LOADERS[data["kind"]]
     root = (data["eval_root"] or data["root"]) if split == "eval" else data["root"]
     if not root:
         raise ConfigError(f"data.root is required for data.kind {data['kind']!r} (the dataset folder)")
-    if data["eval_index"] and data["kind"] != "re10k":
-        raise ConfigError(f"data.eval_index is for data.kind 're10k', not {data['kind']!r}")
+    if data["eval_index"] and not loader.evaluation_index:
+        indexed = ", ".join(repr(name) for name, entry in LOADERS.items() if entry.evaluation_index)
+        raise ConfigError(f"data.eval_index is for data.kind {indexed}, not {data['kind']!r}")
     size = ModelConfig.from_dict(config["model"]).image_size
-    if data["depth"] != "none" and data["kind"] in ("re10k", "co3d"):
+    if data["depth"] != "none" and not loader.scene_folders:
         raise ConfigError(f"data.depth {data['depth']!r} is for scene folders (COLMAP, nerfstudio), not data.kind "
                           f"{data['kind']!r}; use none")
     options = {"image_size": (size, size), "depth": data["depth"], "depth_scale": data["depth_scale"],
-               **source_options(data)}
+               **_loader_options(data, loader)}
     if split == "eval" and data["eval_index"]:
         options["evaluation_index"] = data["eval_index"]
     try:
         return make_source(data["kind"], root, **options)
     except SceneError as error:
         raise ConfigError(f"data.root {str(root)!r} ({data['kind']}): {error}") from None
+
+
+def _loader_options(data: dict, loader: Loader) -> dict:
+    """:func:`hrope.nvs.data.make_source` options of a run config's ``data`` section: the disk cache of
+    decoded views (``data.cache`` on: in ``data.cache_dir``, by default
+    :func:`hrope.nvs.data.real.image_cache.default_cache_dir`), decoding threads (``data.workers``), and
+    for the scene-folder kinds (:attr:`hrope.nvs.data.real.loaders.Loader.scene_folders`) ``data.image_factor``
+    and ``data.undistort``."""
+    options = {"cache_dir": (data["cache_dir"] or default_cache_dir()) if data["cache"] else None,
+               "workers": data["workers"]}
+    if loader.scene_folders:
+        return {**options, "image_factor": data["image_factor"], "undistort": data["undistort"]}
+    if data["image_factor"] is not None:
+        folders = sorted(name for name, entry in LOADERS.items() if entry.scene_folders)
+        raise ConfigError(f"data.image_factor is for the scene-folder kinds ({', '.join(folders)}), not "
+                          f"{data['kind']!r}; set it to null")
+    return options
 
 
 def build_dataset(config: dict, split: str = "train"):
