@@ -10,36 +10,21 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import subprocess
 from pathlib import Path
 
 import torch
 
 import hrope
+from hrope.nvs.runs import code_provenance
 
-__all__ = ["provenance", "describe", "source_fingerprint", "REPO_ROOT"]
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def _git(root: Path, *args: str) -> str | None:
-    try:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
+__all__ = ["provenance", "describe", "source_fingerprint"]
 
 
-def provenance(root: str | Path | None = None) -> dict:
-    """``{"commit", "dirty", "torch"}`` of the checkout at ``root`` (default: this repository).
-
-    ``commit``: ``git rev-parse HEAD``, None when ``root`` is not the top of a git checkout (then
-    ``dirty`` is None too); ``dirty``: whether tracked files have uncommitted changes (untracked
-    files do not count). Read-only git commands only."""
-    root = Path(root or REPO_ROOT).resolve()
-    top = _git(root, "rev-parse", "--show-toplevel")
-    commit = _git(root, "rev-parse", "HEAD") if top and Path(top).resolve() == root else None
-    status = _git(root, "status", "--porcelain", "--untracked-files=no") if commit else None
-    return {"commit": commit, "dirty": None if status is None else bool(status), "torch": torch.__version__}
+def provenance() -> dict:
+    """``{"commit", "dirty", "torch"}``: :func:`hrope.nvs.runs.code_provenance` of the checkout that
+    tracks the benchmarks (what training runs record too; both None outside one) and
+    ``torch.__version__``."""
+    return {**code_provenance(Path(__file__)), "torch": torch.__version__}
 
 
 def describe(record: dict | None, short: bool = False) -> str:

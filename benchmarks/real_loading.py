@@ -1,12 +1,12 @@
-"""Training steps/s on a real capture against synthetic scenes, tiny preset, batch 4 (issue #15).
+"""Training steps/s on a real capture against synthetic scenes, tiny preset, batch 4.
 
 Builds a COLMAP-like fixture of large JPEGs (``--images`` photos of ``--size``, default 10 of
-2832x2128 like the issue's capture: smooth random colours plus noise, quality 90, a SIMPLE_RADIAL
+2832x2128, a real capture's size: smooth random colours plus noise, quality 90, a SIMPLE_RADIAL
 camera with k = -0.05, so every view is undistorted), then times training steps as ``hrope train``
 takes them: the batch from ``hrope.nvs.train.StepLoader`` (which loads the next step's scenes in
-one background thread) collated, then forward, backward, gradient clipping and AdamW of
-``hrope.nvs.train``'s model and optimiser, at 64x64, batch 4 x (2 context + 1 target). Three data
-sets, timed in interleaved rounds:
+one background thread) collated, then :func:`hrope.nvs.train_step.train_step` (schedule, forward,
+loss, backward, gradient clipping, the non-finite check, AdamW), at 64x64, batch 4 x (2 context +
+1 target). Three data sets, timed in interleaved rounds:
 
 - ``synthetic``: 8 room scenes, rendered once and kept in memory (``data.cache``): no loading cost;
 - ``real, cached``: the fixture through ``build_dataset`` with its image cache warm (``data.cache``);
@@ -24,6 +24,7 @@ Writes ``benchmarks/results/real_loading.{json,md}``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -41,7 +42,8 @@ from PIL import Image
 from hrope.nvs.config import resolve
 from hrope.nvs.build_data import build_dataset, collate
 from hrope.nvs.model import build_model
-from hrope.nvs.train import StepLoader, make_optimizer
+from hrope.nvs.train import StepLoader
+from hrope.nvs.train_step import make_optimizer, perceptual_loss, train_step
 from provenance import describe, provenance
 
 BATCH_SIZE = 4
@@ -69,17 +71,16 @@ def make_fixture(folder: Path, count: int, size: tuple[int, int], seed: int = 0)
 
 
 def make_step(config: dict):
-    """One training step on a batch, as ``hrope.nvs.train`` takes it."""
+    """One training step of ``config``'s model on a batch (CPU): :func:`hrope.nvs.train_step.train_step`,
+    each call the next step of the schedule."""
     torch.manual_seed(0)
     model = build_model(config)
     optimizer = make_optimizer(model, config["train"])
+    perceptual = perceptual_loss(config, torch.device("cpu"))
+    counter = itertools.count()
 
     def step(batch) -> None:
-        loss = (model(batch).images - batch.images[:, batch.num_context:]).square().mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config["train"]["grad_clip"])
-        optimizer.step()
+        train_step(model, optimizer, batch, next(counter), config["train"], perceptual)
 
     return step
 

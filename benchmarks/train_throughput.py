@@ -1,8 +1,10 @@
 """Training throughput of the `tiny` LVSM preset per encoding (DESIGN.md §8).
 
-One training step = forward + backward + gradient clipping + AdamW (``hrope.nvs.train``'s model and
-optimiser) on a fixed synthetic batch (data loading excluded), batch 4 scenes x (2 context + 1
-target) views at 64x64. Encodings are measured in interleaved
+One training step = :func:`hrope.nvs.train_step.train_step`, the step ``hrope train`` takes
+(learning-rate schedule, forward, loss, backward, gradient clipping, the non-finite check, AdamW;
+fp32 and MSE only, as the default ``train.bf16`` and ``train.perceptual_weight``) on a fixed
+synthetic batch (data loading excluded), batch 4 scenes x (2 context + 1 target) views at 64x64.
+Encodings are measured in interleaved
 rounds; steps/s is the median over rounds, and the ratio is to `none` (the LVSM baseline).
 Writes benchmarks/results/train_throughput.{json,md}.
 
@@ -14,6 +16,7 @@ Writes benchmarks/results/train_throughput.{json,md}.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import statistics
@@ -28,27 +31,25 @@ from hrope.nvs.data.synthetic import make_scene
 from hrope.nvs.config import resolve
 from hrope.nvs.model import count_parameters, encoding_names
 from hrope.nvs.model import build_model
-from hrope.nvs.train import make_optimizer
+from hrope.nvs.train_step import make_optimizer, perceptual_loss, train_step
 from provenance import describe, provenance
 
 BATCH_SIZE = 4
 
 
 def step_function(encoding: str, batch):
-    """One training step as ``hrope.nvs.train`` takes it: its model, optimiser and gradient clipping,
-    on the batch's device."""
+    """One training step of the ``tiny`` preset with ``encoding`` on ``batch`` (on its device):
+    :func:`hrope.nvs.train_step.train_step` with the default config's optimiser, schedule and loss,
+    each call the next step of the schedule."""
     torch.manual_seed(0)
     config = resolve({"model": {"preset": "tiny", "encoding": encoding}})
     model = build_model(config).to(batch.images.device)
     optimizer = make_optimizer(model, config["train"])
-    target = batch.images[:, batch.num_context:]
+    perceptual = perceptual_loss(config, batch.images.device)
+    counter = itertools.count()
 
     def step():
-        loss = (model(batch).images - target).square().mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config["train"]["grad_clip"])
-        optimizer.step()
+        train_step(model, optimizer, batch, next(counter), config["train"], perceptual)
 
     return step, count_parameters(model)["total"]
 

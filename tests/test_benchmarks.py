@@ -74,6 +74,33 @@ def test_device_check_passes_here_and_fails_when_the_tolerance_is_impossible(tmp
     assert device_check.main(["--device", "cpu", "--encodings", "hrope", "--out", str(tmp_path)]) == 1
 
 
+def test_train_throughput_times_the_toolkits_training_step(tmp_path, monkeypatch):
+    """benchmarks/train_throughput.py times hrope.nvs.train_step.train_step: per encoding a warm-up
+    step, then the next steps of the schedule in each round; one row per encoding, none first."""
+    import json
+
+    import train_throughput
+
+    from hrope.nvs.train_step import train_step
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[3])
+        return train_step(*args, **kwargs)
+
+    monkeypatch.setattr(train_throughput, "train_step", counted)
+    monkeypatch.setattr(sys, "argv", ["train_throughput.py", "--rounds", "1", "--steps", "2", "--threads", "1",
+                                      "--encodings", "prope", "--out", str(tmp_path)])
+    train_throughput.main()
+    assert calls == [0, 0, 1, 2, 1, 2]
+    results = json.loads((tmp_path / "train_throughput.json").read_text())
+    assert [r["encoding"] for r in results["results"]] == ["none", "prope"]
+    assert results["results"][0]["ratio_to_none"] == 1.0 and all(r["steps_per_s"] > 0 for r in results["results"])
+    assert set(results["meta"]["provenance"]) == {"commit", "dirty", "torch"}
+    assert "| prope |" in (tmp_path / "train_throughput.md").read_text()
+
+
 def test_gpu_suite_records_every_step_and_tabulates_the_overheads(tmp_path):
     """benchmarks/gpu_suite.py (make bench-gpu): a step that passes, fails or runs out of time is
     recorded as such and the others still run; a spent budget skips the rest; the overhead table

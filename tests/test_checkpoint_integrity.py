@@ -21,7 +21,8 @@ from hrope.nvs.checkpoints import (CHECKPOINT_NAME, LEGACY_FORMAT, CheckpointErr
                                    load_model, save_checkpoint)
 from hrope.nvs.cli import run
 from hrope.nvs.model import build_model
-from hrope.nvs.train import make_optimizer, train
+from hrope.nvs.train import train
+from hrope.nvs.train_step import make_optimizer
 
 
 def read(path: Path) -> tuple[dict, dict]:

@@ -16,7 +16,7 @@ from hrope.nvs import cli
 from hrope.nvs.checkpoints import CheckpointError, load_checkpoint, load_model, save_checkpoint
 from hrope.nvs.config import ConfigError, apply_overrides, load_config
 from hrope.nvs.model import build_model
-from hrope.nvs.train import make_optimizer
+from hrope.nvs.train_step import make_optimizer
 
 TINY = str(Path(__file__).parents[1] / "configs" / "tiny.yaml")
 SMALL = ["--model.image_size", "32", "--model.dim", "48", "--model.layers", "2", "--model.heads", "2",

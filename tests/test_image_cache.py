@@ -158,9 +158,19 @@ def test_real_loading_benchmark_writes_its_table(tmp_path, monkeypatch):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import real_loading
 
+    from hrope.nvs.train_step import train_step
+
+    calls = []  # the toolkit's own training step is the one timed
+
+    def counted(*args, **kwargs):
+        calls.append(args[3])
+        return train_step(*args, **kwargs)
+
+    monkeypatch.setattr(real_loading, "train_step", counted)
     monkeypatch.setattr(sys, "argv", ["real_loading.py", "--rounds", "1", "--steps", "1", "--images", "3", "--size",
                                       "48", "64", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")])
     real_loading.main()
+    assert calls == [0, 0, 0, 1, 1, 1]  # a warm-up round, then one timed round; steps 0, 1 of each data set
     results = json.loads((tmp_path / "out" / "real_loading.json").read_text())
     assert [row["data"] for row in results["results"]] == list(real_loading.KINDS)
     assert all(row["steps_per_s"] > 0 and len(row["steps_per_s_per_round"]) == 1 for row in results["results"])

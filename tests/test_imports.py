@@ -26,6 +26,7 @@ LAYERS = {
     "hrope.nvs.model": 13, "hrope.nvs.runs": 14, "hrope.nvs.build_data": 14, "hrope.nvs.checkpoints": 14, "hrope.nvs.plane_accuracy": 14,
     "hrope.nvs.train": 15, "hrope.nvs.viz": 15, "hrope.nvs.evaluate": 16, "hrope.nvs.protocols": 17,
     "hrope.nvs.demo": 17, "hrope.nvs.cli": 18, "hrope.nvs": 19,
+    "hrope.nvs.distributed": 11, "hrope.nvs.train_step": 14,
 }
 LIBRARY_THIRD_PARTY = {"torch"}
 # optional imports made inside functions only (the module imports without them)

@@ -1,5 +1,6 @@
-"""Provenance of benchmark results (benchmarks/provenance.py) and the NVS cell cache's refusal of
-cells trained on an earlier code version (benchmarks/nvs_cells.py, ``--allow-stale``)."""
+"""Provenance of benchmark results (benchmarks/provenance.py, on hrope.nvs.runs.code_provenance) and
+the NVS cell cache's refusal of cells trained on an earlier code version (benchmarks/nvs_cells.py,
+``--allow-stale``)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from hrope.nvs.runs import code_provenance
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = REPO_ROOT / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 from nvs_cells import METRICS_NAME, CellRunner, StaleCellsError  # noqa: E402
 from nvs_rows import BUDGETS, Cell, Row  # noqa: E402
 from nvs_table import main  # noqa: E402
-from provenance import REPO_ROOT, describe, provenance, source_fingerprint  # noqa: E402
+from provenance import describe, provenance, source_fingerprint  # noqa: E402
 
 
 def _git(root: Path, *args: str) -> str:
@@ -40,19 +44,22 @@ def test_dirty_flag_tracks_tracked_files_only(tmp_path):
     (repo / "a.txt").write_text("one\n")
     _git(repo, "add", "a.txt")
     _git(repo, "commit", "-q", "-m", "first")
-    clean = provenance(repo)
+    clean = code_provenance(repo / "a.txt")
     assert clean["commit"] == _git(repo, "rev-parse", "HEAD") and clean["dirty"] is False
     (repo / "untracked.txt").write_text("new\n")
-    assert provenance(repo)["dirty"] is False  # untracked files do not count
+    assert code_provenance(repo / "a.txt")["dirty"] is False  # untracked files do not count
     (repo / "a.txt").write_text("two\n")
-    dirty = provenance(repo)
+    dirty = code_provenance(repo / "a.txt")
     assert dirty["dirty"] is True and describe(dirty) == dirty["commit"] + " + uncommitted changes"
-    # Not the top of a git checkout: no commit (not the enclosing repository's).
+    # A file the checkout does not track: no commit (not the enclosing repository's).
     (repo / "sub").mkdir()
-    assert provenance(repo / "sub")["commit"] is None
+    (repo / "sub" / "b.py").write_text("")
+    assert code_provenance(repo / "untracked.txt") == code_provenance(repo / "sub" / "b.py") == {"commit": None,
+                                                                                                "dirty": None}
     plain = tmp_path / "plain"
     plain.mkdir()
-    assert provenance(plain)["commit"] is None and describe(provenance(plain)) == "unknown (not a git checkout)"
+    (plain / "c.py").write_text("")
+    assert describe(code_provenance(plain / "c.py")) == "unknown (not a git checkout)"
     assert describe(None) == describe({}) == "not recorded"
 
 

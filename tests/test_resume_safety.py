@@ -28,7 +28,8 @@ from hrope.nvs.cli import run
 from hrope.nvs.config import ConfigError
 from hrope.nvs.model import PRESETS, ModelConfig, build_model
 from hrope.nvs.runs import SEGMENTS_NAME, resume_differences
-from hrope.nvs.train import make_optimizer, train
+from hrope.nvs.train import train
+from hrope.nvs.train_step import make_optimizer
 
 # (section, key, another value): each changes the trajectory, so a resume with it is refused
 REFUSED = [

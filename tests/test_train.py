@@ -23,7 +23,8 @@ from hrope.nvs.checkpoints import CheckpointError, load_checkpoint, load_model, 
 from hrope.nvs.build_data import build_dataset
 from hrope.nvs.model import build_model
 from hrope import InputError
-from hrope.nvs.train import TrainingError, learning_rate, make_optimizer, train
+from hrope.nvs.train import TrainingError, train
+from hrope.nvs.train_step import learning_rate, make_optimizer, train_step
 
 
 def config_in(tmp_path: Path, name: str = "run", **model) -> dict:
@@ -38,6 +39,37 @@ def test_learning_rate_warmup_then_cosine():
     assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
     assert all(a >= b for a, b in zip(lrs[3:], lrs[4:]))  # non-increasing after warmup
     assert learning_rate(20, opts) == pytest.approx(0.1)
+
+
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight:UserWarning")  # bf16 rms_norm on a CPU
+def test_train_step_schedules_clips_updates_and_skips_a_non_finite_batch():
+    """The public one-step function: the schedule's learning rate times each group's lr_scale, the
+    MSE of the target views, the gradient clipped to train.grad_clip, the update applied; NaN targets
+    change no parameter and no optimiser state; bf16 autocast with train.bf16."""
+    config = small_config(encoding="hrope-lift")
+    config["train"].update(parameter_lr_scale=10.0, grad_clip=1e-3)
+    model = build_model(config)
+    optimizer = make_optimizer(model, config["train"])
+    batch = synthetic_batch()
+    before = [p.detach().clone() for p in model.parameters()]
+    result = train_step(model, optimizer, batch, 0, config["train"], measure_heads=True)
+    assert result.finite and result.lr == learning_rate(0, config["train"])
+    assert {g["lr"] for g in optimizer.param_groups} == {result.lr, 10 * result.lr}
+    target = batch.images[:, batch.num_context:]
+    assert torch.equal(result.loss, torch.nn.functional.mse_loss(result.output.images.float(), target).detach())
+    assert result.heads_norm > 0 and float(result.grad_norm) > 1e-3
+    clipped = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]))
+    assert float(clipped) == pytest.approx(1e-3, rel=1e-4)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    updated = [p.detach().clone() for p in model.parameters()]
+    steps = [float(optimizer.state[p]["step"]) for p in model.parameters()]
+    batch.images[:, batch.num_context:] = float("nan")  # the targets: a NaN loss and gradient
+    skipped = train_step(model, optimizer, batch, 1, config["train"])
+    assert not skipped.finite and skipped.heads_norm is None and skipped.lr == learning_rate(1, config["train"])
+    assert all(torch.equal(a, b) for a, b in zip(updated, model.parameters()))
+    assert steps == [float(optimizer.state[p]["step"]) for p in model.parameters()]
+    config["train"]["bf16"] = True
+    assert train_step(model, optimizer, synthetic_batch(), 2, config["train"]).output.images.dtype == torch.bfloat16
 
 
 @pytest.mark.slow

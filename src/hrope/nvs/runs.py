@@ -63,7 +63,9 @@ def resume_differences(stored: dict, requested: dict) -> tuple[dict, dict]:
 
 
 def code_provenance(source: Path = Path(__file__)) -> dict:
-    """``{"commit", "dirty"}`` of the git checkout that tracks ``source`` (both None outside one)."""
+    """``{"commit", "dirty"}`` of the git checkout that tracks the file ``source`` (both None when no
+    checkout tracks it, or without git): ``commit`` = ``git rev-parse HEAD``; ``dirty`` = tracked files
+    have uncommitted changes (untracked files do not count). Read-only git commands only."""
     folder = source.resolve().parent
 
     def git(*args: str) -> str | None:

@@ -7,25 +7,28 @@ training segment), ``tb/`` (TensorBoard scalars and image grids) and, for predic
 with ground-truth planes, ``plane_accuracy.jsonl`` (:mod:`hrope.nvs.plane_accuracy` of the logged
 steps' training batches; a resumed run appends).
 
+The loop is :class:`Trainer`, read top to bottom: its constructor builds the model and the
+optimiser and resumes; :meth:`~Trainer.setup` opens the data, the loss and the logs;
+:meth:`~Trainer.step` takes one step (:func:`hrope.nvs.train_step.train_step`: schedule, forward,
+loss, backward, clipping, update) and logs it (:meth:`~Trainer.log`); :meth:`~Trainer.save` writes
+the checkpoint; :meth:`~Trainer.run` loops, stops and records the segment.
+
 Exact resume: batches are a pure function of (seed, step, rank) (:func:`batch_indices`), the
-learning rate a pure function of the step (:func:`learning_rate`), and the checkpoint holds the
-model, the AdamW state, the step and the RNG state, so a run killed after checkpoint k and
-resumed ends with the same parameters as an uninterrupted one (bit-equal on the same machine).
-Safe resume: a resume under a config that changes the trajectory is refused
+learning rate a pure function of the step (:func:`hrope.nvs.train_step.learning_rate`), and the
+checkpoint holds the model, the AdamW state, the step and the RNG state, so a run killed after
+checkpoint k and resumed ends with the same parameters as an uninterrupted one (bit-equal on the
+same machine). Safe resume: a resume under a config that changes the trajectory is refused
 (:func:`hrope.nvs.runs.resume_differences`); ``train.init_from`` starts a new run from another run's weights.
 SIGTERM finishes the current step, saves and returns; ``train.max_nonfinite_steps`` consecutive
 non-finite steps stop the run with a :class:`TrainingError`.
 
-DDP: launch with ``torchrun --nproc_per_node N -m hrope.nvs.cli train ...``; gloo on CPU, nccl on
-GPU. Each rank draws its own batch; gradients are averaged; rank 0 writes outputs.
+DDP (:mod:`hrope.nvs.distributed`): launch with ``torchrun --nproc_per_node N -m hrope.nvs.cli
+train ...``. Each rank draws its own batch; gradients are averaged; rank 0 writes outputs.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import os
 import signal
 import threading
 import time
@@ -36,22 +39,21 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import __version__
 from ..errors import InputError
 from .checkpoints import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
-from .config import ConfigError, check_config, check_device, save_config
+from .config import ConfigError, check_config, save_config
 from .data.rng import stream_seed
 from .build_data import build_dataset, collate
-from .metrics import LPIPS
+from .distributed import DistContext, any_rank, setup_distributed
 from .model import LVSM, build_model, count_parameters
 from .plane_accuracy import GROUPS, LOG_NAME, METRICS, append_log, plane_accuracy
 from .runs import append_segment, code_provenance, config_hash, resume_differences
+from .train_step import StepResult, make_optimizer, perceptual_loss, train_step
 
-__all__ = ["train", "TrainResult", "TrainingError", "StepLoader", "learning_rate", "batch_indices",
-           "make_optimizer", "perceptual_loss", "setup_distributed", "parameter_grad_norm"]
+__all__ = ["train", "Trainer", "TrainResult", "TrainingError", "StepLoader", "batch_indices"]
 
 logger = logging.getLogger("hrope.nvs.train")
 
@@ -88,77 +90,10 @@ class StepLoader:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def learning_rate(step: int, train: dict) -> float:
-    """Linear warmup (lr · (step + 1) / warmup at step ``step < warmup``), then cosine decay to
-    ``min_lr_ratio * lr`` at ``steps``."""
-    lr, warmup, total = train["lr"], train["warmup"], train["steps"]
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    floor = train["min_lr_ratio"]
-    return lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
 def batch_indices(seed: int, step: int, rank: int, batch_size: int, num_scenes: int) -> list[int]:
     """Scene indices of one rank's batch at ``step`` (deterministic; independent of history)."""
     generator = torch.Generator().manual_seed(stream_seed("batch", seed, step, rank))
     return torch.randint(num_scenes, (batch_size,), generator=generator).tolist()
-
-
-def make_optimizer(model: nn.Module, train: dict) -> torch.optim.AdamW:
-    """AdamW (betas 0.9, 0.95); weight decay on matrices only (not on norms, biases, scalars). The
-    parameter source's weights (the plane / parameter heads) learn at ``train.parameter_lr_scale``
-    times the learning rate (each group's ``lr_scale``, applied by the schedule in :func:`train`)."""
-    source = getattr(model, "source", None)
-    heads = {id(p) for p in source.parameters()} if source is not None else set()
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    groups = []
-    for is_head, scale in ((False, 1.0), (True, train["parameter_lr_scale"])):
-        for decays in (True, False):
-            params = [p for p in trainable if (id(p) in heads) == is_head and (p.ndim >= 2) == decays]
-            if params:
-                groups.append({"params": params, "weight_decay": train["weight_decay"] if decays else 0.0,
-                               "lr_scale": scale})
-    return torch.optim.AdamW(groups, lr=train["lr"], betas=(0.9, 0.95))
-
-
-def perceptual_loss(config: dict, device: torch.device):
-    """The frozen LPIPS module when ``train.perceptual_weight > 0`` (needs local ``eval.lpips_weights``)."""
-    if not config["train"]["perceptual_weight"]:
-        return None
-    weights = config["eval"]["lpips_weights"]
-    if not weights:
-        raise ConfigError("train.perceptual_weight > 0 needs local LPIPS weights in eval.lpips_weights")
-    return LPIPS(weights).to(device)
-
-
-# ----------------------------------------------------------------------------- distributed
-@dataclass
-class DistContext:
-    rank: int = 0
-    world_size: int = 1
-    device: torch.device = torch.device("cpu")
-    owns_group: bool = False  # this call created the process group (and destroys it at the end)
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def setup_distributed(device_option: str) -> DistContext:
-    """Join the torchrun process group when ``WORLD_SIZE > 1`` (gloo on CPU, nccl on GPU)."""
-    use_cuda = check_device(device_option, "train.device").type == "cuda"
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size == 1:
-        return DistContext(device=torch.device("cuda" if use_cuda else "cpu"))
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    owns_group = not dist.is_initialized()
-    if owns_group:
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-    device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)
-    return DistContext(rank, world_size, device, owns_group)
 
 
 # ----------------------------------------------------------------------------- resume
@@ -220,18 +155,11 @@ class _Sigterm:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
 
 
-def _any_rank(flag: bool, ctx: DistContext) -> bool:
-    """``flag`` on any rank (one all-reduce under DDP), so that all ranks stop at the same step."""
-    if ctx.world_size == 1:
-        return flag
-    value = torch.tensor([float(flag)], device=ctx.device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item() > 0)
-
-
-# ----------------------------------------------------------------------------- training
+# ----------------------------------------------------------------------------- the loop
 @dataclass
 class TrainResult:
+    """What :func:`train` returns: the trained model, the step reached and how the segment ended."""
+
     model: LVSM
     step: int
     skipped_steps: int  # over the whole run, resumed segments included
@@ -261,39 +189,179 @@ def _log_plane_accuracy(writer, out: Path, step: int, accuracy: dict | None,
     append_log(out / LOG_NAME, step, record)
 
 
-def parameter_grad_norm(model) -> float | None:
-    """The 2-norm of the gradients of the parameter source's trainable parameters (the plane heads,
-    ...), before clipping; None for a model without them or before any backward pass."""
-    grads = [p.grad for p in (model.source.parameters() if model.source is not None else ()) if p.grad is not None]
-    if not grads:
-        return None
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+class Trainer:
+    """One training segment of the run in ``train.out``: from the step it starts at (0, or the
+    resumed checkpoint's) to ``stop_at`` or ``train.steps``.
 
+    The constructor sets the CPU threads and the seed, builds the model and its optimiser and
+    resumes (:func:`_start`); :meth:`run` does the rest. :func:`train` is the entry point.
+    """
 
-def _forward_backward(net, model, optimizer, batch, opts: dict, perceptual, ctx: DistContext,
-                      measure_heads: bool = False):
-    """Model output, loss, gradients and clipping for one batch; ``finite`` is agreed on by all ranks.
-    ``measure_heads``: also return the parameter heads' gradient norm before clipping (else None;
-    it costs a device sync, so only logged steps ask for it)."""
-    num_context = int(batch.num_context)
-    with torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=bool(opts["bf16"])):
-        output = net(batch)
-    prediction = output.images
-    target = batch.images[:, num_context:].float()
-    loss = F.mse_loss(prediction.float(), target)
-    if perceptual is not None:
-        distance = perceptual(prediction.float().flatten(0, 1), target.flatten(0, 1))
-        loss = loss + opts["perceptual_weight"] * distance.mean()
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    heads_norm = parameter_grad_norm(model) if measure_heads else None
-    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), opts["grad_clip"])
-    finite = torch.isfinite(loss.detach()) & torch.isfinite(grad_norm)
-    if ctx.world_size > 1:  # every rank skips together
-        flag = finite.float().to(ctx.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        finite = flag > 0
-    return output, loss.detach(), grad_norm, heads_norm, bool(finite)
+    def __init__(self, config: dict, ctx: DistContext, stop_at: int | None = None) -> None:
+        self.config, self.opts, self.ctx = config, config["train"], ctx
+        if self.opts["threads"]:
+            torch.set_num_threads(int(self.opts["threads"]))
+        self.out = Path(self.opts["out"])
+        self.began, self.tick = datetime.now(timezone.utc), time.perf_counter()
+        torch.manual_seed(self.opts["seed"])
+        self.model = build_model(config).to(ctx.device)
+        self.optimizer = make_optimizer(self.model, self.opts)
+        self.checkpoint = self.out / CHECKPOINT_NAME
+        self.origin = _start(config, self.checkpoint, self.model, self.optimizer, ctx.world_size)
+        self.start = self.reached = self.origin.step  # reached: the steps taken so far
+        self.saved = self.start if self.origin.resumed else None  # the step of the checkpoint on disk
+        self.skipped = self.origin.state.get("skipped_steps", 0)
+        self.loss_value = self.origin.state.get("last_loss", float("nan"))  # of the last finite step
+        self.end = self.opts["steps"] if stop_at is None else min(stop_at, self.opts["steps"])
+        self.streak, self.outcome = 0, "failed"  # consecutive non-finite steps; the outcome until known
+
+    def setup(self, dataset=None, progress: bool = True) -> None:
+        """``config.yaml`` (unless resumed under harmless overrides), the DDP wrapper, the data
+        (``dataset``, else the config's), the perceptual loss, TensorBoard, the progress bar and the
+        step loader; rank 0 writes."""
+        from tqdm import tqdm
+
+        config, opts, ctx = self.config, self.opts, self.ctx
+        if ctx.is_main:
+            if not self.origin.overrides:  # a new run, or the run's own config
+                save_config(self.origin.config, self.out)
+            counts = count_parameters(self.model)
+            logger.info("model %s: %d parameters (%d trainable)", config["model"]["encoding"], counts["total"],
+                        counts["trainable"])
+        self.net = self.model
+        if ctx.world_size > 1:
+            device_ids = [ctx.device] if ctx.device.type == "cuda" else None
+            self.net = nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids)
+        if dataset is None:
+            dataset = build_dataset(config, "train")
+        self.perceptual = perceptual_loss(config, ctx.device)
+        self.writer = None
+        if ctx.is_main:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(self.out / "tb"))
+        self.bar = tqdm(range(self.start, self.end), initial=self.start, total=opts["steps"],
+                        disable=not (progress and ctx.is_main), desc=f"train {config['model']['encoding']}",
+                        dynamic_ncols=True)
+        self.rate_tick, self.tick_step = time.perf_counter(), self.start
+        self.model.train()
+        self.loader = StepLoader(dataset, opts["seed"], ctx.rank, opts["batch_size"], config["data"]["prefetch"])
+
+    def step(self, step: int) -> StepResult:
+        """Train on the batch of ``step`` (then ``reached == step + 1``): a non-finite step is
+        skipped (:meth:`skip`), a finite one logged on the logged steps and image steps."""
+        scenes = self.loader.scenes(step, prefetch_next=step + 1 < self.end)
+        batch = collate(scenes, self.config["data"]["num_context"], self.ctx.device)
+        done = step + 1
+        logged = self.ctx.is_main and (done % self.opts["log_every"] == 0 or done == self.end)
+        result = train_step(self.net, self.optimizer, batch, step, self.opts, self.perceptual, measure_heads=logged)
+        self.reached = done
+        if not result.finite:
+            self.skip(step, result)
+            return result
+        self.loss_value, self.streak = float(result.loss), 0
+        if logged:
+            self.log(done, result, batch)
+        if self.ctx.is_main and self.opts["image_every"] and done % self.opts["image_every"] == 0:
+            self.writer.add_image("train/context|prediction|target", _image_grid(batch, result.output.images), done)
+        return result
+
+    def skip(self, step: int, result: StepResult) -> None:
+        """Count a non-finite step (the step counter still advances, so checkpoints and resume stay on
+        schedule); ``train.max_nonfinite_steps`` in a row stop the run with a :class:`TrainingError`."""
+        self.skipped, self.streak = self.skipped + 1, self.streak + 1
+        logger.warning("step %d: non-finite loss or gradient (loss %s, grad norm %s); step skipped",
+                       step, float(result.loss), float(result.grad_norm))
+        if self.writer is not None:
+            self.writer.add_scalar("train/skipped_steps", self.skipped, step)
+        if self.streak >= self.opts["max_nonfinite_steps"]:
+            self.outcome = "diverged"
+            last = f"step {self.saved} in {self.checkpoint}" if self.saved is not None else "none was written"
+            raise TrainingError(
+                f"training diverged: {self.streak} consecutive non-finite steps ({step + 1 - self.streak}-{step}) "
+                f"reached train.max_nonfinite_steps = {self.opts['max_nonfinite_steps']}; last good "
+                f"checkpoint: {last}")
+
+    def log(self, done: int, result: StepResult, batch) -> None:
+        """Rank 0's record of step ``done``: loss and steps/s on the progress bar; loss, learning rate,
+        gradient norms and steps/s in TensorBoard (``train/*``); the plane accuracy."""
+        now = time.perf_counter()
+        rate = (done - self.tick_step) / max(now - self.rate_tick, 1e-9)
+        self.rate_tick, self.tick_step = now, done
+        self.bar.set_postfix(loss=f"{self.loss_value:.4f}", steps_per_s=f"{rate:.2f}")
+        self.writer.add_scalar("train/loss", self.loss_value, done)
+        self.writer.add_scalar("train/lr", result.lr, done)
+        self.writer.add_scalar("train/grad_norm", float(result.grad_norm), done)
+        if result.heads_norm is not None:
+            self.writer.add_scalar("train/parameter_grad_norm", result.heads_norm, done)
+        self.writer.add_scalar("train/steps_per_s", rate, done)
+        accuracy = plane_accuracy(result.output.parameters, batch, self.model)
+        _log_plane_accuracy(self.writer, self.out, done, accuracy, result.heads_norm)
+
+    def save(self, step: int) -> None:
+        """The checkpoint of ``step`` (rank 0 writes it): model, AdamW and RNG state, the run's config,
+        the last finite loss, the skipped steps and the number of ranks."""
+        if self.ctx.is_main:
+            state = {"last_loss": self.loss_value, "skipped_steps": self.skipped, "world_size": self.ctx.world_size}
+            save_checkpoint(self.checkpoint, self.model, self.optimizer, step, self.origin.config, state)
+        self.saved = step
+
+    def run(self, dataset=None, progress: bool = True) -> TrainResult:
+        """Set up (:meth:`setup`) and train to ``end``: a checkpoint every ``train.checkpoint_every``
+        steps and at the end; on SIGTERM (on any rank) after the current step; the segment is recorded
+        whatever happens once set up."""
+        if self.start >= self.end:
+            logger.info("%s is already at step %d (train.steps %d); nothing to train", self.checkpoint, self.start,
+                        self.opts["steps"])
+            return self.result("already trained")
+        self.setup(dataset, progress)
+        try:
+            with _Sigterm() as sigterm:
+                for step in self.bar:
+                    self.step(step)
+                    if self.reached % self.opts["checkpoint_every"] == 0:
+                        self.save(self.reached)
+                    if self.reached < self.end and any_rank(sigterm.requested, self.ctx):
+                        self.outcome = "terminated"
+                        break
+                if self.saved != self.reached:
+                    self.save(self.reached)
+            self.stopped()
+        finally:
+            self.close()
+        return self.result(self.outcome)
+
+    def stopped(self) -> None:
+        """The outcome of a loop that ended without an error (a warning on how to resume after SIGTERM)."""
+        if self.outcome == "terminated":
+            logger.warning("SIGTERM: stopped after step %d of %d; checkpoint %s saved; run the same command to "
+                           "resume", self.reached, self.opts["steps"], self.checkpoint)
+        else:
+            self.outcome = "completed" if self.reached == self.opts["steps"] else "stopped"
+
+    def close(self) -> None:
+        """Release the prefetch thread and the log writer (on errors too) and record the segment."""
+        self.bar.close()
+        self.loader.close()
+        if self.writer is not None:
+            self.writer.close()
+        if self.ctx.is_main:
+            append_segment(self.out, self.segment())
+
+    def segment(self) -> dict:
+        """This segment's line of ``segments.jsonl``: steps, outcome, origin, timing and provenance."""
+        origin = self.origin
+        return {
+            "start_step": self.start, "end_step": self.reached, "checkpoint_step": self.saved, "outcome": self.outcome,
+            "resumed_from_step": self.start if origin.resumed else None,
+            "init_from": None if origin.resumed else self.opts["init_from"], "overrides": origin.overrides,
+            "started": self.began.isoformat(timespec="seconds"), "seconds": round(time.perf_counter() - self.tick, 3),
+            "hrope": __version__, "torch": torch.__version__, **code_provenance(),
+            "config_sha256": config_hash(self.config),
+        }
+
+    def result(self, outcome: str) -> TrainResult:
+        return TrainResult(self.model, self.reached, self.skipped, self.loss_value, self.out, outcome)
 
 
 def train(config: dict, *, stop_at: int | None = None, progress: bool = True, dataset=None) -> TrainResult:
@@ -309,129 +377,7 @@ def train(config: dict, *, stop_at: int | None = None, progress: bool = True, da
     check_config(config)  # also a config dict edited after resolve()
     ctx = setup_distributed(config["train"]["device"])
     try:
-        return _train(config, ctx, stop_at, progress, dataset)
+        return Trainer(config, ctx, stop_at).run(dataset, progress)
     finally:
         if ctx.owns_group:
             dist.destroy_process_group()
-
-
-def _train(config: dict, ctx: DistContext, stop_at: int | None, progress: bool, dataset) -> TrainResult:
-    from tqdm import tqdm
-
-    opts = config["train"]
-    if opts["threads"]:
-        torch.set_num_threads(int(opts["threads"]))
-    out = Path(opts["out"])
-    began, tick = datetime.now(timezone.utc), time.perf_counter()
-    torch.manual_seed(opts["seed"])
-    model = build_model(config).to(ctx.device)
-    optimizer = make_optimizer(model, opts)
-    checkpoint = out / CHECKPOINT_NAME
-    origin = _start(config, checkpoint, model, optimizer, ctx.world_size)
-    start = origin.step
-    skipped, loss_value = origin.state.get("skipped_steps", 0), origin.state.get("last_loss", float("nan"))
-    end = opts["steps"] if stop_at is None else min(stop_at, opts["steps"])
-    if start >= end:
-        logger.info("%s is already at step %d (train.steps %d); nothing to train", checkpoint, start, opts["steps"])
-        return TrainResult(model, start, skipped, loss_value, out, "already trained")
-    if ctx.is_main:
-        if not origin.overrides:  # a new run, or the run's own config
-            save_config(origin.config, out)
-        counts = count_parameters(model)
-        logger.info("model %s: %d parameters (%d trainable)", config["model"]["encoding"], counts["total"],
-                    counts["trainable"])
-    net = model
-    if ctx.world_size > 1:
-        net = nn.parallel.DistributedDataParallel(model, device_ids=[ctx.device] if ctx.device.type == "cuda" else None)
-    if dataset is None:
-        dataset = build_dataset(config, "train")
-    perceptual = perceptual_loss(config, ctx.device)
-    writer = None
-    if ctx.is_main:
-        from torch.utils.tensorboard import SummaryWriter
-
-        writer = SummaryWriter(str(out / "tb"))
-
-    def save(step: int) -> None:
-        if ctx.is_main:
-            state = {"last_loss": loss_value, "skipped_steps": skipped, "world_size": ctx.world_size}
-            save_checkpoint(checkpoint, model, optimizer, step, origin.config, state)
-
-    num_context = config["data"]["num_context"]
-    saved = start if origin.resumed else None  # the step of the checkpoint on disk
-    reached, streak, outcome = start, 0, "failed"
-    bar = tqdm(range(start, end), initial=start, total=opts["steps"], disable=not (progress and ctx.is_main),
-               desc=f"train {config['model']['encoding']}", dynamic_ncols=True)
-    rate_tick, tick_step = time.perf_counter(), start
-    model.train()
-    loader = StepLoader(dataset, opts["seed"], ctx.rank, opts["batch_size"], config["data"]["prefetch"])
-    try:
-        with _Sigterm() as sigterm:
-            for step in bar:
-                lr = learning_rate(step, opts)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr * group.get("lr_scale", 1.0)  # checkpoints older than lr_scale: 1
-                batch = collate(loader.scenes(step, prefetch_next=step + 1 < end), num_context, ctx.device)
-                logged = ctx.is_main and ((step + 1) % opts["log_every"] == 0 or step + 1 == end)
-                output, loss, grad_norm, heads_norm, finite = _forward_backward(net, model, optimizer, batch, opts,
-                                                                                perceptual, ctx, measure_heads=logged)
-                done = reached = step + 1
-                if finite:
-                    optimizer.step()
-                    loss_value, streak = float(loss), 0
-                else:  # the step counter still advances, so checkpoints and resume stay on schedule
-                    skipped, streak = skipped + 1, streak + 1
-                    logger.warning("step %d: non-finite loss or gradient (loss %s, grad norm %s); step skipped",
-                                   step, float(loss), float(grad_norm))
-                    if writer is not None:
-                        writer.add_scalar("train/skipped_steps", skipped, step)
-                    if streak >= opts["max_nonfinite_steps"]:
-                        outcome = "diverged"
-                        last = f"step {saved} in {checkpoint}" if saved is not None else "none was written"
-                        raise TrainingError(
-                            f"training diverged: {streak} consecutive non-finite steps ({done - streak}-{step}) "
-                            f"reached train.max_nonfinite_steps = {opts['max_nonfinite_steps']}; last good "
-                            f"checkpoint: {last}")
-                if finite and logged:
-                    now = time.perf_counter()
-                    rate = (done - tick_step) / max(now - rate_tick, 1e-9)
-                    rate_tick, tick_step = now, done
-                    bar.set_postfix(loss=f"{loss_value:.4f}", steps_per_s=f"{rate:.2f}")
-                    writer.add_scalar("train/loss", loss_value, done)
-                    writer.add_scalar("train/lr", lr, done)
-                    writer.add_scalar("train/grad_norm", float(grad_norm), done)
-                    if heads_norm is not None:
-                        writer.add_scalar("train/parameter_grad_norm", heads_norm, done)
-                    writer.add_scalar("train/steps_per_s", rate, done)
-                    _log_plane_accuracy(writer, out, done, plane_accuracy(output.parameters, batch, model), heads_norm)
-                if finite and ctx.is_main and opts["image_every"] and done % opts["image_every"] == 0:
-                    writer.add_image("train/context|prediction|target", _image_grid(batch, output.images), done)
-                if done % opts["checkpoint_every"] == 0:
-                    save(done)
-                    saved = done
-                if done < end and _any_rank(sigterm.requested, ctx):
-                    outcome = "terminated"
-                    break
-            if saved != reached:
-                save(reached)
-                saved = reached
-        if outcome == "terminated":
-            logger.warning("SIGTERM: stopped after step %d of %d; checkpoint %s saved; run the same command to "
-                           "resume", reached, opts["steps"], checkpoint)
-        else:
-            outcome = "completed" if reached == opts["steps"] else "stopped"
-    finally:  # release the prefetch thread and the log writer on errors too; record the segment
-        bar.close()
-        loader.close()
-        if writer is not None:
-            writer.close()
-        if ctx.is_main:
-            append_segment(out, {
-                "start_step": start, "end_step": reached, "checkpoint_step": saved, "outcome": outcome,
-                "resumed_from_step": start if origin.resumed else None,
-                "init_from": None if origin.resumed else opts["init_from"], "overrides": origin.overrides,
-                "started": began.isoformat(timespec="seconds"), "seconds": round(time.perf_counter() - tick, 3),
-                "hrope": __version__, "torch": torch.__version__, **code_provenance(),
-                "config_sha256": config_hash(config),
-            })
-    return TrainResult(model, reached, skipped, loss_value, out, outcome)
