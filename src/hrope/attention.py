@@ -94,21 +94,21 @@ def multiview_attention(
 
 
 # a relative encoding's TokenTransform or a MixedTokens over one (what _relative lets through)
-Relative = TokenTransform | MixedTokens
+_Relative = TokenTransform | MixedTokens
 
 
 @overload
 def _relative(transform: None, where: str) -> None: ...
 @overload
-def _relative(transform: Prepared, where: str) -> Relative: ...
-def _relative(transform: Prepared | None, where: str) -> Relative | None:
+def _relative(transform: Prepared, where: str) -> _Relative: ...
+def _relative(transform: Prepared | None, where: str) -> _Relative | None:
     """``transform`` if it is None or a relative encoding's prepared transform, else one-line EncodingError."""
     if transform is not None and (not isinstance(transform, Prepared) or transform.query_frame):
         got = "a query-frame transform" if isinstance(transform, Prepared) else type(transform).__name__
         raise EncodingError(f"{where} takes a relative encoding's TokenTransform, a MixedTokens over one, or None "
                             f"(identity), got {got}; query-frame encodings re-encode keys per query view: prepare "
                             "one transform over all the cameras and use its attention() with an attn_mask")
-    return cast("Relative | None", transform)
+    return cast("_Relative | None", transform)
 
 
 def cross_attention(q: Tensor, k: Tensor, v: Tensor, *, query: Prepared | None, key: Prepared | None,
