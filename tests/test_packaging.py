@@ -1,5 +1,6 @@
 """The core install: ``pip install hrope`` into a fresh virtualenv brings torch and nothing of the
-toolkit (torch and numpy only), the README's quick start runs there, and the ``hrope`` command says what to install."""
+toolkit (torch and numpy only), the README's quick start runs there, and the ``hrope`` command says what to install.
+The wheel ships the ``py.typed`` marker (PEP 561)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import tomllib
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -35,12 +37,30 @@ def test_core_dependencies_are_torch_and_numpy_and_the_toolkit_extra_matches_its
     assert project["scripts"]["hrope"] == "hrope.nvs:main"
 
 
+def package_copy(tmp_path: Path) -> Path:
+    """A copy of what a build reads (pyproject.toml, README, LICENSE, src/), so a build leaves nothing in
+    the working tree."""
+    package = tmp_path / "package"
+    package.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, package / name)
+    shutil.copytree(ROOT / "src", package / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    return package
+
+
+def test_the_wheel_ships_the_py_typed_marker(tmp_path):
+    package, wheels = package_copy(tmp_path), tmp_path / "wheels"
+    build = "import sys, setuptools.build_meta as backend; print(backend.build_wheel(sys.argv[1]))"
+    built = subprocess.run([sys.executable, "-c", build, str(wheels)], cwd=package, check=True, capture_output=True,
+                           text=True).stdout.strip().splitlines()[-1]
+    names = zipfile.ZipFile(wheels / built).namelist()
+    assert "hrope/py.typed" in names and "hrope/__init__.py" in names, names
+    assert (ROOT / "src" / "hrope" / "py.typed").read_bytes() == b""
+
+
 @pytest.mark.slow
 def test_core_install_in_a_fresh_virtualenv_runs_the_quick_start(tmp_path):
-    package = tmp_path / "package"  # a copy, so the build leaves nothing in the working tree
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy(ROOT / name, package / name if package.exists() else (package.mkdir(), package / name)[1])
-    shutil.copytree(ROOT / "src", package / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    package = package_copy(tmp_path)
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
@@ -56,6 +76,9 @@ def test_core_install_in_a_fresh_virtualenv_runs_the_quick_start(tmp_path):
     installed = {line.split("==")[0] for line in listed.split()}
     assert "hrope" in installed and "torch" in installed
     assert not installed & set(REQUIREMENTS.values()), installed
+    has_marker = "import hrope, pathlib; print(pathlib.Path(hrope.__file__).with_name('py.typed').is_file())"
+    marker = subprocess.run([str(python), "-c", has_marker], capture_output=True, text=True, cwd=tmp_path)
+    assert marker.stdout.strip() == "True", marker.stderr
     quick_start = subprocess.run([str(python), "-c", readme_quick_start()], capture_output=True, text=True,
                                  cwd=tmp_path)
     assert quick_start.returncode == 0, quick_start.stderr

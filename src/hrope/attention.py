@@ -9,20 +9,23 @@ which those kernels take) and the user's own.
 
 from __future__ import annotations
 
+from typing import Any, cast, overload
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from .cameras import Cameras
-from .encodings import Encoding, EncodingError, Prepared, get_encoding
+from .encodings import Encoding, EncodingError, Prepared, TokenTransform, get_encoding
 from .encodings.base import check_mask_options
-from .tokens import MixedTokens
+from .planes import Planes
+from .tokens import CameraTokens, MixedTokens
 
 __all__ = ["multiview_attention", "check_qkv", "cross_attention", "KVCache"]
 
 
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, cameras: Cameras, grid: tuple[int, int],
-              enable_gqa: bool = False, camera_tokens=None) -> None:
+              enable_gqa: bool = False, camera_tokens: CameraTokens | None = None) -> None:
     """Shapes: q, k, v ``(B, heads, N, head_dim)`` alike, N = V * grid_h * grid_w, B = cameras' B;
     with ``enable_gqa`` k and v may have fewer heads, a divisor of q's (grouped-query attention).
     With ``camera_tokens`` N is the sequence length L (checked by :class:`~hrope.MixedTokens`)."""
@@ -55,10 +58,10 @@ def multiview_attention(
     encoding: str | Encoding,
     cameras: Cameras,
     grid: tuple[int, int],
-    planes=None,
-    params: dict | None = None,
-    camera_tokens=None,
-    **sdpa_kwargs,
+    planes: Planes | None = None,
+    params: dict[str, Tensor] | None = None,
+    camera_tokens: CameraTokens | None = None,
+    **sdpa_kwargs: Any,
 ) -> Tensor:
     """Multi-view self-attention with a geometric positional encoding.
 
@@ -83,24 +86,33 @@ def multiview_attention(
     check_qkv(q, k, v, cameras, grid, enable_gqa=sdpa_kwargs.get("enable_gqa", False), camera_tokens=camera_tokens)
     if q.dtype == torch.float64 and cameras.K.dtype != torch.float64:
         cameras = cameras.to(dtype=torch.float64)
-    prepared = get_encoding(encoding).prepare(cameras, tuple(grid), q.shape[-1], planes=planes, **(params or {}))
+    grid = cast("tuple[int, int]", tuple(grid))  # a list is accepted too
+    prepared = get_encoding(encoding).prepare(cameras, grid, q.shape[-1], planes=planes, **(params or {}))
     if camera_tokens is not None:
         prepared = MixedTokens(prepared, camera_tokens, q.shape[2])
     return prepared.attention(q, k, v, **sdpa_kwargs)
 
 
-def _relative(transform, where: str) -> Prepared | None:
+# a relative encoding's TokenTransform or a MixedTokens over one (what _relative lets through)
+_Relative = TokenTransform | MixedTokens
+
+
+@overload
+def _relative(transform: None, where: str) -> None: ...
+@overload
+def _relative(transform: Prepared, where: str) -> _Relative: ...
+def _relative(transform: Prepared | None, where: str) -> _Relative | None:
     """``transform`` if it is None or a relative encoding's prepared transform, else one-line EncodingError."""
     if transform is not None and (not isinstance(transform, Prepared) or transform.query_frame):
         got = "a query-frame transform" if isinstance(transform, Prepared) else type(transform).__name__
         raise EncodingError(f"{where} takes a relative encoding's TokenTransform, a MixedTokens over one, or None "
                             f"(identity), got {got}; query-frame encodings re-encode keys per query view: prepare "
                             "one transform over all the cameras and use its attention() with an attn_mask")
-    return transform
+    return cast("_Relative | None", transform)
 
 
 def cross_attention(q: Tensor, k: Tensor, v: Tensor, *, query: Prepared | None, key: Prepared | None,
-                    **sdpa_kwargs) -> Tensor:
+                    **sdpa_kwargs: Any) -> Tensor:
     """Queries of one token set attending to the keys and values of another, each set with its own transform.
 
     ``query`` transforms q and the output (``apply_q``, ``apply_o``), ``key`` transforms k and v
@@ -130,7 +142,7 @@ def cross_attention(q: Tensor, k: Tensor, v: Tensor, *, query: Prepared | None, 
     return out if query is None else query.apply_o(out)
 
 
-def _chunk_signature(x: Tensor) -> tuple:
+def _chunk_signature(x: Tensor) -> tuple[int, int, int, torch.dtype, torch.device]:
     """What every chunk of a cache shares: batch, heads, head_dim, dtype and device."""
     return x.shape[0], x.shape[1], x.shape[3], x.dtype, x.device
 
@@ -172,14 +184,14 @@ class KVCache:
                                 f"(B, heads, ., head_dim) = {tuple(cached.shape)} {cached.dtype} on {cached.device}")
         if transform is not None:
             k, v = transform.apply_k(k), transform.apply_v(v)
-        if self.keys is None:
+        if self.keys is None or self.values is None:  # both or neither
             self.keys, self.values = k, v
         else:
             self.keys, self.values = torch.cat([self.keys, k], 2), torch.cat([self.values, v], 2)
         return self.keys, self.values
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, transform: Prepared | None = None, *,
-                  is_causal: bool = False, attn_mask: Tensor | None = None, **sdpa_kwargs) -> Tensor:
+                  is_causal: bool = False, attn_mask: Tensor | None = None, **sdpa_kwargs: Any) -> Tensor:
         """Append the new chunk (:meth:`append`) and return its queries' outputs over all T cached tokens.
 
         q ``(B, heads, L, d)`` holds the chunk's L queries (the same tokens as k and v, the last L

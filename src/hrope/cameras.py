@@ -7,8 +7,11 @@ Every other convention is converted by the data loaders, never here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
+from torch.types import Device
 
 from .errors import InputError
 from .geometry import geometry_dtype, invert_se3, normalize_intrinsics
@@ -165,7 +168,7 @@ class Cameras:
         return normalize_intrinsics(K, self.image_size)
 
     # ------------------------------------------------------------------ derived cameras
-    def to(self, device=None, dtype: torch.dtype | None = None) -> "Cameras":
+    def to(self, device: Device = None, dtype: torch.dtype | None = None) -> Cameras:
         return Cameras(
             self.K.to(device=device, dtype=dtype),
             self.world_to_cam.to(device=device, dtype=dtype),
@@ -173,20 +176,20 @@ class Cameras:
             validate=False,
         )
 
-    def select_views(self, index) -> "Cameras":
+    def select_views(self, index: int | slice | Sequence[int] | Tensor) -> Cameras:
         """Cameras of the views ``index`` (a slice, list or tensor over V)."""
         if isinstance(index, int):
             index = [index]
         return Cameras(self.K[:, index], self.world_to_cam[:, index], self.image_size, validate=False)
 
-    def repeat_batch(self, count: int) -> "Cameras":
+    def repeat_batch(self, count: int) -> Cameras:
         """``(B, V)`` -> ``(B * count, V)``: each batch element's cameras ``count`` times in a row
         (element ``b * count + c`` is element ``b``), e.g. one copy per attention head."""
         K, E = (x.repeat_interleave(count, dim=0) for x in (self.K, self.world_to_cam))
         return Cameras(K, E, self.image_size, validate=False)
 
     def transform_world(self, world_from_new: Tensor, *, validate: bool = True,
-                        rotation_atol: float = 1e-3) -> "Cameras":
+                        rotation_atol: float = 1e-3) -> Cameras:
         """Re-express the cameras in a new world frame.
 
         ``world_from_new`` ``(4, 4)`` or ``(B, 4, 4)``, a rigid transform (checked like the poses

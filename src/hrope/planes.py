@@ -38,7 +38,7 @@ def plane_vectors(normal: Tensor, inverse_depth: Tensor, rays: Tensor) -> Tensor
     ``|n·r̂| / |r̂|`` is clamped to at least ``MIN_GRAZING_COS`` (sign kept, + when exactly 0) so a
     plane through the camera centre stays finite; inverse_depth 0 gives the plane at infinity.
     """
-    ray_norm = rays.norm(dim=-1)
+    ray_norm: Tensor = rays.norm(dim=-1)
     cos = (normal * rays).sum(-1) / ray_norm
     sign = torch.where(cos < 0, -1.0, 1.0).to(cos.dtype)
     cos = sign * cos.abs().clamp_min(MIN_GRAZING_COS)
@@ -53,7 +53,8 @@ def clamp_plane_vectors(m: Tensor, max_inverse_distance: float = MAX_INVERSE_DIS
     second step alone, but the norm of a huge m cannot overflow, and dividing (rather than
     multiplying by a tiny factor) keeps its gradients finite."""
     m = m / (m.abs().amax(-1, keepdim=True) / max_inverse_distance).clamp_min(1.0)
-    return m / (m.norm(dim=-1, keepdim=True) / max_inverse_distance).clamp_min(1.0)
+    norm: Tensor = m.norm(dim=-1, keepdim=True)
+    return m / (norm / max_inverse_distance).clamp_min(1.0)
 
 
 def clamp_depth(z: Tensor) -> Tensor:
@@ -109,12 +110,12 @@ class Planes:
         length = normal.norm(dim=-1, keepdim=True)
         if (length < 1e-6).any():
             raise PlaneError("normal has (near) zero length; a plane needs a direction")
-        self.normal = normal / length
-        self.depth = depth
+        self.normal: Tensor | None = normal / length
+        self.depth: Tensor | None = depth
         self._m: Tensor | None = None
 
     @classmethod
-    def from_m(cls, m: Tensor) -> "Planes":
+    def from_m(cls, m: Tensor) -> Planes:
         """Planes from the plane vector ``m = n / d`` ``(B, N, 3)`` in each token's camera frame."""
         if m.ndim != 3 or m.shape[-1] != 3:
             raise PlaneError(f"m must have shape (B, N, 3), got {tuple(m.shape)}")
@@ -129,7 +130,9 @@ class Planes:
     def shape(self) -> tuple[int, int]:
         """``(B, N)``."""
         ref = self._m if self._m is not None else self.depth
-        return tuple(ref.shape[:2])
+        assert ref is not None  # depth is set whenever m is not
+        B, N = ref.shape[:2]
+        return B, N
 
     def m(self, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype | None = None) -> Tensor:
         """Plane vectors ``(B, N, 3)`` in each token's camera frame.
@@ -141,6 +144,7 @@ class Planes:
         self._check_tokens(cameras, grid)
         if self._m is not None:
             return self._m if dtype is None else self._m.to(dtype)
+        assert self.normal is not None and self.depth is not None  # set whenever m is not
         normal = self.normal if dtype is None else self.normal.to(dtype)
         depth = self.depth if dtype is None else self.depth.to(dtype)
         rays = patch_rays(cameras.normalized_K(normal.dtype), grid).flatten(1, 2)
@@ -179,7 +183,7 @@ class Planes:
         cameras: Cameras,
         patch_size: int,
         valid: Tensor | None = None,
-    ) -> "Planes":
+    ) -> Planes:
         """Least-squares plane per patch from a z-depth map ``(B, V, H, W)``.
 
         Each pixel (centre at +0.5) is back-projected to ``X = z K^-1 (x, y, 1)``. The patch's

@@ -19,7 +19,8 @@ This costs O(N d^2) memory and O(N^2) time: use it on small inputs.
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 import torch
 from torch import Tensor
@@ -35,8 +36,14 @@ from .encodings.query_frame import POSITION_MARGIN
 from .encodings.rayrope import COORDINATE_PERIODS, RAY_OFFSETS
 from .planes import MAX_DEPTH, MAX_INVERSE_DISTANCE, MIN_DEPTH, MIN_GRAZING_COS
 
+if TYPE_CHECKING:  # annotations only: the reference uses no fast-path helper
+    from .planes import Planes
+    from .tokens import CameraTokens
+
 __all__ = ["multiview_attention", "token_matrices", "dense_attention", "query_frame_matrices",
            "query_frame_attention", "Layout", "camera_token_positions", "with_identity_tokens"]
+
+_T = TypeVar("_T")
 
 
 class Layout(NamedTuple):
@@ -69,14 +76,14 @@ class _Tokens(NamedTuple):
     ray: Tensor
 
 
-def _normalized_K(K: Tensor, image_size) -> Tensor:
+def _normalized_K(K: Tensor, image_size: tuple[int, int]) -> Tensor:
     """K̂ = S K ``(..., 3, 3)`` for zero-skew pixel K, S = [[1/W, 0, -1/2], [0, 1/H, -1/2], [0, 0, 1]]."""
     H, W = image_size
     S = torch.tensor([[1.0 / W, 0.0, -0.5], [0.0, 1.0 / H, -0.5], [0.0, 0.0, 1.0]], dtype=torch.float64)
     return S @ K.double()
 
 
-def _tokens(cameras: Cameras, grid) -> _Tokens:
+def _tokens(cameras: Cameras, grid: tuple[int, int]) -> _Tokens:
     """The per-token geometry of N = V * grid_h * grid_w tokens (view-major, x fastest)."""
     P = grid[0] * grid[1]
     K = _normalized_K(cameras.K, cameras.image_size).repeat_interleave(P, 1)
@@ -102,13 +109,13 @@ def _block4(A: Tensor, b: Tensor, c: Tensor | None = None, delta: Tensor | None 
 
 
 # ----------------------------------------------------------------------------- planes and frames
-def _plane_vectors(planes, tok: _Tokens) -> Tensor:
+def _plane_vectors(planes: Planes, tok: _Tokens) -> Tensor:
     """Camera-frame plane vectors m ``(B, N, 3)``: the stored m of ``Planes.from_m``, else
     m = n / (z n·r̂) with z at least MIN_DEPTH and n·r̂ pushed out to at least MIN_GRAZING_COS |r̂|
     in magnitude (sign kept, + when exactly 0)."""
     if planes.normal is None:
-        return planes._m.double()
-    n, z = planes.normal.double(), planes.depth.double()
+        return cast(Tensor, planes._m).double()  # Planes.from_m
+    n, z = planes.normal.double(), cast(Tensor, planes.depth).double()
     z = torch.where(z < MIN_DEPTH, torch.full_like(z, MIN_DEPTH), z)
     n_dot_r = (n * tok.ray).sum(-1)
     floor = MIN_GRAZING_COS * tok.ray.norm(dim=-1)
@@ -167,23 +174,23 @@ def _tangent_frames(normal: Tensor) -> Tensor:
 # definition; 4x4 ones are written out as [[K̂ M R, K̂ (M t + w)], [c^T R, c^T t + δ]] by hand
 # for D = lift(K̂) G E with G = [[M, w], [c^T, δ]].
 
-def _prope(encoding, tok: _Tokens, planes, params) -> Tensor:
+def _prope(encoding: Encoding, tok: _Tokens, planes: Planes | None, params: dict[str, Tensor]) -> Tensor:
     """P = lift(K̂) E = [[K̂R, K̂t], [0, 1]]."""
     return _block4(tok.K @ tok.R, _mv(tok.K, tok.t))
 
 
-def _gta(encoding, tok: _Tokens, planes, params) -> Tensor:
+def _gta(encoding: GTA, tok: _Tokens, planes: Planes | None, params: dict[str, Tensor]) -> Tensor:
     """E with the translation times the learnable scale when there is one: [[R, s t], [0, 1]]."""
     scale = 1.0 if encoding.translation_scale is None else encoding.translation_scale.double()
     return _block4(tok.R, scale * tok.t)
 
 
-def _cape(encoding, tok: _Tokens, planes, params) -> Tensor:
+def _cape(encoding: Encoding, tok: _Tokens, planes: Planes | None, params: dict[str, Tensor]) -> Tensor:
     """E = [[R, t], [0, 1]]."""
     return _block4(tok.R, tok.t)
 
 
-def _hrope_pose(encoding: HRoPE, tok: _Tokens, params) -> Tensor:
+def _hrope_pose(encoding: HRoPE, tok: _Tokens, params: dict[str, Tensor]) -> Tensor:
     """World-to-token ``E (B, N, 4, 4)`` in ``hrope``'s gauge: ``"centroid"`` moves the world origin
     to the mean camera centre c̄ of the sample (E [[I, c̄], [0, 1]]; every view has the same number
     of tokens, so the mean over tokens is the mean over views), ``"world"`` keeps E; ``pose="per-patch"``
@@ -197,7 +204,7 @@ def _hrope_pose(encoding: HRoPE, tok: _Tokens, params) -> Tensor:
     return E
 
 
-def _hrope(encoding, tok: _Tokens, planes, params) -> Tensor:
+def _hrope(encoding: HRoPE, tok: _Tokens, planes: Planes, params: dict[str, Tensor]) -> Tensor:
     """Eq. 5 literally: H = K̂ (R + κ t n_w^T) with (R, t) the token's pose in the gauge
     (:func:`_hrope_pose`) and the clamped plane put in the world frame through that pose
     (n_w = R^T n_c, d_w = d_c - n_c·t, κ = 1/d_w), over |det H|^(1/3); diag(H̃, 1) with lift4."""
@@ -213,32 +220,32 @@ def _hrope(encoding, tok: _Tokens, planes, params) -> Tensor:
     return _block4(H, torch.zeros_like(t)) if encoding.lift4 else H
 
 
-def _hrope_lift(encoding, tok: _Tokens, planes, params) -> Tensor:
+def _hrope_lift(encoding: Encoding, tok: _Tokens, planes: Planes, params: dict[str, Tensor]) -> Tensor:
     """Λ E with Λ = [[K̂, 0], [-m^T, 1]], m within the plane bound."""
     m = _nearest_plane(_plane_vectors(planes, tok))
     return _block4(tok.K, torch.zeros_like(m), -m) @ tok.E
 
 
-def _hrope_depth(encoding, tok: _Tokens, planes, params) -> Tensor:
+def _hrope_depth(encoding: Encoding, tok: _Tokens, planes: Planes | None, params: dict[str, Tensor]) -> Tensor:
     """G = [[I, -p], [0, 1]], p = z r̂ with z within the depth bound: D = [[K̂R, K̂ (t - p)], [0, 1]]."""
     p = _ray_point_depth(params["depth"].double())[..., None] * tok.ray
     return _block4(tok.K @ tok.R, _mv(tok.K, tok.t - p))
 
 
-def _hrope_so3(encoding, tok: _Tokens, planes, params) -> Tensor:
+def _hrope_so3(encoding: Encoding, tok: _Tokens, planes: Planes | None, params: dict[str, Tensor]) -> Tensor:
     """G = lift(R_u): D = [[K̂ R_u R, K̂ R_u t], [0, 1]]."""
     R_u = params["rotation"].double()
     return _block4(tok.K @ R_u @ tok.R, _mv(tok.K @ R_u, tok.t))
 
 
-def _hrope_se3(encoding, tok: _Tokens, planes, params) -> Tensor:
+def _hrope_se3(encoding: Encoding, tok: _Tokens, planes: Planes | None, params: dict[str, Tensor]) -> Tensor:
     """G = [[R_u, t_u], [0, 1]]: D = [[K̂ R_u R, K̂ (R_u t + t_u)], [0, 1]]."""
     G = params["transform"].double()
     R_u, t_u = G[..., :3, :3], G[..., :3, 3]
     return _block4(tok.K @ R_u @ tok.R, _mv(tok.K, _mv(R_u, tok.t) + t_u))
 
 
-def _hrope_pf(encoding, tok: _Tokens, planes, params) -> Tensor:
+def _hrope_pf(encoding: Encoding, tok: _Tokens, planes: Planes, params: dict[str, Tensor]) -> Tensor:
     """G = [[F^T, -F^T p], [0, 1]] with m within the plane bound, the camera-facing normal
     n = -m/|m|, p = z r̂ where the plane crosses the ray, z = 1 / (m·r̂) within the depth bound, and
     F = [t1, t2, n]: D = [[K̂ F^T R, K̂ F^T (t - p)], [0, 1]]."""
@@ -249,7 +256,7 @@ def _hrope_pf(encoding, tok: _Tokens, planes, params) -> Tensor:
     return _block4(KF_T @ tok.R, _mv(KF_T, tok.t - p))
 
 
-def _hrope_full(encoding, tok: _Tokens, planes, params) -> Tensor:
+def _hrope_full(encoding: Encoding, tok: _Tokens, planes: Planes | None, params: dict[str, Tensor]) -> Tensor:
     """Any G = [[A, b], [c^T, δ]]: D = [[K̂ A R, K̂ (A t + b)], [c^T R, c^T t + δ]]."""
     G = params["transform"].double()
     A, b, c, delta = G[..., :3, :3], G[..., :3, 3], G[..., 3, :3], G[..., 3, 3]
@@ -263,10 +270,10 @@ class _Spec(NamedTuple):
 
     block: int
     rope: bool
-    build: Callable | None = None
+    build: Callable[..., Tensor] | None = None
 
 
-_SPECS: dict[type, _Spec] = {
+_SPECS: dict[type[Encoding], _Spec] = {
     NoEncoding: _Spec(0, rope=False),
     RoPE2D: _Spec(0, rope=True),
     PRoPE: _Spec(4, rope=True, build=_prope),
@@ -282,7 +289,7 @@ _SPECS: dict[type, _Spec] = {
 }
 
 
-def _for_class(table: dict, encoding: Encoding):
+def _for_class(table: dict[type[Encoding], _T], encoding: Encoding) -> _T:
     """The entry of ``table`` for the encoding's class or its nearest registered base class."""
     for cls in type(encoding).__mro__:
         if cls in table:
@@ -296,7 +303,7 @@ def _layout(encoding: Encoding, spec: _Spec, head_dim: int) -> Layout:
     return Layout(head_dim, block, head_dim // 8 if spec.rope else 0)
 
 
-def _rope_matrix(layout: Layout, grid, num_views: int, base: float) -> Tensor:
+def _rope_matrix(layout: Layout, grid: tuple[int, int], num_views: int, base: float) -> Tensor:
     """``(N, d, d)``: identity with the 2x2 rotations R(θ) on the split pairs (c, c + F) of the RoPE
     channels, θ = ix * w_f on the x quarter and iy * w_f on the y quarter, w_f = base^(-f/F)."""
     d, F = layout.head_dim, layout.num_freqs
@@ -320,8 +327,8 @@ def _tile(blocks: Tensor, layout: Layout, D: Tensor) -> Tensor:
     return D
 
 
-def token_matrices(encoding: str | Encoding, cameras: Cameras, grid, head_dim: int,
-                   planes=None, params: dict | None = None) -> tuple[Tensor, Layout]:
+def token_matrices(encoding: str | Encoding, cameras: Cameras, grid: tuple[int, int], head_dim: int,
+                   planes: Planes | None = None, params: dict[str, Tensor] | None = None) -> tuple[Tensor, Layout]:
     """Every token's full transform D_t ``(B, N, head_dim, head_dim)`` in float64, and its :class:`Layout`.
 
     Relative encodings only (for query-frame encodings the key transform depends on the query).
@@ -329,7 +336,7 @@ def token_matrices(encoding: str | Encoding, cameras: Cameras, grid, head_dim: i
     encoding = get_encoding(encoding)
     params = params or {}
     encoding.check_inputs(planes, params)
-    grid = tuple(grid)
+    grid = cast("tuple[int, int]", tuple(grid))  # a list is accepted too
     spec = _for_class(_SPECS, encoding)
     layout = _layout(encoding, spec, head_dim)
     D = _rope_matrix(layout, grid, cameras.num_views, encoding.rope_base).repeat(cameras.batch_size, 1, 1, 1)
@@ -338,7 +345,7 @@ def token_matrices(encoding: str | Encoding, cameras: Cameras, grid, head_dim: i
     return D, layout
 
 
-def camera_token_positions(camera_tokens, length: int) -> Tensor:
+def camera_token_positions(camera_tokens: CameraTokens, length: int) -> Tensor:
     """Positions ``(N,)`` of the camera tokens among ``length``: ``arange(length)[camera_tokens]`` for a
     slice, integer positions (the i-th: camera token i) or a boolean mask (sequence order)."""
     if not isinstance(camera_tokens, (slice, Tensor)):
@@ -348,7 +355,7 @@ def camera_token_positions(camera_tokens, length: int) -> Tensor:
     return torch.arange(length)[camera_tokens]
 
 
-def with_identity_tokens(D: Tensor, camera_tokens, length: int) -> Tensor:
+def with_identity_tokens(D: Tensor, camera_tokens: CameraTokens, length: int) -> Tensor:
     """Per-token matrices ``(B, length, d, d)``: the camera tokens' ``D (B, N, d, d)`` at their
     positions (:func:`camera_token_positions`), the identity matrix at every other position."""
     B, N, d, _ = D.shape
@@ -412,7 +419,8 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, D_q: Tensor, D_k: Tensor, *
 
 
 def multiview_attention(q: Tensor, k: Tensor, v: Tensor, *, encoding: str | Encoding, cameras: Cameras,
-                        grid, planes=None, params: dict | None = None, camera_tokens=None,
+                        grid: tuple[int, int], planes: Planes | None = None, params: dict[str, Tensor] | None = None,
+                        camera_tokens: CameraTokens | None = None,
                         attn_mask: Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
                         scale: float | None = None, enable_gqa: bool = False) -> Tensor:
     """Dense float64 reference of :func:`hrope.multiview_attention`: same arguments and output.
@@ -428,7 +436,7 @@ def multiview_attention(q: Tensor, k: Tensor, v: Tensor, *, encoding: str | Enco
     (:func:`camera_token_positions`) and identity matrices elsewhere.
     """
     encoding = get_encoding(encoding)
-    sdpa = {"attn_mask": attn_mask, "dropout_p": dropout_p, "is_causal": is_causal, "scale": scale,
+    sdpa: dict[str, Any] = {"attn_mask": attn_mask, "dropout_p": dropout_p, "is_causal": is_causal, "scale": scale,
             "enable_gqa": enable_gqa}
     if encoding.query_frame:
         return query_frame_attention(q, k, v, encoding=encoding, cameras=cameras, grid=grid, params=params,
@@ -444,7 +452,7 @@ def multiview_attention(q: Tensor, k: Tensor, v: Tensor, *, encoding: str | Enco
 # world points through explicit matrix inverses, explicit 2x2 expected-rotation blocks, one
 # head_dim x head_dim matrix per (query view, key token), explicit softmax over all N keys.
 
-def _uv_grid(grid, offset) -> Tensor:
+def _uv_grid(grid: tuple[int, int], offset: tuple[float, float]) -> Tensor:
     """Normalised image coordinates ``(P, 2)`` of ``(ix + ox, iy + oy)``, x fastest."""
     gh, gw = grid
     iy, ix = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64),
@@ -468,7 +476,7 @@ def _in_camera(E: Tensor, X: Tensor) -> Tensor:
     return out.reshape(shape)
 
 
-def _project(K: Tensor, X: Tensor, grid) -> tuple[Tensor, Tensor]:
+def _project(K: Tensor, X: Tensor, grid: tuple[int, int]) -> tuple[Tensor, Tensor]:
     """Query-image positions in patch units ``(..., 2)`` and the 2x3 Jacobian ``(..., 2, 3)``.
 
     Depth mirrored and floored (|Z| >= MIN_DEPTH), positions clamped (see encodings.query_frame).
@@ -513,17 +521,18 @@ def _blocks_to_matrix(blocks: Tensor, head_dim: int) -> Tensor:
     return M
 
 
-def _urope_blocks(encoding, cams, grid, head_dim, view, params) -> Tensor:
+def _urope_blocks(encoding: URoPE, cams: dict[str, Any], grid: tuple[int, int], head_dim: int, view: int,
+                  params: dict[str, Tensor]) -> Tensor:
     freqs = _image_rope_freqs(head_dim, encoding.rope_base)
     blocks = []
     uv = _uv_grid(grid, (0.5, 0.5))
     for key_view in range(cams["V"]):
-        pos = []
+        per_anchor = []
         for anchor in encoding.anchors:
             depth = torch.full((cams["B"], grid[0] * grid[1]), anchor, dtype=torch.float64)
             world = _world_points(cams["K_inv"][:, key_view], cams["C2W"][:, key_view], uv, depth)
-            pos.append(_project(cams["K"][:, view], _in_camera(cams["E"][:, view], world), grid)[0])
-        pos = torch.stack(pos, -2)  # (B, P, A, 2)
+            per_anchor.append(_project(cams["K"][:, view], _in_camera(cams["E"][:, view], world), grid)[0])
+        pos = torch.stack(per_anchor, -2)  # (B, P, A, 2)
         per_pair = []
         for axis in range(2):
             for f, w in enumerate(freqs):
@@ -532,7 +541,8 @@ def _urope_blocks(encoding, cams, grid, head_dim, view, params) -> Tensor:
     return torch.cat(blocks, 1)
 
 
-def _worldrope_blocks(encoding, cams, grid, head_dim, view, params) -> Tensor:
+def _worldrope_blocks(encoding: WorldRoPE, cams: dict[str, Any], grid: tuple[int, int], head_dim: int, view: int,
+                      params: dict[str, Tensor]) -> Tensor:
     freqs = _image_rope_freqs(head_dim, encoding.rope_base)
     P = grid[0] * grid[1]
     weights = (encoding.near_weight, 1.0 - encoding.near_weight)
@@ -546,7 +556,7 @@ def _worldrope_blocks(encoding, cams, grid, head_dim, view, params) -> Tensor:
         pix = torch.cat([uv, torch.ones_like(uv[:, :1])], -1)
         ray = (cams["K_inv"][:, key_view, None] @ pix[..., None]).squeeze(-1)  # (B, P, 3)
         R_qk = cams["E"][:, view, :3, :3] @ cams["C2W"][:, key_view, :3, :3]
-        total = 0.0
+        total: Tensor | float = 0.0  # a tensor from the first endpoint on
         for m, sign in enumerate((-1.0, 1.0)):
             z = _ray_point_depth(depth + sign * split / 2)
             world = _world_points(cams["K_inv"][:, key_view], cams["C2W"][:, key_view], uv, z)
@@ -567,11 +577,12 @@ def _worldrope_blocks(encoding, cams, grid, head_dim, view, params) -> Tensor:
                     damping = torch.exp(-0.5 * (omega @ cov_img @ omega))
                     per_pair.append(damping[..., None, None] * _rotation_block(omega @ pos[..., None]).squeeze(-3))
             total = total + weights[m] * torch.stack(per_pair, -3)
-        blocks.append(total)
+        blocks.append(cast(Tensor, total))
     return torch.cat(blocks, 1)
 
 
-def _rayrope_blocks(encoding, cams, grid, head_dim, view, params) -> Tensor:
+def _rayrope_blocks(encoding: RayRoPE, cams: dict[str, Any], grid: tuple[int, int], head_dim: int, view: int,
+                    params: dict[str, Tensor]) -> Tensor:
     num_freqs = head_dim // 24
     P = grid[0] * grid[1]
     blocks = []
@@ -607,18 +618,19 @@ def _rayrope_blocks(encoding, cams, grid, head_dim, view, params) -> Tensor:
     return torch.cat(blocks, 1)
 
 
-_QUERY_FRAME_BLOCKS = {URoPE: _urope_blocks, WorldRoPE: _worldrope_blocks, RayRoPE: _rayrope_blocks}
+_QUERY_FRAME_BLOCKS: dict[type[Encoding], Callable[..., Tensor]] = {
+    URoPE: _urope_blocks, WorldRoPE: _worldrope_blocks, RayRoPE: _rayrope_blocks}
 
 
-def query_frame_matrices(encoding: str | Encoding, cameras: Cameras, grid, head_dim: int,
-                         params: dict | None = None) -> Tensor:
+def query_frame_matrices(encoding: str | Encoding, cameras: Cameras, grid: tuple[int, int], head_dim: int,
+                         params: dict[str, Tensor] | None = None) -> Tensor:
     """Key matrices ``(B, Vq, N, d, d)`` of a query-frame encoding: token j's expected rotation in
     query view c's frame (2x2 blocks E[R(θ)] on the split pairs). Query token i uses entry
     ``[:, view(i), i]``."""
     encoding = get_encoding(encoding)
     E = cameras.world_to_cam.double()
     K = _normalized_K(cameras.K, cameras.image_size)
-    cams = {"B": cameras.batch_size, "V": cameras.num_views, "E": E, "K": K,
+    cams: dict[str, Any] = {"B": cameras.batch_size, "V": cameras.num_views, "E": E, "K": K,
             "K_inv": torch.linalg.inv(K), "C2W": torch.linalg.inv(E)}
     build = _for_class(_QUERY_FRAME_BLOCKS, encoding)
     return torch.stack([_blocks_to_matrix(build(encoding, cams, tuple(grid), head_dim, view, params or {}), head_dim)
@@ -626,7 +638,8 @@ def query_frame_matrices(encoding: str | Encoding, cameras: Cameras, grid, head_
 
 
 def query_frame_attention(q: Tensor, k: Tensor, v: Tensor, *, encoding: str | Encoding, cameras: Cameras,
-                          grid, params: dict | None = None, camera_tokens=None, attn_mask: Tensor | None = None,
+                          grid: tuple[int, int], params: dict[str, Tensor] | None = None,
+                          camera_tokens: CameraTokens | None = None, attn_mask: Tensor | None = None,
                           dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                           enable_gqa: bool = False) -> Tensor:
     """Dense reference of a query-frame encoding: with M_j^(c) from :func:`query_frame_matrices`,

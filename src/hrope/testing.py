@@ -19,9 +19,11 @@ __all__ = ["random_rotation", "random_se3", "random_intrinsics", "random_cameras
            "encoding_params", "encoding_inputs"]
 
 
-def random_rotation(*shape, generator=None, dtype=torch.float64) -> Tensor:
+def random_rotation(*shape: int, generator: torch.Generator | None = None,
+                    dtype: torch.dtype = torch.float64) -> Tensor:
     """Uniform random rotations ``(*shape, 3, 3)`` (QR of a Gaussian matrix, det fixed to +1)."""
     A = torch.randn(*shape, 3, 3, generator=generator, dtype=dtype)
+    Q: Tensor
     Q, R = torch.linalg.qr(A)
     Q = Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1))[..., None, :]
     det = torch.linalg.det(Q)
@@ -29,7 +31,8 @@ def random_rotation(*shape, generator=None, dtype=torch.float64) -> Tensor:
     return Q
 
 
-def random_se3(*shape, generator=None, dtype=torch.float64, translation_scale=1.0) -> Tensor:
+def random_se3(*shape: int, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+               translation_scale: float = 1.0) -> Tensor:
     """Random rigid transforms ``(*shape, 4, 4)``: uniform rotation, Gaussian translation."""
     E = torch.zeros(*shape, 4, 4, dtype=dtype)
     E[..., :3, :3] = random_rotation(*shape, generator=generator, dtype=dtype)
@@ -38,7 +41,8 @@ def random_se3(*shape, generator=None, dtype=torch.float64, translation_scale=1.
     return E
 
 
-def random_intrinsics(B, V, image_size, generator=None, dtype=torch.float64) -> Tensor:
+def random_intrinsics(B: int, V: int, image_size: tuple[int, int], generator: torch.Generator | None = None,
+                      dtype: torch.dtype = torch.float64) -> Tensor:
     """Pixel K ``(B, V, 3, 3)`` with focal 0.7–1.5 x the image side (fx != fy) and the principal
     point jittered by ±10 %."""
     H, W = image_size
@@ -52,14 +56,15 @@ def random_intrinsics(B, V, image_size, generator=None, dtype=torch.float64) -> 
     return K
 
 
-def random_cameras(B=1, V=2, image_size=(32, 48), seed=0, dtype=torch.float64) -> Cameras:
+def random_cameras(B: int = 1, V: int = 2, image_size: tuple[int, int] = (32, 48), seed: int = 0,
+                   dtype: torch.dtype = torch.float64) -> Cameras:
     """``(B, V)`` cameras: :func:`random_intrinsics` and :func:`random_se3` world-to-camera poses."""
     g = torch.Generator().manual_seed(seed)
     return Cameras(random_intrinsics(B, V, image_size, g, dtype), random_se3(B, V, generator=g, dtype=dtype),
                    image_size)
 
 
-def random_planes(B, N, seed=0, dtype=torch.float64) -> Planes:
+def random_planes(B: int, N: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> Planes:
     """``(B, N)`` planes facing the camera (normal within ~70° of -z) at depths 1–4."""
     g = torch.Generator().manual_seed(seed + 1000)
     normal = torch.randn(B, N, 3, generator=g, dtype=dtype) * 0.6
@@ -68,13 +73,15 @@ def random_planes(B, N, seed=0, dtype=torch.float64) -> Planes:
     return Planes(normal, depth)
 
 
-def random_qkv(B, heads, N, head_dim, seed=0, dtype=torch.float64) -> tuple[Tensor, Tensor, Tensor]:
+def random_qkv(B: int, heads: int, N: int, head_dim: int, seed: int = 0,
+               dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
     """Standard normal q, k, v, each ``(B, heads, N, head_dim)``."""
     g = torch.Generator().manual_seed(seed + 2000)
-    return tuple(torch.randn(B, heads, N, head_dim, generator=g, dtype=dtype) for _ in range(3))
+    q, k, v = (torch.randn(B, heads, N, head_dim, generator=g, dtype=dtype) for _ in range(3))
+    return q, k, v
 
 
-def _param(name: str, transform_kind: str | None, B: int, N: int, g, dtype) -> Tensor:
+def _param(name: str, transform_kind: str | None, B: int, N: int, g: torch.Generator, dtype: torch.dtype) -> Tensor:
     """One valid random per-token param ``(B, N, ...)`` by its name."""
     if name == "depth":  # z-depth 1–4
         return 1.0 + 3.0 * torch.rand(B, N, generator=g, dtype=dtype)
@@ -95,14 +102,15 @@ def _param(name: str, transform_kind: str | None, B: int, N: int, g, dtype) -> T
     raise KeyError(f"no random generator for per-token param {name!r}")
 
 
-def encoding_params(name: str, B: int, N: int, seed=0, dtype=torch.float64) -> dict[str, Tensor]:
+def encoding_params(name: str, B: int, N: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> dict[str, Tensor]:
     """Valid random per-token params ``{param: (B, N, ...)}`` of encoding ``name`` (its ``param_names``)."""
     encoding = get_encoding(name)
     g = torch.Generator().manual_seed(seed + 3000)
     return {p: _param(p, encoding.transform_kind, B, N, g, dtype) for p in encoding.param_names}
 
 
-def encoding_inputs(name: str, cameras: Cameras, grid, seed=0, dtype=torch.float64) -> dict:
+def encoding_inputs(name: str, cameras: Cameras, grid: tuple[int, int], seed: int = 0,
+                    dtype: torch.dtype = torch.float64) -> dict[str, Planes | dict[str, Tensor] | None]:
     """``planes`` and ``params`` keyword arguments for encoding ``name`` on random valid geometry."""
     B, N = cameras.batch_size, cameras.num_views * grid[0] * grid[1]
     return {

@@ -17,21 +17,25 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from .encodings import EncodingError, Prepared
+from .encodings import EncodingError, Prepared, QueryFrameTransform, TokenTransform
 from .encodings.base import check_mask_options, check_prepared_input
 
 __all__ = ["MixedTokens", "camera_positions"]
 
+# where camera tokens sit in a sequence (camera_positions)
+CameraTokens = slice | Sequence[int] | Tensor
 ACCEPTED = "a slice, integer positions (a sequence or an integer tensor) or a boolean mask over the sequence"
 
 
-def camera_positions(camera_tokens, length: int, count: int) -> list[int]:
+def camera_positions(camera_tokens: CameraTokens, length: int, count: int) -> list[int]:
     """The position in ``[0, length)`` of each of ``count`` camera tokens, in the transform's token
     order, as Python ints; one-line :class:`EncodingError` for anything else.
 
@@ -84,7 +88,9 @@ class MixedTokens(Prepared):
     transforms have no ``apply_k``/``apply_v`` (keys depend on the query view): use ``attention``.
     """
 
-    def __init__(self, prepared: Prepared, camera_tokens, length: int) -> None:
+    head_dim: int
+
+    def __init__(self, prepared: Prepared, camera_tokens: CameraTokens, length: int) -> None:
         if not isinstance(prepared, Prepared) or isinstance(prepared, MixedTokens):
             raise EncodingError(f"MixedTokens needs a prepared transform (encoding.prepare(...)), got "
                                 f"{type(prepared).__name__}")
@@ -123,7 +129,7 @@ class MixedTokens(Prepared):
         """The transform's ``apply_o`` on the camera tokens of x ``(B, heads, L, head_dim)``."""
         return self._apply(x, self.prepared.apply_o)
 
-    def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs) -> Tensor:
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs: Any) -> Tensor:
         """Encoded SDPA over all L tokens: q, k, v ``(B, heads, L, head_dim)`` -> same shape."""
         check_mask_options(sdpa_kwargs)
         if self._span == (0, self.length):
@@ -133,16 +139,16 @@ class MixedTokens(Prepared):
         out = F.scaled_dot_product_attention(self.apply_q(q), self.apply_k(k), self.apply_v(v), **sdpa_kwargs)
         return self.apply_o(out)
 
-    def _relative(self, what: str) -> Prepared:
+    def _relative(self, what: str) -> TokenTransform:
         if self.query_frame:
             raise EncodingError(f"MixedTokens.{what}: a query-frame encoding re-encodes keys per query view; "
                                 "use MixedTokens.attention(q, k, v)")
-        return self.prepared
+        return cast(TokenTransform, self.prepared)  # a relative encoding's (never a MixedTokens)
 
     def _check(self, x: Tensor) -> None:
         check_prepared_input(x, self.batch_size, self.length, self.head_dim, self.device)
 
-    def _apply(self, x: Tensor, fn) -> Tensor:
+    def _apply(self, x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
         """x with ``fn`` applied to its camera tokens (in the transform's order)."""
         self._check(x)
         if self._span is None:
@@ -152,17 +158,19 @@ class MixedTokens(Prepared):
 
     # --------------------------------------------------------------------------- query-frame
     def _query_frame_attention(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
-                               is_causal: bool = False, **sdpa_kwargs) -> Tensor:
+                               is_causal: bool = False, **sdpa_kwargs: Any) -> Tensor:
         """One SDPA call per query view (its camera queries) and one for the identity queries, each
         over all L keys (module docstring); ``recompute`` as in the transform's loop execution."""
         for x in (q, k, v):
             self._check(x)
         if is_causal:
             attn_mask = torch.ones(self.length, self.length, dtype=torch.bool, device=q.device).tril()
-        prepared, P = self.prepared, self.prepared.tokens_per_view
+        prepared = cast(QueryFrameTransform, self.prepared)  # query_frame
+        P = prepared.tokens_per_view
         q_rot = self.apply_q(q)
         k_cam, v_cam = k.index_select(2, self._index), v.index_select(2, self._index)
-        groups = [(self._index[c * P:(c + 1) * P], c) for c in range(prepared.num_views)]
+        groups: list[tuple[Tensor, int | None]] = [(self._index[c * P:(c + 1) * P], c)
+                                                    for c in range(prepared.num_views)]
         if self._identity.numel():
             groups.append((self._identity, None))
         outs = []
@@ -179,12 +187,12 @@ class MixedTokens(Prepared):
         return self.apply_o(torch.cat(outs, 2).index_select(2, torch.argsort(order)))
 
     def _group_attention(self, q_rows: Tensor, k: Tensor, v: Tensor, k_cam: Tensor, v_cam: Tensor,
-                         view: int | None, mask: Tensor | None, **sdpa_kwargs) -> Tensor:
+                         view: int | None, mask: Tensor | None, **sdpa_kwargs: Any) -> Tensor:
         """SDPA of some queries over all L keys: the camera keys in query view ``view``'s frame, or
         (``view`` None, identity queries) each in its own view's frame; identity keys as they are."""
         if view is None:
             k_enc, v_enc = self.prepared.apply_q(k_cam), self.prepared.apply_q(v_cam)  # conj(z_j) x_j: own frame
         else:
-            k_enc, v_enc = self.prepared.apply_kv(k_cam, v_cam, view)
+            k_enc, v_enc = cast(QueryFrameTransform, self.prepared).apply_kv(k_cam, v_cam, view)
         k_all, v_all = k.index_copy(2, self._index, k_enc), v.index_copy(2, self._index, v_enc)
         return F.scaled_dot_product_attention(q_rows, k_all, v_all, attn_mask=mask, **sdpa_kwargs)

@@ -11,6 +11,8 @@ re-encode keys and values per query view; ``transform.attention(q, k, v)`` works
 
 from __future__ import annotations
 
+from typing import Any
+
 from .ablations import HRoPEDepth, HRoPEFull, HRoPEPF, HRoPESE3, HRoPESO3, tangent_frames
 from .base import Encoding, EncodingError, HeadLayout, Prepared, TokenTransform, patch_index_rope_angles
 from .camera import GTA, CaPE, NoEncoding, PRoPE, RoPE2D
@@ -27,7 +29,7 @@ ENCODINGS: dict[str, type[Encoding]] = {
 }
 
 
-def get_encoding(name: str | Encoding, **options) -> Encoding:
+def get_encoding(name: str | Encoding, **options: Any) -> Encoding:
     """An encoding instance from its registry name (options go to its constructor)."""
     if isinstance(name, Encoding):
         if options:

@@ -27,7 +27,9 @@ the two sine tables swapped (:func:`inverse_rope`).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -36,6 +38,8 @@ __all__ = ["rope_diagonals", "inverse_rope", "BandedOperator", "banded_operator"
            "TransformProduct"]
 
 RopeTables = tuple[Tensor, Tensor, Tensor]
+# D x as a function of (x, blocks, num_blocks, rope), differentiable (TransformProduct's input gradient)
+Product = Callable[[Tensor, Tensor | None, int, RopeTables | None], Tensor]
 # Below this many bytes per tensor the fixed cost of each op (launch, dispatch, autograd node)
 # outweighs its memory traffic, and the faster paths are the ones with fewer ops (CPU, measured
 # in docs/benchmarks.md "Where the time goes").
@@ -154,7 +158,9 @@ def banded_operator(blocks: Tensor | None, num_blocks: int, rope: RopeTables | N
     the dtype D will be applied in. Not differentiable (see :func:`banded_product`)."""
     if blocks is None and rope is None:
         raise ValueError("D without blocks and RoPE is the identity; there is nothing to apply")
-    tile_matrix, main, diagonals = None, [], []
+    tile_matrix: Tensor | None = None
+    main: list[Tensor] = []
+    diagonals: list[tuple[int, int, Tensor]] = []
     tiled = 0
     if blocks is not None:
         tiled = num_blocks * blocks.shape[-1]
@@ -168,7 +174,7 @@ def banded_operator(blocks: Tensor | None, num_blocks: int, rope: RopeTables | N
     rope_dim = rope[0].shape[-1] if rope is not None else 0
     geo_end = head_dim - rope_dim
     if geo_end > tiled:
-        ones_like = blocks if blocks is not None else rope[0]
+        ones_like = blocks if blocks is not None else cast(RopeTables, rope)[0]  # one of them is given
         main.append(ones_like.new_ones(geo_end - tiled))
     if rope is not None:
         cos, plus, minus = rope
@@ -209,7 +215,9 @@ class TransformProduct(torch.autograd.Function):
     the block gradient is :func:`block_gradient`; RoPE tables are constants."""
 
     @staticmethod
-    def forward(ctx, x, blocks, num_blocks, cos, plus, minus, apply, product):
+    def forward(ctx: Any, x: Tensor, blocks: Tensor | None, num_blocks: int, cos: Tensor | None,
+                plus: Tensor | None, minus: Tensor | None, apply: Callable[[Tensor], Tensor],
+                product: Product) -> Tensor:
         ctx.num_blocks, ctx.product = num_blocks, product
         ctx.rope = None if cos is None else (cos, plus, minus)
         blocks_need_grad = blocks is not None and ctx.needs_input_grad[1]
@@ -217,7 +225,7 @@ class TransformProduct(torch.autograd.Function):
         return apply(x)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, blocks = ctx.saved_tensors
         grad_x = grad_blocks = None
         if ctx.needs_input_grad[0]:
@@ -247,7 +255,8 @@ def banded_product(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: Rope
     if blocks is None or blocks.shape[2] == 1:  # small tables (per view): the backward reuses them as D^T's
         product = functools.partial(_product_with, operator.transpose())
     cos, plus, minus = rope if rope is not None else (None, None, None)
-    return TransformProduct.apply(x, blocks, num_blocks, cos, plus, minus, operator.apply, product)
+    return cast(Tensor, TransformProduct.apply(x, blocks, num_blocks, cos, plus, minus,  # type: ignore[no-untyped-call]
+                                               operator.apply, product))
 
 
 def _product_with(operator: BandedOperator, x: Tensor, blocks: Tensor | None, num_blocks: int,

@@ -12,25 +12,29 @@ Tokens are view-major, then row-major inside a view (x fastest): N = V * grid_h 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.types import Device
 
 from ..cameras import Cameras
 from . import fused_triton
-from .banded import banded_operator, banded_product, inverse_rope, is_small, rope_diagonals
+from .banded import BandedOperator, RopeTables, banded_operator, banded_product, inverse_rope, is_small, rope_diagonals
 from ..errors import EncodingError
+from ..planes import Planes
 
-__all__ = ["BACKENDS", "HeadLayout", "patch_index_rope_angles", "rope_tables", "per_token_param", "check_prepared_input",
-           "check_mask_options", "TokenTransform", "Encoding", "Prepared", "EncodingError"]
+__all__ = ["BACKENDS", "HeadLayout", "patch_index_rope_angles", "rope_tables", "per_token_param",
+           "check_prepared_input", "check_mask_options", "TokenTransform", "Encoding", "Prepared", "EncodingError"]
 
 ROPE_BASE = 100.0
 # How a TokenTransform applies D: "torch" (banded.py's passes, every device), "triton" (the fused
 # kernel, fused_triton.py: CUDA, or the CPU interpreter), "auto" (triton on CUDA when available).
 BACKENDS = ("torch", "triton", "auto")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,7 @@ class HeadLayout:
 
 
 def patch_index_rope_angles(grid: tuple[int, int], num_freqs: int, *, base: float = ROPE_BASE,
-                            device=None, dtype=torch.float64) -> Tensor:
+                            device: Device = None, dtype: torch.dtype = torch.float64) -> Tensor:
     """Angles ``(P, 2, F)`` of the relative encodings' 2D RoPE: ``[p, 0, f] = ix * w_f`` and
     ``[p, 1, f] = iy * w_f``.
 
@@ -90,13 +94,13 @@ def patch_index_rope_angles(grid: tuple[int, int], num_freqs: int, *, base: floa
 
 
 @functools.lru_cache(maxsize=32)
-def rope_tables(grid: tuple[int, int], num_freqs: int, base: float, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+def rope_tables(grid: tuple[int, int], num_freqs: int, base: float, device: torch.device) -> RopeTables:
     """RoPE of R(θ) as the diagonal tables of :func:`~hrope.encodings.banded.rope_diagonals`
     ``(P, 4F)``, ``(P, 3F)``, ``(P, 3F)`` (float64, cached per grid)."""
     return rope_diagonals(patch_index_rope_angles(grid, num_freqs, base=base, device=device))
 
 
-def per_token_param(x: Tensor, cameras: Cameras, grid, trailing: tuple[int, ...], what: str,
+def per_token_param(x: Tensor, cameras: Cameras, grid: tuple[int, int], trailing: tuple[int, ...], what: str,
                     dtype: torch.dtype) -> Tensor:
     """A per-token input ``x (B, N, *trailing)`` on the cameras' device, cast to ``dtype``, checked
     finite, reshaped to ``(B, V, P, *trailing)``."""
@@ -128,7 +132,7 @@ def check_prepared_input(x: Tensor, batch_size: int, tokens: int, head_dim: int,
         raise EncodingError(f"expected a floating-point tensor, got {x.dtype}")
 
 
-def check_mask_options(sdpa_kwargs: dict) -> None:
+def check_mask_options(sdpa_kwargs: dict[str, Any]) -> None:
     """SDPA's ``attn_mask`` and ``is_causal`` are exclusive (one-line :class:`EncodingError`)."""
     if sdpa_kwargs.get("is_causal") and sdpa_kwargs.get("attn_mask") is not None:
         raise EncodingError("pass either attn_mask or is_causal, not both")
@@ -143,8 +147,21 @@ class Prepared:
 
     query_frame: bool = False
     transform_values: bool = True
+    batch_size: int
+    device: torch.device
 
-    def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs) -> Tensor:
+    if TYPE_CHECKING:  # subclasses hold these as attributes or properties
+        @property
+        def head_dim(self) -> int: ...
+
+        @property
+        def num_tokens(self) -> int: ...
+
+        def apply_q(self, x: Tensor) -> Tensor: ...
+
+        def apply_o(self, x: Tensor) -> Tensor: ...
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs: Any) -> Tensor:
         """Encoded SDPA over all N tokens: q, k, v ``(B, heads, N, head_dim)`` -> ``(B, heads, N, head_dim)``."""
         raise NotImplementedError
 
@@ -174,8 +191,8 @@ class TokenTransform(Prepared):
     and reused by every later forward call, D^T sharing D's: keep one object per batch for all
     layers. It holds them while it lives (for per-token b x b blocks about b * N * head_dim
     numbers each, whatever the number of heads); the backward pass rebuilds per-token tables
-    from the saved blocks instead of keeping them for backward (per-view tables, which are small, it reuses). With geometry that needs
-    gradients (learned planes), one object shared by layers under reentrant
+    from the saved blocks instead of keeping them for backward (per-view tables, which are small, it
+    reuses). With geometry that needs gradients (learned planes), one object shared by layers under reentrant
     ``torch.utils.checkpoint`` fails (each layer's recomputation backpropagates through the shared
     blocks again): use ``use_reentrant=False`` or one object per checkpointed layer.
 
@@ -202,11 +219,12 @@ class TokenTransform(Prepared):
         self.transform_values = transform_values
         self._geo: dict[str, Tensor] = {}
         if geo is not None:
-            self._geo.update(D=geo, D_inv=geo_inv)
-        self._rope = None
+            self._geo.update(D=geo, D_inv=cast(Tensor, geo_inv))  # given together
+        self._rope: RopeTables | None = None
         if layout.rope:
-            self._rope = rope_tables(tuple(grid), layout.num_freqs, rope_base, self.device)
-        self._cache: dict[tuple, object] = {}
+            grid_key = cast("tuple[int, int]", tuple(grid))  # hashable for the cache when given as a list
+            self._rope = rope_tables(grid_key, layout.num_freqs, rope_base, self.device)
+        self._cache: dict[tuple[Any, ...], Any] = {}
 
     def geometric_blocks(self) -> tuple[Tensor, Tensor] | None:
         """The geometric blocks ``(D, D^-1)``, each ``(B, V, 1 or P, b, b)``, or None."""
@@ -222,7 +240,7 @@ class TokenTransform(Prepared):
     def head_dim(self) -> int:
         return self.layout.head_dim
 
-    def select_views(self, views) -> "TokenTransform":
+    def select_views(self, views: Sequence[int]) -> TokenTransform:
         """The transform of the views ``views`` (a list of view indices, in the new order), sharing
         this one's blocks: what preparing those views alone gives, except where D depends on all
         the cameras (``hrope``'s default ``gauge="centroid"``), which keeps this transform's gauge."""
@@ -255,7 +273,7 @@ class TokenTransform(Prepared):
         ``(B, heads, N, head_dim)`` -> same shape."""
         return self._apply(x, "D") if self.transform_values else x
 
-    def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs) -> Tensor:
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs: Any) -> Tensor:
         """``apply_o(sdpa(apply_q(q), apply_k(k), apply_v(v)))``, logits q_i^T D_i D_j^-1 k_j: q, k, v
         ``(B, heads, N, head_dim)`` -> ``(B, heads, N, head_dim)``; ``sdpa_kwargs`` go to SDPA."""
         check_mask_options(sdpa_kwargs)  # as QueryFrameTransform
@@ -269,25 +287,26 @@ class TokenTransform(Prepared):
         if self.transform_values and isinstance(k, Tensor) and isinstance(v, Tensor) and k.shape == v.shape \
                 and k.dtype == v.dtype and is_small(k):
             check_prepared_input(k, self.batch_size, self.num_tokens, self.head_dim, self.device)  # names k's shape
-            return self.apply_k(torch.cat([k, v], 1)).chunk(2, 1)
+            keys, values = self.apply_k(torch.cat([k, v], 1)).chunk(2, 1)
+            return keys, values
         return self.apply_k(k), self.apply_v(v)
 
-    def _cached(self, key: tuple, make):
+    def _cached(self, key: tuple[Any, ...], make: Callable[[], _T]) -> _T:
         """``make()`` on the first call with ``key``, the stored value after."""
         if key not in self._cache:
             self._cache[key] = make()
-        return self._cache[key]
+        return cast(_T, self._cache[key])
 
-    def _inputs(self, which: str, x: Tensor) -> tuple[Tensor | None, tuple[Tensor, Tensor, Tensor] | None]:
+    def _inputs(self, which: str, x: Tensor) -> tuple[Tensor | None, RopeTables | None]:
         """The blocks and RoPE tables of ``which`` ("D" or "D_inv") in x's dtype (cached; a cast made
         under no_grad is not reused where gradients must reach the blocks)."""
-        blocks = None
+        blocks: Tensor | None = None
         if which in self._geo:
             blocks = self._cached(("blocks", which, x.dtype, torch.is_grad_enabled()),
                                   lambda: self._geo[which].to(dtype=x.dtype))
-        rope = None
-        if self._rope is not None:
-            rope = self._cached(("rope", x.dtype), lambda: tuple(t.to(dtype=x.dtype) for t in self._rope))
+        rope: RopeTables | None = None
+        if (tables := self._rope) is not None:
+            rope = self._cached(("rope", x.dtype), lambda: _cast_rope(tables, x.dtype))
             if which == "D_inv":
                 rope = inverse_rope(rope)
         return blocks, rope
@@ -304,13 +323,13 @@ class TokenTransform(Prepared):
             return x
         with torch.autocast(x.device.type, enabled=False):
             blocks, rope = self._inputs(which, x)
-            x = x.unflatten(-2, (self.num_views, -1))
+            x = x.unflatten(-2, (self.num_views, -1))  # type: ignore[no-untyped-call]
             if self._fused(x):
                 if transpose:
                     blocks, rope = _transposed(blocks, rope)
                 return fused_triton.fused_banded_product(x, blocks, layout.num_blocks, rope).flatten(-3, -2)
 
-            def build():
+            def build() -> BandedOperator:
                 with torch.no_grad():
                     return banded_operator(blocks, layout.num_blocks, rope, layout.head_dim)
 
@@ -328,7 +347,13 @@ class TokenTransform(Prepared):
         return self.backend == "triton"
 
 
-def _transposed(blocks: Tensor | None, rope) -> tuple[Tensor | None, tuple | None]:
+def _cast_rope(rope: RopeTables, dtype: torch.dtype) -> RopeTables:
+    """RoPE tables in ``dtype``."""
+    cos, plus, minus = (t.to(dtype=dtype) for t in rope)
+    return cos, plus, minus
+
+
+def _transposed(blocks: Tensor | None, rope: RopeTables | None) -> tuple[Tensor | None, RopeTables | None]:
     """The blocks and RoPE tables of D^T from those of D: M^T per block, R(-θ)."""
     return (None if blocks is None else blocks.mT), (None if rope is None else inverse_rope(rope))
 
@@ -343,7 +368,7 @@ class Encoding(nn.Module):
     # Facts about an encoding, read by the toolkit and the tests instead of checks on its name.
     name: ClassVar[str] = ""
     needs_planes: ClassVar[bool] = False  # prepare needs planes=hrope.Planes(...)
-    param_names: ClassVar[tuple[str, ...]] = ()  # the per-token params prepare needs
+    param_names: tuple[str, ...] = ()  # the per-token params prepare needs (hrope's depend on its options)
     query_frame: ClassVar[bool] = False  # keys re-encoded per query view (QueryFrameTransform)
     encodes_pose: ClassVar[bool] = True  # attention sees the relative camera pose (else tokens need world rays)
     transform_values: ClassVar[bool] = True  # v and the output are transformed too (False: q and k only)
@@ -361,7 +386,7 @@ class Encoding(nn.Module):
         self.rope_base = rope_base
         self.backend = "torch"
 
-    def use_backend(self, backend: str) -> "Encoding":
+    def use_backend(self, backend: str) -> Encoding:
         """Apply this encoding's transforms with ``backend`` (:data:`BACKENDS`; default ``"torch"``);
         returns the encoding. Query-frame encodings have one backend and accept only ``"torch"``
         and ``"auto"``."""
@@ -371,7 +396,7 @@ class Encoding(nn.Module):
         self.backend = backend
         return self
 
-    def token_transform(self, layout: HeadLayout, cameras: Cameras, grid, geo: Tensor | None = None,
+    def token_transform(self, layout: HeadLayout, cameras: Cameras, grid: tuple[int, int], geo: Tensor | None = None,
                         geo_inv: Tensor | None = None) -> TokenTransform:
         """A :class:`TokenTransform` over ``cameras``' views with this encoding's RoPE base and
         ``transform_values``."""
@@ -379,7 +404,8 @@ class Encoding(nn.Module):
                               device=cameras.device, rope_base=self.rope_base,
                               transform_values=self.transform_values, backend=self.backend)
 
-    def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes=None, **params) -> Prepared:
+    def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None,
+                **params: Tensor) -> Prepared:
         """Bind the encoding to one batch of N = V * grid_h * grid_w tokens (view-major).
 
         Args:
@@ -399,7 +425,7 @@ class Encoding(nn.Module):
         """
         raise NotImplementedError
 
-    def check_inputs(self, planes, params: dict) -> None:
+    def check_inputs(self, planes: Planes | None, params: dict[str, Tensor]) -> None:
         """Clear errors for missing planes and missing or unknown per-token parameters."""
         if self.needs_planes and planes is None:
             raise EncodingError(f"encoding {self.name!r} needs planes=hrope.Planes(...)")

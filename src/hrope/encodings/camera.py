@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from ..cameras import Cameras
 from ..geometry import geometry_dtype, invert_intrinsics, invert_se3, lift
+from ..planes import Planes
 from .base import ROPE_BASE, Encoding, HeadLayout, TokenTransform
 
 __all__ = ["NoEncoding", "RoPE2D", "PRoPE", "GTA", "CaPE"]
@@ -28,7 +29,8 @@ class NoEncoding(Encoding):
     name = "none"
     encodes_pose = False
 
-    def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+    def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None,
+                **params: Tensor) -> TokenTransform:
         """No planes or params; D_t = I (plain SDPA)."""
         self.check_inputs(planes, params)
         return self.token_transform(HeadLayout(head_dim, block=0, rope=False), cameras, grid)
@@ -40,7 +42,8 @@ class RoPE2D(Encoding):
     name = "rope2d"
     encodes_pose = False
 
-    def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+    def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None,
+                **params: Tensor) -> TokenTransform:
         """No planes or params; D_t = 2D RoPE of the token's patch indices."""
         self.check_inputs(planes, params)
         return self.token_transform(HeadLayout(head_dim, block=0), cameras, grid)
@@ -51,7 +54,8 @@ class PRoPE(Encoding):
 
     name = "prope"
 
-    def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+    def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None,
+                **params: Tensor) -> TokenTransform:
         """No planes or params; D_t = blockdiag(P_c tiles, RoPE) from the cameras alone."""
         self.check_inputs(planes, params)
         dtype = geometry_dtype(cameras.K.dtype)
@@ -76,12 +80,14 @@ class GTA(Encoding):
     def __init__(self, learnable_translation_scale: bool = False, translation_scale_init: float = 0.01,
                  rope_base: float = ROPE_BASE) -> None:
         super().__init__(rope_base)
+        self.translation_scale: nn.Parameter | None
         if learnable_translation_scale:
             self.translation_scale = nn.Parameter(torch.tensor(float(translation_scale_init)))
         else:
             self.translation_scale = None
 
-    def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+    def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None,
+                **params: Tensor) -> TokenTransform:
         """No planes or params; D_t = blockdiag(E_c tiles, RoPE) from the cameras alone."""
         self.check_inputs(planes, params)
         dtype = geometry_dtype(cameras.K.dtype)
@@ -103,7 +109,8 @@ class CaPE(Encoding):
     name = "cape"
     transform_values = False
 
-    def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+    def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None,
+                **params: Tensor) -> TokenTransform:
         """No planes or params; D_t = E_c tiles over all channels, on q and k only (v, o untouched)."""
         self.check_inputs(planes, params)
         E = cameras.world_to_cam.to(geometry_dtype(cameras.K.dtype))

@@ -55,6 +55,7 @@ to the fused kernel for per-token blocks and ~1.5x behind it per view.
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor
@@ -62,7 +63,11 @@ from torch import Tensor
 from ..errors import EncodingError
 from .banded import RopeTables, TransformProduct
 
-triton = tl = None  # imported on first use (_import_triton): importing hrope does not import triton
+if TYPE_CHECKING:
+    import triton
+    import triton.language as tl
+else:
+    triton = tl = None  # imported on first use (_import_triton): importing hrope does not import triton
 
 __all__ = ["is_available", "fused_banded_product"]
 
@@ -97,7 +102,7 @@ def _interpreting() -> bool:
 
 
 # A plain function, jitted on first launch by _kernel() (triton is imported on first use).
-def _transform_kernel(x_ptr, y_ptr, m_ptr, cos_ptr, sin_ptr,
+def _transform_kernel(x_ptr, y_ptr, m_ptr, cos_ptr, sin_ptr,  # type: ignore[no-untyped-def]  # triton reads the annotations
                       num_tokens, patches, heads, heads_per_program,
                       sx_b, sx_h, sx_v, sx_p, sx_c,
                       sm_b, sm_v, sm_p, sm_i, sm_j,
@@ -158,7 +163,7 @@ def _transform_kernel(x_ptr, y_ptr, m_ptr, cos_ptr, sin_ptr,
 
 
 @functools.cache
-def _kernel(interpret: bool):
+def _kernel(interpret: bool) -> Any:
     """The kernel jitted on first launch, once per mode (triton.jit reads TRITON_INTERPRET then)."""
     return triton.jit(_transform_kernel)
 
@@ -185,9 +190,9 @@ def _launch(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: RopeTables 
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     tiles = triton.cdiv(V * P, BLOCK_T)
     group = heads_per_program or _heads_per_program(x, tiles)
-    m = blocks.expand(B, V, P, block, block) if tiled else x  # x: an unused stand-in pointer
+    m = blocks.expand(B, V, P, block, block) if blocks is not None and tiled else x  # x: an unused stand-in pointer
     m_strides = m.stride() if tiled else (0,) * 5
-    cos, sin = (rope[0], rope[2]) if F else (x, x)
+    cos, sin = (rope[0], rope[2]) if rope is not None and F else (x, x)
     cos_strides, sin_strides = (cos.stride(), sin.stride()) if F else ((0, 0), (0, 0))
     _kernel(_interpreting())[(tiles, triton.cdiv(heads, group), B)](
         x, y, m, cos, sin, V * P, P, heads, group, *x.stride(), *m_strides, *cos_strides, *sin_strides,
@@ -249,5 +254,6 @@ def fused_banded_product(x: Tensor, blocks: Tensor | None, num_blocks: int, rope
     _check(x, blocks, num_blocks, rope, heads_per_program)
     cos, plus, minus = rope if rope is not None else (None, None, None)
     product = functools.partial(fused_banded_product, heads_per_program=heads_per_program)
-    return TransformProduct.apply(x, blocks, num_blocks, cos, plus, minus,
-                                  lambda x: _launch(x, blocks, num_blocks, rope, heads_per_program), product)
+    return cast(Tensor, TransformProduct.apply(  # type: ignore[no-untyped-call]
+        x, blocks, num_blocks, cos, plus, minus, lambda x: _launch(x, blocks, num_blocks, rope, heads_per_program),
+        product))

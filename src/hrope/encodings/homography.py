@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..cameras import Cameras
 from ..geometry import geometry_dtype, invert_intrinsics, lift
-from ..planes import MAX_INVERSE_DISTANCE, clamp_plane_vectors
+from ..planes import MAX_INVERSE_DISTANCE, Planes, clamp_plane_vectors
 from .ablations import _check_rotations
 from .base import ROPE_BASE, Encoding, EncodingError, HeadLayout, TokenTransform, per_token_param
 
@@ -42,7 +42,7 @@ POSES = ("camera", "per-patch")
 PATCH_POSE_PARAMS = ("patch_rotation", "patch_translation")  # the params of pose="per-patch"
 
 
-def _token_planes(planes, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype) -> Tensor:
+def _token_planes(planes: Planes, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype) -> Tensor:
     """Plane vectors reshaped to ``(B, V, P, 3)`` (unclamped)."""
     m = planes.m(cameras, grid, dtype)
     return m.reshape(cameras.batch_size, cameras.num_views, grid[0] * grid[1], 3)
@@ -85,14 +85,16 @@ class HRoPELift(Encoding):
     needs_planes = True
     neutral_planes = "infinity"  # m = 0: exactly prope
 
-    def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+    def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None,
+                **params: Tensor) -> TokenTransform:
         """Needs ``planes (B, N)``; D_t = blockdiag(Λ_t E_c tiles, RoPE)."""
         self.check_inputs(planes, params)
+        assert planes is not None  # check_inputs: needs_planes
         D, D_inv = self.lifts(cameras, grid, planes)
         return self.token_transform(HeadLayout(head_dim, block=4), cameras, grid, D, D_inv)
 
     @staticmethod
-    def lifts(cameras: Cameras, grid, planes) -> tuple[Tensor, Tensor]:
+    def lifts(cameras: Cameras, grid: tuple[int, int], planes: Planes) -> tuple[Tensor, Tensor]:
         """D_t = Λ_t E_c and D_t^-1 = E_c^-1 Λ_t^-1, each ``(B, V, P, 4, 4)``.
 
         Only the plane varies per token, so both are per-view matrices plus one per-token row or
@@ -145,7 +147,7 @@ class HRoPE(Encoding):
         if pose == "per-patch":
             self.param_names = PATCH_POSE_PARAMS  # a fact of this instance (the class default is ())
 
-    def poses(self, cameras: Cameras, grid, **params) -> tuple[Tensor, Tensor]:
+    def poses(self, cameras: Cameras, grid: tuple[int, int], **params: Tensor) -> tuple[Tensor, Tensor]:
         """World-to-token R ``(B, V, 1 or P, 3, 3)`` and t ``(B, V, 1 or P, 3)`` in the gauge, per
         view (``pose="camera"``) or per token (``"per-patch"``), in the geometry dtype.
 
@@ -166,7 +168,8 @@ class HRoPE(Encoding):
             R, t = dR @ R, dR @ t + dt[..., None]
         return R, t[..., 0]
 
-    def homographies(self, cameras: Cameras, grid, planes, **params) -> tuple[Tensor, Tensor]:
+    def homographies(self, cameras: Cameras, grid: tuple[int, int], planes: Planes,
+                     **params: Tensor) -> tuple[Tensor, Tensor]:
         """SL(3)-normalised H̃ and H̃^-1, each ``(B, V, P, 3, 3)``, for the poses of :meth:`poses`.
 
         Per token only the plane m varies besides (R, t), so both are rank-one updates:
@@ -201,10 +204,12 @@ class HRoPE(Encoding):
         # s differs from 1 only when |t| > 0, so the division is safe where it matters
         return m + (s - clamped) * t / torch.where(t_sq > 0, t_sq, torch.ones_like(t_sq))
 
-    def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> TokenTransform:
+    def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None,
+                **params: Tensor) -> TokenTransform:
         """Needs ``planes (B, N)`` (and, with ``pose="per-patch"``, ``patch_rotation (B, N, 3, 3)``,
         ``patch_translation (B, N, 3)``); D_t = blockdiag(H̃_t tiles, RoPE)."""
         self.check_inputs(planes, params)
+        assert planes is not None  # check_inputs: needs_planes
         H, H_inv = self.homographies(cameras, grid, planes, **params)
         if self.lift4:
             H, H_inv = lift(H), lift(H_inv)

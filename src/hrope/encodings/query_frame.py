@@ -19,21 +19,23 @@ Memory is O(V·N·head_dim): one coefficient table per query view, never an N x 
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.types import Device
 from torch.utils.checkpoint import checkpoint
 
 from ..cameras import Cameras
 from ..geometry import geometry_dtype, invert_se3
-from ..planes import MIN_DEPTH
+from ..planes import MIN_DEPTH, Planes
 from .base import Encoding, EncodingError, Prepared, check_prepared_input, per_token_param
 
 __all__ = [
     "QueryFrameEncoding", "QueryFrameTransform", "relative_poses", "to_query_frames",
-    "project_to_patches", "image_position_rope_freqs", "pad_pairs", "sinc", "MIN_DEPTH", "POSITION_MARGIN", "EXECUTIONS",
+    "project_to_patches", "image_position_rope_freqs", "pad_pairs", "sinc", "MIN_DEPTH", "POSITION_MARGIN",
+    "EXECUTIONS",
 ]
 
 # Behind-camera rule shared by the projecting encodings (urope, worldrope): a point at camera
@@ -80,7 +82,8 @@ def project_to_patches(X: Tensor, K_norm: Tensor, grid: tuple[int, int]) -> tupl
     return pos, size * focal / z_eff[..., None]
 
 
-def image_position_rope_freqs(head_dim: int, base: float, device=None, dtype=torch.float32) -> Tensor:
+def image_position_rope_freqs(head_dim: int, base: float, device: Device = None,
+                              dtype: torch.dtype = torch.float32) -> Tensor:
     """Frequencies ``(F,)`` of the query-frame encodings' 2D RoPE on continuous image positions,
     F = head_dim // 4 per axis, ``w_f = base^(-f/F)``.
 
@@ -124,6 +127,7 @@ class QueryFrameTransform(Prepared):
     """
 
     query_frame = True
+    head_dim: int
 
     def __init__(self, re: Tensor, im: Tensor, grid: tuple[int, int], execution: str = "loop",
                  recompute: bool = False) -> None:
@@ -132,7 +136,7 @@ class QueryFrameTransform(Prepared):
         B, V, N, pairs = re.shape
         self.batch_size = B
         self.device = re.device
-        self.grid = tuple(grid)
+        self.grid: tuple[int, ...] = tuple(grid)
         self.num_views = V
         self.head_dim = 2 * pairs
         self.execution = execution
@@ -140,8 +144,9 @@ class QueryFrameTransform(Prepared):
         P = N // V
         diag = torch.arange(V, device=re.device)
         self._key = (re, im)
-        self._query = tuple(t.reshape(B, V, V, P, pairs)[:, diag, diag].reshape(B, N, pairs) for t in (re, im))
-        self._cache: dict[tuple, tuple[Tensor, Tensor]] = {}
+        query_re, query_im = (t.reshape(B, V, V, P, pairs)[:, diag, diag].reshape(B, N, pairs) for t in (re, im))
+        self._query = query_re, query_im
+        self._cache: dict[tuple[str, torch.dtype], tuple[Tensor, Tensor]] = {}
 
     @property
     def tokens_per_view(self) -> int:
@@ -229,7 +234,7 @@ class QueryFrameTransform(Prepared):
         return outs[0], outs[1]
 
     # --------------------------------------------------------------------------- attention
-    def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs) -> Tensor:
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs: Any) -> Tensor:
         """Self-attention over all N tokens, ``(B, heads, N, d)`` like SDPA.
 
         ``attn_mask`` must broadcast to ``(B, heads, N, N)``; ``is_causal=True`` is turned into
@@ -261,12 +266,12 @@ class QueryFrameTransform(Prepared):
         return self.apply_o(out)
 
     def _view_attention(self, q_c: Tensor, k: Tensor, k_swapped: Tensor, v: Tensor, v_swapped: Tensor,
-                        query_view: int, mask: Tensor | None, **sdpa_kwargs) -> Tensor:
+                        query_view: int, mask: Tensor | None, **sdpa_kwargs: Any) -> Tensor:
         k_c, v_c = self._kv_in_frame(k, k_swapped, v, v_swapped, query_view)
         return F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=mask, **sdpa_kwargs)
 
-    def _global_mask(self, q: Tensor, sdpa_kwargs: dict) -> Tensor | None:
-        mask = sdpa_kwargs.pop("attn_mask", None)
+    def _global_mask(self, q: Tensor, sdpa_kwargs: dict[str, Any]) -> Tensor | None:
+        mask: Tensor | None = sdpa_kwargs.pop("attn_mask", None)
         if sdpa_kwargs.pop("is_causal", False):
             if mask is not None:
                 raise EncodingError("pass either attn_mask or is_causal, not both")
@@ -310,17 +315,19 @@ class QueryFrameEncoding(Encoding):
         self.recompute = recompute
 
     def key_coefficients(self, cameras: Cameras, grid: tuple[int, int], head_dim: int,
-                         dtype: torch.dtype, **params) -> tuple[Tensor, Tensor]:
-        """Key coefficients ``(re, im)`` each ``(B, Vq, N, n <= head_dim/2)`` in ``dtype``."""
+                         dtype: torch.dtype, *args: Any, **params: Any) -> tuple[Tensor, Tensor]:
+        """Key coefficients ``(re, im)`` each ``(B, Vq, N, n <= head_dim/2)`` in ``dtype``, from the per-token
+        params named by ``param_names`` (keywords, ``(B, V, P, ...)``); each subclass names what it takes."""
         raise NotImplementedError
 
-    def prepare(self, cameras: Cameras, grid, head_dim: int, planes=None, **params) -> QueryFrameTransform:
+    def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None,
+                **params: Tensor) -> QueryFrameTransform:
         """The subclass's params: rayrope ``log_depth``, ``log_depth_halfwidth`` ``(B, N)``; urope none;
         worldrope ``depth``, ``depth_split`` ``(B, N)`` and ``depth_sigma (B, N, 2)``. No planes."""
         self.check_inputs(planes, params)
         if head_dim % 2:
             raise EncodingError(f"encoding {self.name!r} needs an even head_dim, got {head_dim}")
-        grid = tuple(grid)
+        grid = cast("tuple[int, int]", tuple(grid))  # a list is accepted too
         dtype = geometry_dtype(cameras.K.dtype)
         params = {name: per_token_param(value, cameras, grid, self.param_shapes.get(name, ()), name, dtype)
                   for name, value in params.items()}

@@ -26,6 +26,7 @@ import math
 
 import torch
 from torch import Tensor
+from torch.types import Device
 
 from ..cameras import Cameras
 from ..geometry import patch_rays
@@ -68,7 +69,7 @@ class RayRoPE(QueryFrameEncoding):
         self.max_log_depth = max_log_depth
         self.max_depth_coordinate = max_depth_coordinate
 
-    def frequencies(self, head_dim: int, device=None, dtype=torch.float32) -> Tensor:
+    def frequencies(self, head_dim: int, device: Device = None, dtype: torch.dtype = torch.float32) -> Tensor:
         """``(F, 12)`` angular frequencies, F = head_dim // 24 (at least 1 required)."""
         num = head_dim // (2 * NUM_COORDINATES)
         if num < 1:
@@ -77,7 +78,7 @@ class RayRoPE(QueryFrameEncoding):
         ladder = self.freq_base ** torch.arange(num, dtype=torch.float64, device=device)
         return (2 * math.pi / periods * ladder[:, None]).to(dtype)
 
-    def key_coefficients(self, cameras: Cameras, grid, head_dim: int, dtype: torch.dtype, *,
+    def key_coefficients(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, dtype: torch.dtype, *,
                          log_depth: Tensor, log_depth_halfwidth: Tensor) -> tuple[Tensor, Tensor]:
         freqs = self.frequencies(head_dim, device=cameras.device, dtype=dtype)
         K = cameras.normalized_K(dtype)

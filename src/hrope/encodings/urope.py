@@ -53,8 +53,8 @@ class URoPE(QueryFrameEncoding):
         self.anchors = anchors
         self.rope_base = rope_base
 
-    def key_coefficients(self, cameras: Cameras, grid, head_dim: int, dtype: torch.dtype,
-                         **params) -> tuple[Tensor, Tensor]:
+    def key_coefficients(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, dtype: torch.dtype,
+                         **params: Tensor) -> tuple[Tensor, Tensor]:
         K = cameras.normalized_K(dtype)
         depths = torch.tensor(self.anchors, dtype=dtype, device=K.device)
         points = patch_rays(K, grid)[..., None, :] * depths[:, None]  # (B, Vk, P, A, 3)

@@ -65,7 +65,7 @@ class WorldRoPE(QueryFrameEncoding):
         self.footprint = bool(footprint)
         self.rope_base = rope_base
 
-    def key_coefficients(self, cameras: Cameras, grid, head_dim: int, dtype: torch.dtype, *,
+    def key_coefficients(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, dtype: torch.dtype, *,
                          depth: Tensor, depth_split: Tensor, depth_sigma: Tensor) -> tuple[Tensor, Tensor]:
         K = cameras.normalized_K(dtype)
         ray = patch_rays(K, grid)  # (B, Vk, P, 3)

@@ -29,6 +29,9 @@ gauge (``hrope``'s centroid gauge depends on all cameras): build one per forward
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import cast
+
 import torch
 from torch import Tensor, nn
 
@@ -39,8 +42,9 @@ except ImportError as error:  # the extra is not installed
 
 from ..attention import cross_attention
 from ..cameras import Cameras
-from ..encodings import Encoding, EncodingError, Prepared, get_encoding
-from ..tokens import MixedTokens, camera_positions
+from ..encodings import Encoding, EncodingError, Prepared, TokenTransform, get_encoding
+from ..planes import Planes
+from ..tokens import CameraTokens, MixedTokens, camera_positions
 
 __all__ = ["SceneGeometry", "TokenGeometry", "MultiViewAttnProcessor", "set_processor"]
 
@@ -53,13 +57,15 @@ class SceneGeometry:
     (encoding, head_dim, float64 or not) on first use, over all V views.
     """
 
-    def __init__(self, cameras: Cameras, grid: tuple[int, int], planes=None, params: dict | None = None) -> None:
+    def __init__(self, cameras: Cameras, grid: tuple[int, int], planes: Planes | None = None,
+                 params: dict[str, Tensor] | None = None) -> None:
         if not isinstance(cameras, Cameras):
             raise EncodingError(f"SceneGeometry: cameras must be hrope.Cameras, got {type(cameras).__name__}")
         if len(grid) != 2 or not all(isinstance(g, int) and g > 0 for g in grid):
             raise EncodingError(f"SceneGeometry: grid must be (grid_h, grid_w) with positive ints, got {grid}")
-        self.cameras, self.grid, self.planes, self.params = cameras, tuple(grid), planes, dict(params or {})
-        self._prepared: dict[tuple, Prepared] = {}
+        self.cameras, self.planes, self.params = cameras, planes, dict(params or {})
+        self.grid = cast("tuple[int, int]", tuple(grid))
+        self._prepared: dict[tuple[Encoding, int, bool], Prepared] = {}
 
     @property
     def num_views(self) -> int:
@@ -76,7 +82,8 @@ class SceneGeometry:
             self._prepared[key] = encoding.prepare(cameras, self.grid, head_dim, planes=self.planes, **self.params)
         return self._prepared[key]
 
-    def tokens(self, views=None, *, camera_tokens=None, length: int | None = None) -> "TokenGeometry":
+    def tokens(self, views: Sequence[int] | None = None, *, camera_tokens: CameraTokens | None = None,
+               length: int | None = None) -> TokenGeometry:
         """The token set of ``views`` (view indices in token order; None: all views).
 
         ``camera_tokens`` and ``length``: where the len(views) * grid_h * grid_w camera tokens sit
@@ -91,7 +98,7 @@ class SceneGeometry:
         if (camera_tokens is None) != (length is None):
             raise EncodingError("camera_tokens and length go together: give both (camera tokens among other "
                                 f"tokens) or neither, got camera_tokens={camera_tokens!r}, length={length!r}")
-        if length is not None:
+        if length is not None and camera_tokens is not None:  # both or neither (above)
             if not isinstance(length, int) or length < count:
                 raise EncodingError(f"length must be an int of at least the {count} camera tokens, got {length!r}")
             camera_positions(camera_tokens, length, count)  # one-line EncodingError for a bad layout
@@ -102,9 +109,10 @@ class TokenGeometry:
     """The tokens of one sequence: some views of a :class:`SceneGeometry` (made by
     :meth:`SceneGeometry.tokens`), ``num_tokens`` long, with the camera layout of its tokens."""
 
-    def __init__(self, scene: SceneGeometry, views: list[int], camera_tokens, num_tokens: int) -> None:
+    def __init__(self, scene: SceneGeometry, views: list[int], camera_tokens: CameraTokens | None,
+                 num_tokens: int) -> None:
         self.scene, self.views, self.camera_tokens, self.num_tokens = scene, views, camera_tokens, num_tokens
-        self._transforms: dict[tuple, Prepared] = {}
+        self._transforms: dict[tuple[Encoding, int, bool], Prepared] = {}
 
     def transform(self, encoding: Encoding, head_dim: int, dtype: torch.dtype) -> Prepared:
         """The prepared transform of these tokens: the scene's, restricted to ``views`` and placed
@@ -117,14 +125,14 @@ class TokenGeometry:
                     raise EncodingError(f"encoding {encoding.name!r} re-encodes keys per query view, so a token set "
                                         f"of some views ({self.views}) of a scene is undefined; build a SceneGeometry "
                                         "of those views")
-                prepared = prepared.select_views(self.views)
+                prepared = cast(TokenTransform, prepared).select_views(self.views)  # a relative encoding's
             if self.camera_tokens is not None:
                 prepared = MixedTokens(prepared, self.camera_tokens, self.num_tokens)
             self._transforms[key] = prepared
         return self._transforms[key]
 
 
-def _select(geometry, x: Tensor, kwarg: str) -> TokenGeometry | None:
+def _select(geometry: object, x: Tensor, kwarg: str) -> TokenGeometry | None:
     """The :class:`TokenGeometry` of the sequence x ``(B, heads, L, d)`` among ``geometry`` (one, a
     list or tuple of them, one per resolution, or None), checked against x's batch."""
     if geometry is None:
@@ -134,10 +142,11 @@ def _select(geometry, x: Tensor, kwarg: str) -> TokenGeometry | None:
         got = [type(g).__name__ for g in options] if isinstance(geometry, (list, tuple)) else type(geometry).__name__
         raise EncodingError(f"cross_attention_kwargs {kwarg!r} must be a TokenGeometry (SceneGeometry.tokens(...)) "
                             f"or a list of them, one per resolution; got {got}")
+    geometries = cast("Sequence[TokenGeometry]", options)  # checked above
     batch, length = x.shape[0], x.shape[2]
-    matching = [g for g in options if g.num_tokens == length]
+    matching = [g for g in geometries if g.num_tokens == length]
     if len(matching) != 1:
-        counts = [g.num_tokens for g in options]
+        counts = [g.num_tokens for g in geometries]
         what = "no" if not matching else "more than one"
         raise EncodingError(f"cross_attention_kwargs {kwarg!r}: {what} TokenGeometry for a sequence of {length} tokens "
                             f"(given: {counts} tokens); give one per resolution")
@@ -166,7 +175,8 @@ class MultiViewAttnProcessor(nn.Module):
 
     def __call__(self, attn: Attention, hidden_states: Tensor, encoder_hidden_states: Tensor | None = None,
                  attention_mask: Tensor | None = None, temb: Tensor | None = None,
-                 geometry=None, encoder_geometry=None) -> Tensor:
+                 geometry: TokenGeometry | Sequence[TokenGeometry] | None = None,
+                 encoder_geometry: TokenGeometry | Sequence[TokenGeometry] | None = None) -> Tensor:
         residual = hidden_states
         if attn.spatial_norm is not None:
             hidden_states = attn.spatial_norm(hidden_states, temb)
@@ -184,7 +194,7 @@ class MultiViewAttnProcessor(nn.Module):
 
         query = attn.to_q(hidden_states)
         is_cross = encoder_hidden_states is not None
-        if not is_cross:
+        if encoder_hidden_states is None:
             encoder_hidden_states = hidden_states
         elif attn.norm_cross:
             encoder_hidden_states = attn.norm_encoder_hidden_states(encoder_hidden_states)
@@ -207,7 +217,8 @@ class MultiViewAttnProcessor(nn.Module):
         return hidden_states / attn.rescale_output_factor
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_cross: bool,
-                  geometry=None, encoder_geometry=None) -> Tensor:
+                  geometry: TokenGeometry | Sequence[TokenGeometry] | None = None,
+                  encoder_geometry: TokenGeometry | Sequence[TokenGeometry] | None = None) -> Tensor:
         """Encoded SDPA of q ``(B, heads, Lq, d)`` over k, v ``(B, heads, Lk, d)`` (diffusers' mask)."""
         head_dim, dtype = q.shape[-1], q.dtype
         query = _select(geometry, q, "geometry")
@@ -224,11 +235,11 @@ class MultiViewAttnProcessor(nn.Module):
         return cross_attention(q, k, v, query=transforms[0], key=transforms[1], attn_mask=mask)
 
 
-def set_processor(module: nn.Module, processor) -> int:
+def set_processor(module: nn.Module, processor: Callable[..., Tensor]) -> int:
     """``processor`` on every diffusers ``Attention`` inside ``module`` (models of one's own built
     from diffusers' blocks); returns how many. diffusers' models also have ``set_attn_processor``."""
     layers = [m for m in module.modules() if isinstance(m, Attention)]
     for layer in layers:
-        layer.set_processor(processor)
+        layer.set_processor(processor)  # type: ignore[arg-type]  # diffusers annotates its own AttnProcessor only
     return len(layers)
 

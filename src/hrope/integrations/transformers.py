@@ -22,7 +22,8 @@ sliding-window caches are not supported.
 
 from __future__ import annotations
 
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -31,8 +32,9 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..attention import cross_attention
 from ..cameras import Cameras
-from ..encodings import EncodingError, Prepared, get_encoding
-from ..tokens import MixedTokens, camera_positions
+from ..encodings import Encoding, EncodingError, Prepared, get_encoding
+from ..planes import Planes
+from ..tokens import CameraTokens, MixedTokens, camera_positions
 
 __all__ = ["NAME", "KWARG", "Geometry", "attention_forward"]
 
@@ -61,19 +63,20 @@ class Geometry:
     it prepares the transform once (per head_dim) and every layer reuses it.
     """
 
-    def __init__(self, encoding, cameras: Cameras, grid: tuple[int, int], planes=None, params: dict | None = None,
-                 camera_tokens=None) -> None:
+    def __init__(self, encoding: str | Encoding, cameras: Cameras, grid: tuple[int, int], planes: Planes | None = None,
+                 params: dict[str, Tensor] | None = None, camera_tokens: CameraTokens | None = None) -> None:
         if not isinstance(cameras, Cameras):
             raise EncodingError(f"Geometry: cameras must be hrope.Cameras, got {type(cameras).__name__}")
         if len(grid) != 2 or not all(isinstance(g, int) and g > 0 for g in grid):
             raise EncodingError(f"Geometry: grid must be (grid_h, grid_w) with positive ints, got {grid!r}")
         self.encoding = get_encoding(encoding)
-        self.cameras, self.grid, self.planes, self.params = cameras, tuple(grid), planes, dict(params or {})
+        self.cameras, self.planes, self.params = cameras, planes, dict(params or {})
+        self.grid = cast("tuple[int, int]", tuple(grid))
         self.camera_tokens = camera_tokens
-        self._prepared: dict[tuple, Prepared] = {}
+        self._prepared: dict[tuple[int, bool], Prepared] = {}
         self._positions: list[int] | None = None
-        self._mixed: tuple[tuple, MixedTokens] | None = None
-        self._tokens: list = []
+        self._mixed: tuple[tuple[int, int, bool], MixedTokens] | None = None
+        self._tokens: list[Token[Geometry | None]] = []
 
     def prepared(self, head_dim: int, dtype: torch.dtype) -> Prepared:
         """The encoding prepared over the camera tokens (once per head_dim; float64 geometry for float64 q)."""
@@ -101,17 +104,17 @@ class Geometry:
         """Whether a camera token sits at sequence position ``start`` or later (after :meth:`transform`)."""
         return self._positions is None or max(self._positions) >= start
 
-    def __enter__(self) -> "Geometry":
+    def __enter__(self) -> Geometry:
         self._tokens.append(_ACTIVE.set(self))
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         _ACTIVE.reset(self._tokens.pop())
 
 
 def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
                       attention_mask: Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                      is_causal: bool | None = None, **kwargs) -> tuple[Tensor, None]:
+                      is_causal: bool | None = None, **kwargs: Any) -> tuple[Tensor, None]:
     """transformers' attention-function signature: q ``(B, heads, L, d)``, k and v
     ``(B, heads_kv, T, d)`` -> ``((B, L, heads, d), None)``, encoded with the call's :class:`Geometry`.
 
@@ -132,8 +135,8 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
             raise EncodingError(f"attn_implementation={NAME!r} takes no {option} (use a model without it)")
     L, T = query.shape[2], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    sdpa = dict(attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
-                is_causal=bool(L > 1 and attention_mask is None and causal))
+    sdpa: dict[str, Any] = dict(attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
+                                 is_causal=bool(L > 1 and attention_mask is None and causal))
     if key.shape[1] != query.shape[1]:
         sdpa["enable_gqa"] = True
     transform = geometry.transform(T, query.shape[-1], query.dtype)
