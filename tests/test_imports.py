@@ -165,3 +165,36 @@ def imports_of_file(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.add(node.module.split(".")[0])
     return names
+
+
+def module_edges(path: Path) -> set[str]:
+    """The hrope modules ``path`` imports. ``from package import module`` is an edge to that module
+    alone (Python loads the package first, but the package's own imports are its edges)."""
+    edges = set()
+    for target in imports(path):
+        if target not in MODULES:
+            continue
+        is_package = MODULES[target].name == "__init__.py"
+        if not (is_package and any(other.startswith(target + ".") for other in imports(path))):
+            edges.add(target)
+    return edges
+
+
+def test_no_import_cycles():
+    """Depth-first search over every import of every module (function-level ones too)."""
+    graph = {module: module_edges(path) - {module} for module, path in MODULES.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                cycle = path[path.index(target):] + [module, target] if target in path else [module, target]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target, path + [module])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])

@@ -1,4 +1,4 @@
-"""hrope.integrations.transformers (issue #17): the attention function registered in transformers'
+"""hrope.integrations.transformers: the attention function registered in transformers'
 AttentionInterface against hrope.multiview_attention and the dense reference inside tiny random
 DINOv2 and Qwen2 models, the identity encoding against transformers' own sdpa, generation with
 the cache against a full forward, the two examples, the benchmark, and the one-line errors."""

@@ -691,7 +691,7 @@ def test_co3d_counts_requested_sequences_not_found(tmp_path, caplog):
     assert "1 of the 2 requested categories not found" in caplog.text and "['hydrant']" in caplog.text
 
 
-# ---------------------------------------------------------------- public layouts as distributed (issue #15)
+# ---------------------------------------------------------------- public layouts as distributed
 def warnings_of(caplog) -> list[str]:
     return [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
 

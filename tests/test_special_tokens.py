@@ -1,4 +1,4 @@
-"""Tokens without cameras, cross-attention and the KV cache (issue #17): hrope.MixedTokens,
+"""Tokens without cameras, cross-attention and the KV cache: hrope.MixedTokens,
 hrope.cross_attention and hrope.KVCache against the dense float64 reference (hrope.reference with
 identity tokens) for every relative encoding, the query-frame encodings where they are defined,
 the SDPA calls they make, gradients, and their one-line errors."""

@@ -39,8 +39,8 @@ the block gradient Σ_{heads, tiles} grad_y x^T per block is banded.py's torch e
 (:func:`~hrope.encodings.banded.block_gradient`); RoPE
 tables are constants.
 
-GPU expectation (not measured yet: this machine has no GPU; the tests run in Triton's CPU
-interpreter and compile the kernel for sm_90). The transform is memory bound. Per token and head,
+GPU expectation (an estimate, unmeasured on a GPU; the tests run the kernel in Triton's CPU
+interpreter and compile it for sm_90). The transform is memory bound. Per token and head,
 in units of head_dim values moved: the fused kernel reads x and writes y, 2 (the tables add
 48 / (64 x heads per program) for b = 4, head_dim = 64). banded.py's separate passes (each a
 kernel launch, each reading and writing its slice of the output) move ~4 for per-view blocks with

@@ -164,6 +164,14 @@ def _resized_intrinsics(K: Tensor, size: tuple[int, int], image_size: tuple[int,
     return crop_intrinsics(scale_intrinsics(K, size, resized), top, left)
 
 
+def _lens(frame: Frame) -> list | None:
+    """What the view cache keys a distorted frame's undistortion by; None for a pinhole frame."""
+    if frame.distortion is None:
+        return None
+    return [frame.distortion.kind, list(frame.distortion.coefficients), frame.K.tolist(),
+            frame.intrinsics_size and list(frame.intrinsics_size)]
+
+
 def load_view(frame: Frame, image_size: tuple[int, int] | None = None,
               cache: ImageCache | None = None) -> tuple[Tensor, Tensor]:
     """``(image (3, H, W), K)`` of one frame: decoded, undistorted (K kept), and resized +
@@ -174,7 +182,7 @@ def load_view(frame: Frame, image_size: tuple[int, int] | None = None,
     read) equals a freshly decoded one exactly.
     """
     image_size = None if image_size is None else (int(image_size[0]), int(image_size[1]))
-    key = None if cache is None else cache.key(frame, image_size)
+    key = None if cache is None else cache.key(frame.image, image_size, _lens(frame), frame.background)
     stored = None if key is None else cache.get(key)
     if stored is None:  # a reduced JPEG scale only when K says which size it is for
         target = image_size if frame.intrinsics_size is not None else None

@@ -30,13 +30,10 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from .frames import Frame
 
 __all__ = ["FORMAT_VERSION", "default_cache_dir", "ImageCache"]
 
@@ -72,17 +69,15 @@ class ImageCache:
         self.folder = Path(folder).expanduser()
         self.writable = True
 
-    def key(self, frame: Frame, image_size: tuple[int, int] | None) -> str | None:
-        """The key of ``frame`` decoded for ``image_size``; None when its file cannot be read."""
-        source = _source(frame.image)
+    def key(self, image: Path | bytes | Tensor, image_size: tuple[int, int] | None, lens: list | None = None,
+            background: tuple | None = None) -> str | None:
+        """The key of ``image`` decoded for ``image_size``, undistorted by ``lens`` (JSON-able: model,
+        coefficients, K, intrinsics size) and composited on ``background``; None when its file
+        cannot be read."""
+        source = _source(image)
         if source is None:
             return None
-        lens = None
-        if frame.distortion is not None:
-            lens = [frame.distortion.kind, list(frame.distortion.coefficients), frame.K.tolist(),
-                    frame.intrinsics_size and list(frame.intrinsics_size)]
-        background = frame.background and list(frame.background)
-        parts = [FORMAT_VERSION, source, image_size and list(image_size), lens, background]
+        parts = [FORMAT_VERSION, source, image_size and list(image_size), lens, background and list(background)]
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
     def path(self, key: str) -> Path:
