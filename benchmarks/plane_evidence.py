@@ -41,7 +41,7 @@ ROWS = (
     REFERENCE,
     Row("none"),
     Row("hrope-lift", options=(("targets", "hidden"),)),  # learned: target tokens predict from their hidden states
-    Row("hrope-lift", options=(("plane_decoder", "normal-depth"), ("targets", "hidden"))),  # the previous decoder
+    Row("hrope-lift", options=(("plane_decoder", "normal-depth"), ("targets", "hidden"))),  # the normal-depth decoder
     Row("hrope-lift", options=TRANSFER),  # learned on the context, transferred to the targets (the default)
     Row("hrope-lift", "external"),  # context depth, targets neutral
     Row("hrope-lift", "external", options=TRANSFER),  # context depth, splatted into the targets
@@ -81,7 +81,7 @@ QUERY_FRAME_ROWS = (
     Row("rope2d", model_options=(("rays", "camera"),)),
     Row("worldrope"),
 )
-# The subset for a GPU (issue #14 item 7): the baseline, prope (camera and world rays), the best
+# The subset for a GPU: the baseline, prope (camera and world rays), the best
 # learned HRoPE and the fair oracle (both with world rays, docs/results.md) and urope, at a GPU budget.
 WORLD = (("rays", "world"),)
 GPU_ROWS = (REFERENCE, Row("none"), Row("prope", model_options=WORLD),
