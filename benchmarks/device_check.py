@@ -29,8 +29,8 @@ from provenance import provenance
 RESULTS = Path(__file__).resolve().parent / "results"
 # Relative to max |reference|. Measured on the CPU (`--device cpu`, every encoding): worst float32 9.9e-6
 # (urope), bfloat16 2.2e-2 (hrope-full), float16 3.1e-3 (hrope-full). GPU kernels (SDPA backends,
-# reductions) round differently, so each keeps about 3x the CPU worst; bfloat16 stays at 5e-2 (2.3x)
-# rather than being loosened to 3x. Not yet measured on a GPU.
+# reductions) round differently, so each keeps about 3x the CPU worst (a margin, not a GPU measurement);
+# bfloat16 stays at 5e-2 (2.3x) rather than being loosened to 3x.
 TOLERANCE = {torch.float32: 3e-5, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 
 

@@ -5,9 +5,12 @@ Each row trains for ``--steps`` (default 3000, five times the ``full`` budget) p
 evaluated on the same held-out scenes every ``--every`` steps (training stops at each point,
 checkpoints, evaluates, and resumes exactly). At every point each row's PSNR is paired with the
 first row's (same seed, same scene) and given a two-level bootstrap 95% interval
-(nvs_report.paired_bootstrap). A finished run's curve, with the commit that trained it, is kept in
-``OUT/runs/seed<s>/<row>/curve.json`` and reused, so (row, seed) runs can be split over separate
-processes and a last call writes the report. Writes ``OUT/learning_curve.{json,md,png}``.
+(nvs_report.paired_bootstrap). A finished run's curve (per-scene PSNR at every point, with the
+commit that trained it) is kept in ``OUT/runs/seed<s>/<row>/curve.json`` (git-ignored, with the
+run's checkpoints and logs) and in the report ``OUT/learning_curve.json`` (committed), and reused
+from either, so (row, seed) runs can be split over separate processes, a last call writes the
+report, and the report's command rebuilds it from the committed JSON alone. Writes
+``OUT/learning_curve.{json,md,png}``.
 
     python benchmarks/learning_curve.py                                   # room, seeds 0 1 2, 3000 steps
     python benchmarks/learning_curve.py --set world                       # with world-frame rays
@@ -35,6 +38,8 @@ from nvs_rows import BUDGETS, Cell, Row, cell_config  # noqa: E402
 from provenance import describe, provenance  # noqa: E402
 
 __all__ = ["SETS", "run", "summarise", "main"]
+
+REPORT_NAME = "learning_curve.json"
 
 TRANSFER = (("targets", "transfer"),)
 WORLD = (("rays", "world"),)
@@ -78,15 +83,19 @@ def train_curve(steps: int, every: int, dataset_kind: str, seed: int, row: Row, 
 
 def run(steps: int, every: int, dataset_kind: str, seeds: list[int], rows, out: Path, log=print,
         summarise_rows: bool = True, references: tuple[str, ...] = ()) -> dict:
-    """Every (row, seed) curve, trained or reused from ``OUT/runs``, and (``summarise_rows``) their
-    summary against the first row."""
+    """Every (row, seed) curve, trained or reused (from ``OUT/runs``, else from the report
+    ``OUT/learning_curve.json``), and (``summarise_rows``) their summary against the first row."""
     datasets: dict[str, object] = {}
+    report = out / REPORT_NAME
+    kept = {(c["row"], c.get("seed")): c for c in json.loads(report.read_text())["curves"]} if report.is_file() else {}
     curves = []
     for seed in seeds:
         for row in rows:
             finished = out / "runs" / f"seed{seed}" / row.key / "curve.json"
             if finished.is_file():
                 curve = json.loads(finished.read_text())
+            elif (row.label, seed) in kept:
+                curve, finished = kept[(row.label, seed)], report
             else:
                 curve = train_curve(steps, every, dataset_kind, seed, row, finished.parent, datasets, log)
                 finished.write_text(json.dumps(curve, indent=2))
@@ -140,7 +149,7 @@ def write(report: dict, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "learning_curve.json").write_text(json.dumps(report, indent=2))
+    (out / REPORT_NAME).write_text(json.dumps(report, indent=2))
     summary = report["summary"]
     steps = [p["step"] for p in summary[0]["points"]]
     commits = sorted({describe(c["provenance"]) for c in report["curves"]})

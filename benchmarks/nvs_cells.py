@@ -2,11 +2,16 @@
 
 A cell (dataset, row, seed) lives in ``<cache>/<dataset>/<row key>/seed<k>-<config hash>/``:
 the training run (``checkpoint.safetensors``, ``config.yaml``, ``tb/``) and, once trained and
-evaluated, ``metrics.json``. A cell with ``metrics.json`` is never retrained; a cell killed
-mid-training resumes from its last checkpoint (``hrope.nvs.train`` resumes exactly). A changed
-budget or ``nvs_rows.RESULTS_VERSION`` changes the hash, so such cells are not reused. Fig. 6
-results of a cell are cached in ``protocols.json`` next to it, keyed by protocol, options and
-scene count.
+evaluated, ``metrics.json``. A finished cell is never retrained; a cell killed mid-training
+resumes from its last checkpoint (``hrope.nvs.train`` resumes exactly). A changed budget or
+``nvs_rows.RESULTS_VERSION`` changes the hash, so such cells are not reused. Fig. 6 results of a
+cell are cached in ``protocols.json`` next to it, keyed by protocol, options and scene count.
+
+The cache is git-ignored. What the reports need is kept in the experiment's ``cells.jsonl``
+(:mod:`nvs_store`, committed): every cell the runner trains or reads, with its Fig. 6 results. A
+cell is finished when either holds its record, so a report regenerates from ``cells.jsonl`` alone,
+and a Fig. 6 result missing from both retrains the cell's checkpoint first (training is a pure
+function of the cell's config).
 
 Code version: ``metrics.json`` and each ``protocols.json`` entry record the provenance of the code
 that computed them (:func:`code_provenance`: commit, dirty tree, torch, source fingerprint of
@@ -36,6 +41,7 @@ from hrope.nvs.train import train
 
 import nvs_rows
 from nvs_rows import Budget, Cell, cell_config, cell_settings, config_hash
+from nvs_store import CellStore
 from provenance import describe, provenance, source_fingerprint
 
 __all__ = ["CellRunner", "StaleCellsError", "code_provenance", "trained_at"]
@@ -68,14 +74,18 @@ def _write_json(path: Path, value) -> None:
 class CellRunner:
     """Trains and evaluates cells of one budget, reusing rendered scenes between cells.
 
-    ``max_datasets``: rendered datasets kept in memory (train and eval, keyed by
-    (kind, context views, split)); the oldest is dropped beyond it. ``allow_stale``: reuse
+    ``store``: the experiment's ``cells.jsonl`` (:class:`nvs_store.CellStore`; None: the cache
+    only); it receives every finished cell read or trained and is written by :meth:`save` (also
+    after each cell trained). ``max_datasets``: rendered datasets kept in memory (train and eval,
+    keyed by (kind, context views, split)); the oldest is dropped beyond it. ``allow_stale``: reuse
     finished cells trained by other code (see the module docstring) instead of refusing them.
     """
 
-    def __init__(self, budget: Budget, cache: Path, *, device: str = "cpu", threads: int = 1,
-                 lpips_weights: str | None = None, max_datasets: int = 4, allow_stale: bool = False) -> None:
+    def __init__(self, budget: Budget, cache: Path, *, store: Path | None = None, device: str = "cpu",
+                 threads: int = 1, lpips_weights: str | None = None, max_datasets: int = 4,
+                 allow_stale: bool = False) -> None:
         self.budget, self.cache, self.device, self.threads = budget, Path(cache), device, threads
+        self.store = CellStore(store) if store is not None else None
         self.lpips_weights, self.max_datasets, self.allow_stale = lpips_weights, max_datasets, allow_stale
         self.provenance = code_provenance()
         self._lpips = LPIPS(lpips_weights).to(device) if lpips_weights else None
@@ -91,13 +101,27 @@ class CellRunner:
         """The cell's config hash (its cache key, with dataset, row and seed)."""
         return config_hash(cell_settings(self.budget, cell, self.lpips_weights))
 
+    def cell_id(self, cell: Cell) -> str:
+        """``<dataset>/<row key>/seed<k>-<config hash>``: the cell's folder under the cache and its store id."""
+        return f"{cell.dataset}/{cell.row.key}/seed{cell.seed}-{self.key(cell)}"
+
     def folder(self, cell: Cell) -> Path:
-        return self.cache / cell.dataset / cell.row.key / f"seed{cell.seed}-{self.key(cell)}"
+        return self.cache / self.cell_id(cell)
 
     def cached(self, cell: Cell) -> dict | None:
-        """The cell's metrics when it has finished, else ``None``."""
+        """The cell's metrics when it has finished (in the cache, else in the store), else ``None``."""
         path = self.folder(cell) / METRICS_NAME
-        return json.loads(path.read_text()) if path.is_file() else None
+        if not path.is_file():
+            return self.store.record(self.cell_id(cell)) if self.store is not None else None
+        record = json.loads(path.read_text())
+        if self.store is not None:
+            self.store.put(self.cell_id(cell), record)
+        return record
+
+    def save(self) -> None:
+        """Write the store (when there is one and it changed)."""
+        if self.store is not None:
+            self.store.save()
 
     def is_stale(self, record: dict) -> bool:
         """Whether a cell record was computed by other code (its fingerprint differs or is missing)."""
@@ -127,10 +151,14 @@ class CellRunner:
         return stale
 
     def obsolete(self) -> dict[str, int]:
-        """Cached cells of encodings that no longer exist: ``{"<dataset>/<row key>": finished cells}``."""
+        """Cached or stored cells of encodings that no longer exist: ``{"<dataset>/<row key>": finished cells}``."""
         known = set(encoding_names())
-        return {f"{row.parent.name}/{row.name}": len(list(row.glob(f"*/{METRICS_NAME}")))
-                for row in sorted(self.cache.glob("*/*")) if row.is_dir() and row.name.split(".")[0] not in known}
+        finished = {path.parent.relative_to(self.cache).as_posix() for path in self.cache.glob(f"*/*/*/{METRICS_NAME}")}
+        finished |= set(self.store.ids() if self.store is not None else ())
+        rows = {(row.parent.name, row.name) for row in self.cache.glob("*/*") if row.is_dir()}
+        rows |= {tuple(cell.split("/")[:2]) for cell in finished}
+        return {f"{dataset}/{key}": sum(cell.startswith(f"{dataset}/{key}/") for cell in finished)
+                for dataset, key in sorted(rows) if key.split(".")[0] not in known}
 
     def dataset(self, config: dict, split: str):
         """The rendered (in-memory) dataset of ``config``'s data section, shared by cells."""
@@ -196,6 +224,9 @@ class CellRunner:
             "provenance": self.provenance,
         }
         _write_json(folder / METRICS_NAME, record)
+        if self.store is not None:
+            self.store.put(self.cell_id(cell), record)
+        self.save()
         return record
 
     # ------------------------------------------------------------------ Fig. 6 protocols
@@ -206,18 +237,22 @@ class CellRunner:
         retrained by other code, or be another code's model)."""
         folder = self.folder(cell)
         path = folder / PROTOCOLS_NAME
-        stored = json.loads(path.read_text()) if path.is_file() else {}
+        stored = self.store.protocols(self.cell_id(cell)) if self.store is not None else {}
+        stored.update(json.loads(path.read_text()) if path.is_file() else {})
         key = json.dumps({"protocol": protocol, "scenes": self.budget.protocol_scenes, **options}, sort_keys=True)
+        record = self.cached(cell)
         if key not in stored:
-            record = self.cached(cell)
             if not compute or record is None or self.is_stale(record):
                 return None
             if not (folder / CHECKPOINT_NAME).is_file() or (folder / TRAINING_NAME).is_file():
-                # finished cells keep their small JSON files in git, not their checkpoints: training
-                # is a pure function of the cell's config, so retraining restores the same model
+                # the cache may hold no checkpoint (or none at all): training is a pure function
+                # of the cell's config, so retraining restores the same model
                 self._train(folder, self.config(cell, folder))
             result = run_protocol(str(folder), protocol, num_scenes=self.budget.protocol_scenes,
                                   device=self.device, lpips_weights=self.lpips_weights, **options)
             stored[key] = {**result, "provenance": self.provenance}
             _write_json(path, stored)
+        if self.store is not None and record is not None:
+            self.store.put(self.cell_id(cell), record, stored)
+            self.save()
         return stored[key]

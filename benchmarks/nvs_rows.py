@@ -28,9 +28,9 @@ __all__ = ["Row", "Table", "Budget", "BUDGETS", "TABLE1_ENCODINGS", "ABLATIONS",
            "cell_config", "cell_settings", "config_hash", "Cell", "RESULTS_VERSION"]
 
 # Bump (by hand) in a change meant to alter trained results; a new version trains every cell again,
-# in new cache folders (the old ones stay on disk, unused). Version 0 is not hashed, so the cells
-# trained before this constant existed keep their folder names. 1: the oracle and external sources
-# cap planes next to the camera at |m| <= 2 by default (hrope.nvs.sources.DEFAULT_MAX_INVERSE_DISTANCE).
+# in new cache folders (the old ones stay on disk, unused). Version 0 is not hashed (its cells are
+# keyed by their settings alone). 1: the oracle and external sources cap planes next to the camera
+# at |m| <= 2 by default (hrope.nvs.sources.DEFAULT_MAX_INVERSE_DISTANCE).
 RESULTS_VERSION = 1
 
 TABLE1_ENCODINGS = ("none", "gta", "prope", "cape", "rayrope", "urope", "worldrope", "hrope", "hrope-lift")
@@ -139,8 +139,8 @@ BUDGETS: dict[str, Budget] = {
     "gpu": Budget("gpu", {"preset": "small"}, steps=20000, batch_size=16, lr=4e-4, warmup=1000,
                   train_scenes=10000, eval_scenes=256, protocol_scenes=128, seeds=(0, 1, 2),
                   ablation_datasets=("room", "object")),
-    # One GPU session's worth (about 10 minutes for plane_evidence --set gpu on one large GPU, an
-    # estimate: not yet run): the `small` LVSM, one seed.
+    # One GPU session's worth (sized for about 10 minutes of plane_evidence --set gpu on one large GPU,
+    # an estimate): the `small` LVSM, one seed.
     "gpu-short": Budget("gpu-short", {"preset": "small"}, steps=2000, batch_size=16, lr=4e-4, warmup=200,
                         train_scenes=2000, eval_scenes=128, protocol_scenes=32, seeds=(0,)),
 }

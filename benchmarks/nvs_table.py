@@ -5,13 +5,13 @@ and seeds; only the encoding and its parameter source change. Tables (see nvs_ro
 ``table1`` (encodings, learned parameters; room and object scenes), ``table3`` (learned /
 external / oracle planes), ``fig4a`` (parameterisations and their APE versions), ``table2``
 (2/4/8 context views) and ``fig6`` (zoom, extrapolation, enlarged baseline on the Table 1
-checkpoints, no retraining). Every finished cell is cached under ``OUT/cache`` (checkpoints and
-logs git-ignored, each cell's result JSON/YAML committed), keyed by a hash of its config and
-``RESULTS_VERSION`` (nvs_rows.py), so an interrupted run continues where it stopped. Each cell
-records the commit and source fingerprint of the code that trained it; finished cells trained by
-other code (another fingerprint, or none recorded) stop the run with an error unless
-``--allow-stale`` (reuse them, marked in the report). Writes ``OUT/nvs_table.{json,md}`` and one
-PNG per table.
+checkpoints, no retraining). Every cell trains in ``OUT/cache`` (git-ignored), keyed by a hash of
+its config and ``RESULTS_VERSION`` (nvs_rows.py), so an interrupted run continues where it stopped;
+each finished cell's record and Fig. 6 results go to ``OUT/cells.jsonl`` (committed, nvs_store.py),
+from which ``--report-only`` rebuilds the report without the cache. Each cell records the commit
+and source fingerprint of the code that trained it; finished cells trained by other code (another
+fingerprint, or none recorded) stop the run with an error unless ``--allow-stale`` (reuse them,
+marked in the report). Writes ``OUT/nvs_table.{json,md}`` and one PNG per table.
 
     python benchmarks/nvs_table.py --quick                          # smoke run, <= 10 min on 2 CPU cores
     OMP_NUM_THREADS=1 python benchmarks/nvs_table.py                # full CPU run (~3 h), resumable
@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling nvs_* mo
 from nvs_cells import CellRunner, StaleCellsError, trained_at  # noqa: E402
 from nvs_report import claims, fig6_report, markdown, plots, table_report  # noqa: E402
 from nvs_rows import BUDGETS, Budget, Cell, tables  # noqa: E402
+from nvs_store import CELLS_NAME  # noqa: E402
 
 __all__ = ["run_benchmark", "plan", "main", "TABLE_NAMES", "FIG6_PROTOCOLS"]
 
@@ -164,8 +165,8 @@ def run_benchmark(budget: Budget, out: Path, *, table_names=TABLE_NAMES, row_fil
     trained on an earlier code version, unless ``allow_stale`` (then they are reused and marked)."""
     started = time.perf_counter()
     out = Path(out)
-    runner = CellRunner(budget, out / "cache", device=device, threads=threads, lpips_weights=lpips_weights,
-                        allow_stale=allow_stale)
+    runner = CellRunner(budget, out / "cache", store=out / CELLS_NAME, device=device, threads=threads,
+                        lpips_weights=lpips_weights, allow_stale=allow_stale)
     selected, first, later = plan(budget, table_names, row_filter)
     cells = first + later
     runner.check_stale(cells, log=log)
@@ -195,6 +196,7 @@ def run_benchmark(budget: Budget, out: Path, *, table_names=TABLE_NAMES, row_fil
         state["fig6"] = _run_fig6(runner, first, compute=not report_only, log=log)
     train_cells(later)
     report = report_now()
+    runner.save()
     write_report(report, out)
     log(f"done: {report['progress']['finished']}/{len(cells)} cells, {len(runner.trained)} trained now, "
         f"{report['elapsed_seconds']:.0f} s; wrote {out / 'nvs_table.md'}")

@@ -1,12 +1,14 @@
 """Do HRoPE's planes help? Plane sources compared with ``prope`` on identical data, steps and seeds.
 
 Every row is trained on the same synthetic scenes with the same budget and seeds as ``prope``
-(nvs_rows.py budgets; cells cached like the NVS benchmark's, under ``OUT/cache``) and scored on
-the same held-out scenes; the report gives each row's paired difference to ``prope`` (per seed and
-scene) with a two-level bootstrap 95% confidence interval (nvs_report.paired_bootstrap), and the
-accuracy of learned planes against the neutral ones where the data has ground truth. Rows whose
-planes use the target views' own geometry are labelled "with target geometry": no NVS model has
-that at test time.
+(nvs_rows.py budgets) and scored on the same held-out scenes. Cells train in a git-ignored cache
+(``--cache``, by default the one of ``plane_evidence``, shared by the sets); the cells a report
+uses, with their per-scene metrics, go to ``OUT/cells.jsonl`` (committed, nvs_store.py), from
+which ``--report-only`` rebuilds the report without the cache. The report gives each row's paired
+difference to ``prope`` (per seed and scene) with a two-level bootstrap 95% confidence interval
+(nvs_report.paired_bootstrap), and the accuracy of learned planes against the neutral ones where
+the data has ground truth. Rows whose planes use the target views' own geometry are labelled "with
+target geometry": no NVS model has that at test time.
 
     python benchmarks/plane_evidence.py                              # room, full budget, seeds 0 1 2
     python benchmarks/plane_evidence.py --datasets room,object --rows hrope-lift "hrope-lift (targets transfer)"
@@ -28,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling nvs_* mo
 from nvs_cells import CellRunner, StaleCellsError, trained_at  # noqa: E402
 from nvs_report import paired_bootstrap, stat  # noqa: E402
 from nvs_rows import BUDGETS, Cell, Row  # noqa: E402
+from nvs_store import CELLS_NAME  # noqa: E402
 from provenance import describe  # noqa: E402
 
 __all__ = ["ROWS", "REFERENCE", "run", "main"]
@@ -38,7 +41,7 @@ ROWS = (
     REFERENCE,
     Row("none"),
     Row("hrope-lift", options=(("targets", "hidden"),)),  # learned: target tokens predict from their hidden states
-    Row("hrope-lift", options=(("plane_decoder", "normal-depth"), ("targets", "hidden"))),  # the previous decoder
+    Row("hrope-lift", options=(("plane_decoder", "normal-depth"), ("targets", "hidden"))),  # the normal-depth decoder
     Row("hrope-lift", options=TRANSFER),  # learned on the context, transferred to the targets (the default)
     Row("hrope-lift", "external"),  # context depth, targets neutral
     Row("hrope-lift", "external", options=TRANSFER),  # context depth, splatted into the targets
@@ -78,7 +81,7 @@ QUERY_FRAME_ROWS = (
     Row("rope2d", model_options=(("rays", "camera"),)),
     Row("worldrope"),
 )
-# The subset for a GPU (issue #14 item 7): the baseline, prope (camera and world rays), the best
+# The subset for a GPU: the baseline, prope (camera and world rays), the best
 # learned HRoPE and the fair oracle (both with world rays, docs/results.md) and urope, at a GPU budget.
 WORLD = (("rays", "world"),)
 GPU_ROWS = (REFERENCE, Row("none"), Row("prope", model_options=WORLD),
@@ -113,7 +116,8 @@ def run(budget_name: str, datasets: list[str], seeds: list[int], rows: list[Row]
         threads: int, report_only: bool, allow_stale: bool, command: str, title: str, cache: Path | None = None,
         reference: Row = REFERENCE, log=print) -> dict:
     budget = replace(BUDGETS[budget_name], seeds=tuple(seeds))
-    runner = CellRunner(budget, cache or out / "cache", device=device, threads=threads, allow_stale=allow_stale)
+    runner = CellRunner(budget, cache or out / "cache", store=out / CELLS_NAME, device=device, threads=threads,
+                        allow_stale=allow_stale)
     rows = [reference] + [r for r in rows if r != reference]
     cells = [Cell(d, row, s) for d in datasets for row in rows for s in seeds]
     runner.check_stale(cells, log=log)
@@ -135,6 +139,7 @@ def run(budget_name: str, datasets: list[str], seeds: list[int], rows: list[Row]
              **row_report(records[(dataset, row)], reference_records)}
             for row in rows if (dataset, row) in records]
     out.mkdir(parents=True, exist_ok=True)
+    runner.save()
     (out / f"{out.name}.json").write_text(json.dumps(report, indent=2))
     (out / f"{out.name}.md").write_text(markdown(report))
     return report

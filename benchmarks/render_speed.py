@@ -1,4 +1,4 @@
-"""Synthetic-data speed: rendering, whole scenes, and training batches (issue 4).
+"""Synthetic-data speed: rendering, whole scenes, and training batches.
 
     python benchmarks/render_speed.py [--reps 5]
 

@@ -1,7 +1,8 @@
 """The import graph: the library never imports the toolkit, and every import points down a layer.
 
-The layers (docs/layout.md draws them): a module may import modules of a lower layer, and modules of
-its own package inside the same layer (``hrope.encodings.*``, ``hrope.nvs.data.*``), never above.
+The layers (``LAYERS`` below; the README's "Layout" section draws them): a module may import
+modules of a lower layer, and modules of its own package inside the same layer
+(``hrope.encodings.*``, ``hrope.nvs.data.*``), never above.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import nvs_rows  # noqa: E402
 from nvs_cells import TRAINING_NAME  # noqa: E402
 from nvs_report import compare, stat  # noqa: E402
 from nvs_rows import ABLATIONS, BUDGETS, Cell, Row, cell_config, cell_settings, config_hash, tables  # noqa: E402
+from nvs_store import CELLS_NAME, CellStore  # noqa: E402
 from nvs_table import main, run_benchmark  # noqa: E402
 
 TOY = replace(BUDGETS["quick"], steps=3, train_scenes=4, eval_scenes=2, protocol_scenes=2, warmup=1,
@@ -73,22 +74,39 @@ def test_toy_benchmark_every_row_finite_and_cache_resumes(tmp_path):
     assert second["progress"]["trained_this_invocation"] == 0
     assert second["tables"] == first["tables"] and second["fig6"] == first["fig6"]
 
-    # Committed cells keep metrics/protocol JSON but not checkpoints: a missing Fig. 6 result is
-    # recomputed from a retrained (identical) checkpoint.
+    # The committed cells.jsonl alone (no cache) gives the same report, training nothing.
+    store = CellStore(tmp_path / CELLS_NAME)
+    assert len(store.ids()) == 18 and all(store.record(cell) is not None for cell in store.ids())
+    (tmp_path / "cache").rename(tmp_path / "kept")
+    alone = run_benchmark(TOY, tmp_path, table_names=TOY_TABLES, row_filter=TOY_ROWS, command="toy",
+                          report_only=True, log=lambda _: None)
+    assert alone["tables"] == first["tables"] and alone["fig6"] == first["fig6"]
+    assert not (tmp_path / "cache").exists()
+    (tmp_path / "kept").rename(tmp_path / "cache")
+
+    # A Fig. 6 result in neither the store nor the cache is recomputed from a retrained (identical) checkpoint.
     checkpoints = list(tmp_path.glob("cache/room/hrope.learned.ctx2/*/checkpoint.safetensors"))
     assert len(checkpoints) == 2
     for checkpoint in checkpoints:
         checkpoint.unlink()
         (checkpoint.parent / "protocols.json").unlink()
+        cell = checkpoint.parent.relative_to(tmp_path / "cache").as_posix()
+        store.put(cell, store.record(cell), {})
+    store.save()
     fourth = run_benchmark(TOY, tmp_path, table_names=TOY_TABLES, row_filter=TOY_ROWS, command="toy",
                            log=lambda _: None)
     assert fourth["fig6"] == first["fig6"] and fourth["tables"] == first["tables"]
+    assert all(CellStore(tmp_path / CELLS_NAME).protocols(cell) for cell in store.ids() if "/hrope.learned." in cell)
 
-    # An unfinished cell resumes its checkpoint only when the current code started it.
+    # An unfinished cell (no record in the cache or the store) resumes its checkpoint only when the
+    # current code started it.
     folder = next(tmp_path.glob("cache/room/none.learned.ctx2/seed0-*"))
     record = json.loads((folder / "metrics.json").read_text())
     for started, resumed_from in ((first["provenance"], TOY.steps), ({"source_fingerprint": "other"}, 0)):
         (folder / "metrics.json").unlink()
+        cell = folder.relative_to(tmp_path / "cache").as_posix()
+        lines = (tmp_path / CELLS_NAME).read_text().splitlines(keepends=True)
+        (tmp_path / CELLS_NAME).write_text("".join(line for line in lines if json.loads(line)["cell"] != cell))
         (folder / TRAINING_NAME).write_text(json.dumps(started))
         again = run_benchmark(TOY, tmp_path, table_names=["table1"], row_filter={"none"}, command="toy",
                               log=lambda _: None)

@@ -21,6 +21,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 from nvs_cells import METRICS_NAME, CellRunner, StaleCellsError  # noqa: E402
 from nvs_rows import BUDGETS, Cell, Row  # noqa: E402
+from nvs_store import CELLS_NAME, CellStore  # noqa: E402
 from nvs_table import main  # noqa: E402
 from provenance import describe, provenance, source_fingerprint  # noqa: E402
 
@@ -148,7 +149,7 @@ def test_committed_cells_need_allow_stale_and_cells_of_dropped_encodings_are_ski
     hrope-pf-ape are skipped with a note. Under the current version none of them is reused."""
     import nvs_rows
 
-    shutil.copytree(BENCHMARKS / "results" / "nvs_quick" / "cache", tmp_path / "cache")
+    shutil.copy(BENCHMARKS / "results" / "nvs_quick" / CELLS_NAME, tmp_path / CELLS_NAME)
     current = main(["--quick", "--report-only", "--allow-stale", "--out", str(tmp_path)])["progress"]
     assert nvs_rows.RESULTS_VERSION >= 1 and current["finished"] == 0
     monkeypatch.setattr(nvs_rows, "RESULTS_VERSION", 0)
@@ -156,7 +157,7 @@ def test_committed_cells_need_allow_stale_and_cells_of_dropped_encodings_are_ski
         main(["--quick", "--report-only", "--out", str(tmp_path)])
     report = main(["--quick", "--report-only", "--allow-stale", "--out", str(tmp_path)])
     progress = report["progress"]
-    committed = len(list((tmp_path / "cache").glob("*/*/*/metrics.json"))) - 2  # less the hrope-pf-ape cells
+    committed = len(CellStore(tmp_path / CELLS_NAME).ids()) - 2  # less the hrope-pf-ape cells
     assert progress["finished"] == committed == report["stale_cells"]["count"], (
         "a committed cell is no longer found: did a change alter cell_settings or RESULTS_VERSION?")
     # pending: Table 3's context-only plane sources, added after these cells (2 encodings x 3 sources x 2 seeds)
