@@ -940,3 +940,15 @@ def test_docs_list_every_loader():
     assert set(re.findall(r"`([a-z0-9]+)`", row)) - {"room", "object"} == set(LOADERS)
     kinds = re.search(r"Kinds: (.*?) \(a folder of scene folders", text, re.S).group(1)
     assert set(re.findall(r"`([a-z0-9]+)`", kinds)) == set(LOADERS)
+
+
+def test_colmap_image_name_too_long_for_the_file_system_is_a_missing_frame(tmp_path, caplog):
+    """A NAME no file system holds (here 400 characters) is a listed frame without an image file."""
+    K, E, _ = truth(V)
+    write_colmap(tmp_path, K, E, view_images(V))
+    images_txt = tmp_path / "sparse/0/images.txt"
+    images_txt.write_text(images_txt.read_text().replace("img_00.png", "a" * 400 + ".png"))
+    with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
+        scene = load_scene(tmp_path)
+    assert scene.num_views == V - 1
+    assert f"{images_txt}: 1 of {V} listed frames have no image file and are skipped" in caplog.text

@@ -30,7 +30,7 @@ import torch
 
 from ....geometry import make_se3
 from ..scene import Scene, SceneError
-from .frames import Frame, frames_to_scene, image_folder, pinhole, positive_number, report_missing
+from .frames import Frame, frames_to_scene, image_file_exists, image_folder, pinhole, positive_number, report_missing
 from .undistort import Distortion, finite_number, make_distortion
 
 __all__ = ["quaternion_to_rotation", "ColmapCamera", "read_colmap_cameras", "ColmapImage", "read_colmap_images",
@@ -227,7 +227,7 @@ def read_colmap_frames(folder: str | Path, image_dir: str | Path | None = None,
         if image.camera_id not in cameras:
             raise SceneError(f"{image.where}: field CAMERA_ID {image.camera_id} is not in {model / 'cameras.txt'}")
         camera, path = cameras[image.camera_id], Path(image_dir) / image.name
-        if not path.is_file():
+        if not image_file_exists(path):
             missing.append(path)
             continue
         frames.append(Frame(path, camera.K, image.world_to_cam, camera.size, image.where,

@@ -36,7 +36,7 @@ from .image_cache import ImageCache
 from .undistort import Distortion, undistort_image
 
 __all__ = ["Frame", "positive_number", "number_array", "pinhole", "read_image", "load_view", "frames_to_scene",
-           "select_frames", "image_folders", "image_folder", "report_missing"]
+           "select_frames", "image_folders", "image_folder", "image_file_exists", "report_missing"]
 
 logger = logging.getLogger("hrope.nvs.data")
 
@@ -287,6 +287,15 @@ def image_folder(folder: Path, image_factor: int | None = None, *, fallback: Pat
         raise SceneError(f"{folder}: image_factor {image_factor} reads {wanted}/, which does not exist; image "
                          f"folders present: {names}")
     return present[image_factor]
+
+
+def image_file_exists(path: Path) -> bool:
+    """Whether ``path`` is a file; False too for a name the file system cannot hold (too long, a
+    NUL byte), which no listed image can be."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def report_missing(where: str, missing: list[Path], listed: int) -> None:

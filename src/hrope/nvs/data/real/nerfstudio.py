@@ -36,8 +36,8 @@ from PIL import Image
 
 from ....geometry import invert_se3
 from ..scene import Scene, SceneError
-from .frames import Frame, frames_to_scene, image_folder, image_folders, number_array, pinhole, positive_number, \
-    report_missing
+from .frames import Frame, frames_to_scene, image_file_exists, image_folder, image_folders, number_array, pinhole, \
+    positive_number, report_missing
 from .undistort import Distortion, finite_number, make_distortion
 
 __all__ = ["OPENGL_TO_OPENCV", "read_transforms_json", "load_transforms_json"]
@@ -138,7 +138,7 @@ def read_transforms_json(path: str | Path, image_factor: int | None = None) -> l
                              f"got {type(entry['file_path']).__name__}")
         fields = {**shared, **entry}
         image = _image_path(path.parent, entry["file_path"], image_factor, label)
-        if not image.is_file():
+        if not image_file_exists(image):
             missing.append(image)
             continue
         K, size = _intrinsics(fields, image, label)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..scene import SceneError
-from .frames import Frame, pinhole, report_missing
+from .frames import Frame, image_file_exists, pinhole, report_missing
 
 __all__ = ["ZERO123_SIZE", "ZERO123_FOCAL", "BLENDER_TO_OPENCV", "read_objaverse_frames"]
 
@@ -89,7 +89,7 @@ def read_objaverse_frames(folder: str | Path) -> list[Frame]:
     frames, missing = [], []
     for path in cameras:
         image = path.with_suffix(".png")
-        if not image.is_file():
+        if not image_file_exists(image):
             missing.append(image)
             continue
         world_to_cam = BLENDER_TO_OPENCV @ _read_matrix(path)
