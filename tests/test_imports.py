@@ -21,7 +21,7 @@ LAYERS = {
     "hrope.errors": 0, "hrope.geometry": 0, "hrope.cameras": 1, "hrope.planes": 2, "hrope.rays": 2, "hrope.encodings.": 3,
     "hrope.tokens": 4, "hrope.attention": 5, "hrope.reference": 5, "hrope.testing": 5, "hrope": 6,
     "hrope.integrations.": 7,
-    "hrope.nvs.config": 10, "hrope.nvs.metrics": 10, "hrope.nvs.transfer": 10, "hrope.nvs.data.": 11, "hrope.nvs.predictors": 12,
+    "hrope.nvs.config.": 10, "hrope.nvs.metrics": 10, "hrope.nvs.transfer": 10, "hrope.nvs.data.": 11, "hrope.nvs.predictors": 12,
     "hrope.nvs.model": 13, "hrope.nvs.runs": 14, "hrope.nvs.datasets": 14, "hrope.nvs.checkpoints": 14, "hrope.nvs.plane_accuracy": 14,
     "hrope.nvs.train": 15, "hrope.nvs.viz": 15, "hrope.nvs.evaluate": 16, "hrope.nvs.protocols": 17,
     "hrope.nvs.demo": 17, "hrope.nvs.cli": 18, "hrope.nvs": 19,

@@ -39,27 +39,21 @@ from ..encodings import Encoding, tangent_frames
 from ..errors import InputError
 from ..geometry import make_se3, patch_rays, patchify, pixel_rays
 from ..planes import Planes, check_depth_maps, clamp_plane_vectors, plane_vectors
-from .config import Field
+from .config.schema import (DEFAULT_MAX_INVERSE_DISTANCE, FALLBACKS, FITS, PLANE_DECODERS, SCOPES, TARGETS,
+                            source_options)
 from .transfer import transfer_depth, transfer_planes
 
 __all__ = [
     "PredictorError", "ParameterSpec", "parameter_specs", "ParameterSource", "LearnedSource",
-    "BackboneSource", "GeometrySource", "ExternalSource", "OracleSource", "PREDICTORS", "build_parameter_source",
-    "SOURCE_OPTIONS", "DEFAULT_MAX_INVERSE_DISTANCE", "source_options", "TARGETS", "SCOPES", "PLANE_DECODERS",
+    "BackboneSource", "GeometrySource", "ExternalSource", "OracleSource", "build_parameter_source",
     "default_plane_decoder", "fold_heads", "unfold_heads", "encoding_inputs", "flatten_values", "load_backbone",
     "axis_angle_to_matrix", "token_rays",
-    "patch_planes_from_normals", "import_factory", "robust_patch_planes", "FITS", "FALLBACKS",
+    "patch_planes_from_normals", "import_factory", "robust_patch_planes",
 ]
 
 # Learned-head values at zero output for the query-frame encodings' uncertainty parameters.
 RAYROPE_INIT_HALFWIDTH = 3.0  # RayRoPE's init_sigma (log-depth half-width)
 WORLDROPE_INIT_SIGMA = 0.25  # fraction of depth_init
-
-# Known geometry (oracle, external): planes closer to the camera centre than 1/2 of the context
-# baseline (scenes are normalised to a unit baseline) are moved out to that distance. Measured in
-# docs/results.md ("Why geometry hurts on `object`"): uncapped, a few such planes destabilise
-# training (object -0.95 dB, room +0.47 dB with transferred context depth; capped +0.05 and +0.80).
-DEFAULT_MAX_INVERSE_DISTANCE = 2.0
 
 # Default camera-facing normal of a predicted plane (camera frame, OpenCV: z forward).
 FACING_NORMAL = (0.0, 0.0, -1.0)
@@ -100,9 +94,6 @@ class ParameterSpec:
     raw_dim: int
     embed_dim: int
     decode: Callable[[Tensor, Cameras, tuple[int, int]], Tensor]
-
-
-PLANE_DECODERS = ("direct", "normal-depth")
 
 
 def _plane_decoder(kind: str, neutral: str, depth_init: float) -> tuple[int, Callable]:
@@ -230,8 +221,6 @@ def flatten_values(values: dict[str, Tensor], specs: list[ParameterSpec]) -> Ten
 
 
 # ----------------------------------------------------------------------------- sources
-TARGETS = ("hidden", "neutral", "transfer")
-SCOPES = ("context", "all")
 
 
 class ParameterSource(nn.Module):
@@ -479,8 +468,6 @@ def patch_planes_from_normals(depth: Tensor, normals: Tensor, cameras: Cameras, 
     return Planes.from_m(m)
 
 
-FITS = ("least-squares", "robust")
-FALLBACKS = ("median", "infinity")
 RANSAC_HYPOTHESES = 64  # planes tried per patch (fixed draws): 50 % outliers leave ~2e-4 of patches without a clean one
 
 
@@ -722,63 +709,11 @@ def _user_module(options: dict, what: str) -> nn.Module:
     return module
 
 
-PREDICTORS = ("learned", "backbone", "external", "oracle")
-
-
-# every source's options (predictor_options) with their defaults; "targets" choices per source
-SOURCE_OPTIONS = {
-    "learned": {"plane_decoder": None, "per_layer": True, "per_head": False, "targets": "hidden"},
-    "backbone": {"plane_decoder": None, "module": None, "module_kwargs": {}, "checkpoint": None, "feature_dim": None,
-                 "hidden_dim": 64, "targets": "neutral"},
-    "external": {"use_normals": True, "scope": "context", "targets": "neutral", "depth": "data",
-                 "fit": "least-squares", "min_points": 5, "inlier_threshold": 0.02, "fallback": "median",
-                 "module": None, "module_kwargs": {}, "checkpoint": None, "align": "median",
-                 "max_inverse_distance": DEFAULT_MAX_INVERSE_DISTANCE},
-    "oracle": {"scope": "context", "targets": "neutral", "max_inverse_distance": DEFAULT_MAX_INVERSE_DISTANCE},
-}
-SOURCE_TARGETS = {"learned": TARGETS, "backbone": ("neutral", "transfer"), "external": ("neutral", "transfer"),
-                  "oracle": ("neutral", "transfer")}
-# what the options accept, where more than one value type or choice would be wrong
-OPTION_FIELDS = {
-    "scope": Field("str", choices=SCOPES), "per_layer": Field("bool"), "per_head": Field("bool"),
-    "use_normals": Field("bool"),
-    "depth": Field("str", choices=("data", "model")), "fit": Field("str", choices=FITS),
-    "min_points": Field("int", low=3), "inlier_threshold": Field("float", above=0),
-    "fallback": Field("str", choices=FALLBACKS), "align": Field("str", choices=("median", "none")),
-    "max_inverse_distance": Field("float", above=0, nullable=True),
-}
-
-
-def source_options(name: str, options: dict | None) -> dict:
-    """``options`` of parameter source ``name`` completed with the defaults; unknown keys and bad
-    choices raise :class:`PredictorError` naming the key and what is accepted."""
-    if name not in SOURCE_OPTIONS:
-        raise PredictorError(f"unknown predictor {name!r}; available: {', '.join(PREDICTORS)}")
-    known = SOURCE_OPTIONS[name]
-    unknown = sorted(set(options or {}) - set(known))
-    if unknown:
-        raise PredictorError(f"unknown predictor_options {unknown} for predictor {name!r}; known: {sorted(known)}")
-    values = {**known, **(options or {})}
-    if values["targets"] not in SOURCE_TARGETS[name]:
-        raise PredictorError(f"predictor_options.targets must be one of {list(SOURCE_TARGETS[name])} for predictor "
-                             f"{name!r}, got {values['targets']!r}")
-    for key, field in OPTION_FIELDS.items():
-        if key in values:
-            field.check(f"predictor_options.{key}", values[key], PredictorError)
-    if values.get("scope") == "all" and "targets" in (options or {}):
-        raise PredictorError("predictor_options.scope 'all' reads the target views' own geometry; it takes no "
-                             "targets option")
-    if name == "external" and (values["module"] is not None) != (values["depth"] == "model"):
-        raise PredictorError("predictor_options.module is the depth model of depth: model (and it needs one); got "
-                             f"depth {values['depth']!r} with module {values['module']!r}")
-    return values
-
-
 def build_parameter_source(name: str, specs: list[ParameterSpec], *, dim: int, num_layers: int, patch_size: int,
                            options: dict | None = None, depth_init: float = 1.0,
                            attention_heads: int = 1) -> ParameterSource:
-    """A parameter source by name with its ``options`` (:data:`SOURCE_OPTIONS`): ``targets`` and, for
-    ``oracle`` / ``external``, ``scope`` (see :class:`ParameterSource`); for ``learned``
+    """A parameter source by name with its ``options`` (:data:`hrope.nvs.config.SOURCE_OPTIONS`):
+    ``targets`` and, for ``oracle`` / ``external``, ``scope`` (see :class:`ParameterSource`); for ``learned``
     ``per_layer`` and ``per_head`` (one set of values for each of the ``attention_heads``); for
     ``backbone`` a ``module`` (nn.Module or import path ``'pkg.mod:factory'`` + ``module_kwargs``),
     a local ``checkpoint`` path, ``feature_dim`` and ``hidden_dim``; for
@@ -789,7 +724,7 @@ def build_parameter_source(name: str, specs: list[ParameterSpec], *, dim: int, n
     ``depth_init``: the depth that ``external`` and ``oracle`` use for patches whose plane never
     crosses the patch-centre ray."""
     takes_planes = "planes" in {s.name for s in specs}
-    options = source_options(name, options)
+    options = source_options(name, options, PredictorError)
     if options["targets"] == "transfer" and name in ("learned", "backbone") and not takes_planes:
         raise PredictorError("predictor_options.targets 'transfer' carries planes over from the context views: it "
                              "needs an encoding that takes planes")
