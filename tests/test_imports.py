@@ -22,6 +22,7 @@ LAYERS = {
     "hrope.tokens": 4, "hrope.attention": 5, "hrope.reference": 5, "hrope.testing": 5, "hrope": 6,
     "hrope.integrations.": 7,
     "hrope.nvs.config.": 10, "hrope.nvs.metrics": 10, "hrope.nvs.transfer": 10, "hrope.nvs.data.": 11, "hrope.nvs.predictors": 12,
+    "hrope.nvs.config_docs": 12,
     "hrope.nvs.model": 13, "hrope.nvs.runs": 14, "hrope.nvs.datasets": 14, "hrope.nvs.checkpoints": 14, "hrope.nvs.plane_accuracy": 14,
     "hrope.nvs.train": 15, "hrope.nvs.viz": 15, "hrope.nvs.evaluate": 16, "hrope.nvs.protocols": 17,
     "hrope.nvs.demo": 17, "hrope.nvs.cli": 18, "hrope.nvs": 19,

@@ -7,7 +7,8 @@ whose defaults come from the preset), ``data``, ``train`` and ``eval`` (:func:`d
 key). Overrides are ``--section.key value`` (value parsed as YAML, so ``1e-3``, ``true``, ``[1, 2]``
 work) or one of the shortcuts in :data:`SHORTCUTS` (``--encoding prope``). Unknown sections, keys
 and options are errors that suggest the closest known one. Every run writes its resolved config
-(``config.yaml``) next to its outputs.
+(``config.yaml``) next to its outputs; ``hrope config`` prints it with each key's doc
+(:mod:`hrope.nvs.config_docs`, which also writes docs/config.md).
 
 Validation: :func:`resolve`, :func:`update_config`, :func:`apply_overrides` (so :func:`load_config`
 and checkpoint metadata too) check every ``data`` / ``train`` / ``eval`` value against its setting
