@@ -30,7 +30,7 @@ __all__ = ["Row", "Table", "Budget", "BUDGETS", "TABLE1_ENCODINGS", "ABLATIONS",
 # Bump (by hand) in a change meant to alter trained results; a new version trains every cell again,
 # in new cache folders (the old ones stay on disk, unused). Version 0 is not hashed (its cells are
 # keyed by their settings alone). 1: the oracle and external sources cap planes next to the camera
-# at |m| <= 2 by default (hrope.nvs.sources.DEFAULT_MAX_INVERSE_DISTANCE).
+# at |m| <= 2 by default (hrope.nvs.config.schema.DEFAULT_MAX_INVERSE_DISTANCE).
 RESULTS_VERSION = 1
 
 TABLE1_ENCODINGS = ("none", "gta", "prope", "cape", "rayrope", "urope", "worldrope", "hrope", "hrope-lift")

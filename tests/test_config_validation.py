@@ -3,6 +3,7 @@ model section by ModelConfig; the device where it is chosen; fuzzed overrides an
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -12,24 +13,55 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hrope.nvs.config import (DEFAULTS, SCHEMA, SHORTCUTS, ConfigError, Field, apply_overrides, check_config,
-                              check_device, load_config, parse_value, resolve, update_config)
+from hrope import get_encoding
+from hrope.nvs.config import (SETTINGS, SHORTCUTS, SOURCE_OPTIONS, ConfigError, Field, PredictorOptions,
+                              apply_overrides, check_config, check_device, defaults, load_config, parse_value, resolve,
+                              settings_of, update_config)
+from hrope.nvs.config.schema import source_options
+from hrope.nvs.build_data import synthetic_config
 from hrope.nvs.model import ModelConfig, ModelError
+from hrope.nvs.sources import PredictorError, build_parameter_source, parameter_specs
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
-KEYS = [f"{section}.{key}" for section, fields in SCHEMA.items() for key in fields]
+CHECKED = ("data", "train", "eval")  # the sections resolve checks (model: ModelConfig)
+KEYS = [f"{section}.{key}" for section in CHECKED for key in SETTINGS[section]]
+DEFAULTS = defaults()
+
+# the resolved default config, written out: configs are hashed and saved, so its keys, their order and
+# the values must stay exactly these
+RESOLVED_DEFAULTS = {
+    "model": {"preset": "tiny", "encoding": "none", "predictor": "learned"},
+    "data": {"kind": "room", "root": None, "eval_root": None, "eval_index": None, "context_gap": None,
+             "num_scenes": 256, "num_context": 2, "num_target": 1, "seed": 0, "cache": True, "prefetch": True,
+             "synthetic": {}, "depth": "none", "depth_scale": 0.001, "image_factor": None, "undistort": True,
+             "cache_dir": None, "workers": 0},
+    "train": {"out": "runs/default", "steps": 1000, "batch_size": 4, "lr": 4e-4, "min_lr_ratio": 0.1, "warmup": 100,
+              "weight_decay": 0.05, "grad_clip": 1.0, "bf16": False, "seed": 0, "device": "auto", "log_every": 10,
+              "image_every": 200, "checkpoint_every": 250, "perceptual_weight": 0.0, "parameter_lr_scale": 1.0,
+              "threads": 0, "max_nonfinite_steps": 20, "init_from": None},
+    "eval": {"num_scenes": 16, "batch_size": 4, "lpips_weights": None, "num_grid_scenes": 4},
+}
 
 
 def field_of(key: str) -> Field:
     section, name = key.split(".")
-    return SCHEMA[section][name]
+    return SETTINGS[section][name].check
 
 
-def test_schema_covers_every_key_and_the_defaults_pass():
-    assert {s: set(v) for s, v in SCHEMA.items()} == {s: set(DEFAULTS[s]) for s in SCHEMA}
-    for section, fields in SCHEMA.items():
-        for key, field in fields.items():
-            assert field.accepts(DEFAULTS[section][key]), f"{section}.{key}"
+def test_the_resolved_defaults_are_exactly_the_saved_ones():
+    assert json.dumps(resolve()) == json.dumps(RESOLVED_DEFAULTS)  # keys, order, values and their types
+    assert resolve() is not resolve() and resolve()["data"]["synthetic"] is not resolve()["data"]["synthetic"]
+
+
+def test_every_default_passes_its_check():
+    for section, entries in SETTINGS.items():
+        for key, declared in entries.items():
+            assert declared.check.accepts(declared.default), f"{section}.{key}"
+    options = settings_of(PredictorOptions)
+    for name, values in SOURCE_OPTIONS.items():  # every source's defaults, targets included
+        for key, value in values.items():
+            assert options[key].check.accepts(value) and name in options[key].sources, f"{name}: {key}"
+    assert {key for values in SOURCE_OPTIONS.values() for key in values} == set(options)  # all 18 reach a source
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -220,7 +252,7 @@ SECTION_KEYS = st.sampled_from([k.split(".")[1] for k in KEYS] + ["dim", "preset
 
 @settings(max_examples=120, deadline=None)
 @given(st.one_of(
-    st.dictionaries(st.sampled_from([*DEFAULTS, "optim"]),
+    st.dictionaries(st.sampled_from([*SETTINGS, "optim"]),
                     st.dictionaries(SECTION_KEYS, YAML_VALUES, max_size=4) | YAML_SCALARS, max_size=4),
     YAML_VALUES,
 ).map(lambda doc: yaml.safe_dump(doc)) | st.text(max_size=60))
@@ -233,7 +265,63 @@ def test_fuzzed_yaml_files_only_raise_config_errors(tmp_path_factory, text):
         assert "\n" not in str(error)
         return
     document = yaml.safe_load(text) or {}
-    for section, fields in SCHEMA.items():  # accepted: the file's values, the defaults elsewhere
-        for key, field in fields.items():
+    for section in CHECKED:  # accepted: the file's values, the defaults elsewhere
+        for key, declared in SETTINGS[section].items():
             expected = document.get(section, {}).get(key, DEFAULTS[section][key])
-            assert config[section][key] == expected and field.accepts(expected)
+            assert config[section][key] == expected and declared.check.accepts(expected)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--train.step", "3"], "unknown config key 'train.step'; did you mean train.steps? known in 'train': ["),
+    (["--trian.steps", "3"], "unknown config section 'trian'; did you mean train? known: ["),
+    (["--stepz", "3"], "unknown option --stepz; did you mean --steps? use --section.key"),
+    (["--data.num_contxt", "3"], "unknown config key 'data.num_contxt'; did you mean data.num_context?"),
+    (["--train.zzz", "3"], "unknown config key 'train.zzz'; known in 'train': ["),  # nothing close: no guess
+])
+def test_unknown_keys_sections_and_options_suggest_the_closest(args, message):
+    with pytest.raises(ConfigError) as error:
+        apply_overrides(resolve(), args)
+    assert str(error.value).startswith(message)
+
+
+def test_unknown_nested_keys_suggest_the_closest():
+    with pytest.raises(ModelError, match=r"unknown model options \['dimm'\]; did you mean model.dim\? known"):
+        ModelConfig.from_dict({"dimm": 4})
+    with pytest.raises(ConfigError, match=r"keys \['fov'\]; did you mean data.synthetic.fov_deg"):
+        synthetic_config({"data": {"synthetic": {"fov": [1, 2]}}})
+    specs = parameter_specs(get_encoding("hrope-lift"))
+    with pytest.raises(PredictorError, match=r"\['per_layers'\] for predictor 'learned'; did you mean "
+                                             r"predictor_options.per_layer\?"):
+        build_parameter_source("learned", specs, dim=4, num_layers=1, patch_size=8, options={"per_layers": False})
+
+
+# (source, options, message): every predictor option is checked, the seven without a choice list too
+BAD_PREDICTOR_OPTIONS = [
+    ("learned", {"plane_decoder": "flat"}, "predictor_options.plane_decoder must be null or one of direct, normal-"),
+    ("backbone", {"module": 5, "feature_dim": 8}, "predictor_options.module must be null or an nn.Module or an import"),
+    ("backbone", {"module": "m:f", "module_kwargs": [1]}, "predictor_options.module_kwargs must be a mapping, got [1]"),
+    ("external", {"checkpoint": ""}, "predictor_options.checkpoint must be null or a path (a non-empty string)"),
+    ("backbone", {"module": "m:f", "feature_dim": 2.5}, "predictor_options.feature_dim must be null or a positive"),
+    ("backbone", {"module": "m:f", "hidden_dim": 0}, "predictor_options.hidden_dim must be a positive integer, got 0"),
+    ("oracle", {"targets": "hidden"}, "predictor_options.targets must be one of ['neutral', 'transfer'] for predictor"),
+    ("external", {"min_points": 2}, "predictor_options.min_points must be an integer >= 3, got 2"),
+    ("external", {"align": "mean"}, "predictor_options.align must be one of median, none, got 'mean'"),
+    ("external", {"use_normals": "no"}, "predictor_options.use_normals must be true or false, got 'no'"),
+]
+
+
+@pytest.mark.parametrize("source, options, message", BAD_PREDICTOR_OPTIONS,
+                         ids=[f"{s}-{next(iter(o))}" for s, o, _ in BAD_PREDICTOR_OPTIONS])
+def test_every_predictor_option_is_checked(source, options, message):
+    with pytest.raises(PredictorError) as error:
+        source_options(source, options, PredictorError)
+    assert str(error.value).startswith(message)
+
+
+def test_source_options_complete_the_defaults_per_source():
+    assert source_options("learned", None) == {"plane_decoder": None, "per_layer": True, "per_head": False,
+                                               "targets": "hidden"}
+    assert source_options("oracle", {"scope": "all"}) == {"targets": "neutral", "scope": "all",
+                                                          "max_inverse_distance": 2.0}
+    backbone = source_options("backbone", {"module": "pkg.mod:factory", "feature_dim": 8})
+    assert backbone["hidden_dim"] == 64 and backbone["module_kwargs"] == {} and backbone["checkpoint"] is None

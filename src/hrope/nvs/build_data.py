@@ -7,9 +7,11 @@ of ``config["data"]`` at the model's resolution; ``build_scene_source(config, sp
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import torch
 
-from .config import ConfigError
+from .config import ConfigError, did_you_mean
 from .data.batch import collate_scenes
 from .data.dataset import SceneDataset, SyntheticDataset
 from .data.normalize import normalize_scene
@@ -156,15 +158,14 @@ def build_dataset(config: dict, split: str = "train"):
 def synthetic_config(config: dict) -> SyntheticConfig:
     """The :class:`SyntheticConfig` of ``config["data"]["synthetic"]`` (its overrides of the defaults)."""
     values = config["data"]["synthetic"] or {}
-    if not isinstance(values, dict):
-        raise ConfigError(f"data.synthetic must be a mapping of SyntheticConfig fields, got {values!r}")
-    known = set(SyntheticConfig.__dataclass_fields__)
-    unknown = sorted(set(values) - known)
+    known = [f.name for f in fields(SyntheticConfig)]
+    unknown = sorted(set(values) - set(known))
     if unknown:
-        raise ConfigError(f"unknown data.synthetic keys {unknown}; known: {sorted(known)}")
+        raise ConfigError(f"unknown data.synthetic keys {unknown}; {did_you_mean(unknown[0], known, 'data.synthetic.')}"
+                          f"known: {sorted(known)}")
     try:
         return SyntheticConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
-    except (TypeError, ValueError) as error:
+    except ValueError as error:
         raise ConfigError(f"data.synthetic: {error}") from None
 
 

@@ -7,12 +7,14 @@
                [--factors F ...] [--zoom-all] [--out DIR] [same options as above]
     hrope viz planes CHECKPOINT [--out DIR] [--num-scenes N] [--layer L] [--head H] [--device auto|cpu|cuda]
     hrope viz plane-accuracy RUN [--out DIR]
+    hrope config [CONFIG] [--section.key VALUE ...]
 
 CHECKPOINT is a ``checkpoint.safetensors`` file or the run folder holding it. ``--data.key VALUE``
 overrides the run's data config (e.g. ``--data.kind re10k --data.root DIR --data.eval_index FILE``).
 Overrides go after the CONFIG/CHECKPOINT argument (``--key VALUE`` before it is an error). Without
 ``--protocol``, ``eval`` scores the run's own held-out split; with it, all checkpoints go into one
-table/plot (``--out`` is required for several).
+table/plot (``--out`` is required for several). ``config`` prints the resolved config (the defaults
+without CONFIG) with each key's doc.
 
 Errors: every user error (a :class:`hrope.InputError`: a bad option, config value, file contents;
 or a missing / unreadable user-given path) ends with one line ``hrope <command>: error: ...`` on
@@ -31,9 +33,10 @@ from pathlib import Path
 from ..errors import InputError
 from .checkpoints import run_folder
 from .config import (SHORTCUTS, ConfigError, Field, apply_overrides, check_device, load_config, one_line,
-                     parse_overrides, parse_value)
+                     parse_overrides, parse_value, resolve)
+from .config_docs import describe_config
 from .evaluate import evaluate
-from .model import count_parameters
+from .model import ModelConfig, count_parameters
 from .protocols import run_protocol, write_results
 from .train import train
 from .viz import plot_plane_accuracy, visualize_planes
@@ -126,6 +129,9 @@ def _parser() -> argparse.ArgumentParser:
                                        help="accuracy of predicted planes over training steps (plane_accuracy.jsonl)")
     accuracy.add_argument("run", help="run folder (or its checkpoint.safetensors)")
     accuracy.add_argument("--out", default=None, help="output folder for plane_accuracy.png (default: <run>/viz)")
+    commands.add_parser("config", usage="hrope config [-h] [CONFIG] [--section.key VALUE ...]",
+                        help="print the resolved config with each key's doc (docs/config.md lists every setting)",
+                        description="CONFIG: a YAML config file (default: the defaults); overrides as for train")
     return parser
 
 
@@ -179,6 +185,14 @@ def run_eval(args, extra: list[str]) -> None:
     print(f"wrote {out}")
 
 
+def run_config(extra: list[str]) -> None:
+    """Print the config of ``[CONFIG] [overrides]`` (validated, the model section too) with its docs."""
+    path, overrides = (extra[0], extra[1:]) if extra and not extra[0].startswith("--") else (None, extra)
+    config = apply_overrides(load_config(path) if path else resolve(), overrides)
+    ModelConfig.from_dict(config["model"])
+    print(describe_config(config), end="")
+
+
 def run(argv: list[str]) -> int:
     """Run the ``hrope`` command line ``argv``; returns the exit status (module doc: errors)."""
     command = "hrope"
@@ -200,6 +214,8 @@ def run(argv: list[str]) -> int:
                       f"{result.last_loss:.5f}, {counts['total']:,} parameters; outputs in {result.out}")
         elif args.command == "eval":
             run_eval(args, extra)
+        elif args.command == "config":
+            run_config(extra)
         elif args.figure == "plane-accuracy":
             _check_out(args.out, "--out")
             print(f"wrote {plot_plane_accuracy(args.run, args.out)}")

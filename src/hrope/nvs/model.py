@@ -15,20 +15,19 @@ and attends with no geometric encoding (``none``), with world-frame rays.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 
 import torch
 from torch import Tensor, nn
 
 from ..cameras import Cameras
 from ..encodings import ENCODINGS, Encoding, get_encoding
-from ..encodings.base import BACKENDS
 from ..errors import InputError
 from ..geometry import patchify
-from .config import Field
-from .sources import (PREDICTORS, ParameterSource, build_parameter_source, encoding_inputs, flatten_values, fold_heads,
+from .config import PREDICTORS, ModelSettings, check_fields, did_you_mean
+from .sources import (ParameterSource, build_parameter_source, encoding_inputs, flatten_values, fold_heads,
                       parameter_specs)
-from ..rays import RAY_FRAMES, plucker_rays
+from ..rays import plucker_rays
 
 __all__ = ["ModelConfig", "PRESETS", "APE_ENCODINGS", "LVSM", "LVSMOutput", "ModelError", "unpatchify",
            "count_parameters", "encoding_names", "build_model"]
@@ -41,30 +40,17 @@ class ModelError(InputError):
 
 
 @dataclass
-class ModelConfig:
-    """LVSM hyper-parameters. ``rays``: ``auto`` (world for ``none`` and ``*-ape``, camera frame
-    for relative encodings), ``world`` or ``camera``. ``predictor`` is used only by encodings that
-    need per-token parameters. ``transform_backend``: how the encoding's transforms are applied
-    (:data:`hrope.encodings.base.BACKENDS`; ``auto`` uses the fused Triton kernel on CUDA)."""
-
-    image_size: int = 64
-    patch_size: int = 8
-    dim: int = 128
-    layers: int = 4
-    heads: int = 4
-    mlp_ratio: float = 4.0
-    qk_norm: bool = True
-    encoding: str = "none"
-    encoding_options: dict = field(default_factory=dict)
-    rays: str = "auto"
-    predictor: str = "learned"
-    predictor_options: dict = field(default_factory=dict)
-    depth_init: float = 1.0
-    transform_backend: str = "torch"
+class ModelConfig(ModelSettings):
+    """LVSM hyper-parameters: the fields of :class:`hrope.nvs.config.ModelSettings` (defaults, what
+    each accepts, docs), checked, with the encoding and predictor names checked against their
+    registries and the shapes against each other. ``rays``: ``auto`` (world for ``none`` and
+    ``*-ape``, camera frame for relative encodings), ``world`` or ``camera``. ``predictor`` is used
+    only by encodings that need per-token parameters. ``transform_backend``: how the encoding's
+    transforms are applied (:data:`hrope.encodings.base.BACKENDS`; ``auto`` uses the fused Triton
+    kernel on CUDA)."""
 
     def __post_init__(self) -> None:
-        for name, spec in FIELD_SPECS.items():
-            spec.check(f"model.{name}", getattr(self, name), ModelError)
+        check_fields(self, "model", ModelError)
         if self.image_size % self.patch_size:
             raise ModelError(f"image_size {self.image_size} is not divisible by patch_size {self.patch_size}")
         if self.dim % self.heads or (self.dim // self.heads) % 2:
@@ -102,7 +88,9 @@ class ModelConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(values) - known - {"preset"}
         if unknown:
-            raise ModelError(f"unknown model options {sorted(unknown)}; known: {sorted(known | {'preset'})}")
+            suggestion = did_you_mean(min(unknown), sorted(known), "model.")
+            raise ModelError(f"unknown model options {sorted(unknown)}; {suggestion}known: "
+                             f"{sorted(known | {'preset'})}")
         values = dict(values)
         preset = values.pop("preset", None)
         if preset is not None:
@@ -111,15 +99,6 @@ class ModelConfig:
             values = {**PRESETS[preset], **values}
         return cls(**values)
 
-
-# what each ModelConfig field accepts (the encoding and predictor names are checked against their registries)
-FIELD_SPECS = {
-    **{name: Field("int", low=1) for name in ("image_size", "patch_size", "dim", "layers", "heads")},
-    "mlp_ratio": Field("float", above=0), "qk_norm": Field("bool"), "encoding": Field("str"),
-    "encoding_options": Field("mapping"), "rays": Field("str", choices=("auto", *RAY_FRAMES)),
-    "predictor": Field("str"), "predictor_options": Field("mapping"), "depth_init": Field("float", above=0),
-    "transform_backend": Field("str", choices=BACKENDS),
-}
 
 PRESETS: dict[str, dict] = {
     "tiny": dict(image_size=64, patch_size=8, dim=128, layers=4, heads=4),

@@ -3,8 +3,9 @@
 A run folder holds one training run: ``config.yaml``, ``checkpoint.safetensors`` and
 ``segments.jsonl``, one JSON line per training segment (a first run, then each resume) with its
 steps, outcome, harmless overrides and code provenance. A resume must use the run's config: only
-the keys of :data:`HARMLESS_ON_RESUME` (and the ``eval`` section) may differ, since everything else
-changes the trajectory (docs/model.md, "Training").
+the keys of :data:`HARMLESS_ON_RESUME` (the settings declared with ``resume=True``,
+:data:`hrope.nvs.config.SETTINGS`) may differ, since everything else changes the trajectory
+(docs/model.md, "Training").
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import subprocess
 from pathlib import Path
 
+from .config import SETTINGS
 from .model import ModelConfig
 
 __all__ = ["SEGMENTS_NAME", "HARMLESS_ON_RESUME", "config_differences", "resume_differences", "code_provenance",
@@ -22,13 +24,8 @@ __all__ = ["SEGMENTS_NAME", "HARMLESS_ON_RESUME", "config_differences", "resume_
 SEGMENTS_NAME = "segments.jsonl"
 
 # Keys that may differ on resume: where outputs go, how the run is executed and logged, evaluation.
-# Every other key (model, data, the optimisation recipe, train.steps, train.init_from) is refused.
-HARMLESS_ON_RESUME = frozenset({
-    "data.cache", "data.prefetch", "data.eval_root", "data.eval_index", "data.cache_dir", "data.workers",
-    "train.out", "train.device", "train.threads", "train.log_every", "train.image_every", "train.checkpoint_every",
-    "train.max_nonfinite_steps",
-    "model.transform_backend",  # the same transforms up to float rounding (e.g. a GPU run resumed on a CPU)
-})
+HARMLESS_ON_RESUME = frozenset(f"{section}.{key}" for section, entries in SETTINGS.items()
+                               for key, declared in entries.items() if declared.resume)
 
 
 def _flat(config: dict) -> dict:
@@ -51,12 +48,12 @@ def config_differences(old: dict, new: dict) -> dict[str, tuple]:
 def _harmless(key: str, config: dict) -> bool:
     if key == "eval.lpips_weights":  # the perceptual loss trains with these weights
         return not config["train"]["perceptual_weight"]
-    return key in HARMLESS_ON_RESUME or key.startswith("eval.")
+    return key in HARMLESS_ON_RESUME
 
 
 def resume_differences(stored: dict, requested: dict) -> tuple[dict, dict]:
     """``(refused, harmless)``: the :func:`config_differences` of a run's stored config and the
-    config it is resumed with, split by :data:`HARMLESS_ON_RESUME` (and the ``eval`` section)."""
+    config it is resumed with, split by :data:`HARMLESS_ON_RESUME`."""
     differences = config_differences(stored, requested)
     harmless = {k: v for k, v in differences.items() if _harmless(k, requested)}
     return {k: v for k, v in differences.items() if k not in harmless}, harmless

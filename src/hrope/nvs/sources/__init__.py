@@ -30,21 +30,20 @@ Modules, each importing only the ones before it: ``errors``, ``specs`` (specs an
 from __future__ import annotations
 
 from .backbone import BackboneSource
-from .base import SCOPES, TARGETS, ParameterSource, fold_heads, unfold_heads
+from .base import ParameterSource, fold_heads, unfold_heads
 from .errors import PredictorError
 from .external import ExternalSource
-from .known_planes import DEFAULT_MAX_INVERSE_DISTANCE, GeometrySource
+from .known_planes import GeometrySource
 from .learned import LearnedSource
-from .options import OPTION_FIELDS, PREDICTORS, SOURCE_OPTIONS, SOURCE_TARGETS, build_parameter_source, source_options
+from .options import build_parameter_source
 from .oracle import OracleSource
-from .specs import (PLANE_DECODERS, ParameterSpec, axis_angle_to_matrix, default_plane_decoder, encoding_inputs,
+from .specs import (ParameterSpec, axis_angle_to_matrix, default_plane_decoder, encoding_inputs,
                     flatten_values, parameter_specs, token_rays)
 from .user_modules import import_factory, load_backbone
 
 __all__ = [
     "PredictorError", "ParameterSpec", "parameter_specs", "ParameterSource", "LearnedSource",
-    "BackboneSource", "GeometrySource", "ExternalSource", "OracleSource", "PREDICTORS", "build_parameter_source",
-    "SOURCE_OPTIONS", "SOURCE_TARGETS", "OPTION_FIELDS", "DEFAULT_MAX_INVERSE_DISTANCE", "source_options", "TARGETS",
-    "SCOPES", "PLANE_DECODERS", "default_plane_decoder", "fold_heads", "unfold_heads", "encoding_inputs",
+    "BackboneSource", "GeometrySource", "ExternalSource", "OracleSource", "build_parameter_source",
+    "default_plane_decoder", "fold_heads", "unfold_heads", "encoding_inputs",
     "flatten_values", "load_backbone", "axis_angle_to_matrix", "token_rays", "import_factory",
 ]

@@ -9,10 +9,8 @@ from ...cameras import Cameras
 from ..transfer import transfer_planes
 from .specs import ParameterSpec
 
-__all__ = ["ParameterSource", "TARGETS", "SCOPES", "fold_heads", "unfold_heads", "zero_linear", "camera_views"]
+__all__ = ["ParameterSource", "fold_heads", "unfold_heads", "zero_linear", "camera_views"]
 
-TARGETS = ("hidden", "neutral", "transfer")
-SCOPES = ("context", "all")
 
 
 class ParameterSource(nn.Module):

@@ -9,11 +9,12 @@ from torch import Tensor, nn
 from ...cameras import Cameras
 from ...geometry import patchify
 from ...planes import Planes
+from ..config import DEFAULT_MAX_INVERSE_DISTANCE
 from ..plane_fitting import fit_patch_planes
 from ..transfer import transfer_depth
 from .base import camera_views
 from .errors import PredictorError
-from .known_planes import DEFAULT_MAX_INVERSE_DISTANCE, GeometrySource
+from .known_planes import GeometrySource
 
 __all__ = ["ExternalSource"]
 

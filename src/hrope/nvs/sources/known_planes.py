@@ -9,17 +9,12 @@ from ...cameras import Cameras
 from ...encodings import tangent_frames
 from ...geometry import make_se3
 from ...planes import Planes, clamp_plane_vectors
+from ..config import DEFAULT_MAX_INVERSE_DISTANCE
 from .base import ParameterSource
 from .errors import PredictorError
 from .specs import FACING_NORMAL, token_rays
 
-__all__ = ["GeometrySource", "DEFAULT_MAX_INVERSE_DISTANCE"]
-
-# Known geometry (oracle, external): planes closer to the camera centre than 1/2 of the context
-# baseline (scenes are normalised to a unit baseline) are moved out to that distance. Measured in
-# docs/results.md ("Why geometry hurts on `object`"): uncapped, a few such planes destabilise
-# training (object -0.95 dB, room +0.47 dB with transferred context depth; capped +0.05 and +0.80).
-DEFAULT_MAX_INVERSE_DISTANCE = 2.0
+__all__ = ["GeometrySource"]
 
 
 def _values_from_planes(specs, planes: Planes, cameras: Cameras, grid,

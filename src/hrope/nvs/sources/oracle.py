@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 from ...planes import Planes
+from ..config import DEFAULT_MAX_INVERSE_DISTANCE
 from ..transfer import transfer_planes
 from .base import camera_views
 from .errors import PredictorError
-from .known_planes import DEFAULT_MAX_INVERSE_DISTANCE, GeometrySource
+from .known_planes import GeometrySource
 
 __all__ = ["OracleSource"]
 

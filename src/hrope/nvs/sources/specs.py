@@ -19,9 +19,10 @@ from ...cameras import Cameras
 from ...encodings import Encoding
 from ...geometry import make_se3, patch_rays
 from ...planes import Planes, plane_vectors
+from ..config import PLANE_DECODERS
 from .errors import PredictorError
 
-__all__ = ["ParameterSpec", "parameter_specs", "PLANE_DECODERS", "default_plane_decoder", "encoding_inputs",
+__all__ = ["ParameterSpec", "parameter_specs", "default_plane_decoder", "encoding_inputs",
            "flatten_values", "axis_angle_to_matrix", "token_rays", "FACING_NORMAL"]
 
 # Learned-head values at zero output for the query-frame encodings' uncertainty parameters.
@@ -64,7 +65,6 @@ class ParameterSpec:
     decode: Callable[[Tensor, Cameras, tuple[int, int]], Tensor]
 
 
-PLANE_DECODERS = ("direct", "normal-depth")
 
 
 def _plane_decoder(kind: str, neutral: str, depth_init: float) -> tuple[int, Callable]:

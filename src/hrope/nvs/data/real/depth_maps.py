@@ -33,7 +33,7 @@ from PIL import Image
 from torch import Tensor
 
 from ....geometry import pixel_rays
-from ...config import DEFAULTS, DEPTH_SOURCES, one_line
+from ...config import DEPTH_SOURCES, DataSettings, one_line
 from ..scene import Scene, SceneError
 from ..transforms import resize_crop
 from .colmap_points import with_point_depth
@@ -42,7 +42,7 @@ from .undistort import undistort_image
 
 __all__ = ["DEPTH_SOURCES", "PNG_DEPTH_SCALE", "read_depth_map", "read_normal_map", "with_depth_maps", "load_frames"]
 
-PNG_DEPTH_SCALE = DEFAULTS["data"]["depth_scale"]  # scene units per count of a 16-bit PNG (millimetres -> metres)
+PNG_DEPTH_SCALE = DataSettings.depth_scale  # scene units per count of a 16-bit PNG (millimetres -> metres)
 _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I")
 
 
