@@ -58,7 +58,7 @@ def transformers_calls(args, x: dict) -> tuple[dict, list[tuple[str, str]]]:
     adapter, hf_sdpa = ALL_ATTENTION_FUNCTIONS[NAME], ALL_ATTENTION_FUNCTIONS["sdpa"]
     module = torch.nn.Module()  # what the attention functions read from a model's attention layer
     module.is_causal, module.num_key_value_groups = False, 1
-    q, k, v, scale = x["q"], x["k"], x["v"], args.head_dim ** -0.5
+    q, k, v, scale = x["q"], x["k"], x["v"], args.head_dim**-0.5
     where = dict(cameras=x["cameras"], grid=x["grid"], planes=x["planes"], camera_tokens=x["camera_tokens"])
 
     def geometry() -> Geometry:
@@ -79,9 +79,14 @@ def transformers_calls(args, x: dict) -> tuple[dict, list[tuple[str, str]]]:
         "decode: transformers sdpa": lambda: hf_sdpa(module, q1, k1, v1, None, scaling=scale),
         "decode: adapter": lambda: adapter(module, q1, k1, v1, None, scaling=scale, hrope_geometry=decoding),
     }
-    pairs = [("adapter", "multiview_attention"), ("adapter, geometry reused", "prepared once"),
-             ("adapter", "transformers sdpa"), ("adapter, geometry reused", "transformers sdpa"),
-             ("transformers sdpa", "sdpa"), ("decode: adapter", "decode: transformers sdpa")]
+    pairs = [
+        ("adapter", "multiview_attention"),
+        ("adapter, geometry reused", "prepared once"),
+        ("adapter", "transformers sdpa"),
+        ("adapter, geometry reused", "transformers sdpa"),
+        ("transformers sdpa", "sdpa"),
+        ("decode: adapter", "decode: transformers sdpa"),
+    ]
     return calls, pairs
 
 
@@ -111,8 +116,9 @@ def diffusers_calls(args, x: dict) -> tuple[dict, list[tuple[str, str]]]:
         layers[name].set_processor(layer_processor)
     hidden = q.transpose(1, 2).flatten(2)  # (1, L, heads * head_dim)
     calls = {
-        "multiview_attention": lambda: hrope.multiview_attention(q, k, v, encoding=processor.encoding,
-                                                                 camera_tokens=x["camera_tokens"], **where),
+        "multiview_attention": lambda: hrope.multiview_attention(
+            q, k, v, encoding=processor.encoding, camera_tokens=x["camera_tokens"], **where
+        ),
         "processor": lambda: processor.attention(q, k, v, None, False, geometry()),
         "prepared once": lambda: prepared.attention(q, k, v),
         "processor, geometry reused": lambda: processor.attention(q, k, v, None, False, reused),
@@ -120,9 +126,12 @@ def diffusers_calls(args, x: dict) -> tuple[dict, list[tuple[str, str]]]:
         "Attention + processor": lambda: layers["hrope"](hidden, geometry=geometry()),
         "Attention + processor, geometry reused": lambda: layers["hrope"](hidden, geometry=reused),
     }
-    pairs = [("processor", "multiview_attention"), ("processor, geometry reused", "prepared once"),
-             ("Attention + processor", "Attention + AttnProcessor2_0"),
-             ("Attention + processor, geometry reused", "Attention + AttnProcessor2_0")]
+    pairs = [
+        ("processor", "multiview_attention"),
+        ("processor, geometry reused", "prepared once"),
+        ("Attention + processor", "Attention + AttnProcessor2_0"),
+        ("Attention + processor, geometry reused", "Attention + AttnProcessor2_0"),
+    ]
     return calls, pairs
 
 
@@ -162,24 +171,44 @@ def main(argv: list[str] | None = None) -> dict:
         for name in args.adapters:
             calls, pairs = ADAPTERS[name](args, x)
             seconds = interleaved(calls, args.reps)
-            results[name] = [{"call": call, "relative_to": ref,
-                              "ratio": statistics.median(a / b for a, b in zip(seconds[call], seconds[ref])),
-                              "median_ms": 1e3 * statistics.median(seconds[call])} for call, ref in pairs]
+            results[name] = [
+                {
+                    "call": call,
+                    "relative_to": ref,
+                    "ratio": statistics.median(a / b for a, b in zip(seconds[call], seconds[ref])),
+                    "median_ms": 1e3 * statistics.median(seconds[call]),
+                }
+                for call, ref in pairs
+            ]
     command = "python " + " ".join(["benchmarks/adapter_overhead.py", *(sys.argv[1:] if argv is None else argv)])
     L = x["q"].shape[2]
-    meta = {"command": command, "torch": torch.__version__, "threads": args.threads, "reps": args.reps,
-            "shape": f"B=1, {args.heads} heads, {args.views} views x {args.grid}x{args.grid} patches + 1 cls token "
-                     f"per view (L={L}), head_dim {args.head_dim}, fp32 cpu, forward",
-            "encoding": args.encoding, "machine": platform.processor() or platform.machine(),
-            "provenance": provenance()}
+    meta = {
+        "command": command,
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "reps": args.reps,
+        "shape": f"B=1, {args.heads} heads, {args.views} views x {args.grid}x{args.grid} patches + 1 cls token "
+        f"per view (L={L}), head_dim {args.head_dim}, fp32 cpu, forward",
+        "encoding": args.encoding,
+        "machine": platform.processor() or platform.machine(),
+        "provenance": provenance(),
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "adapter_overhead.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-    lines = [f"Adapter overhead, `{args.encoding}`: {meta['shape']}, {args.threads} thread(s), median over "
-             f"{args.reps} interleaved repetitions of the per-repetition ratio.",
-             f"Command: `{command}` (torch {torch.__version__}).  ", f"Commit: `{describe(meta['provenance'])}`.", "",
-             "| adapter | call | relative to | ratio |", "|---|---|---|---|"]
-    lines += [f"| {name} | {r['call']} | {r['relative_to']} | {r['ratio']:.2f} |"
-              for name, rows in results.items() for r in rows]
+    lines = [
+        f"Adapter overhead, `{args.encoding}`: {meta['shape']}, {args.threads} thread(s), median over "
+        f"{args.reps} interleaved repetitions of the per-repetition ratio.",
+        f"Command: `{command}` (torch {torch.__version__}).  ",
+        f"Commit: `{describe(meta['provenance'])}`.",
+        "",
+        "| adapter | call | relative to | ratio |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {name} | {r['call']} | {r['relative_to']} | {r['ratio']:.2f} |"
+        for name, rows in results.items()
+        for r in rows
+    ]
     (args.out / "adapter_overhead.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return results

@@ -52,8 +52,12 @@ from provenance import describe, provenance
 RESULTS = Path(__file__).resolve().parent / "results"
 TRAILING_SHAPES = {"depth_sigma": (2,)}  # per-token params with more than one number per token
 PEER = "prope-einsum"  # the official module's algorithm, see prope_einsum.py
-SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH",
-                 "cudnn": "CUDNN_ATTENTION"}
+SDPA_BACKENDS = {
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "math": "MATH",
+    "cudnn": "CUDNN_ATTENTION",
+}
 MALLOC_CACHE_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 
 
@@ -129,18 +133,34 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     parser.add_argument("--compile", action="store_true", help="torch.compile every row (SDPA too) before timing")
-    parser.add_argument("--malloc-cache", action="store_true",
-                        help="rerun with glibc keeping freed memory (see the module docstring)")
-    parser.add_argument("--warm-allocator", type=int, default=0, metavar="MB",
-                        help="allocate, fill and free one block of MB megabytes before timing")
-    parser.add_argument("--prepared-once", action="store_true",
-                        help="prepare each encoding once before timing and time only its attention (one layer of a "
-                             "model that reuses the prepared transform in every layer)")
-    parser.add_argument("--sdpa-backend", choices=("auto", *SDPA_BACKENDS), default="auto",
-                        help="restrict every SDPA call (the baseline's and the encodings') to one backend; "
-                             "auto: PyTorch's choice")
-    parser.add_argument("--transform-backend", choices=("torch", "triton", "auto"), default="torch",
-                        help="how the relative encodings apply their transforms (Encoding.use_backend)")
+    parser.add_argument(
+        "--malloc-cache", action="store_true", help="rerun with glibc keeping freed memory (see the module docstring)"
+    )
+    parser.add_argument(
+        "--warm-allocator",
+        type=int,
+        default=0,
+        metavar="MB",
+        help="allocate, fill and free one block of MB megabytes before timing",
+    )
+    parser.add_argument(
+        "--prepared-once",
+        action="store_true",
+        help="prepare each encoding once before timing and time only its attention (one layer of a "
+        "model that reuses the prepared transform in every layer)",
+    )
+    parser.add_argument(
+        "--sdpa-backend",
+        choices=("auto", *SDPA_BACKENDS),
+        default="auto",
+        help="restrict every SDPA call (the baseline's and the encodings') to one backend; auto: PyTorch's choice",
+    )
+    parser.add_argument(
+        "--transform-backend",
+        choices=("torch", "triton", "auto"),
+        default="torch",
+        help="how the relative encodings apply their transforms (Encoding.use_backend)",
+    )
     parser.add_argument("--tag", default="", help="suffix of the output files (e.g. n8192)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -181,9 +201,12 @@ def main(argv: list[str] | None = None) -> None:
             return lambda q, k, v: prope_einsum_attention(q, k, v, cameras=cameras, grid=grid)
         if args.prepared_once:
             params = inputs[name]["params"]
-            return encodings[name].prepare(cameras, grid, args.head_dim, planes=inputs[name]["planes"], **params).attention
-        return lambda q, k, v: hrope.multiview_attention(q, k, v, encoding=encodings[name], cameras=cameras,
-                                                         grid=grid, **inputs[name])
+            return (
+                encodings[name].prepare(cameras, grid, args.head_dim, planes=inputs[name]["planes"], **params).attention
+            )
+        return lambda q, k, v: hrope.multiview_attention(
+            q, k, v, encoding=encodings[name], cameras=cameras, grid=grid, **inputs[name]
+        )
 
     # --compile: one compiled function per row, SDPA included (compilation happens in the warm-up)
     functions = {name: torch.compile(attend(name)) if args.compile else attend(name) for name in ["sdpa", *names]}
@@ -227,28 +250,48 @@ def main(argv: list[str] | None = None) -> None:
                 seconds, row_faults = timed(name, backward)
                 ratios[name].append(seconds / base)
                 faults[name].append(row_faults)
-        results[mode] = {"sdpa_ms": 1e3 * statistics.median(sdpa_times),
-                         "ratio": {n: statistics.median(r) for n, r in ratios.items()},
-                         "ratio_quartiles": {n: quartiles(r) for n, r in ratios.items()},
-                         "ratios_per_repetition": ratios,
-                         "page_faults_per_call": {n: statistics.median(f) for n, f in faults.items()}}
+        results[mode] = {
+            "sdpa_ms": 1e3 * statistics.median(sdpa_times),
+            "ratio": {n: statistics.median(r) for n, r in ratios.items()},
+            "ratio_quartiles": {n: quartiles(r) for n, r in ratios.items()},
+            "ratios_per_repetition": ratios,
+            "page_faults_per_call": {n: statistics.median(f) for n, f in faults.items()},
+        }
 
     with sdpa_backend(args.sdpa_backend):
         sdpa_saved = saved_bytes(lambda: run("sdpa", True))
         results["saved_for_backward_ratio"] = {n: saved_bytes(lambda n=n: run(n, True)) / sdpa_saved for n in names}
     results["load_average"] = [round(x, 2) for x in os.getloadavg()]
     results["provenance"] = provenance()
-    results["config"] = {"B": 1, "heads": args.heads, "views": args.views, "grid": grid, "head_dim": args.head_dim,
-                         "dtype": args.dtype, "device": str(device), "threads": torch.get_num_threads(),
-                         "reps": args.reps, "torch": torch.__version__, "machine": platform.machine(),
-                         "compiled": args.compile, "malloc_cache": args.malloc_cache,
-                         "prepared_once": args.prepared_once, "sdpa_backend": args.sdpa_backend,
-                         "transform_backend": args.transform_backend,
-                         "warm_allocator_mb": args.warm_allocator}
-    stem = ("attention_overhead" + ("" if device.type == "cpu" else f"_{device.type}")
-            + ("" if args.dtype == "float32" else f"_{args.dtype}") + ("_compiled" if args.compile else "")
-            + ("_malloc_cache" if args.malloc_cache else "") + ("_warm" if args.warm_allocator else "")
-            + ("_prepared_once" if args.prepared_once else "") + (f"_{args.tag}" if args.tag else ""))
+    results["config"] = {
+        "B": 1,
+        "heads": args.heads,
+        "views": args.views,
+        "grid": grid,
+        "head_dim": args.head_dim,
+        "dtype": args.dtype,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "reps": args.reps,
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "compiled": args.compile,
+        "malloc_cache": args.malloc_cache,
+        "prepared_once": args.prepared_once,
+        "sdpa_backend": args.sdpa_backend,
+        "transform_backend": args.transform_backend,
+        "warm_allocator_mb": args.warm_allocator,
+    }
+    stem = (
+        "attention_overhead"
+        + ("" if device.type == "cpu" else f"_{device.type}")
+        + ("" if args.dtype == "float32" else f"_{args.dtype}")
+        + ("_compiled" if args.compile else "")
+        + ("_malloc_cache" if args.malloc_cache else "")
+        + ("_warm" if args.warm_allocator else "")
+        + ("_prepared_once" if args.prepared_once else "")
+        + (f"_{args.tag}" if args.tag else "")
+    )
     write(results, names, args.out, stem)
 
 
@@ -277,13 +320,21 @@ def write(results: dict, names, out: Path, stem: str = "attention_overhead") -> 
     faults = {n: f"{f:.0f}" for n, f in results["forward"].get("page_faults_per_call", {}).items()}
     best_peer = min(peers, key=lambda n: fwd[n]) if peers else None
     cfg = results["config"]
-    settings = [name for name, on in ((f"SDPA backend {cfg.get('sdpa_backend')}", cfg.get("sdpa_backend", "auto") != "auto"),
-                                      (f"transforms by the {cfg.get('transform_backend')} backend",
-                                       cfg.get("transform_backend", "torch") != "torch"),
-                                      ("torch.compile", cfg.get("compiled")), ("malloc cache", cfg.get("malloc_cache")),
-                                      ("each transform prepared once before timing", cfg.get("prepared_once")),
-                                      (f"allocator warmed with one {cfg.get('warm_allocator_mb')} MB block",
-                                       cfg.get("warm_allocator_mb"))) if on]
+    settings = [
+        name
+        for name, on in (
+            (f"SDPA backend {cfg.get('sdpa_backend')}", cfg.get("sdpa_backend", "auto") != "auto"),
+            (
+                f"transforms by the {cfg.get('transform_backend')} backend",
+                cfg.get("transform_backend", "torch") != "torch",
+            ),
+            ("torch.compile", cfg.get("compiled")),
+            ("malloc cache", cfg.get("malloc_cache")),
+            ("each transform prepared once before timing", cfg.get("prepared_once")),
+            (f"allocator warmed with one {cfg.get('warm_allocator_mb')} MB block", cfg.get("warm_allocator_mb")),
+        )
+        if on
+    ]
     lines = [
         f"Shape: B=1, {cfg['heads']} heads, {cfg['views']} views x {cfg['grid'][0]}x{cfg['grid'][1]} patches, "
         f"head_dim {cfg['head_dim']}, {cfg.get('dtype', 'float32')} {cfg.get('device', 'cpu')}, {cfg['threads']} threads, "
@@ -299,14 +350,17 @@ def write(results: dict, names, out: Path, stem: str = "attention_overhead") -> 
         f"| forward / fastest peer ({best_peer}) | saved-for-backward / SDPA | page faults / forward |",
         "|---|---|---|---|---|---|---|---|",
     ]
+
     def ratio_to(n, ref):
         """Median over repetitions of time(n) / time(ref) measured in the same repetition."""
         return f"{statistics.median(a / b for a, b in zip(per_rep[n], per_rep[ref])):.3f}" if ref in per_rep else "n/a"
 
     for n in names:
-        lines.append(f"| {n} | {fwd[n]:.3f} ({spread[n]}) | {fb[n]:.3f} | {ratio_to(n, 'prope')} | {ratio_to(n, PEER)} "
-                     f"| {ratio_to(n, best_peer)} | {results['saved_for_backward_ratio'][n]:.3f} "
-                     f"| {faults.get(n, 'n/a')} |")
+        lines.append(
+            f"| {n} | {fwd[n]:.3f} ({spread[n]}) | {fb[n]:.3f} | {ratio_to(n, 'prope')} | {ratio_to(n, PEER)} "
+            f"| {ratio_to(n, best_peer)} | {results['saved_for_backward_ratio'][n]:.3f} "
+            f"| {faults.get(n, 'n/a')} |"
+        )
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

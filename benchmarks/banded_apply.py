@@ -33,8 +33,13 @@ from provenance import describe, provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # layout name -> (block size, per token, RoPE)
-LAYOUTS = {"prope": (4, False, True), "cape": (4, False, False), "rope2d": (0, False, True),
-           "hrope-lift": (4, True, True), "hrope": (3, True, True)}
+LAYOUTS = {
+    "prope": (4, False, True),
+    "cape": (4, False, False),
+    "rope2d": (0, False, True),
+    "hrope-lift": (4, True, True),
+    "hrope": (3, True, True),
+}
 
 
 def operands(layout_name: str, B: int, V: int, grid, head_dim: int, dtype, device, generator):
@@ -48,7 +53,9 @@ def operands(layout_name: str, B: int, V: int, grid, head_dim: int, dtype, devic
         blocks = (torch.eye(block) + 0.1 * noise).to(device, dtype)
     tables = None
     if rope:
-        tables = tuple(t.to(device, dtype) for t in rope_tables(tuple(grid), layout.num_freqs, 100.0, torch.device(device)))
+        tables = tuple(
+            t.to(device, dtype) for t in rope_tables(tuple(grid), layout.num_freqs, 100.0, torch.device(device))
+        )
     return layout, blocks, tables
 
 
@@ -56,8 +63,10 @@ def functions(layout, blocks, tables, quick: bool) -> dict:
     """``{backend: f(x, blocks) -> y}`` of the backends that run here."""
     with torch.no_grad():
         operator = banded_operator(blocks, layout.num_blocks, tables, layout.head_dim)
-    listed = {"copy": lambda x, m: x.clone(),
-              "banded": lambda x, m: banded_product(x, m, layout.num_blocks, tables, operator)}
+    listed = {
+        "copy": lambda x, m: x.clone(),
+        "banded": lambda x, m: banded_product(x, m, layout.num_blocks, tables, operator),
+    }
     if not quick:
         listed["compiled"] = torch.compile(lambda x, m: banded_product(x, m, layout.num_blocks, tables))
     if fused_triton.is_available():
@@ -103,33 +112,54 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in LAYOUTS:
         layout, blocks, tables = operands(name, 1, args.views, grid, args.head_dim, dtype, device, generator)
-        x = torch.randn(1, args.heads, args.views, grid[0] * grid[1], args.head_dim, generator=generator).to(device, dtype)
+        x = torch.randn(1, args.heads, args.views, grid[0] * grid[1], args.head_dim, generator=generator).to(
+            device, dtype
+        )
         listed = functions(layout, blocks, tables, args.quick)
         for mode, backward in (("forward", False), ("forward_backward", True)):
             for fn in listed.values():  # warm-up (and compilation)
                 timed(fn, x, blocks, backward, device)
-            seconds = {b: statistics.median(timed(fn, x, blocks, backward, device) for _ in range(args.reps))
-                       for b, fn in listed.items()}
+            seconds = {
+                b: statistics.median(timed(fn, x, blocks, backward, device) for _ in range(args.reps))
+                for b, fn in listed.items()
+            }
             for backend, value in seconds.items():
-                rows.append({"layout": name, "mode": mode, "backend": backend, "ms": 1e3 * value,
-                             "ratio_to_banded": value / seconds["banded"]})
-    meta = {"command": "python benchmarks/banded_apply.py " + " ".join(sys.argv[1:] if argv is None else argv),
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "dtype": args.dtype, "shape": f"B=1, {args.heads} heads, {args.views} views x {grid[0]}x{grid[1]} "
-                                          f"patches, head_dim {args.head_dim}",
-            "reps": args.reps, "torch": torch.__version__, "provenance": provenance()}
+                rows.append(
+                    {
+                        "layout": name,
+                        "mode": mode,
+                        "backend": backend,
+                        "ms": 1e3 * value,
+                        "ratio_to_banded": value / seconds["banded"],
+                    }
+                )
+    meta = {
+        "command": "python benchmarks/banded_apply.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": args.dtype,
+        "shape": f"B=1, {args.heads} heads, {args.views} views x {grid[0]}x{grid[1]} patches, head_dim {args.head_dim}",
+        "reps": args.reps,
+        "torch": torch.__version__,
+        "provenance": provenance(),
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "banded_apply" + ("" if device.type == "cpu" else f"_{device.type}")
     (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     backends = list(dict.fromkeys(r["backend"] for r in rows))
-    lines = [f"y = D x alone, {meta['shape']}, {args.dtype} on {meta['device']}, median of {args.reps} "
-             f"synchronised calls; time / banded in the same layout and mode. Commit `{describe(meta['provenance'])}`.",
-             "", "| layout | mode | " + " | ".join(f"{b} ms (/ banded)" for b in backends) + " |",
-             "|---|---|" + "---|" * len(backends)]
+    lines = [
+        f"y = D x alone, {meta['shape']}, {args.dtype} on {meta['device']}, median of {args.reps} "
+        f"synchronised calls; time / banded in the same layout and mode. Commit `{describe(meta['provenance'])}`.",
+        "",
+        "| layout | mode | " + " | ".join(f"{b} ms (/ banded)" for b in backends) + " |",
+        "|---|---|" + "---|" * len(backends),
+    ]
     for name in LAYOUTS:
         for mode in ("forward", "forward_backward"):
-            cells = {r["backend"]: f"{r['ms']:.3f} ({r['ratio_to_banded']:.2f})" for r in rows
-                     if r["layout"] == name and r["mode"] == mode}
+            cells = {
+                r["backend"]: f"{r['ms']:.3f} ({r['ratio_to_banded']:.2f})"
+                for r in rows
+                if r["layout"] == name and r["mode"] == mode
+            }
             lines.append(f"| {name} | {mode} | " + " | ".join(cells.get(b, "n/a") for b in backends) + " |")
     (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

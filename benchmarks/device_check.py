@@ -53,39 +53,62 @@ def check(name: str, dtype: torch.dtype, device: torch.device, seed: int = 0, ba
     encoding = hrope.get_encoding(name)
     if not encoding.query_frame:  # they have one backend
         encoding.use_backend(backend)
-    out = hrope.multiview_attention(*qkv, encoding=encoding, cameras=cameras.to(device=device, dtype=torch.float32),
-                                    grid=grid, **_moved(inputs, device))
+    out = hrope.multiview_attention(
+        *qkv,
+        encoding=encoding,
+        cameras=cameras.to(device=device, dtype=torch.float32),
+        grid=grid,
+        **_moved(inputs, device),
+    )
     error = ((out.double().cpu() - reference).abs().max() / reference.abs().max()).item()
     weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(device)
     (out.float() * weight).sum().backward()  # unit-scale output gradient (no loss scaling needed)
     finite = all(bool(torch.isfinite(x.grad).all()) for x in qkv)
-    return {"encoding": name, "backend": encoding.backend, "dtype": str(dtype).removeprefix("torch."), "relative_error": error,
-            "tolerance": TOLERANCE[dtype], "gradients_finite": finite,
-            "ok": finite and out.dtype == dtype and error <= TOLERANCE[dtype]}
+    return {
+        "encoding": name,
+        "backend": encoding.backend,
+        "dtype": str(dtype).removeprefix("torch."),
+        "relative_error": error,
+        "tolerance": TOLERANCE[dtype],
+        "gradients_finite": finite,
+        "ok": finite and out.dtype == dtype and error <= TOLERANCE[dtype],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--encodings", nargs="*", default=None)
-    parser.add_argument("--transform-backend", choices=("torch", "triton", "auto"), default="torch",
-                        help="how the relative encodings apply their transforms (query-frame ones: always torch)")
+    parser.add_argument(
+        "--transform-backend",
+        choices=("torch", "triton", "auto"),
+        default="torch",
+        help="how the relative encodings apply their transforms (query-frame ones: always torch)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    rows = [check(name, dtype, device, backend=args.transform_backend) for name in (args.encodings or list(hrope.ENCODINGS)) for dtype in TOLERANCE]
+    rows = [
+        check(name, dtype, device, backend=args.transform_backend)
+        for name in (args.encodings or list(hrope.ENCODINGS))
+        for dtype in TOLERANCE
+    ]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     args.out.mkdir(parents=True, exist_ok=True)
     suffix = "" if args.transform_backend == "torch" else f"_{args.transform_backend}"
     (args.out / f"device_check_{device.type}{suffix}.json").write_text(
-        json.dumps({"device": name, "torch": torch.__version__, "provenance": provenance(), "checks": rows},
-                   indent=2))
+        json.dumps({"device": name, "torch": torch.__version__, "provenance": provenance(), "checks": rows}, indent=2)
+    )
     for row in rows:
-        print(f"{'ok  ' if row['ok'] else 'FAIL'} {row['encoding']:<12} {row['backend']:<6} {row['dtype']:<9} "
-              f"error {row['relative_error']:.1e} (tolerance {row['tolerance']:.0e}) "
-              f"gradients {'finite' if row['gradients_finite'] else 'NOT finite'}")
+        print(
+            f"{'ok  ' if row['ok'] else 'FAIL'} {row['encoding']:<12} {row['backend']:<6} {row['dtype']:<9} "
+            f"error {row['relative_error']:.1e} (tolerance {row['tolerance']:.0e}) "
+            f"gradients {'finite' if row['gradients_finite'] else 'NOT finite'}"
+        )
     failed = [f"{r['encoding']}/{r['dtype']}" for r in rows if not r["ok"]]
-    print(f"{len(rows) - len(failed)} of {len(rows)} checks passed on {name}" + (f"; failed: {failed}" if failed else ""))
+    print(
+        f"{len(rows) - len(failed)} of {len(rows)} checks passed on {name}" + (f"; failed: {failed}" if failed else "")
+    )
     return 1 if failed else 0
 
 

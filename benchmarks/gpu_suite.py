@@ -48,23 +48,57 @@ def steps(device: str, out: Path, quick: bool) -> list[tuple[str, list[str], flo
     backend = "auto" if quick else "flash"
     sizes = {2 * 4: 2, 8 * 4: 8} if quick else SIZES
     checked = ["--encodings", "prope", "hrope-lift"] if quick else []
-    listed = [("device_check", ["device_check.py", "--device", device, "--out", str(out), *checked], 120),
-              ("device_check_fused", ["device_check.py", "--device", device, "--out", str(out), *checked,
-                                      "--transform-backend", "triton"], 120)]
+    listed = [
+        ("device_check", ["device_check.py", "--device", device, "--out", str(out), *checked], 120),
+        (
+            "device_check_fused",
+            ["device_check.py", "--device", device, "--out", str(out), *checked, "--transform-backend", "triton"],
+            120,
+        ),
+    ]
     for tokens, views in sizes.items():
-        common = ["attention_overhead.py", "--device", device, "--dtype", "bfloat16", "--sdpa-backend", backend,
-                  "--views", str(views), "--grid", grid, "--reps", reps, "--encodings", *ROWS, "--out", str(out)]
+        common = [
+            "attention_overhead.py",
+            "--device",
+            device,
+            "--dtype",
+            "bfloat16",
+            "--sdpa-backend",
+            backend,
+            "--views",
+            str(views),
+            "--grid",
+            grid,
+            "--reps",
+            reps,
+            "--encodings",
+            *ROWS,
+            "--out",
+            str(out),
+        ]
         listed.append((f"overhead_n{tokens}", [*common, "--tag", f"n{tokens}"], 60 if tokens < 32768 else 90))
         if tokens >= 8192 or quick:
-            listed.append((f"overhead_n{tokens}_prepared_once", [*common, "--prepared-once", "--tag", f"n{tokens}"], 60))
+            listed.append(
+                (f"overhead_n{tokens}_prepared_once", [*common, "--prepared-once", "--tag", f"n{tokens}"], 60)
+            )
             fused = [*common, "--transform-backend", "triton", "--tag", f"n{tokens}_fused"]
             listed.append((f"overhead_n{tokens}_fused", fused, 60))
             listed.append((f"overhead_n{tokens}_fused_prepared_once", [*fused, "--prepared-once"], 60))
-    listed.append(("banded_apply", ["banded_apply.py", "--device", device, "--out", str(out)]
-                   + (["--quick"] if quick else []), 90))
-    listed.append(("train_throughput", ["train_throughput.py", "--device", device, "--out", str(out)]
-                   + (["--rounds", "1", "--steps", "1", "--encodings", "none", "prope", "hrope-lift"] if quick else []),
-                   120))
+    listed.append(
+        (
+            "banded_apply",
+            ["banded_apply.py", "--device", device, "--out", str(out)] + (["--quick"] if quick else []),
+            90,
+        )
+    )
+    listed.append(
+        (
+            "train_throughput",
+            ["train_throughput.py", "--device", device, "--out", str(out)]
+            + (["--rounds", "1", "--steps", "1", "--encodings", "none", "prope", "hrope-lift"] if quick else []),
+            120,
+        )
+    )
     return listed
 
 
@@ -79,14 +113,21 @@ def run_steps(listed, budget_s: float, env: dict | None = None) -> list[dict]:
             continue
         began = time.perf_counter()
         try:
-            done = subprocess.run([sys.executable, *argv], cwd=HERE, capture_output=True, text=True,
-                                  timeout=min(limit, left), env={**os.environ, **(env or {})})
+            done = subprocess.run(
+                [sys.executable, *argv],
+                cwd=HERE,
+                capture_output=True,
+                text=True,
+                timeout=min(limit, left),
+                env={**os.environ, **(env or {})},
+            )
             status = "ok" if done.returncode == 0 else f"failed (exit {done.returncode})"
             tail = (done.stdout + done.stderr)[-2000:]
         except subprocess.TimeoutExpired as expired:
             status, tail = f"timed out after {min(limit, left):.0f} s", str(expired.stdout or "")[-2000:]
-        records.append({"step": name, "status": status, "seconds": round(time.perf_counter() - began, 1),
-                        "output_tail": tail})
+        records.append(
+            {"step": name, "status": status, "seconds": round(time.perf_counter() - began, 1), "output_tail": tail}
+        )
         print(f"{name}: {status} ({records[-1]['seconds']} s)", flush=True)
     return records
 
@@ -95,8 +136,11 @@ def overhead_table(out: Path, device: str) -> list[str]:
     """Markdown rows: per N, transform backend and encoding, forward and forward+backward / SDPA,
     per call and with the transform prepared once."""
     prefix = "attention_overhead" + ("" if device == "cpu" else f"_{device}") + "_bfloat16"
-    lines = ["| N | transforms | encoding | fwd / SDPA | fwd+bwd / SDPA | prepared once: fwd / SDPA "
-             "| prepared once: fwd+bwd / SDPA |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| N | transforms | encoding | fwd / SDPA | fwd+bwd / SDPA | prepared once: fwd / SDPA "
+        "| prepared once: fwd+bwd / SDPA |",
+        "|---|---|---|---|---|---|---|",
+    ]
     runs = []
     for path in out.glob(f"{prefix}_n*.json"):
         match = re.fullmatch(rf"{prefix}_n(\d+)(_fused)?", path.stem)
@@ -127,10 +171,16 @@ def main(argv: list[str] | None = None) -> int:
     records = run_steps(steps(args.device, args.out.resolve(), args.quick), args.budget_s, env)
     summary = {"device": args.device, "quick": args.quick, "provenance": provenance(), "steps": records}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
-    lines = [f"GPU suite on `{args.device}`{' (quick shapes)' if args.quick else ''}, commit "
-             f"`{describe(summary['provenance'])}`.", "", "| step | status | seconds |", "|---|---|---|",
-             *(f"| {r['step']} | {r['status']} | {r['seconds']} |" for r in records), "",
-             *overhead_table(args.out, args.device)]
+    lines = [
+        f"GPU suite on `{args.device}`{' (quick shapes)' if args.quick else ''}, commit "
+        f"`{describe(summary['provenance'])}`.",
+        "",
+        "| step | status | seconds |",
+        "|---|---|---|",
+        *(f"| {r['step']} | {r['status']} | {r['seconds']} |" for r in records),
+        "",
+        *overhead_table(args.out, args.device),
+    ]
     (args.out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if all(r["status"] == "ok" for r in records) else 1

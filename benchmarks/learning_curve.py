@@ -49,17 +49,22 @@ SETS = {
     # camera-frame rays (model.rays auto): prope, the learned planes transferred to the targets, the fair oracle
     "camera": (Row("prope"), Row("hrope-lift", options=TRANSFER), Row("hrope-lift", "oracle", options=TRANSFER)),
     # world-frame rays in the tokens (docs/results.md): the best learned HRoPE and the fair oracle with them
-    "world": (Row("prope"), Row("prope", model_options=WORLD), Row("hrope-lift", options=TRANSFER, model_options=WORLD),
-              Row("hrope-lift", "oracle", options=TRANSFER, model_options=WORLD),
-              # context depth, planes next to the camera capped (the best fair row at the full budget)
-              Row("hrope-lift", "external", options=TRANSFER + (("max_inverse_distance", 2.0),), model_options=WORLD),
-              # the fair oracle with the same cap (the default since RESULTS_VERSION 1)
-              Row("hrope-lift", "oracle", options=TRANSFER + (("max_inverse_distance", 2.0),), model_options=WORLD)),
+    "world": (
+        Row("prope"),
+        Row("prope", model_options=WORLD),
+        Row("hrope-lift", options=TRANSFER, model_options=WORLD),
+        Row("hrope-lift", "oracle", options=TRANSFER, model_options=WORLD),
+        # context depth, planes next to the camera capped (the best fair row at the full budget)
+        Row("hrope-lift", "external", options=TRANSFER + (("max_inverse_distance", 2.0),), model_options=WORLD),
+        # the fair oracle with the same cap (the default since RESULTS_VERSION 1)
+        Row("hrope-lift", "oracle", options=TRANSFER + (("max_inverse_distance", 2.0),), model_options=WORLD),
+    ),
 }
 
 
-def train_curve(steps: int, every: int, dataset_kind: str, seed: int, row: Row, folder: Path, datasets: dict,
-                log=print) -> dict:
+def train_curve(
+    steps: int, every: int, dataset_kind: str, seed: int, row: Row, folder: Path, datasets: dict, log=print
+) -> dict:
     """Train one (row, seed) run to ``steps``, evaluating every ``every`` steps; its curve dict."""
     budget = replace(BUDGETS["full"], steps=steps, seeds=(seed,))
     config = cell_config(budget, Cell(dataset_kind, row, seed), folder)
@@ -72,8 +77,13 @@ def train_curve(steps: int, every: int, dataset_kind: str, seed: int, row: Row, 
         log(f"{row.label}, seed {seed}: training to step {stop} of {steps}")
         model = train(config, stop_at=stop, progress=False, dataset=datasets["train"]).model.eval()
         planes = PlaneAccuracy() if measures_planes(model) else None
-        means, per_scene, _ = evaluate_model(model, datasets["eval"], config["data"]["num_context"],
-                                             batch_size=config["eval"]["batch_size"], planes=planes)
+        means, per_scene, _ = evaluate_model(
+            model,
+            datasets["eval"],
+            config["data"]["num_context"],
+            batch_size=config["eval"]["batch_size"],
+            planes=planes,
+        )
         point = {"step": stop, "psnr": means["psnr"], "ssim": means["ssim"], "per_scene_psnr": per_scene["psnr"]}
         if planes is not None:
             point["planes"] = planes.means()
@@ -81,8 +91,17 @@ def train_curve(steps: int, every: int, dataset_kind: str, seed: int, row: Row, 
     return {"row": row.label, "seed": seed, "provenance": provenance(), "budget": budget.as_dict(), "points": points}
 
 
-def run(steps: int, every: int, dataset_kind: str, seeds: list[int], rows, out: Path, log=print,
-        summarise_rows: bool = True, references: tuple[str, ...] = ()) -> dict:
+def run(
+    steps: int,
+    every: int,
+    dataset_kind: str,
+    seeds: list[int],
+    rows,
+    out: Path,
+    log=print,
+    summarise_rows: bool = True,
+    references: tuple[str, ...] = (),
+) -> dict:
     """Every (row, seed) curve, trained or reused (from ``OUT/runs``, else from the report
     ``OUT/learning_curve.json``), and (``summarise_rows``) their summary against the first row."""
     datasets: dict[str, object] = {}
@@ -102,9 +121,16 @@ def run(steps: int, every: int, dataset_kind: str, seeds: list[int], rows, out: 
             if [p["step"] for p in curve["points"]] != list(range(every, steps + 1, every)):
                 raise SystemExit(f"learning_curve.py: error: {finished} has other evaluation steps; use another --out")
             curves.append(curve)
-    return {"command": "", "dataset": dataset_kind, "seeds": seeds, "steps": steps, "every": every,
-            "rows": [row.label for row in rows], "curves": curves,
-            "summary": summarise(curves, [r.label for r in rows], references) if summarise_rows else None}
+    return {
+        "command": "",
+        "dataset": dataset_kind,
+        "seeds": seeds,
+        "steps": steps,
+        "every": every,
+        "rows": [row.label for row in rows],
+        "curves": curves,
+        "summary": summarise(curves, [r.label for r in rows], references) if summarise_rows else None,
+    }
 
 
 def summarise(curves: list[dict], labels: list[str], references: tuple[str, ...] = ()) -> list[dict]:
@@ -113,8 +139,10 @@ def summarise(curves: list[dict], labels: list[str], references: tuple[str, ...]
     by_row = {label: sorted((c for c in curves if c["row"] == label), key=lambda c: c["seed"]) for label in labels}
 
     def paired(label: str, reference: str, index: int) -> dict:
-        return paired_bootstrap([c["points"][index]["per_scene_psnr"] for c in by_row[label]],
-                                [c["points"][index]["per_scene_psnr"] for c in by_row[reference]])
+        return paired_bootstrap(
+            [c["points"][index]["per_scene_psnr"] for c in by_row[label]],
+            [c["points"][index]["per_scene_psnr"] for c in by_row[reference]],
+        )
 
     others = [r for r in references if r in by_row and r != labels[0]]
     summary = []
@@ -129,9 +157,13 @@ def summarise(curves: list[dict], labels: list[str], references: tuple[str, ...]
                 entry["vs"] = {r: paired(label, r, index) for r in later}
             planes = [c["points"][index]["planes"] for c in by_row[label] if c["points"][index].get("planes")]
             if planes:
-                entry["planes"] = {group: {metric: stat([p[group][metric] for p in planes])["mean"]
-                                           for metric in ("normal_error_deg", "depth_rel_error")}
-                                   for group in ("context", "target")}
+                entry["planes"] = {
+                    group: {
+                        metric: stat([p[group][metric] for p in planes])["mean"]
+                        for metric in ("normal_error_deg", "depth_rel_error")
+                    }
+                    for group in ("context", "target")
+                }
             points.append(entry)
         summary.append({"row": label, "points": points})
     return summary
@@ -154,13 +186,19 @@ def write(report: dict, out: Path) -> None:
     steps = [p["step"] for p in summary[0]["points"]]
     commits = sorted({describe(c["provenance"]) for c in report["curves"]})
     seeds = ", ".join(str(s) for s in report["seeds"])
-    lines = ["## Learning curves: held-out PSNR over training", "",
-             f"Command: `{report['command']}`  ", f"Trained at: {', '.join(f'`{c}`' for c in commits)}  ",
-             f"`{report['dataset']}`, seeds {seeds}, {report['steps']} steps (the `full` budget's model, data and "
-             "optimiser; cosine schedule over all steps), 64 held-out scenes. PSNR mean ± std over seeds; below it "
-             f"the paired difference to `{summary[0]['row']}` with its 95% bootstrap interval over seeds and scenes "
-             "(bold where it excludes zero).", "",
-             "| row | " + " | ".join(f"step {s}" for s in steps) + " |", "|---|" + "---|" * len(steps)]
+    lines = [
+        "## Learning curves: held-out PSNR over training",
+        "",
+        f"Command: `{report['command']}`  ",
+        f"Trained at: {', '.join(f'`{c}`' for c in commits)}  ",
+        f"`{report['dataset']}`, seeds {seeds}, {report['steps']} steps (the `full` budget's model, data and "
+        "optimiser; cosine schedule over all steps), 64 held-out scenes. PSNR mean ± std over seeds; below it "
+        f"the paired difference to `{summary[0]['row']}` with its 95% bootstrap interval over seeds and scenes "
+        "(bold where it excludes zero).",
+        "",
+        "| row | " + " | ".join(f"step {s}" for s in steps) + " |",
+        "|---|" + "---|" * len(steps),
+    ]
     figure, axis = plt.subplots(figsize=(6, 4))
     for row in summary:
         cells = []
@@ -173,19 +211,33 @@ def write(report: dict, out: Path) -> None:
         lines.append(f"| {row['row']} | " + " | ".join(cells) + " |")
         axis.plot(steps, [p["psnr"]["mean"] for p in row["points"]], marker="o", label=row["row"])
     for reference in sorted({r for row in summary for p in row["points"] for r in p.get("vs", {})}):
-        lines += ["", f"Paired difference to `{reference}` (same seeds and scenes, 95% interval):", "",
-                  "| row | " + " | ".join(f"step {s}" for s in steps) + " |", "|---|" + "---|" * len(steps)]
+        lines += [
+            "",
+            f"Paired difference to `{reference}` (same seeds and scenes, 95% interval):",
+            "",
+            "| row | " + " | ".join(f"step {s}" for s in steps) + " |",
+            "|---|" + "---|" * len(steps),
+        ]
         for row in summary:
             if reference in row["points"][0].get("vs", {}):
-                lines.append(f"| {row['row']} | " + " | ".join(_interval(p["vs"][reference]) for p in row["points"]) + " |")
+                lines.append(
+                    f"| {row['row']} | " + " | ".join(_interval(p["vs"][reference]) for p in row["points"]) + " |"
+                )
     planes = [row for row in summary if "planes" in row["points"][-1]]
     if planes:
-        lines += ["", "Learned plane errors (last layer, mean over seeds; neutral: 90° and 1.0), per step:", "",
-                  "| row | views | " + " | ".join(f"step {s}" for s in steps) + " |", "|---|---|" + "---|" * len(steps)]
+        lines += [
+            "",
+            "Learned plane errors (last layer, mean over seeds; neutral: 90° and 1.0), per step:",
+            "",
+            "| row | views | " + " | ".join(f"step {s}" for s in steps) + " |",
+            "|---|---|" + "---|" * len(steps),
+        ]
         for row in planes:
             for group in ("context", "target"):
-                values = [f"{p['planes'][group]['normal_error_deg']:.1f}° / {p['planes'][group]['depth_rel_error']:.3f}"
-                          for p in row["points"]]
+                values = [
+                    f"{p['planes'][group]['normal_error_deg']:.1f}° / {p['planes'][group]['depth_rel_error']:.3f}"
+                    for p in row["points"]
+                ]
                 lines.append(f"| {row['row']} | {group} | " + " | ".join(values) + " |")
     axis.set_xlabel("training step")
     axis.set_ylabel("held-out PSNR (dB), mean over seeds")
@@ -198,20 +250,27 @@ def write(report: dict, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--every", type=int, default=500)
     parser.add_argument("--dataset", default="room")
     parser.add_argument("--seeds", default="0,1,2", help="comma list of training seeds")
     parser.add_argument("--set", choices=sorted(SETS), default="camera")
-    parser.add_argument("--rows", nargs="+", default=None,
-                        help="row labels, each one argument (default: the set's rows; its first row is always kept "
-                             "as the reference)")
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        default=None,
+        help="row labels, each one argument (default: the set's rows; its first row is always kept as the reference)",
+    )
     parser.add_argument("--out", default=None, help="default benchmarks/results/learning_curve_<set>")
-    parser.add_argument("--no-report", action="store_true",
-                        help="only train the given rows and seeds (the reference too only if listed); a later call "
-                             "without it writes the report")
+    parser.add_argument(
+        "--no-report",
+        action="store_true",
+        help="only train the given rows and seeds (the reference too only if listed); a later call "
+        "without it writes the report",
+    )
     args = parser.parse_args(argv)
     if args.steps % args.every:
         parser.error("--steps must be a multiple of --every")
@@ -220,11 +279,21 @@ def main(argv: list[str] | None = None) -> dict:
     if unknown:
         parser.error(f"unknown rows {unknown}; rows: {', '.join(r.label for r in choices)}")
     keep_reference = not args.no_report
-    rows = [r for i, r in enumerate(choices) if (i == 0 and keep_reference) or args.rows is None or r.label in args.rows]
+    rows = [
+        r for i, r in enumerate(choices) if (i == 0 and keep_reference) or args.rows is None or r.label in args.rows
+    ]
     out = Path(args.out or f"benchmarks/results/learning_curve_{args.set}")
-    report = run(args.steps, args.every, args.dataset, [int(s) for s in args.seeds.split(",")], rows, out,
-                 log=lambda text: print(text, flush=True), summarise_rows=keep_reference,
-                 references=EXTRA_REFERENCES.get(args.set, ()))
+    report = run(
+        args.steps,
+        args.every,
+        args.dataset,
+        [int(s) for s in args.seeds.split(",")],
+        rows,
+        out,
+        log=lambda text: print(text, flush=True),
+        summarise_rows=keep_reference,
+        references=EXTRA_REFERENCES.get(args.set, ()),
+    )
     if args.no_report:
         return report
     report["command"] = shlex.join(["python", "benchmarks/learning_curve.py", *argv])

@@ -81,9 +81,18 @@ class CellRunner:
     finished cells trained by other code (see the module docstring) instead of refusing them.
     """
 
-    def __init__(self, budget: Budget, cache: Path, *, store: Path | None = None, device: str = "cpu",
-                 threads: int = 1, lpips_weights: str | None = None, max_datasets: int = 4,
-                 allow_stale: bool = False) -> None:
+    def __init__(
+        self,
+        budget: Budget,
+        cache: Path,
+        *,
+        store: Path | None = None,
+        device: str = "cpu",
+        threads: int = 1,
+        lpips_weights: str | None = None,
+        max_datasets: int = 4,
+        allow_stale: bool = False,
+    ) -> None:
         self.budget, self.cache, self.device, self.threads = budget, Path(cache), device, threads
         self.store = CellStore(store) if store is not None else None
         self.lpips_weights, self.max_datasets, self.allow_stale = lpips_weights, max_datasets, allow_stale
@@ -94,8 +103,9 @@ class CellRunner:
 
     # ------------------------------------------------------------------ paths and configs
     def config(self, cell: Cell, folder: Path) -> dict:
-        return cell_config(self.budget, cell, folder, device=self.device, threads=self.threads,
-                           lpips_weights=self.lpips_weights)
+        return cell_config(
+            self.budget, cell, folder, device=self.device, threads=self.threads, lpips_weights=self.lpips_weights
+        )
 
     def key(self, cell: Cell) -> str:
         """The cell's config hash (its cache key, with dataset, row and seed)."""
@@ -129,8 +139,7 @@ class CellRunner:
 
     def stale(self, cells) -> list[tuple[Cell, dict]]:
         """The finished cells of ``cells`` trained by other code, with their records."""
-        return [(cell, record) for cell in cells
-                if (record := self.cached(cell)) is not None and self.is_stale(record)]
+        return [(cell, record) for cell in cells if (record := self.cached(cell)) is not None and self.is_stale(record)]
 
     def check_stale(self, cells, *, log=print) -> list[tuple[Cell, dict]]:
         """:meth:`stale` of ``cells``; raises :class:`StaleCellsError` (one line) unless ``allow_stale``,
@@ -139,14 +148,18 @@ class CellRunner:
         if not stale:
             return stale
         finished = sum(self.cached(cell) is not None for cell in cells)
-        versions = ", ".join(f"{version}: {n}" for version, n in
-                             sorted(Counter(trained_at(record) for _, record in stale).items()))
-        what = (f"{len(stale)} of {finished} finished cells under {self.cache} were trained on an earlier code "
-                f"version ({versions}; current source fingerprint {self.provenance['source_fingerprint']})")
+        versions = ", ".join(
+            f"{version}: {n}" for version, n in sorted(Counter(trained_at(record) for _, record in stale).items())
+        )
+        what = (
+            f"{len(stale)} of {finished} finished cells under {self.cache} were trained on an earlier code "
+            f"version ({versions}; current source fingerprint {self.provenance['source_fingerprint']})"
+        )
         if not self.allow_stale:
             raise StaleCellsError(
                 f"{what}; pass --allow-stale to reuse them (marked in the report), or retrain them into a fresh "
-                f"--out (bump RESULTS_VERSION in benchmarks/nvs_rows.py if the change is meant to alter results)")
+                f"--out (bump RESULTS_VERSION in benchmarks/nvs_rows.py if the change is meant to alter results)"
+            )
         log(f"warning: {what}; reusing them (--allow-stale), marked in the report")
         return stale
 
@@ -157,8 +170,11 @@ class CellRunner:
         finished |= set(self.store.ids() if self.store is not None else ())
         rows = {(row.parent.name, row.name) for row in self.cache.glob("*/*") if row.is_dir()}
         rows |= {tuple(cell.split("/")[:2]) for cell in finished}
-        return {f"{dataset}/{key}": sum(cell.startswith(f"{dataset}/{key}/") for cell in finished)
-                for dataset, key in sorted(rows) if key.split(".")[0] not in known}
+        return {
+            f"{dataset}/{key}": sum(cell.startswith(f"{dataset}/{key}/") for cell in finished)
+            for dataset, key in sorted(rows)
+            if key.split(".")[0] not in known
+        }
 
     def dataset(self, config: dict, split: str):
         """The rendered (in-memory) dataset of ``config``'s data section, shared by cells."""
@@ -208,17 +224,32 @@ class CellRunner:
         self.trained.append(cell)
         model = result.model.eval()
         planes = PlaneAccuracy() if measures_planes(model) else None
-        metrics, per_scene, _ = evaluate_model(model, self.dataset(config, "eval"), config["data"]["num_context"],
-                                               batch_size=config["eval"]["batch_size"], lpips=self._lpips,
-                                               device=self.device, planes=planes)
+        metrics, per_scene, _ = evaluate_model(
+            model,
+            self.dataset(config, "eval"),
+            config["data"]["num_context"],
+            batch_size=config["eval"]["batch_size"],
+            lpips=self._lpips,
+            device=self.device,
+            planes=planes,
+        )
         record = {
-            "dataset": cell.dataset, "row": cell.row.label, "encoding": cell.row.encoding,
-            "predictor": cell.row.predictor, "num_context": cell.row.num_context, "seed": cell.seed,
-            "config_hash": self.key(cell), "steps": result.step, "skipped_steps": result.skipped_steps,
-            "final_loss": result.last_loss, "parameters": count_parameters(model)["trainable"],
+            "dataset": cell.dataset,
+            "row": cell.row.label,
+            "encoding": cell.row.encoding,
+            "predictor": cell.row.predictor,
+            "num_context": cell.row.num_context,
+            "seed": cell.seed,
+            "config_hash": self.key(cell),
+            "steps": result.step,
+            "skipped_steps": result.skipped_steps,
+            "final_loss": result.last_loss,
+            "parameters": count_parameters(model)["trainable"],
             # Seconds for all `steps`, extrapolated from this session when the run was resumed.
             "train_seconds": seconds * result.step / trained if trained else None,
-            "resumed_from_step": start, "eval_scenes": len(self.dataset(config, "eval")), "metrics": metrics,
+            "resumed_from_step": start,
+            "eval_scenes": len(self.dataset(config, "eval")),
+            "metrics": metrics,
             "per_scene": {name: values for name, values in per_scene.items() if values},
             "planes": planes.means() if planes is not None else None,
             "provenance": self.provenance,
@@ -248,8 +279,14 @@ class CellRunner:
                 # the cache may hold no checkpoint (or none at all): training is a pure function
                 # of the cell's config, so retraining restores the same model
                 self._train(folder, self.config(cell, folder))
-            result = run_protocol(str(folder), protocol, num_scenes=self.budget.protocol_scenes,
-                                  device=self.device, lpips_weights=self.lpips_weights, **options)
+            result = run_protocol(
+                str(folder),
+                protocol,
+                num_scenes=self.budget.protocol_scenes,
+                device=self.device,
+                lpips_weights=self.lpips_weights,
+                **options,
+            )
             stored[key] = {**result, "provenance": self.provenance}
             _write_json(path, stored)
         if self.store is not None and record is not None:

@@ -27,9 +27,11 @@ from provenance import describe
 __all__ = ["stat", "compare", "table_report", "fig6_report", "claims", "markdown", "plots", "NOISE_RULE", "NOISE_FLOOR"]
 
 NOISE_FLOOR = {"psnr": 0.05, "ssim": 0.002}
-NOISE_RULE = ("differences with |Δ mean| <= max(pooled std over seeds, floor) are marked '≈' (within seed "
-              "noise); pooled std = sqrt((s_a² + s_b²)/2), floor 0.05 dB PSNR / 0.002 SSIM; a one-sigma "
-              "screen, not a significance test")
+NOISE_RULE = (
+    "differences with |Δ mean| <= max(pooled std over seeds, floor) are marked '≈' (within seed "
+    "noise); pooled std = sqrt((s_a² + s_b²)/2), floor 0.05 dB PSNR / 0.002 SSIM; a one-sigma "
+    "screen, not a significance test"
+)
 METRICS = (("psnr", "PSNR ↑", 2), ("ssim", "SSIM ↑", 3), ("lpips", "LPIPS ↓", 3))
 STALE_MARK = " †"
 
@@ -38,8 +40,11 @@ def stat(values: list[float]) -> dict | None:
     """``{"mean", "std" (sample; None for one value), "n"}``, or None without values."""
     if not values:
         return None
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else None,
-            "n": len(values)}
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else None,
+        "n": len(values),
+    }
 
 
 def compare(a: dict | None, b: dict | None, floor: float = 0.0) -> dict | None:
@@ -54,8 +59,9 @@ def compare(a: dict | None, b: dict | None, floor: float = 0.0) -> dict | None:
     return {"delta": delta, "pooled_std": pooled, "verdict": verdict}
 
 
-def paired_bootstrap(a: list[list[float]], b: list[list[float]], *, resamples: int = 4000, seed: int = 0,
-                     level: float = 0.95) -> dict:
+def paired_bootstrap(
+    a: list[list[float]], b: list[list[float]], *, resamples: int = 4000, seed: int = 0, level: float = 0.95
+) -> dict:
     """Mean paired difference ``a - b`` with a percentile bootstrap confidence interval.
 
     ``a`` and ``b`` hold one list of per-scene values per seed, the same seeds and held-out scenes
@@ -71,8 +77,15 @@ def paired_bootstrap(a: list[list[float]], b: list[list[float]], *, resamples: i
     scene_draw = torch.randint(scenes, (resamples, seeds, scenes), generator=generator)
     means = diff[seed_draw[..., None], scene_draw].mean(dim=(1, 2))
     low, high = torch.quantile(means, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)).tolist()
-    return {"mean": float(diff.mean()), "low": low, "high": high, "level": level, "seeds": seeds, "scenes": scenes,
-            "excludes_zero": low > 0 or high < 0}
+    return {
+        "mean": float(diff.mean()),
+        "low": low,
+        "high": high,
+        "level": level,
+        "seeds": seeds,
+        "scenes": scenes,
+        "excludes_zero": low > 0 or high < 0,
+    }
 
 
 def _metric_stat(records: list[dict], name: str):
@@ -85,13 +98,24 @@ def _metric_stat(records: list[dict], name: str):
 def row_summary(records: list[dict], row: Row) -> dict:
     """Mean/std over the finished seeds of one row on one dataset."""
     times = [r["train_seconds"] for r in records if r["train_seconds"] is not None]
-    summary = {"row": row.label, "encoding": row.encoding, "predictor": row.predictor,
-               "num_context": row.num_context, "seeds": sorted(r["seed"] for r in records),
-               "parameters": records[0]["parameters"] if records else None, "train_seconds": stat(times)}
+    summary = {
+        "row": row.label,
+        "encoding": row.encoding,
+        "predictor": row.predictor,
+        "num_context": row.num_context,
+        "seeds": sorted(r["seed"] for r in records),
+        "parameters": records[0]["parameters"] if records else None,
+        "train_seconds": stat(times),
+    }
     stale = [r for r in records if r.get("stale")]
-    summary["stale"] = None if not stale else {
-        "seeds": sorted(r["seed"] for r in stale),
-        "note": "trained on an earlier code version (" + ", ".join(sorted({r["trained_at"] for r in stale})) + ")"}
+    summary["stale"] = (
+        None
+        if not stale
+        else {
+            "seeds": sorted(r["seed"] for r in stale),
+            "note": "trained on an earlier code version (" + ", ".join(sorted({r["trained_at"] for r in stale})) + ")",
+        }
+    )
     for name, _, _ in METRICS:
         summary[name] = _metric_stat(records, name) if records else None
     return summary
@@ -107,8 +131,9 @@ def table_report(table: Table, records: dict[tuple, list[dict]]) -> dict:
             reference = row_summary(records.get((dataset, table.reference(row)), []), table.reference(row))
             summary["reference"] = reference["row"]
             for name in ("psnr", "ssim"):
-                summary[f"delta_{name}"] = (None if row == table.reference(row)
-                                            else compare(summary[name], reference[name], NOISE_FLOOR[name]))
+                summary[f"delta_{name}"] = (
+                    None if row == table.reference(row) else compare(summary[name], reference[name], NOISE_FLOOR[name])
+                )
             rows.append(summary)
         out["datasets"][dataset] = rows
     return out
@@ -169,12 +194,22 @@ def claims(report: dict) -> list[dict]:
         if row_a is None or row_b is None:  # a row left out with --rows
             continue
         result = compare(row_a["psnr"], row_b["psnr"], NOISE_FLOOR["psnr"])
-        verdict = "pending" if result is None else {"higher": "holds", "lower": "reversed"}.get(result["verdict"],
-                                                                                             result["verdict"])
-        out.append({"table": table, "dataset": dataset, "claim": f"{a} > {b}", "verdict": verdict,
-                    "delta_psnr": None if result is None else result["delta"],
-                    "pooled_std": None if result is None else result["pooled_std"],
-                    "stale": bool(row_a.get("stale") or row_b.get("stale"))})
+        verdict = (
+            "pending"
+            if result is None
+            else {"higher": "holds", "lower": "reversed"}.get(result["verdict"], result["verdict"])
+        )
+        out.append(
+            {
+                "table": table,
+                "dataset": dataset,
+                "claim": f"{a} > {b}",
+                "verdict": verdict,
+                "delta_psnr": None if result is None else result["delta"],
+                "pooled_std": None if result is None else result["pooled_std"],
+                "stale": bool(row_a.get("stale") or row_b.get("stale")),
+            }
+        )
     return out
 
 
@@ -200,9 +235,12 @@ def _table_markdown(name: str, table: dict) -> list[str]:
     lines = [f"### {table['title']}", ""]
     for dataset, rows in table["datasets"].items():
         reference = "the same encoding with learned planes" if name == "table3" else "`none` (same views)"
-        lines += [f"**{dataset}** (Δ vs {reference}; ≈ = within seed noise)", "",
-                  "| row | PSNR ↑ | Δ PSNR | SSIM ↑ | Δ SSIM | LPIPS ↓ | params | train s | seeds |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"**{dataset}** (Δ vs {reference}; ≈ = within seed noise)",
+            "",
+            "| row | PSNR ↑ | Δ PSNR | SSIM ↑ | Δ SSIM | LPIPS ↓ | params | train s | seeds |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in rows:
             seconds = r["train_seconds"]
             lines.append(
@@ -210,7 +248,8 @@ def _table_markdown(name: str, table: dict) -> list[str]:
                 f"{_fmt_delta(r['delta_psnr'], 2)} | {_fmt(r['ssim'], 3)} | "
                 f"{_fmt_delta(r['delta_ssim'], 3)} | {_fmt(r['lpips'], 3)} | "
                 f"{'pending' if r['parameters'] is None else format(r['parameters'], ',')} | "
-                f"{'pending' if seconds is None else format(seconds['mean'], '.0f')} | {len(r['seeds'])} |")
+                f"{'pending' if seconds is None else format(seconds['mean'], '.0f')} | {len(r['seeds'])} |"
+            )
         lines.append("")
     return lines
 
@@ -222,12 +261,18 @@ def _fig6_markdown(fig6: dict) -> list[str]:
     for dataset, protocols in fig6["datasets"].items():
         for protocol, block in protocols.items():
             values = sorted({p["value"] for points in block["rows"].values() for p in points})
-            lines += [f"**{dataset}, {protocol}** (PSNR ↑ / SSIM ↑ against {block['axis']})", "",
-                      "| row | " + " | ".join(str(v) for v in values) + " |", "|---|" + "---|" * len(values)]
+            lines += [
+                f"**{dataset}, {protocol}** (PSNR ↑ / SSIM ↑ against {block['axis']})",
+                "",
+                "| row | " + " | ".join(str(v) for v in values) + " |",
+                "|---|" + "---|" * len(values),
+            ]
             for label, points in block["rows"].items():
                 by_value = {p["value"]: p for p in points}
-                cells = [f"{_fmt(by_value[v]['psnr'], 2)} / {_fmt(by_value[v]['ssim'], 3)}" if v in by_value
-                         else "pending" for v in values]
+                cells = [
+                    f"{_fmt(by_value[v]['psnr'], 2)} / {_fmt(by_value[v]['ssim'], 3)}" if v in by_value else "pending"
+                    for v in values
+                ]
                 mark = STALE_MARK if label in block.get("stale", ()) else ""
                 lines.append(f"| {label}{mark} | " + " | ".join(cells) + " |")
             lines.append("")
@@ -239,8 +284,10 @@ def _fig6_markdown(fig6: dict) -> list[str]:
 def _provenance_line(record: dict | None) -> str:
     if not record:
         return "Commit: not recorded  "
-    return (f"Commit: `{describe(record)}` (source fingerprint `{record.get('source_fingerprint')}`, results version "
-            f"{record.get('results_version')}, torch {record.get('torch')})  ")
+    return (
+        f"Commit: `{describe(record)}` (source fingerprint `{record.get('source_fingerprint')}`, results version "
+        f"{record.get('results_version')}, torch {record.get('torch')})  "
+    )
 
 
 def markdown(report: dict) -> str:
@@ -248,7 +295,8 @@ def markdown(report: dict) -> str:
     budget = report["budget"]
     done, total = report["progress"]["finished"], report["progress"]["planned"]
     lines = [
-        f"## NVS benchmark, `{budget['name']}` budget", "",
+        f"## NVS benchmark, `{budget['name']}` budget",
+        "",
         f"Command: `{report['command']}`  ",
         _provenance_line(report.get("provenance")),
         f"Cells finished: {done} of {total} planned; generated {report['generated']}.  ",
@@ -257,33 +305,48 @@ def markdown(report: dict) -> str:
         f"{budget['eval_scenes']} held-out scenes (Fig. 6: {budget['protocol_scenes']}), seeds "
         f"{list(budget['seeds'])}, 1 target view per scene. Train time: wall seconds for all steps on "
         f"`{report['device']}` with {report['threads']} torch thread(s) (shared machine; indicative only).  ",
-        f"Noise rule: {NOISE_RULE}. LPIPS: {report['lpips']}.", "",
+        f"Noise rule: {NOISE_RULE}. LPIPS: {report['lpips']}.",
+        "",
     ]
     stale = report.get("stale_cells") or {}
     if stale.get("count"):
         versions = ", ".join(f"{version}: {n}" for version, n in stale["trained_at"].items())
-        lines += [f"**† Trained on an earlier code version** ({versions}): {stale['count']} of {done} finished cells "
-                  "were reused with `--allow-stale`, not retrained with the commit above; every row, Fig. 6 curve "
-                  "and claim that uses one is marked †.", ""]
+        lines += [
+            f"**† Trained on an earlier code version** ({versions}): {stale['count']} of {done} finished cells "
+            "were reused with `--allow-stale`, not retrained with the commit above; every row, Fig. 6 curve "
+            "and claim that uses one is marked †.",
+            "",
+        ]
     obsolete = report.get("obsolete_cells") or {}
     if obsolete:
-        lines += ["Skipped cached cells of encodings that no longer exist: "
-                  + ", ".join(f"`{folder}` ({n})" for folder, n in obsolete.items()) + ".", ""]
+        lines += [
+            "Skipped cached cells of encodings that no longer exist: "
+            + ", ".join(f"`{folder}` ({n})" for folder, n in obsolete.items())
+            + ".",
+            "",
+        ]
     for name, table in report["tables"].items():
         lines += _table_markdown(name, table)
     if "fig6" in report:
         lines += _fig6_markdown(report["fig6"])
     if report["claims"]:
-        lines += ["### The paper's ordering claims (PSNR)", "",
-                  "| table | dataset | claim | Δ PSNR | pooled std | verdict |", "|---|---|---|---|---|---|"]
+        lines += [
+            "### The paper's ordering claims (PSNR)",
+            "",
+            "| table | dataset | claim | Δ PSNR | pooled std | verdict |",
+            "|---|---|---|---|---|---|",
+        ]
         for c in report["claims"]:
             delta = "—" if c["delta_psnr"] is None else f"{c['delta_psnr']:+.2f}"
             pooled = "—" if c["pooled_std"] is None else f"{c['pooled_std']:.2f}"
             mark = STALE_MARK if c.get("stale") else ""
-            lines.append(f"| {c['table']} | {c['dataset']} | {c['claim']}{mark} | {delta} | {pooled} "
-                         f"| {c['verdict']} |")
-        counts = {v: sum(c["verdict"] == v for c in report["claims"]) for v in
-                  ("holds", "reversed", "within noise", "1 seed", "pending")}
+            lines.append(
+                f"| {c['table']} | {c['dataset']} | {c['claim']}{mark} | {delta} | {pooled} | {c['verdict']} |"
+            )
+        counts = {
+            v: sum(c["verdict"] == v for c in report["claims"])
+            for v in ("holds", "reversed", "within noise", "1 seed", "pending")
+        }
         lines += ["", "Verdicts: " + ", ".join(f"{v} {n}" for v, n in counts.items()) + ".", ""]
     if report.get("plots"):
         lines += ["Plots: " + ", ".join(f"`{p}`" for p in report["plots"]), ""]
@@ -317,11 +380,20 @@ def plots(report: dict, out: Path) -> list[str]:
         for ax, (dataset, rows) in zip(axes[0], datasets.items()):
             if name == "table2":
                 for encoding in ("none", "prope", "hrope"):
-                    points = [(r["num_context"], r["psnr"]) for r in rows
-                              if r["encoding"] == encoding and isinstance(r["psnr"], dict)]
+                    points = [
+                        (r["num_context"], r["psnr"])
+                        for r in rows
+                        if r["encoding"] == encoding and isinstance(r["psnr"], dict)
+                    ]
                     if points:
-                        ax.errorbar([p[0] for p in points], [p[1]["mean"] for p in points],
-                                    yerr=[p[1]["std"] or 0.0 for p in points], marker="o", capsize=3, label=encoding)
+                        ax.errorbar(
+                            [p[0] for p in points],
+                            [p[1]["mean"] for p in points],
+                            yerr=[p[1]["std"] or 0.0 for p in points],
+                            marker="o",
+                            capsize=3,
+                            label=encoding,
+                        )
                 ax.set_xlabel("context views")
                 if ax.get_legend_handles_labels()[0]:
                     ax.legend()
@@ -340,8 +412,13 @@ def plots(report: dict, out: Path) -> list[str]:
             for ax, (protocol, block) in zip(axes[0], protocols.items()):
                 for label, points in block["rows"].items():
                     points = [p for p in points if isinstance(p["psnr"], dict)]
-                    ax.plot([p["value"] for p in points], [p["psnr"]["mean"] for p in points], marker="o",
-                            label=label, linestyle="-" if label in ("hrope", "hrope-lift") else "--")
+                    ax.plot(
+                        [p["value"] for p in points],
+                        [p["psnr"]["mean"] for p in points],
+                        marker="o",
+                        label=label,
+                        linestyle="-" if label in ("hrope", "hrope-lift") else "--",
+                    )
                 ax.set_title(f"fig6 {dataset}: {protocol}")
                 ax.set_xlabel(block["axis"])
                 ax.set_ylabel("PSNR (dB), mean over seeds")
@@ -351,4 +428,3 @@ def plots(report: dict, out: Path) -> list[str]:
             plt.close(fig)
             written.append(f"fig6_{dataset}.png")
     return written
-

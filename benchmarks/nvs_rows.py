@@ -24,8 +24,21 @@ from typing import Callable
 from hrope.nvs.config import resolve
 from hrope.nvs.model import APE_ENCODINGS
 
-__all__ = ["Row", "Table", "Budget", "BUDGETS", "TABLE1_ENCODINGS", "ABLATIONS", "APE_ABLATIONS", "tables",
-           "cell_config", "cell_settings", "config_hash", "Cell", "RESULTS_VERSION"]
+__all__ = [
+    "Row",
+    "Table",
+    "Budget",
+    "BUDGETS",
+    "TABLE1_ENCODINGS",
+    "ABLATIONS",
+    "APE_ABLATIONS",
+    "tables",
+    "cell_config",
+    "cell_settings",
+    "config_hash",
+    "Cell",
+    "RESULTS_VERSION",
+]
 
 # Bump (by hand) in a change meant to alter trained results; a new version trains every cell again,
 # in new cache folders (the old ones stay on disk, unused). Version 0 is not hashed (its cells are
@@ -74,15 +87,17 @@ class Row:
     def label(self) -> str:
         details = ([] if self.predictor == "learned" else [self.predictor]) + [
             "with target geometry" if (k, v) == ("scope", "all") else f"{k} {v}"
-            for k, v in self.options + self.encoding_options + self.model_options + self.train_options]
+            for k, v in self.options + self.encoding_options + self.model_options + self.train_options
+        ]
         text = f"{self.encoding} ({', '.join(details)})" if details else self.encoding
         return text if self.num_context == 2 else f"{text}, {self.num_context} views"
 
     @property
     def key(self) -> str:
         """Folder name of the row's cells."""
-        options = "".join(f".{k}-{v}" for k, v in
-                          self.options + self.encoding_options + self.model_options + self.train_options)
+        options = "".join(
+            f".{k}-{v}" for k, v in self.options + self.encoding_options + self.model_options + self.train_options
+        )
         options = options.replace(" ", "")
         return f"{self.encoding}.{self.predictor}.ctx{self.num_context}{options}"
 
@@ -130,19 +145,57 @@ class Budget:
 
 BUDGETS: dict[str, Budget] = {
     # Smoke test: every table, toy models; <= 10 minutes on 2 idle CPU cores.
-    "quick": Budget("quick", {"preset": "tiny", "image_size": 32, "dim": 64, "layers": 2, "heads": 2},
-                    steps=150, batch_size=4, lr=1e-3, warmup=10, train_scenes=64, eval_scenes=16, protocol_scenes=8),
+    "quick": Budget(
+        "quick",
+        {"preset": "tiny", "image_size": 32, "dim": 64, "layers": 2, "heads": 2},
+        steps=150,
+        batch_size=4,
+        lr=1e-3,
+        warmup=10,
+        train_scenes=64,
+        eval_scenes=16,
+        protocol_scenes=8,
+    ),
     # The CPU benchmark: the `tiny` LVSM; about 3 hours on 2 idle CPU cores (one torch thread).
-    "full": Budget("full", {"preset": "tiny"}, steps=600, batch_size=4, lr=1e-3, warmup=50, train_scenes=512,
-                   eval_scenes=64, protocol_scenes=16),
+    "full": Budget(
+        "full",
+        {"preset": "tiny"},
+        steps=600,
+        batch_size=4,
+        lr=1e-3,
+        warmup=50,
+        train_scenes=512,
+        eval_scenes=64,
+        protocol_scenes=16,
+    ),
     # For a GPU (`--device cuda`): the `small` LVSM, longer training, 3 seeds, ablations on both datasets.
-    "gpu": Budget("gpu", {"preset": "small"}, steps=20000, batch_size=16, lr=4e-4, warmup=1000,
-                  train_scenes=10000, eval_scenes=256, protocol_scenes=128, seeds=(0, 1, 2),
-                  ablation_datasets=("room", "object")),
+    "gpu": Budget(
+        "gpu",
+        {"preset": "small"},
+        steps=20000,
+        batch_size=16,
+        lr=4e-4,
+        warmup=1000,
+        train_scenes=10000,
+        eval_scenes=256,
+        protocol_scenes=128,
+        seeds=(0, 1, 2),
+        ablation_datasets=("room", "object"),
+    ),
     # One GPU session's worth (sized for about 10 minutes of plane_evidence --set gpu on one large GPU,
     # an estimate): the `small` LVSM, one seed.
-    "gpu-short": Budget("gpu-short", {"preset": "small"}, steps=2000, batch_size=16, lr=4e-4, warmup=200,
-                        train_scenes=2000, eval_scenes=128, protocol_scenes=32, seeds=(0,)),
+    "gpu-short": Budget(
+        "gpu-short",
+        {"preset": "small"},
+        steps=2000,
+        batch_size=16,
+        lr=4e-4,
+        warmup=200,
+        train_scenes=2000,
+        eval_scenes=128,
+        protocol_scenes=32,
+        seeds=(0,),
+    ),
 }
 
 
@@ -158,18 +211,36 @@ def tables(budget: Budget) -> dict[str, Table]:
     """The paper's comparisons at this budget (Fig. 6 evaluates Table 1's checkpoints, see nvs_table)."""
     ablation = tuple(Row(e) for e in ("none", *ABLATIONS)) + tuple(Row(e + "-ape") for e in APE_ABLATIONS)
     return {
-        "table1": Table("table1", "Table 1 analogue: encodings (learned per-patch parameters)",
-                        tuple(Row(e) for e in TABLE1_ENCODINGS), ("room", "object"), _none_like),
-        "table3": Table("table3", "Table 3 analogue: plane source (learned; external = fit to rendered depth, "
-                        "oracle = ground truth, of the context views by default, of every view with scope all = "
-                        "with target geometry)",
-                        tuple(Row(e, p, options=o) for e in ("hrope", "hrope-lift") for p, o in PLANE_SOURCES),
-                        budget.ablation_datasets, _learned_like),
-        "fig4a": Table("fig4a", "Fig. 4a analogue: per-patch parameterisations, relative vs additive (APE)",
-                       ablation, budget.ablation_datasets, lambda row: Row("none")),
-        "table2": Table("table2", "Table 2 analogue: number of context views",
-                        tuple(Row(e, num_context=n) for n in VIEW_COUNTS for e in ("none", "prope", "hrope")),
-                        budget.ablation_datasets, _none_like),
+        "table1": Table(
+            "table1",
+            "Table 1 analogue: encodings (learned per-patch parameters)",
+            tuple(Row(e) for e in TABLE1_ENCODINGS),
+            ("room", "object"),
+            _none_like,
+        ),
+        "table3": Table(
+            "table3",
+            "Table 3 analogue: plane source (learned; external = fit to rendered depth, "
+            "oracle = ground truth, of the context views by default, of every view with scope all = "
+            "with target geometry)",
+            tuple(Row(e, p, options=o) for e in ("hrope", "hrope-lift") for p, o in PLANE_SOURCES),
+            budget.ablation_datasets,
+            _learned_like,
+        ),
+        "fig4a": Table(
+            "fig4a",
+            "Fig. 4a analogue: per-patch parameterisations, relative vs additive (APE)",
+            ablation,
+            budget.ablation_datasets,
+            lambda row: Row("none"),
+        ),
+        "table2": Table(
+            "table2",
+            "Table 2 analogue: number of context views",
+            tuple(Row(e, num_context=n) for n in VIEW_COUNTS for e in ("none", "prope", "hrope")),
+            budget.ablation_datasets,
+            _none_like,
+        ),
     }
 
 
@@ -187,22 +258,45 @@ def cell_settings(budget: Budget, cell: Cell, lpips_weights: str | None = None) 
         model["encoding_options"] = {k: list(v) if isinstance(v, tuple) else v for k, v in row.encoding_options}
     return {
         "model": model,
-        "data": {"kind": cell.dataset, "num_scenes": budget.train_scenes, "num_context": row.num_context,
-                 "num_target": 1, "seed": budget.data_seed, "cache": True},
-        "train": {"steps": budget.steps, "batch_size": budget.batch_size, "lr": budget.lr,
-                  "warmup": budget.warmup, "seed": cell.seed, **dict(row.train_options)},
-        "eval": {"num_scenes": budget.eval_scenes, "batch_size": 8, "lpips_weights": lpips_weights,
-                 "num_grid_scenes": 0},
+        "data": {
+            "kind": cell.dataset,
+            "num_scenes": budget.train_scenes,
+            "num_context": row.num_context,
+            "num_target": 1,
+            "seed": budget.data_seed,
+            "cache": True,
+        },
+        "train": {
+            "steps": budget.steps,
+            "batch_size": budget.batch_size,
+            "lr": budget.lr,
+            "warmup": budget.warmup,
+            "seed": cell.seed,
+            **dict(row.train_options),
+        },
+        "eval": {
+            "num_scenes": budget.eval_scenes,
+            "batch_size": 8,
+            "lpips_weights": lpips_weights,
+            "num_grid_scenes": 0,
+        },
     }
 
 
-def cell_config(budget: Budget, cell: Cell, out: Path, *, device: str = "cpu", threads: int = 1,
-                lpips_weights: str | None = None) -> dict:
+def cell_config(
+    budget: Budget, cell: Cell, out: Path, *, device: str = "cpu", threads: int = 1, lpips_weights: str | None = None
+) -> dict:
     """The resolved ``hrope.nvs.train`` config of one cell (its run folder is ``out``)."""
     values = cell_settings(budget, cell, lpips_weights)
-    values["train"] = {**values["train"], "out": str(out), "device": device, "threads": threads,
-                       "log_every": max(1, budget.steps // 20), "image_every": 0,
-                       "checkpoint_every": max(1, budget.steps // 4)}
+    values["train"] = {
+        **values["train"],
+        "out": str(out),
+        "device": device,
+        "threads": threads,
+        "log_every": max(1, budget.steps // 20),
+        "image_every": 0,
+        "checkpoint_every": max(1, budget.steps // 4),
+    }
     return resolve(values)
 
 

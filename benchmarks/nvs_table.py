@@ -118,26 +118,46 @@ def _run_fig6(runner: CellRunner, cells, *, compute: bool, log) -> dict:
         return {"status": f"failed: {type(error).__name__}: {error}"}
     out = {"status": "ok", "datasets": fig6_report(results, stale_rows)}
     if stale_missing:
-        out["note"] = (f"{stale_missing} Fig. 6 result(s) of cells trained on an earlier code version are not cached "
-                       "and were not computed (stale cells are only read)")
+        out["note"] = (
+            f"{stale_missing} Fig. 6 result(s) of cells trained on an earlier code version are not cached "
+            "and were not computed (stale cells are only read)"
+        )
         log(f"fig6: {out['note']}")
     return out
 
 
-def build_report(runner: CellRunner, selected: dict, cells, fig6: dict | None, *, command: str, started: float,
-                 device: str, threads: int) -> dict:
+def build_report(
+    runner: CellRunner,
+    selected: dict,
+    cells,
+    fig6: dict | None,
+    *,
+    command: str,
+    started: float,
+    device: str,
+    threads: int,
+) -> dict:
     """The report dict (JSON-ready) from the finished cells of ``cells``."""
     records = _collect(runner, cells)
     stale = [r for rs in records.values() for r in rs if r["stale"]]
     report = {
-        "command": command, "provenance": runner.provenance, "budget": runner.budget.as_dict(),
+        "command": command,
+        "provenance": runner.provenance,
+        "budget": runner.budget.as_dict(),
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "elapsed_seconds": time.perf_counter() - started, "device": device, "threads": threads,
+        "elapsed_seconds": time.perf_counter() - started,
+        "device": device,
+        "threads": threads,
         "lpips": "computed with local weights" if runner.lpips_weights else "unavailable (no local LPIPS weights)",
-        "progress": {"finished": sum(len(v) for v in records.values()), "planned": len(cells),
-                     "trained_this_invocation": len(runner.trained)},
-        "stale_cells": {"count": len(stale),
-                        "trained_at": dict(sorted(Counter(r["trained_at"] for r in stale).items()))},
+        "progress": {
+            "finished": sum(len(v) for v in records.values()),
+            "planned": len(cells),
+            "trained_this_invocation": len(runner.trained),
+        },
+        "stale_cells": {
+            "count": len(stale),
+            "trained_at": dict(sorted(Counter(r["trained_at"] for r in stale).items())),
+        },
         "obsolete_cells": runner.obsolete(),
         "tables": {name: table_report(table, records) for name, table in selected.items()},
         "cells": [r for rs in records.values() for r in rs],
@@ -156,17 +176,35 @@ def write_report(report: dict, out: Path) -> None:
     (out / "nvs_table.md").write_text(markdown(report))
 
 
-def run_benchmark(budget: Budget, out: Path, *, table_names=TABLE_NAMES, row_filter=None, device: str = "cpu",
-                  threads: int = 1, lpips_weights: str | None = None, report_only: bool = False,
-                  allow_stale: bool = False, command: str = "", log=print) -> dict:
+def run_benchmark(
+    budget: Budget,
+    out: Path,
+    *,
+    table_names=TABLE_NAMES,
+    row_filter=None,
+    device: str = "cpu",
+    threads: int = 1,
+    lpips_weights: str | None = None,
+    report_only: bool = False,
+    allow_stale: bool = False,
+    command: str = "",
+    log=print,
+) -> dict:
     """Train/evaluate every planned cell (reusing cached ones) and write the report into ``out``.
 
     Raises :class:`StaleCellsError` before training anything when finished planned cells were
     trained on an earlier code version, unless ``allow_stale`` (then they are reused and marked)."""
     started = time.perf_counter()
     out = Path(out)
-    runner = CellRunner(budget, out / "cache", store=out / CELLS_NAME, device=device, threads=threads,
-                        lpips_weights=lpips_weights, allow_stale=allow_stale)
+    runner = CellRunner(
+        budget,
+        out / "cache",
+        store=out / CELLS_NAME,
+        device=device,
+        threads=threads,
+        lpips_weights=lpips_weights,
+        allow_stale=allow_stale,
+    )
     selected, first, later = plan(budget, table_names, row_filter)
     cells = first + later
     runner.check_stale(cells, log=log)
@@ -175,15 +213,18 @@ def run_benchmark(budget: Budget, out: Path, *, table_names=TABLE_NAMES, row_fil
     state = {"fig6": None, "last_report": time.perf_counter()}
 
     def report_now() -> dict:
-        return build_report(runner, selected, cells, state["fig6"], command=command, started=started,
-                            device=device, threads=threads)
+        return build_report(
+            runner, selected, cells, state["fig6"], command=command, started=started, device=device, threads=threads
+        )
 
     def train_cells(batch):
         for cell in batch:
             if report_only or runner.cached(cell) is not None:
                 continue
-            log(f"[{cells.index(cell) + 1}/{len(cells)}] {cell.dataset} | {cell.row.label} | seed {cell.seed}: "
-                f"training (elapsed {time.perf_counter() - started:.0f} s)")
+            log(
+                f"[{cells.index(cell) + 1}/{len(cells)}] {cell.dataset} | {cell.row.label} | seed {cell.seed}: "
+                f"training (elapsed {time.perf_counter() - started:.0f} s)"
+            )
             record = runner.run(cell)
             seconds = "?" if record["train_seconds"] is None else f"{record['train_seconds']:.0f}"
             log(f"    PSNR {record['metrics']['psnr']:.2f}  SSIM {record['metrics']['ssim']:.3f}  {seconds} s")
@@ -198,15 +239,18 @@ def run_benchmark(budget: Budget, out: Path, *, table_names=TABLE_NAMES, row_fil
     report = report_now()
     runner.save()
     write_report(report, out)
-    log(f"done: {report['progress']['finished']}/{len(cells)} cells, {len(runner.trained)} trained now, "
-        f"{report['elapsed_seconds']:.0f} s; wrote {out / 'nvs_table.md'}")
+    log(
+        f"done: {report['progress']['finished']}/{len(cells)} cells, {len(runner.trained)} trained now, "
+        f"{report['elapsed_seconds']:.0f} s; wrote {out / 'nvs_table.md'}"
+    )
     return report
 
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("--quick", action="store_true", help="the smoke budget (same as --budget quick)")
     parser.add_argument("--budget", choices=sorted(BUDGETS), default=None, help="default: full (quick with --quick)")
     parser.add_argument("--out", default=None, help="default benchmarks/results/nvs (nvs_<budget> for other budgets)")
@@ -215,10 +259,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cpu", help="cpu | cuda")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per run (0 = torch default)")
     parser.add_argument("--lpips-weights", default=None, help="local LPIPS safetensors (else LPIPS unavailable)")
-    parser.add_argument("--report-only", action="store_true", help="write the report from finished cells; train nothing")
-    parser.add_argument("--allow-stale", action="store_true",
-                        help="reuse finished cells trained on an earlier code version (marked in the report) "
-                             "instead of stopping with an error")
+    parser.add_argument(
+        "--report-only", action="store_true", help="write the report from finished cells; train nothing"
+    )
+    parser.add_argument(
+        "--allow-stale",
+        action="store_true",
+        help="reuse finished cells trained on an earlier code version (marked in the report) "
+        "instead of stopping with an error",
+    )
     args = parser.parse_args(argv)
     if args.quick and args.budget not in (None, "quick"):
         parser.error("--quick conflicts with --budget " + args.budget)
@@ -227,11 +276,18 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.WARNING)
     try:
         return run_benchmark(
-            BUDGETS[name], out, table_names=[t.strip() for t in args.tables.split(",") if t.strip()],
-            row_filter={r.strip() for r in args.rows.split(",")} if args.rows else None, device=args.device,
-            threads=args.threads, lpips_weights=args.lpips_weights, report_only=args.report_only,
-            allow_stale=args.allow_stale, command=shlex.join(["python", "benchmarks/nvs_table.py", *argv]),
-            log=lambda text: print(text, flush=True))
+            BUDGETS[name],
+            out,
+            table_names=[t.strip() for t in args.tables.split(",") if t.strip()],
+            row_filter={r.strip() for r in args.rows.split(",")} if args.rows else None,
+            device=args.device,
+            threads=args.threads,
+            lpips_weights=args.lpips_weights,
+            report_only=args.report_only,
+            allow_stale=args.allow_stale,
+            command=shlex.join(["python", "benchmarks/nvs_table.py", *argv]),
+            log=lambda text: print(text, flush=True),
+        )
     except StaleCellsError as error:
         raise SystemExit(f"nvs_table.py: error: {error}") from None
 

@@ -54,35 +54,65 @@ def measure(kind: str, grid=(8, 8)) -> dict:
     for cap in CAPS:
         capped = m if cap is None else clamp_plane_vectors(m, cap)
         norms = pair_norms(capped, batch, grid).flatten()
-        rows.append({"cap": cap, "patches_above_cap": None if cap is None else float((size[valid] > cap).double().mean()),
-                     "norm_median": float(norms.median()), "norm_p99": float(norms.quantile(0.99)),
-                     "norm_max": float(norms.max())})
+        rows.append(
+            {
+                "cap": cap,
+                "patches_above_cap": None if cap is None else float((size[valid] > cap).double().mean()),
+                "norm_median": float(norms.median()),
+                "norm_p99": float(norms.quantile(0.99)),
+                "norm_max": float(norms.max()),
+            }
+        )
     prope = pair_norms(torch.zeros_like(m), batch, grid).flatten()
-    return {"dataset": kind, "scenes": SCENES, "m_median": float(size[valid].median()),
-            "m_p99": float(size[valid].quantile(0.99)), "m_max": float(size.max()), "planes": rows,
-            "prope": {"norm_median": float(prope.median()), "norm_p99": float(prope.quantile(0.99)),
-                      "norm_max": float(prope.max())}}
+    return {
+        "dataset": kind,
+        "scenes": SCENES,
+        "m_median": float(size[valid].median()),
+        "m_p99": float(size[valid].quantile(0.99)),
+        "m_max": float(size.max()),
+        "planes": rows,
+        "prope": {
+            "norm_median": float(prope.median()),
+            "norm_p99": float(prope.quantile(0.99)),
+            "norm_max": float(prope.max()),
+        },
+    }
 
 
 def markdown(report: dict) -> str:
-    lines = ["## Plane transforms: how far one token pair can stretch a logit (`hrope-lift`, ground-truth planes)", "",
-             f"Command: `{report['command']}`  ", f"Commit: `{describe(report['provenance'])}`  ",
-             f"{SCENES} held-out scenes per dataset, 2 context + 1 target views, every view's ground-truth planes "
-             "(scene normalised: unit context baseline). Norm: the spectral norm of the 4x4 block D_i D_j^-1 over "
-             "all token pairs of a scene.", "",
-             "| dataset | planes | patches above the cap | median | 99th percentile | max |", "|---|---|---|---|---|---|"]
+    lines = [
+        "## Plane transforms: how far one token pair can stretch a logit (`hrope-lift`, ground-truth planes)",
+        "",
+        f"Command: `{report['command']}`  ",
+        f"Commit: `{describe(report['provenance'])}`  ",
+        f"{SCENES} held-out scenes per dataset, 2 context + 1 target views, every view's ground-truth planes "
+        "(scene normalised: unit context baseline). Norm: the spectral norm of the 4x4 block D_i D_j^-1 over "
+        "all token pairs of a scene.",
+        "",
+        "| dataset | planes | patches above the cap | median | 99th percentile | max |",
+        "|---|---|---|---|---|---|",
+    ]
     for entry in report["datasets"]:
         p = entry["prope"]
-        lines.append(f"| {entry['dataset']} | m = 0 (prope) | — | {p['norm_median']:.2f} | {p['norm_p99']:.2f} | "
-                     f"{p['norm_max']:.2f} |")
+        lines.append(
+            f"| {entry['dataset']} | m = 0 (prope) | — | {p['norm_median']:.2f} | {p['norm_p99']:.2f} | "
+            f"{p['norm_max']:.2f} |"
+        )
         for row in entry["planes"]:
             label = "true m" if row["cap"] is None else f"true m, \\|m\\| ≤ {row['cap']:g}"
             above = "—" if row["patches_above_cap"] is None else f"{100 * row['patches_above_cap']:.2f} %"
-            lines.append(f"| {entry['dataset']} | {label} | {above} | {row['norm_median']:.2f} | {row['norm_p99']:.2f} "
-                         f"| {row['norm_max']:.2f} |")
-    lines += ["", "|m| of the true planes: " + "; ".join(
-        f"{e['dataset']} median {e['m_median']:.2f}, 99th percentile {e['m_p99']:.2f}, max {e['m_max']:.1f}"
-        for e in report["datasets"])]
+            lines.append(
+                f"| {entry['dataset']} | {label} | {above} | {row['norm_median']:.2f} | {row['norm_p99']:.2f} "
+                f"| {row['norm_max']:.2f} |"
+            )
+    lines += [
+        "",
+        "|m| of the true planes: "
+        + "; ".join(
+            f"{e['dataset']} median {e['m_median']:.2f}, 99th percentile {e['m_p99']:.2f}, max {e['m_max']:.1f}"
+            for e in report["datasets"]
+        ),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -90,8 +120,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    report = {"command": "python benchmarks/plane_conditioning.py", "provenance": provenance(),
-              "datasets": [measure(kind) for kind in ("room", "object")]}
+    report = {
+        "command": "python benchmarks/plane_conditioning.py",
+        "provenance": provenance(),
+        "datasets": [measure(kind) for kind in ("room", "object")],
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "plane_conditioning.json").write_text(json.dumps(report, indent=2))
     (args.out / "plane_conditioning.md").write_text(markdown(report))

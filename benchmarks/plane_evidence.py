@@ -59,14 +59,24 @@ ROWS = (
     # head, predicted once (first block) for all layers, plane heads at 10x the learning rate
     Row("hrope-lift", options=TRANSFER + (("per_head", True),), model_options=(("rays", "world"),)),
     Row("hrope-lift", options=TRANSFER + (("per_layer", False),), model_options=(("rays", "world"),)),
-    Row("hrope-lift", options=TRANSFER, model_options=(("rays", "world"),), train_options=(("parameter_lr_scale", 10.0),)),
+    Row(
+        "hrope-lift",
+        options=TRANSFER,
+        model_options=(("rays", "world"),),
+        train_options=(("parameter_lr_scale", 10.0),),
+    ),
     # why geometry hurts on `object`: planes passing near the camera centre (|m| large) moved out to
     # distance 0.5 or 0.2 (after scene normalisation |m| > 2 for 22% of the object patches, 3% of the
     # room ones; |m| > 5 for 1.2% and 0.03%)
     Row("hrope-lift", "oracle", options=(("scope", "all"), ("max_inverse_distance", 2.0))),
     Row("hrope-lift", "oracle", options=(("scope", "all"), ("max_inverse_distance", 5.0))),
     Row("hrope-lift", "external", options=TRANSFER + (("max_inverse_distance", 2.0),)),
-    Row("hrope-lift", "external", options=TRANSFER + (("max_inverse_distance", 2.0),), model_options=(("rays", "world"),)),
+    Row(
+        "hrope-lift",
+        "external",
+        options=TRANSFER + (("max_inverse_distance", 2.0),),
+        model_options=(("rays", "world"),),
+    ),
 )
 
 
@@ -84,13 +94,20 @@ QUERY_FRAME_ROWS = (
 # The subset for a GPU: the baseline, prope (camera and world rays), the best
 # learned HRoPE and the fair oracle (both with world rays, docs/results.md) and urope, at a GPU budget.
 WORLD = (("rays", "world"),)
-GPU_ROWS = (REFERENCE, Row("none"), Row("prope", model_options=WORLD),
-            Row("hrope-lift", options=TRANSFER, model_options=WORLD),
-            Row("hrope-lift", "oracle", options=TRANSFER, model_options=WORLD), Row("urope"))
+GPU_ROWS = (
+    REFERENCE,
+    Row("none"),
+    Row("prope", model_options=WORLD),
+    Row("hrope-lift", options=TRANSFER, model_options=WORLD),
+    Row("hrope-lift", "oracle", options=TRANSFER, model_options=WORLD),
+    Row("urope"),
+)
 SETS = {"planes": ROWS, "query-frame": QUERY_FRAME_ROWS, "gpu": GPU_ROWS}
-TITLES = {"planes": "Do HRoPE's planes help? Plane sources vs `prope`",
-          "query-frame": "Why do the query-frame encodings lead on `room`? An ablation vs `prope`",
-          "gpu": "The flagship at a larger budget (GPU subset) vs `prope`"}
+TITLES = {
+    "planes": "Do HRoPE's planes help? Plane sources vs `prope`",
+    "query-frame": "Why do the query-frame encodings lead on `room`? An ablation vs `prope`",
+    "gpu": "The flagship at a larger budget (GPU subset) vs `prope`",
+}
 
 
 def uses_target_geometry(row: Row) -> bool:
@@ -103,21 +120,39 @@ def row_report(records: list[dict], reference: list[dict]) -> dict:
     paired = [(r, by_seed[r["seed"]]) for r in sorted(records, key=lambda r: r["seed"]) if r["seed"] in by_seed]
     out = {"psnr": stat([r["metrics"]["psnr"] for r in records]), "seeds": sorted(r["seed"] for r in records)}
     if paired and all("per_scene" in r for pair in paired for r in pair):
-        out["vs_reference"] = paired_bootstrap([r["per_scene"]["psnr"] for r, _ in paired],
-                                               [p["per_scene"]["psnr"] for _, p in paired])
+        out["vs_reference"] = paired_bootstrap(
+            [r["per_scene"]["psnr"] for r, _ in paired], [p["per_scene"]["psnr"] for _, p in paired]
+        )
     planes = [r["planes"] for r in records if r.get("planes")]
     if planes:
-        out["planes"] = {group: {metric: stat([p[group][metric] for p in planes]) for metric in planes[0][group]}
-                         for group in ("context", "target")}
+        out["planes"] = {
+            group: {metric: stat([p[group][metric] for p in planes]) for metric in planes[0][group]}
+            for group in ("context", "target")
+        }
     return out
 
 
-def run(budget_name: str, datasets: list[str], seeds: list[int], rows: list[Row], out: Path, *, device: str,
-        threads: int, report_only: bool, allow_stale: bool, command: str, title: str, cache: Path | None = None,
-        reference: Row = REFERENCE, log=print) -> dict:
+def run(
+    budget_name: str,
+    datasets: list[str],
+    seeds: list[int],
+    rows: list[Row],
+    out: Path,
+    *,
+    device: str,
+    threads: int,
+    report_only: bool,
+    allow_stale: bool,
+    command: str,
+    title: str,
+    cache: Path | None = None,
+    reference: Row = REFERENCE,
+    log=print,
+) -> dict:
     budget = replace(BUDGETS[budget_name], seeds=tuple(seeds))
-    runner = CellRunner(budget, cache or out / "cache", store=out / CELLS_NAME, device=device, threads=threads,
-                        allow_stale=allow_stale)
+    runner = CellRunner(
+        budget, cache or out / "cache", store=out / CELLS_NAME, device=device, threads=threads, allow_stale=allow_stale
+    )
     rows = [reference] + [r for r in rows if r != reference]
     cells = [Cell(d, row, s) for d in datasets for row in rows for s in seeds]
     runner.check_stale(cells, log=log)
@@ -129,15 +164,28 @@ def run(budget_name: str, datasets: list[str], seeds: list[int], rows: list[Row]
             record = runner.run(cell)
         if record is not None:
             records.setdefault((cell.dataset, cell.row), []).append(record)
-    report = {"title": title, "command": command, "reference": reference.label, "provenance": runner.provenance, "budget": budget.as_dict(), "seeds": seeds,
-              "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "datasets": {}}
+    report = {
+        "title": title,
+        "command": command,
+        "reference": reference.label,
+        "provenance": runner.provenance,
+        "budget": budget.as_dict(),
+        "seeds": seeds,
+        "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "datasets": {},
+    }
     for dataset in datasets:
         reference_records = records.get((dataset, reference), [])
         report["datasets"][dataset] = [
-            {"row": row.label, "target_geometry": uses_target_geometry(row),
-             "trained_at": sorted({trained_at(r) for r in records[(dataset, row)] if runner.is_stale(r)}),
-             **row_report(records[(dataset, row)], reference_records)}
-            for row in rows if (dataset, row) in records]
+            {
+                "row": row.label,
+                "target_geometry": uses_target_geometry(row),
+                "trained_at": sorted({trained_at(r) for r in records[(dataset, row)] if runner.is_stale(r)}),
+                **row_report(records[(dataset, row)], reference_records),
+            }
+            for row in rows
+            if (dataset, row) in records
+        ]
     out.mkdir(parents=True, exist_ok=True)
     runner.save()
     (out / f"{out.name}.json").write_text(json.dumps(report, indent=2))
@@ -152,7 +200,8 @@ def _fmt(value, digits=2) -> str:
 def markdown(report: dict) -> str:
     budget = report["budget"]
     lines = [
-        f"## {report['title']}", "",
+        f"## {report['title']}",
+        "",
         f"Command: `{report['command']}`  ",
         f"Commit: `{describe(report['provenance'])}`; generated {report['generated']}.  ",
         f"Budget `{budget['name']}`: model {budget['model']}, {budget['steps']} steps of batch {budget['batch_size']}, "
@@ -162,17 +211,25 @@ def markdown(report: dict) -> str:
         "bootstrap interval over seeds and scenes; **bold** where it excludes zero. † uses the target views' own "
         "geometry (an upper bound no NVS model has at test time). Plane errors (learned planes, last layer, vs the "
         "ground truth; neutral = the planes at zero head output): mean normal angle and relative depth error "
-        "(per patch saturated at 1).", ""]
+        "(per patch saturated at 1).",
+        "",
+    ]
     earlier = sorted({c for rows in report["datasets"].values() for row in rows for c in row["trained_at"]})
     if earlier:
-        lines += [f"‡ some of the row's cells were trained by an earlier code version ({', '.join(earlier)}; reused with "
-                  "`--allow-stale`), not by the commit above.", ""]
+        lines += [
+            f"‡ some of the row's cells were trained by an earlier code version ({', '.join(earlier)}; reused with "
+            "`--allow-stale`), not by the commit above.",
+            "",
+        ]
     for dataset, rows in report["datasets"].items():
-        lines += [f"**{dataset}**", "",
-                  f"| row | PSNR ↑ | Δ vs {report.get('reference', 'prope')} [95% CI] | target normal err ° (neutral) "
-                  "| target depth err (neutral) |"
-                  " context normal err ° (neutral) | context depth err (neutral) | seeds |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"**{dataset}**",
+            "",
+            f"| row | PSNR ↑ | Δ vs {report.get('reference', 'prope')} [95% CI] | target normal err ° (neutral) "
+            "| target depth err (neutral) |"
+            " context normal err ° (neutral) | context depth err (neutral) | seeds |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for row in rows:
             psnr = row["psnr"]
             spread = f" ± {psnr['std']:.2f}" if psnr and psnr["std"] is not None else ""
@@ -192,31 +249,48 @@ def markdown(report: dict) -> str:
                 return f"{_fmt(value['mean'], digits)} ({_fmt(neutral['mean'], digits)})"
 
             label = row["row"] + (" †" if row["target_geometry"] else "") + (" ‡" if row["trained_at"] else "")
-            lines.append(f"| {label} | {_fmt(psnr['mean'] if psnr else None)}{spread} | {delta_text} | "
-                         f"{error('target', 'normal_error_deg')} | {error('target', 'depth_rel_error')} | "
-                         f"{error('context', 'normal_error_deg')} | {error('context', 'depth_rel_error')} | "
-                         f"{len(row['seeds'])} |")
+            lines.append(
+                f"| {label} | {_fmt(psnr['mean'] if psnr else None)}{spread} | {delta_text} | "
+                f"{error('target', 'normal_error_deg')} | {error('target', 'depth_rel_error')} | "
+                f"{error('context', 'normal_error_deg')} | {error('context', 'depth_rel_error')} | "
+                f"{len(row['seeds'])} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="full")
     parser.add_argument("--datasets", default="room", help="comma list of room, object")
     parser.add_argument("--seeds", default="0,1,2", help="comma list of training seeds")
-    parser.add_argument("--set", choices=sorted(SETS), default="planes",
-                        help="planes: the plane sources (default); query-frame: why urope leads on room; gpu: "
-                             "the subset for a larger budget")
-    parser.add_argument("--rows", nargs="+", default=None, help="row labels, each one argument (default: all rows); "
-                                                                "the reference is always included")
-    parser.add_argument("--reference", default=REFERENCE.label,
-                        help="the row every other row is paired with (a row of any set; default prope)")
+    parser.add_argument(
+        "--set",
+        choices=sorted(SETS),
+        default="planes",
+        help="planes: the plane sources (default); query-frame: why urope leads on room; gpu: "
+        "the subset for a larger budget",
+    )
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        default=None,
+        help="row labels, each one argument (default: all rows); the reference is always included",
+    )
+    parser.add_argument(
+        "--reference",
+        default=REFERENCE.label,
+        help="the row every other row is paired with (a row of any set; default prope)",
+    )
     parser.add_argument("--out", default=None, help="default benchmarks/results/plane_evidence[_<budget>]")
-    parser.add_argument("--cache", default=None, help="cell cache (default benchmarks/results/plane_evidence[_<budget>]"
-                                                      "/cache, shared by both sets)")
+    parser.add_argument(
+        "--cache",
+        default=None,
+        help="cell cache (default benchmarks/results/plane_evidence[_<budget>]/cache, shared by both sets)",
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--report-only", action="store_true", help="report the finished cells; train nothing")
@@ -236,11 +310,22 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.out or f"benchmarks/results/{name}{suffix}")
     cache = Path(args.cache) if args.cache else Path(f"benchmarks/results/plane_evidence{suffix}/cache")
     try:
-        return run(args.budget, [d.strip() for d in args.datasets.split(",")], [int(s) for s in args.seeds.split(",")],
-                   rows, out, device=args.device, threads=args.threads, report_only=args.report_only,
-                   allow_stale=args.allow_stale, command=shlex.join(["python", "benchmarks/plane_evidence.py", *argv]),
-                   title=TITLES[args.set], cache=cache, reference=known[args.reference],
-                   log=lambda text: print(text, flush=True))
+        return run(
+            args.budget,
+            [d.strip() for d in args.datasets.split(",")],
+            [int(s) for s in args.seeds.split(",")],
+            rows,
+            out,
+            device=args.device,
+            threads=args.threads,
+            report_only=args.report_only,
+            allow_stale=args.allow_stale,
+            command=shlex.join(["python", "benchmarks/plane_evidence.py", *argv]),
+            title=TITLES[args.set],
+            cache=cache,
+            reference=known[args.reference],
+            log=lambda text: print(text, flush=True),
+        )
     except StaleCellsError as error:
         raise SystemExit(f"plane_evidence.py: error: {error}") from None
 

@@ -40,28 +40,37 @@ def _transform(x: Tensor, matrix: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat([projective, rope_x, rope_y], dim=-1)
 
 
-def prope_einsum_tables(cameras: hrope.Cameras, grid: tuple[int, int], head_dim: int, dtype: torch.dtype,
-                        device: torch.device | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def prope_einsum_tables(
+    cameras: hrope.Cameras, grid: tuple[int, int], head_dim: int, dtype: torch.dtype, device: torch.device | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """What the official module's cached closures hold: P and P^-1 ``(B, V, 4, 4)`` and the RoPE
     tables tiled to the sequence, cos and sin ``(N, 2, head_dim / 8)``."""
-    P, P_inv = (m[:, :, 0].to(device=device, dtype=dtype)
-                for m in hrope.get_encoding("prope").prepare(cameras, grid, head_dim).geometric_blocks())
+    P, P_inv = (
+        m[:, :, 0].to(device=device, dtype=dtype)
+        for m in hrope.get_encoding("prope").prepare(cameras, grid, head_dim).geometric_blocks()
+    )
     angles = patch_index_rope_angles(grid, head_dim // 8, device=device, dtype=dtype).repeat(cameras.num_views, 1, 1)
     return P, P_inv, angles.cos(), angles.sin()
 
 
-def prope_einsum_apply(q: Tensor, k: Tensor, v: Tensor, tables: tuple[Tensor, Tensor, Tensor, Tensor],
-                       **sdpa_kwargs) -> Tensor:
+def prope_einsum_apply(
+    q: Tensor, k: Tensor, v: Tensor, tables: tuple[Tensor, Tensor, Tensor, Tensor], **sdpa_kwargs
+) -> Tensor:
     """PRoPE attention from :func:`prope_einsum_tables`; q, k, v ``(B, heads, N, head_dim)``,
     head_dim % 8 == 0."""
     P, P_inv, cos, sin = tables
-    out = F.scaled_dot_product_attention(_transform(q, P.transpose(-1, -2), cos, -sin), _transform(k, P_inv, cos, -sin),
-                                         _transform(v, P_inv, cos, -sin), **sdpa_kwargs)
+    out = F.scaled_dot_product_attention(
+        _transform(q, P.transpose(-1, -2), cos, -sin),
+        _transform(k, P_inv, cos, -sin),
+        _transform(v, P_inv, cos, -sin),
+        **sdpa_kwargs,
+    )
     return _transform(out, P, cos, sin)
 
 
-def prope_einsum_attention(q: Tensor, k: Tensor, v: Tensor, *, cameras: hrope.Cameras, grid: tuple[int, int],
-                           **sdpa_kwargs) -> Tensor:
+def prope_einsum_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, cameras: hrope.Cameras, grid: tuple[int, int], **sdpa_kwargs
+) -> Tensor:
     """PRoPE attention, official-module algorithm, tables built on every call (as its module does);
     q, k, v ``(B, heads, N, head_dim)``, head_dim % 8 == 0."""
     tables = prope_einsum_tables(cameras, grid, q.shape[-1], q.dtype, q.device)

@@ -41,11 +41,13 @@ RESULTS = Path(__file__).parent / "results"
 def make_cameras(views: int, gen: torch.Generator) -> hrope.Cameras:
     """Cameras on a circle of radius 3 looking at the origin, jittered intrinsics (256x256 images)."""
     angle = torch.arange(views, dtype=torch.float64) * 0.4
-    centre = torch.stack([3 * angle.sin(), 0.2 * torch.randn(views, generator=gen, dtype=torch.float64),
-                          -3 * angle.cos()], -1)
+    centre = torch.stack(
+        [3 * angle.sin(), 0.2 * torch.randn(views, generator=gen, dtype=torch.float64), -3 * angle.cos()], -1
+    )
     forward = -centre / centre.norm(dim=-1, keepdim=True)
-    right = torch.nn.functional.normalize(torch.cross(torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64)
-                                                      .expand(views, 3), forward, dim=-1), dim=-1)
+    right = torch.nn.functional.normalize(
+        torch.cross(torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64).expand(views, 3), forward, dim=-1), dim=-1
+    )
     down = torch.cross(forward, right, dim=-1)
     R = torch.stack([right, down, forward], -2)
     E = torch.eye(4, dtype=torch.float64).repeat(views, 1, 1)
@@ -135,8 +137,14 @@ def bench_views(views: int, reps: int, variants: bool, seed: int) -> list[dict]:
             times[name]["fb"].append(clock)
     rows = []
     for name in methods:
-        row = {"views": views, "tokens": N, "method": name, "reps": reps, "saved_mb": saved[name] / 2**20,
-               "saved_ratio_sdpa": saved[name] / saved["sdpa"]}
+        row = {
+            "views": views,
+            "tokens": N,
+            "method": name,
+            "reps": reps,
+            "saved_mb": saved[name] / 2**20,
+            "saved_ratio_sdpa": saved[name] / saved["sdpa"],
+        }
         for kind in ("fwd", "fb"):
             for clock in ("wall", "cpu"):
                 mine = [getattr(c, clock) for c in times[name][kind]]
@@ -146,9 +154,12 @@ def bench_views(views: int, reps: int, variants: bool, seed: int) -> list[dict]:
                     theirs = [getattr(c, clock) for c in times[ref][kind]]
                     row[f"{prefix}_ratio_{ref}"] = statistics.median(a / b for a, b in zip(mine, theirs))
         rows.append(row)
-        print(f"V={views} {name:16s} fwd {row['fwd_ratio_sdpa']:.2f}x sdpa ({row['fwd_ms']:.0f} ms, cpu "
-              f"{row['fwd_cpu_ratio_sdpa']:.2f}x)  fwd+bwd {row['fb_ratio_sdpa']:.2f}x ({row['fb_ms']:.0f} ms, cpu "
-              f"{row['fb_cpu_ratio_sdpa']:.2f}x)  saved {row['saved_mb']:.0f} MB", flush=True)
+        print(
+            f"V={views} {name:16s} fwd {row['fwd_ratio_sdpa']:.2f}x sdpa ({row['fwd_ms']:.0f} ms, cpu "
+            f"{row['fwd_cpu_ratio_sdpa']:.2f}x)  fwd+bwd {row['fb_ratio_sdpa']:.2f}x ({row['fb_ms']:.0f} ms, cpu "
+            f"{row['fb_cpu_ratio_sdpa']:.2f}x)  saved {row['saved_mb']:.0f} MB",
+            flush=True,
+        )
     return rows
 
 
@@ -197,10 +208,14 @@ def markdown(report: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--views", type=int, nargs="+", default=[2, 4, 8])
-    parser.add_argument("--reps", type=int, default=5,
-                        help="repetitions at 2 views; V views use max(2, ceil(reps * 2 / V))")
-    parser.add_argument("--variants", action="store_true",
-                        help="also time execution='fold' and recompute=True of each query-frame encoding")
+    parser.add_argument(
+        "--reps", type=int, default=5, help="repetitions at 2 views; V views use max(2, ceil(reps * 2 / V))"
+    )
+    parser.add_argument(
+        "--variants",
+        action="store_true",
+        help="also time execution='fold' and recompute=True of each query-frame encoding",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / "query_frame_scaling")

@@ -66,7 +66,8 @@ def make_fixture(folder: Path, count: int, size: tuple[int, int], seed: int = 0)
         angle = math.radians(2 * (i - count / 2))  # a yaw about y: quaternion (cos a/2, 0, sin a/2, 0)
         lines.append(f"{i + 1} {math.cos(angle / 2)} 0 {math.sin(angle / 2)} 0 {0.1 * i} 0 0 1 img_{i:03d}.jpg\n")
     (folder / "sparse" / "0" / "cameras.txt").write_text(
-        f"1 SIMPLE_RADIAL {width} {height} {0.8 * width} {width / 2} {height / 2} -0.05\n")
+        f"1 SIMPLE_RADIAL {width} {height} {0.8 * width} {width / 2} {height / 2} -0.05\n"
+    )
     (folder / "sparse" / "0" / "images.txt").write_text("\n".join(lines) + "\n")
 
 
@@ -89,9 +90,11 @@ def datasets(fixture: Path, cache: Path, workers: int) -> dict:
     """The three data sets of the module doc, warmed up."""
     model = {"preset": "tiny", "encoding": "none"}
     real = {"kind": "colmap", "root": str(fixture), "num_scenes": None, "cache_dir": str(cache), "workers": workers}
-    configs = {"synthetic": resolve({"model": model, "data": {"kind": "room", "num_scenes": 8}}),
-               "real, cached": resolve({"model": model, "data": real}),
-               "real, uncached": resolve({"model": model, "data": {**real, "cache": False}})}
+    configs = {
+        "synthetic": resolve({"model": model, "data": {"kind": "room", "num_scenes": 8}}),
+        "real, cached": resolve({"model": model, "data": real}),
+        "real, uncached": resolve({"model": model, "data": {**real, "cache": False}}),
+    }
     sets = {kind: build_dataset(config, "train") for kind, config in configs.items()}
     for index in range(8):
         sets["synthetic"][index]  # rendered once, then kept in memory
@@ -138,25 +141,47 @@ def main() -> None:
             for loader in loaders.values():
                 loader.close()
     ratios = {kind: statistics.median(s / r for s, r in zip(rates["synthetic"], rates[kind])) for kind in KINDS}
-    rows = [{"data": kind, "steps_per_s": statistics.median(rates[kind]), "step_time_ratio_to_synthetic": ratios[kind],
-             "steps_per_s_per_round": rates[kind]} for kind in KINDS]
+    rows = [
+        {
+            "data": kind,
+            "steps_per_s": statistics.median(rates[kind]),
+            "step_time_ratio_to_synthetic": ratios[kind],
+            "steps_per_s_per_round": rates[kind],
+        }
+        for kind in KINDS
+    ]
     command = "python " + " ".join(["benchmarks/real_loading.py", *sys.argv[1:]])
-    fixture = (f"{args.images} JPEGs of {args.size[1]}x{args.size[0]} (mean {photo_bytes / 1e6:.1f} MB, quality 90), "
-               f"COLMAP SIMPLE_RADIAL camera")
-    meta = {"command": command, "torch": torch.__version__, "threads": torch.get_num_threads(), "workers": args.workers,
-            "rounds": args.rounds, "steps_per_round": args.steps, "fixture": fixture,
-            "batch": f"{BATCH_SIZE} x (2 context + 1 target) at 64x64, tiny preset, encoding none",
-            "load_average_at_start": list(load_average), "cpus": os.cpu_count(),
-            "machine": platform.processor() or platform.machine(), "provenance": provenance()}
+    fixture = (
+        f"{args.images} JPEGs of {args.size[1]}x{args.size[0]} (mean {photo_bytes / 1e6:.1f} MB, quality 90), "
+        f"COLMAP SIMPLE_RADIAL camera"
+    )
+    meta = {
+        "command": command,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "workers": args.workers,
+        "rounds": args.rounds,
+        "steps_per_round": args.steps,
+        "fixture": fixture,
+        "batch": f"{BATCH_SIZE} x (2 context + 1 target) at 64x64, tiny preset, encoding none",
+        "load_average_at_start": list(load_average),
+        "cpus": os.cpu_count(),
+        "machine": platform.processor() or platform.machine(),
+        "provenance": provenance(),
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "real_loading.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
-    lines = [f"Training steps/s, {meta['batch']}, fp32 CPU, {meta['threads']} torch thread(s), data.workers "
-             f"{args.workers}, median of {args.rounds} interleaved rounds of {args.steps} steps; load average at start "
-             f"{', '.join(f'{x:.2f}' for x in load_average)} ({meta['cpus']} CPUs). Real data: {fixture}.",
-             f"Command: `{command}` (torch {torch.__version__}).  ",
-             f"Commit: `{describe(meta['provenance'])}`.", "",
-             "| data | steps/s | step time / synthetic step |", "|---|---|---|"]
+    lines = [
+        f"Training steps/s, {meta['batch']}, fp32 CPU, {meta['threads']} torch thread(s), data.workers "
+        f"{args.workers}, median of {args.rounds} interleaved rounds of {args.steps} steps; load average at start "
+        f"{', '.join(f'{x:.2f}' for x in load_average)} ({meta['cpus']} CPUs). Real data: {fixture}.",
+        f"Command: `{command}` (torch {torch.__version__}).  ",
+        f"Commit: `{describe(meta['provenance'])}`.",
+        "",
+        "| data | steps/s | step time / synthetic step |",
+        "|---|---|---|",
+    ]
     lines += [f"| {r['data']} | {r['steps_per_s']:.2f} | {r['step_time_ratio_to_synthetic']:.2f} |" for r in rows]
     (out / "real_loading.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -54,10 +54,20 @@ def main() -> None:
         layout, cameras, textures = scene_setup(0, 1, kind, 64, (128, 128), frames=list(range(0, 192, 3)))
         render_s = median_time(lambda: render(layout.quads, textures, cameras), args.reps)
         scene_s = median_time(lambda: make_scene(0, 1, kind, 64, (128, 128), frames=list(range(0, 192, 3))), args.reps)
-        rows.append({"what": f"{kind}: render 64 views 128x128 (+depth, normals, planes)", "seconds": render_s,
-                     "quads": layout.quads.count})
-        rows.append({"what": f"{kind}: make_scene 64 views 128x128 (incl. textures)", "seconds": scene_s,
-                     "quads": layout.quads.count})
+        rows.append(
+            {
+                "what": f"{kind}: render 64 views 128x128 (+depth, normals, planes)",
+                "seconds": render_s,
+                "quads": layout.quads.count,
+            }
+        )
+        rows.append(
+            {
+                "what": f"{kind}: make_scene 64 views 128x128 (incl. textures)",
+                "seconds": scene_s,
+                "quads": layout.quads.count,
+            }
+        )
     dataset = SyntheticDataset("room", 1000, seed=0, image_size=(64, 64), num_context=2, num_target=2)
     counter = iter(range(0, 1000, 4))
 
@@ -66,24 +76,40 @@ def main() -> None:
         return collate_scenes([dataset[start + i] for i in range(4)], num_context=2)
 
     batch_s = median_time(batch, args.reps)
-    rows.append({"what": "training batch: 4 room scenes x (2 context + 2 target) 64x64, normalised + collated",
-                 "seconds": batch_s, "quads": None})
+    rows.append(
+        {
+            "what": "training batch: 4 room scenes x (2 context + 2 target) 64x64, normalised + collated",
+            "seconds": batch_s,
+            "quads": None,
+        }
+    )
     info = {
-        "command": "python benchmarks/render_speed.py" + (f" --reps {args.reps}" if args.reps != 5 else "")
+        "command": "python benchmarks/render_speed.py"
+        + (f" --reps {args.reps}" if args.reps != 5 else "")
         + (f" --threads {args.threads}" if args.threads else ""),
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()], "reps": args.reps,
-        "target_render_s": TARGET_S, "provenance": provenance(), "rows": rows,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "machine": platform.machine(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "reps": args.reps,
+        "target_render_s": TARGET_S,
+        "provenance": provenance(),
+        "rows": rows,
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "render_speed.json").write_text(json.dumps(info, indent=2) + "\n")
     lines = [
-        "# Synthetic data speed", "",
-        f"Command: `{info['command']}`  ", f"Commit: `{describe(info['provenance'])}`", "",
+        "# Synthetic data speed",
+        "",
+        f"Command: `{info['command']}`  ",
+        f"Commit: `{describe(info['provenance'])}`",
+        "",
         f"CPU, torch {info['torch']}, {info['threads']} threads, load average at start "
         f"{info['load_average_at_start']}, median of {args.reps} runs. Target: rendering 64 views of 128x128 "
-        f"with depth and normals in at most {TARGET_S} s.", "",
-        "| what | quads | seconds |", "|---|---|---|",
+        f"with depth and normals in at most {TARGET_S} s.",
+        "",
+        "| what | quads | seconds |",
+        "|---|---|---|",
     ]
     lines += [f"| {r['what']} | {r['quads'] if r['quads'] is not None else '-'} | {r['seconds']:.3f} |" for r in rows]
     (RESULTS / "render_speed.md").write_text("\n".join(lines) + "\n")

@@ -92,25 +92,45 @@ def main() -> None:
     rows = []
     for name in encodings:
         rate = statistics.median(rates[name])
-        rows.append({"encoding": name, "steps_per_s": rate, "samples_per_s": rate * BATCH_SIZE,
-                     "ratio_to_none": rate / base, "parameters": params[name]})
+        rows.append(
+            {
+                "encoding": name,
+                "steps_per_s": rate,
+                "samples_per_s": rate * BATCH_SIZE,
+                "ratio_to_none": rate / base,
+                "parameters": params[name],
+            }
+        )
     command = "python " + " ".join(["benchmarks/train_throughput.py", *sys.argv[1:]])
-    meta = {"command": command, "torch": torch.__version__, "threads": args.threads, "rounds": args.rounds,
-            "steps_per_round": args.steps, "batch": f"{BATCH_SIZE} x (2 context + 1 target) at 64x64",
-            "machine": platform.processor() or platform.machine(), "device": str(device),
-            "provenance": provenance()}
+    meta = {
+        "command": command,
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "steps_per_round": args.steps,
+        "batch": f"{BATCH_SIZE} x (2 context + 1 target) at 64x64",
+        "machine": platform.processor() or platform.machine(),
+        "device": str(device),
+        "provenance": provenance(),
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "train_throughput" + ("" if device.type == "cpu" else f"_{device.type}")
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
-    lines = [f"Training throughput, `tiny` preset (64x64, patch 8, d 128, 4 layers), batch {meta['batch']}, "
-             f"fp32 {device}, {args.threads} thread(s), median of {args.rounds} interleaved rounds of {args.steps} steps.",
-             f"Command: `{command}` (torch {torch.__version__}).  ",
-             f"Commit: `{describe(meta['provenance'])}`.", "",
-             "| encoding | steps/s | samples/s | ratio to none | parameters |", "|---|---|---|---|---|"]
+    lines = [
+        f"Training throughput, `tiny` preset (64x64, patch 8, d 128, 4 layers), batch {meta['batch']}, "
+        f"fp32 {device}, {args.threads} thread(s), median of {args.rounds} interleaved rounds of {args.steps} steps.",
+        f"Command: `{command}` (torch {torch.__version__}).  ",
+        f"Commit: `{describe(meta['provenance'])}`.",
+        "",
+        "| encoding | steps/s | samples/s | ratio to none | parameters |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['encoding']} | {r['steps_per_s']:.2f} | {r['samples_per_s']:.1f} | "
-                     f"{r['ratio_to_none']:.2f} | {r['parameters']:,} |")
+        lines.append(
+            f"| {r['encoding']} | {r['steps_per_s']:.2f} | {r['samples_per_s']:.1f} | "
+            f"{r['ratio_to_none']:.2f} | {r['parameters']:,} |"
+        )
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -47,15 +47,17 @@ RELATIVE = [name for name, cls in hrope.ENCODINGS.items() if not cls.query_frame
 class Denoiser(nn.Module):
     """Targets (noisy images) cross-attend to references (clean images); predicts the noise."""
 
-    def __init__(self, encoding: str, image_size: int, patch: int, dim: int, heads: int, layers: int,
-                 learned_planes: bool) -> None:
+    def __init__(
+        self, encoding: str, image_size: int, patch: int, dim: int, heads: int, layers: int, learned_planes: bool
+    ) -> None:
         super().__init__()
         self.patch, self.grid = patch, (image_size // patch, image_size // patch)
         embed = dict(height=image_size, width=image_size, patch_size=patch, in_channels=3, embed_dim=dim)
         self.embed_target, self.embed_reference = PatchEmbed(**embed), PatchEmbed(**embed)  # + 2D sin-cos positions
         self.time_proj, self.time_embed = Timesteps(dim, True, 0), TimestepEmbedding(dim, dim)
-        self.blocks = nn.ModuleList(BasicTransformerBlock(dim, heads, dim // heads, cross_attention_dim=dim)
-                                    for _ in range(layers))
+        self.blocks = nn.ModuleList(
+            BasicTransformerBlock(dim, heads, dim // heads, cross_attention_dim=dim) for _ in range(layers)
+        )
         self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, 3 * patch * patch)
         self.encoding = hrope.get_encoding(encoding)
         set_processor(self, MultiViewAttnProcessor(self.encoding))
@@ -66,8 +68,9 @@ class Denoiser(nn.Module):
             nn.init.zeros_(self.plane_head.weight)
             nn.init.zeros_(self.plane_head.bias)
 
-    def forward(self, noisy: Tensor, timesteps: Tensor, references: Tensor, cameras: hrope.Cameras,
-                reference_depth: Tensor) -> Tensor:
+    def forward(
+        self, noisy: Tensor, timesteps: Tensor, references: Tensor, cameras: hrope.Cameras, reference_depth: Tensor
+    ) -> Tensor:
         """noisy ``(B, T, 3, H, W)``, references ``(B, R, 3, H, W)``, cameras ``(B, R + T)`` references
         first, reference_depth ``(B, R, H, W)`` -> predicted noise ``(B, T, P, 3 * p * p)``."""
         (B, T), R = noisy.shape[:2], references.shape[1]
@@ -93,13 +96,15 @@ class Denoiser(nn.Module):
             m = self.plane_spec.decode(self.plane_head(context).float(), reference_cameras, self.grid)
         carried, hit = transfer_planes(m, cameras, self.grid, R)
         target_cameras = cameras.select_views(list(range(R, cameras.num_views)))
-        neutral = self.plane_spec.decode(m.new_zeros(*carried.shape[:2], self.plane_spec.raw_dim), target_cameras,
-                                         self.grid)
+        neutral = self.plane_spec.decode(
+            m.new_zeros(*carried.shape[:2], self.plane_spec.raw_dim), target_cameras, self.grid
+        )
         return hrope.Planes.from_m(torch.cat([m, torch.where(hit[..., None], carried, neutral)], 1))
 
 
-def make_batches(num_batches: int, batch_size: int, references: int, targets: int, image_size: int,
-                 seed: int) -> list[dict]:
+def make_batches(
+    num_batches: int, batch_size: int, references: int, targets: int, image_size: int, seed: int
+) -> list[dict]:
     """Synthetic objects (``hrope.nvs.data.synthetic``, CO3D-like orbits) seen from random frames,
     ``references`` views first; the targets' depth is dropped here, so nothing downstream can read it."""
     generator = torch.Generator().manual_seed(seed)
@@ -108,14 +113,22 @@ def make_batches(num_batches: int, batch_size: int, references: int, targets: in
         scenes = []
         for i in range(batch_size):
             frames = torch.randperm(100, generator=generator)[: references + targets].tolist()
-            scenes.append(make_scene(seed, b * batch_size + i, "object", references + targets,
-                                     (image_size, image_size), frames=frames))
+            scenes.append(
+                make_scene(
+                    seed, b * batch_size + i, "object", references + targets, (image_size, image_size), frames=frames
+                )
+            )
         K = torch.cat([s.cameras.K for s in scenes])
         world_to_cam = torch.cat([s.cameras.world_to_cam for s in scenes])
         images = torch.stack([s.images for s in scenes]) * 2 - 1  # [-1, 1]
-        batches.append({"references": images[:, :references], "targets": images[:, references:],
-                        "cameras": hrope.Cameras(K, world_to_cam, (image_size, image_size)),
-                        "reference_depth": torch.stack([s.depth[:references] for s in scenes])})
+        batches.append(
+            {
+                "references": images[:, :references],
+                "targets": images[:, references:],
+                "cameras": hrope.Cameras(K, world_to_cam, (image_size, image_size)),
+                "reference_depth": torch.stack([s.depth[:references] for s in scenes]),
+            }
+        )
     return batches
 
 
@@ -123,8 +136,12 @@ def with_references(batch: dict, count: int) -> dict:
     """The batch with its first ``count`` reference views only (the same targets)."""
     total = batch["references"].shape[1]
     views = [*range(count), *range(total, batch["cameras"].num_views)]
-    return {"references": batch["references"][:, :count], "targets": batch["targets"],
-            "cameras": batch["cameras"].select_views(views), "reference_depth": batch["reference_depth"][:, :count]}
+    return {
+        "references": batch["references"][:, :count],
+        "targets": batch["targets"],
+        "cameras": batch["cameras"].select_views(views),
+        "reference_depth": batch["reference_depth"][:, :count],
+    }
 
 
 def denoising_loss(model: Denoiser, scheduler: DDPMScheduler, batch: dict, generator: torch.Generator) -> Tensor:
@@ -140,8 +157,15 @@ def denoising_loss(model: Denoiser, scheduler: DDPMScheduler, batch: dict, gener
 def train(encoding: str, train_batches: list[dict], eval_batch: dict, args) -> dict:
     """A fresh model (same initial weights for every encoding) trained on ``train_batches``."""
     torch.manual_seed(args.seed)
-    model = Denoiser(encoding, args.image_size, args.patch, args.dim, args.heads, args.layers,
-                     learned_planes=args.planes == "learned")
+    model = Denoiser(
+        encoding,
+        args.image_size,
+        args.patch,
+        args.dim,
+        args.heads,
+        args.layers,
+        learned_planes=args.planes == "learned",
+    )
     scheduler = DDPMScheduler(num_train_timesteps=1000)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     generator = torch.Generator().manual_seed(args.seed)
@@ -159,8 +183,13 @@ def train(encoding: str, train_batches: list[dict], eval_batch: dict, args) -> d
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--encoding", nargs="+", default=["cape", "hrope", "hrope-lift"], choices=RELATIVE,
-                        help="encodings to compare (relative ones: cross-attention takes no query-frame encoding)")
+    parser.add_argument(
+        "--encoding",
+        nargs="+",
+        default=["cape", "hrope", "hrope-lift"],
+        choices=RELATIVE,
+        help="encodings to compare (relative ones: cross-attention takes no query-frame encoding)",
+    )
     parser.add_argument("--views", nargs="+", type=int, default=[1, 5, 10], help="input (reference) views")
     parser.add_argument("--targets", type=int, default=2, help="target views denoised together")
     parser.add_argument("--planes", choices=("reference", "learned"), default="reference")

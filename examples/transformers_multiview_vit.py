@@ -34,8 +34,9 @@ def ring_cameras(batch: int, views: int, image_size: int) -> hrope.Cameras:
         E = torch.eye(4)
         E[:3, :3], E[:3, 3] = R, R @ (3.0 * -forward)  # t = -R c, camera centre 3 * -forward
         poses.append(E)
-    return hrope.Cameras(K.repeat(batch, views, 1, 1), torch.stack(poses).repeat(batch, 1, 1, 1),
-                         image_size=(image_size, image_size))
+    return hrope.Cameras(
+        K.repeat(batch, views, 1, 1), torch.stack(poses).repeat(batch, 1, 1, 1), image_size=(image_size, image_size)
+    )
 
 
 class MultiViewDinov2(nn.Module):
@@ -71,12 +72,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--patch", type=int, default=8)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--encoding", default="hrope-lift",  # planes from the head; no other per-token inputs
-                        choices=[name for name, cls in hrope.ENCODINGS.items() if not cls.param_names])
+    parser.add_argument(
+        "--encoding",
+        default="hrope-lift",  # planes from the head; no other per-token inputs
+        choices=[name for name, cls in hrope.ENCODINGS.items() if not cls.param_names],
+    )
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    config = Dinov2Config(hidden_size=64, num_hidden_layers=args.layers, num_attention_heads=2, intermediate_size=128,
-                          image_size=args.image_size, patch_size=args.patch)
+    config = Dinov2Config(
+        hidden_size=64,
+        num_hidden_layers=args.layers,
+        num_attention_heads=2,
+        intermediate_size=128,
+        image_size=args.image_size,
+        patch_size=args.patch,
+    )
     model = MultiViewDinov2(config, args.encoding)
     images = torch.rand(args.batch, args.views, 3, args.image_size, args.image_size)
     hidden = model(images, ring_cameras(args.batch, args.views, args.image_size))
@@ -84,8 +94,10 @@ def main(argv: list[str] | None = None) -> dict:
     grads = {"encoder": sum(p.grad.norm() ** 2 for p in model.dinov2.parameters() if p.grad is not None) ** 0.5}
     if model.encoding.needs_planes:
         grads["plane head"] = model.plane_head.weight.grad.norm()
-    print(f"{args.encoding}: {args.views} views x {hidden.shape[1] // args.views} tokens (cls + patches) -> hidden "
-          f"{tuple(hidden.shape)}; gradient norms: " + ", ".join(f"{k} {v:.3e}" for k, v in grads.items()))
+    print(
+        f"{args.encoding}: {args.views} views x {hidden.shape[1] // args.views} tokens (cls + patches) -> hidden "
+        f"{tuple(hidden.shape)}; gradient norms: " + ", ".join(f"{k} {v:.3e}" for k, v in grads.items())
+    )
     return {"hidden": hidden.detach(), "gradient_norms": {k: float(v) for k, v in grads.items()}}
 
 

@@ -38,8 +38,9 @@ def trajectory(frames: int, grid: tuple[int, int], patch: int = 14) -> hrope.Cam
     return hrope.Cameras(K.expand(1, frames, 3, 3), torch.stack(poses)[None], image_size=(H, W))
 
 
-def video_prompt(model: Qwen2ForCausalLM, frames: torch.Tensor, prefix: torch.Tensor, separator: int,
-                 question: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+def video_prompt(
+    model: Qwen2ForCausalLM, frames: torch.Tensor, prefix: torch.Tensor, separator: int, question: torch.Tensor
+) -> tuple[torch.Tensor, list[int]]:
     """``[prefix, frame 1, sep, ..., frame F, sep, question]`` as input embeddings ``(1, L, hidden)``,
     and the sequence positions of the visual tokens (frame-major, row-major inside a frame)."""
     embed = model.get_input_embeddings()
@@ -60,17 +61,25 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--encoding", default="hrope")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, attn_implementation=NAME)
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+        attn_implementation=NAME,
+    )
     model = Qwen2ForCausalLM(config).eval()
     grid = tuple(args.grid)
     P = grid[0] * grid[1]
     frames = torch.randn(1, args.frames, P, HIDDEN) * 0.02  # stand-in for the projected vision features
-    prompt, positions = video_prompt(model, frames, torch.randint(1, VOCAB, (1, 4)), 1,
-                                     torch.randint(1, VOCAB, (1, 6)))
+    prompt, positions = video_prompt(model, frames, torch.randint(1, VOCAB, (1, 4)), 1, torch.randint(1, VOCAB, (1, 6)))
     # planes per visual token: fronto-parallel at depth 2 here; a plane head or a depth model in practice
-    planes = hrope.Planes(torch.tensor([0.0, 0.0, -1.0]).expand(1, args.frames * P, 3),
-                          torch.full((1, args.frames * P), 2.0))
+    planes = hrope.Planes(
+        torch.tensor([0.0, 0.0, -1.0]).expand(1, args.frames * P, 3), torch.full((1, args.frames * P), 2.0)
+    )
     cameras = trajectory(args.frames, grid)
 
     def geometry() -> Geometry:  # one per model call or generation
@@ -78,15 +87,23 @@ def main(argv: list[str] | None = None) -> dict:
 
     with torch.no_grad():
         with geometry():  # generate() takes no extra model kwargs: the geometry is entered instead
-            out = model.generate(inputs_embeds=prompt, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                                 do_sample=False, output_logits=True, return_dict_in_generate=True)
+            out = model.generate(
+                inputs_embeds=prompt,
+                max_new_tokens=args.new_tokens,
+                min_new_tokens=args.new_tokens,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
         answer = out.sequences  # (1, new tokens): generate with inputs_embeds returns the new ones only
         full = torch.cat([prompt, model.get_input_embeddings()(answer[:, :-1])], 1)
-        logits = model(inputs_embeds=full, hrope_geometry=geometry()).logits[0, prompt.shape[1] - 1:]
+        logits = model(inputs_embeds=full, hrope_geometry=geometry()).logits[0, prompt.shape[1] - 1 :]
     cached = torch.cat(out.logits)  # float32, one row per generated token
     difference = (logits.float() - cached).abs().max().item()
-    print(f"{args.encoding} on {args.frames} frames x {P} visual tokens among {prompt.shape[1]} prompt tokens; "
-          f"answer {answer[0].tolist()}; cached vs full-forward logits differ by at most {difference:.1e}")
+    print(
+        f"{args.encoding} on {args.frames} frames x {P} visual tokens among {prompt.shape[1]} prompt tokens; "
+        f"answer {answer[0].tolist()}; cached vs full-forward logits differ by at most {difference:.1e}"
+    )
     return {"answer": answer, "cached_logits": cached, "full_logits": logits, "camera_positions": positions}
 
 

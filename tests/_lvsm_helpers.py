@@ -23,13 +23,22 @@ def small_config(**model) -> dict:
     """A resolved run config for a 2-layer 32x32 model on a handful of synthetic scenes."""
     from hrope.nvs.config import resolve
 
-    return resolve({
-        "model": {**SMALL_MODEL, "preset": None, **model},
-        "data": {"num_scenes": 2},
-        "train": {"steps": 4, "batch_size": 1, "warmup": 1, "log_every": 1, "image_every": 2,
-                  "checkpoint_every": 2, "threads": 1},
-        "eval": {"num_scenes": 2, "batch_size": 2, "num_grid_scenes": 2},
-    })
+    return resolve(
+        {
+            "model": {**SMALL_MODEL, "preset": None, **model},
+            "data": {"num_scenes": 2},
+            "train": {
+                "steps": 4,
+                "batch_size": 1,
+                "warmup": 1,
+                "log_every": 1,
+                "image_every": 2,
+                "checkpoint_every": 2,
+                "threads": 1,
+            },
+            "eval": {"num_scenes": 2, "batch_size": 2, "num_grid_scenes": 2},
+        }
+    )
 
 
 def random_lpips_weights(path) -> None:
@@ -37,8 +46,13 @@ def random_lpips_weights(path) -> None:
     from safetensors.torch import save_file
 
     generator = torch.Generator().manual_seed(0)
-    shapes = {"features.0": (64, 3, 11, 11), "features.3": (192, 64, 5, 5), "features.6": (384, 192, 3, 3),
-              "features.8": (256, 384, 3, 3), "features.10": (256, 256, 3, 3)}
+    shapes = {
+        "features.0": (64, 3, 11, 11),
+        "features.3": (192, 64, 5, 5),
+        "features.6": (384, 192, 3, 3),
+        "features.8": (256, 384, 3, 3),
+        "features.10": (256, 256, 3, 3),
+    }
     state = {}
     for name, shape in shapes.items():
         state[f"{name}.weight"] = 0.05 * torch.randn(shape, generator=generator)

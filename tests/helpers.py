@@ -5,11 +5,29 @@ from __future__ import annotations
 import torch
 
 import hrope
-from hrope.testing import (encoding_inputs, encoding_params, random_cameras, random_intrinsics, random_planes,
-                           random_qkv, random_rotation, random_se3)
+from hrope.testing import (
+    encoding_inputs,
+    encoding_params,
+    random_cameras,
+    random_intrinsics,
+    random_planes,
+    random_qkv,
+    random_rotation,
+    random_se3,
+)
 
-__all__ = ["encoding_inputs", "encoding_params", "random_cameras", "random_intrinsics", "random_planes", "random_qkv",
-           "random_rotation", "random_se3", "so3_exp", "RELATIVE"]
+__all__ = [
+    "encoding_inputs",
+    "encoding_params",
+    "random_cameras",
+    "random_intrinsics",
+    "random_planes",
+    "random_qkv",
+    "random_rotation",
+    "random_se3",
+    "so3_exp",
+    "RELATIVE",
+]
 
 
 def so3_exp(w: torch.Tensor) -> torch.Tensor:

@@ -130,8 +130,9 @@ def test_projection_layout_inputs(name):
     views = [t.transpose(1, 2).requires_grad_() for t in projected.clone()]
     copies = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in projected]
     assert not views[0].is_contiguous()
-    outs = [hrope.multiview_attention(*qkv, encoding=name, cameras=cameras, grid=grid, **inputs)
-            for qkv in (views, copies)]
+    outs = [
+        hrope.multiview_attention(*qkv, encoding=name, cameras=cameras, grid=grid, **inputs) for qkv in (views, copies)
+    ]
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-12, atol=1e-12)
     for out in outs:
         out.square().sum().backward()

@@ -39,9 +39,28 @@ def test_attention_overhead_writes_ratios_faults_and_memory(tmp_path, monkeypatc
     import attention_overhead
 
     rows = ["prope", "hrope", attention_overhead.PEER]
-    monkeypatch.setattr(sys, "argv", ["attention_overhead.py", "--reps", "2", "--grid", "2", "--heads", "2",
-                                      "--head-dim", "16", "--threads", "1", "--encodings", *rows,
-                                      "--out", str(tmp_path), *options])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "attention_overhead.py",
+            "--reps",
+            "2",
+            "--grid",
+            "2",
+            "--heads",
+            "2",
+            "--head-dim",
+            "16",
+            "--threads",
+            "1",
+            "--encodings",
+            *rows,
+            "--out",
+            str(tmp_path),
+            *options,
+        ],
+    )
     attention_overhead.main()
     stem = "attention_overhead" + ("_prepared_once" if options else "")
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{stem}.json", f"{stem}.md"]
@@ -90,8 +109,23 @@ def test_train_throughput_times_the_toolkits_training_step(tmp_path, monkeypatch
         return train_step(*args, **kwargs)
 
     monkeypatch.setattr(train_throughput, "train_step", counted)
-    monkeypatch.setattr(sys, "argv", ["train_throughput.py", "--rounds", "1", "--steps", "2", "--threads", "1",
-                                      "--encodings", "prope", "--out", str(tmp_path)])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "train_throughput.py",
+            "--rounds",
+            "1",
+            "--steps",
+            "2",
+            "--threads",
+            "1",
+            "--encodings",
+            "prope",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     train_throughput.main()
     assert calls == [0, 0, 1, 2, 1, 2]
     results = json.loads((tmp_path / "train_throughput.json").read_text())
@@ -109,8 +143,12 @@ def test_gpu_suite_records_every_step_and_tabulates_the_overheads(tmp_path):
 
     import gpu_suite
 
-    listed = [("passes", ["-c", "pass"], 30), ("fails", ["-c", "raise SystemExit(3)"], 30),
-              ("hangs", ["-c", "import time; time.sleep(30)"], 1.5), ("passes too", ["-c", "pass"], 30)]
+    listed = [
+        ("passes", ["-c", "pass"], 30),
+        ("fails", ["-c", "raise SystemExit(3)"], 30),
+        ("hangs", ["-c", "import time; time.sleep(30)"], 1.5),
+        ("passes too", ["-c", "pass"], 30),
+    ]
     records = gpu_suite.run_steps(listed, budget_s=60)
     assert [r["status"] for r in records] == ["ok", "failed (exit 3)", "timed out after 2 s", "ok"]
     assert gpu_suite.run_steps(listed[:1], budget_s=5)[0]["status"] == "not run (budget spent)"
@@ -133,8 +171,9 @@ def test_banded_apply_times_every_layout_and_backend(tmp_path):
 
     assert banded_apply.main(["--quick", "--device", "cpu", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "banded_apply.json").read_text())["rows"]
-    assert {(r["layout"], r["mode"]) for r in rows} == {(n, m) for n in banded_apply.LAYOUTS
-                                                       for m in ("forward", "forward_backward")}
+    assert {(r["layout"], r["mode"]) for r in rows} == {
+        (n, m) for n in banded_apply.LAYOUTS for m in ("forward", "forward_backward")
+    }
     assert {r["backend"] for r in rows} >= {"copy", "banded"} and all(r["ms"] > 0 for r in rows)
     assert all(r["ratio_to_banded"] == 1.0 for r in rows if r["backend"] == "banded")
 
@@ -150,7 +189,9 @@ def test_learning_curve_summary_pairs_every_step_with_the_reference():
             scenes = [base + seed + offset + 0.1 * i for i in range(4)]
             point = {"step": step, "psnr": sum(scenes) / 4, "per_scene_psnr": scenes}
             if planes is not None:
-                point["planes"] = {g: {"normal_error_deg": planes + seed, "depth_rel_error": 0.5} for g in ("context", "target")}
+                point["planes"] = {
+                    g: {"normal_error_deg": planes + seed, "depth_rel_error": 0.5} for g in ("context", "target")
+                }
             points.append(point)
         return {"row": row, "seed": seed, "points": points}
 

@@ -17,8 +17,15 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import hrope.nvs.checkpoints as checkpoints
-from hrope.nvs.checkpoints import (CHECKPOINT_NAME, LEGACY_FORMAT, CheckpointError, checksum, load_checkpoint,
-                                   load_model, save_checkpoint)
+from hrope.nvs.checkpoints import (
+    CHECKPOINT_NAME,
+    LEGACY_FORMAT,
+    CheckpointError,
+    checksum,
+    load_checkpoint,
+    load_model,
+    save_checkpoint,
+)
 from hrope.nvs.cli import run
 from hrope.nvs.model import build_model
 from hrope.nvs.train import train
@@ -106,8 +113,11 @@ def test_non_finite_weights_are_never_written(run_copy):
     with torch.no_grad():
         model.head.weight[0, 0] = float("nan")
         model.blocks[0].attn.qkv.weight[0, 0] = float("inf")
-    with pytest.raises(CheckpointError, match=r"refusing to write .*: non-finite model weights in "
-                                              r"model\.blocks\.0\.attn\.qkv\.weight, model\.head\.weight$"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"refusing to write .*: non-finite model weights in "
+        r"model\.blocks\.0\.attn\.qkv\.weight, model\.head\.weight$",
+    ):
         save_checkpoint(path, model, make_optimizer(model, config["train"]), 9, config)
     assert path.read_bytes() == before and not list(run_copy.glob("*.tmp"))
 
@@ -118,8 +128,11 @@ def test_non_finite_weights_are_never_loaded(run_copy, capsys):
     tensors["model.head.weight"][0, 0] = float("nan")
     metadata["checksum"] = checksum(tensors, metadata)  # a consistent file, as another tool might write it
     save_file(tensors, str(path), metadata=metadata)
-    with pytest.raises(CheckpointError, match=r"non-finite model weights in model\.head\.weight; the checkpoint "
-                                              "is unusable"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"non-finite model weights in model\.head\.weight; the checkpoint "
+        "is unusable",
+    ):
         load_model(path)
     assert run(["eval", str(run_copy)]) == 2  # not "psnr=nan" with status 0
     assert "non-finite model weights" in capsys.readouterr().err
@@ -204,9 +217,11 @@ def test_tensors_that_do_not_fit_the_model_are_one_line_errors(trained, tmp_path
     tensors, metadata = read(trained / CHECKPOINT_NAME)
     config = json.loads(metadata["config"])
     model_section = dict(config["model"])
-    cases = (({"layers": 3}, r"missing: blocks\.2\.\S+, blocks\.2\.\S+, blocks\.2\.\S+ \(\+\d+ more\)"),
-             ({"layers": 1}, r"unexpected: blocks\.1\."),
-             ({"heads": 4}, r"mis-shaped: blocks\.0\.attn\.k_norm\.weight \(24,\) in the file, \(12,\) in the model"))
+    cases = (
+        ({"layers": 3}, r"missing: blocks\.2\.\S+, blocks\.2\.\S+, blocks\.2\.\S+ \(\+\d+ more\)"),
+        ({"layers": 1}, r"unexpected: blocks\.1\."),
+        ({"heads": 4}, r"mis-shaped: blocks\.0\.attn\.k_norm\.weight \(24,\) in the file, \(12,\) in the model"),
+    )
     for changes, expected in cases:
         config["model"] = {**model_section, **changes}
         stored = {**metadata, "config": json.dumps(config)}

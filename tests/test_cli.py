@@ -12,9 +12,30 @@ from _lvsm_helpers import SMALL_MODEL  # noqa: F401  (sets one torch thread)
 from hrope.nvs.cli import run
 
 TINY = str(Path(__file__).parents[1] / "configs" / "tiny.yaml")
-SMALL = ["--model.image_size", "32", "--model.dim", "48", "--model.layers", "2", "--model.heads", "2",
-         "--data.num_scenes", "2", "--eval.num_scenes", "2", "--train.batch_size", "1", "--train.warmup", "1",
-         "--train.threads", "1", "--eval.batch_size", "2", "--eval.num_grid_scenes", "2"]
+SMALL = [
+    "--model.image_size",
+    "32",
+    "--model.dim",
+    "48",
+    "--model.layers",
+    "2",
+    "--model.heads",
+    "2",
+    "--data.num_scenes",
+    "2",
+    "--eval.num_scenes",
+    "2",
+    "--train.batch_size",
+    "1",
+    "--train.warmup",
+    "1",
+    "--train.threads",
+    "1",
+    "--eval.batch_size",
+    "2",
+    "--eval.num_grid_scenes",
+    "2",
+]
 
 
 @pytest.mark.slow
@@ -69,6 +90,10 @@ def test_override_before_the_path_is_a_clear_error(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_console_entry_point_reports_errors_with_exit_status_2(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "hrope.nvs.cli", "eval", str(tmp_path / "missing")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "hrope.nvs.cli", "eval", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and "checkpoint not found" in result.stderr

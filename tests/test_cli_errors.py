@@ -19,9 +19,28 @@ from hrope.nvs.model import build_model
 from hrope.nvs.train_step import make_optimizer
 
 TINY = str(Path(__file__).parents[1] / "configs" / "tiny.yaml")
-SMALL = ["--model.image_size", "32", "--model.dim", "48", "--model.layers", "2", "--model.heads", "2",
-         "--data.num_scenes", "2", "--eval.num_scenes", "2", "--train.batch_size", "1", "--train.warmup", "1",
-         "--train.threads", "1", "--steps", "1"]
+SMALL = [
+    "--model.image_size",
+    "32",
+    "--model.dim",
+    "48",
+    "--model.layers",
+    "2",
+    "--model.heads",
+    "2",
+    "--data.num_scenes",
+    "2",
+    "--eval.num_scenes",
+    "2",
+    "--train.batch_size",
+    "1",
+    "--train.warmup",
+    "1",
+    "--train.threads",
+    "1",
+    "--steps",
+    "1",
+]
 LEGACY_FORMAT = "hrope-checkpoint-v1"  # the format without a checksum, whose metadata is trusted as read
 
 
@@ -83,22 +102,29 @@ def test_train_cuda_without_cuda_and_an_out_file(tmp_path, capsys, monkeypatch, 
     assert a_file.read_text() == "keep me"
 
 
-@pytest.mark.parametrize("args,key", [
-    (["--num-scenes", "-1"], "argument --num-scenes: must be a positive integer, got '-1'"),
-    (["--num-scenes", "0"], "argument --num-scenes: must be a positive integer, got '0'"),
-    (["--num-scenes", "abc"], "argument --num-scenes"),
-    (["--device", "tpu"], "--device must be one of auto, cpu, cuda"),
-    (["--data.num_context", "0"], "data.num_context must be a positive integer"),
-    (["--protocol", "zoom", "--factors", "nan"], "argument --factors: must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "args,key",
+    [
+        (["--num-scenes", "-1"], "argument --num-scenes: must be a positive integer, got '-1'"),
+        (["--num-scenes", "0"], "argument --num-scenes: must be a positive integer, got '0'"),
+        (["--num-scenes", "abc"], "argument --num-scenes"),
+        (["--device", "tpu"], "--device must be one of auto, cpu, cuda"),
+        (["--data.num_context", "0"], "data.num_context must be a positive integer"),
+        (["--protocol", "zoom", "--factors", "nan"], "argument --factors: must be a finite number"),
+    ],
+)
 def test_eval_option_errors(run_dir, capsys, args, key):
     assert key in one_error_line(capsys, cli.run(["eval", str(run_dir), *args]))
     assert not (run_dir / "eval").exists()
 
 
 def test_out_that_is_a_file(run_dir, capsys, a_file):
-    for argv in (["eval", str(run_dir)], ["eval", str(run_dir), "--protocol", "standard"],
-                 ["viz", "planes", str(run_dir)], ["viz", "plane-accuracy", str(run_dir)]):
+    for argv in (
+        ["eval", str(run_dir)],
+        ["eval", str(run_dir), "--protocol", "standard"],
+        ["viz", "planes", str(run_dir)],
+        ["viz", "plane-accuracy", str(run_dir)],
+    ):
         code = cli.run([*argv, "--out", str(a_file)])
         assert f"--out '{a_file}': '{a_file}' is an existing file" in one_error_line(capsys, code)
     assert a_file.read_text() == "keep me"
@@ -112,7 +138,8 @@ def test_viz_option_errors(run_dir, capsys):
     code = cli.run(["viz", "planes", str(run_dir), "--head", "1", "--num-scenes", "1", "--out", str(run_dir / "v")])
     assert "head 1 is out of range: the model predicts planes for 1 head(s)" in one_error_line(capsys, code)
     assert "unrecognized arguments: --data.kind room" in one_error_line(
-        capsys, cli.run(["viz", "planes", str(run_dir), "--data.kind", "room"]))
+        capsys, cli.run(["viz", "planes", str(run_dir), "--data.kind", "room"])
+    )
 
 
 def test_usage_errors_are_one_line(capsys):
@@ -131,9 +158,12 @@ def tamper(source: Path, target: Path, **metadata: str) -> Path:
     return target
 
 
-TAMPERED_CONFIGS = {"not JSON": "{model: tiny", "not a mapping": "[1, 2]",
-                    "an unknown key": json.dumps({"train": {"learning_rate": 1}}),
-                    "a bad value": json.dumps({"train": {"lr": -1}})}
+TAMPERED_CONFIGS = {
+    "not JSON": "{model: tiny",
+    "not a mapping": "[1, 2]",
+    "an unknown key": json.dumps({"train": {"learning_rate": 1}}),
+    "a bad value": json.dumps({"train": {"lr": -1}}),
+}
 
 
 @pytest.mark.parametrize("config", TAMPERED_CONFIGS.values(), ids=TAMPERED_CONFIGS.keys())
@@ -158,8 +188,7 @@ def test_tampered_step_metadata(tmp_path, capsys):
     out = tmp_path / "run"
     config = apply_overrides(load_config(TINY), [*SMALL, "--out", str(out)])
     model = build_model(config)
-    source = save_checkpoint(tmp_path / "source.safetensors", model, make_optimizer(model, config["train"]), 0,
-                             config)
+    source = save_checkpoint(tmp_path / "source.safetensors", model, make_optimizer(model, config["train"]), 0, config)
     path = tamper(source, out / "checkpoint.safetensors", step="one")
     with pytest.raises(CheckpointError, match="step"):
         load_checkpoint(path)
@@ -170,6 +199,7 @@ def test_os_errors_for_user_paths_and_one_line_messages(tmp_path, capsys, monkey
     def fail(error):
         def train(config):
             raise error
+
         monkeypatch.setattr(cli, "train", train)
         return cli.run(["train", TINY, "--out", str(tmp_path / "run")])
 
@@ -177,11 +207,13 @@ def test_os_errors_for_user_paths_and_one_line_messages(tmp_path, capsys, monkey
     assert one_error_line(capsys, fail(ConfigError("first\n  second"))) == "hrope train: error: first second"
 
 
-@pytest.mark.parametrize("bug", [RuntimeError("boom"), ValueError("not an InputError"), KeyError("k"),
-                                 OSError("disk on fire")])
+@pytest.mark.parametrize(
+    "bug", [RuntimeError("boom"), ValueError("not an InputError"), KeyError("k"), OSError("disk on fire")]
+)
 def test_bugs_keep_their_traceback(tmp_path, monkeypatch, bug):
     def train(config):
         raise bug
+
     monkeypatch.setattr(cli, "train", train)
     with pytest.raises(type(bug)):
         cli.run(["train", TINY, "--out", str(tmp_path / "run")])

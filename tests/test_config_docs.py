@@ -33,8 +33,19 @@ def test_the_reference_names_every_setting():
 
 
 def test_described_config_loads_back_and_documents_every_key():
-    config = apply_overrides(resolve(), ["--lr", "1e-3", "--data.synthetic", "{fov_deg: [30, 40]}",
-                                         "--model.predictor_options", "{targets: neutral}", "--model.dim", "64"])
+    config = apply_overrides(
+        resolve(),
+        [
+            "--lr",
+            "1e-3",
+            "--data.synthetic",
+            "{fov_deg: [30, 40]}",
+            "--model.predictor_options",
+            "{targets: neutral}",
+            "--model.dim",
+            "64",
+        ],
+    )
     text = describe_config(config)
     assert yaml.safe_load(text) == config
     for line in text.splitlines():
@@ -55,11 +66,14 @@ def test_hrope_config_prints_the_resolved_config(capsys):
     assert "model.dim must be a positive integer, got True" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--train.step", "3"], "unknown config key 'train.step'; did you mean train.steps? known in 'train': ["),
-    (["--trian.steps", "3"], "unknown config section 'trian'; did you mean train? known: ["),
-    (["--stepz", "3"], "unknown option --stepz; did you mean --steps? use --section.key"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--train.step", "3"], "unknown config key 'train.step'; did you mean train.steps? known in 'train': ["),
+        (["--trian.steps", "3"], "unknown config section 'trian'; did you mean train? known: ["),
+        (["--stepz", "3"], "unknown option --stepz; did you mean --steps? use --section.key"),
+    ],
+)
 def test_hrope_config_suggests_the_closest_key(capsys, args, message):
     assert run(["config", *args]) == 2
     assert f"hrope config: error: {message}" in capsys.readouterr().err

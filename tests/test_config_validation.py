@@ -14,9 +14,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hrope import get_encoding
-from hrope.nvs.config import (SETTINGS, SHORTCUTS, SOURCE_OPTIONS, ConfigError, Field, PredictorOptions,
-                              apply_overrides, check_config, check_device, defaults, load_config, parse_value, resolve,
-                              settings_of, update_config)
+from hrope.nvs.config import (
+    SETTINGS,
+    SHORTCUTS,
+    SOURCE_OPTIONS,
+    ConfigError,
+    Field,
+    PredictorOptions,
+    apply_overrides,
+    check_config,
+    check_device,
+    defaults,
+    load_config,
+    parse_value,
+    resolve,
+    settings_of,
+    update_config,
+)
 from hrope.nvs.config.schema import source_options
 from hrope.nvs.build_data import synthetic_config
 from hrope.nvs.model import ModelConfig, ModelError
@@ -31,14 +45,47 @@ DEFAULTS = defaults()
 # the values must stay exactly these
 RESOLVED_DEFAULTS = {
     "model": {"preset": "tiny", "encoding": "none", "predictor": "learned"},
-    "data": {"kind": "room", "root": None, "eval_root": None, "eval_index": None, "context_gap": None,
-             "num_scenes": 256, "num_context": 2, "num_target": 1, "seed": 0, "cache": True, "prefetch": True,
-             "synthetic": {}, "depth": "none", "depth_scale": 0.001, "image_factor": None, "undistort": True,
-             "cache_dir": None, "workers": 0},
-    "train": {"out": "runs/default", "steps": 1000, "batch_size": 4, "lr": 4e-4, "min_lr_ratio": 0.1, "warmup": 100,
-              "weight_decay": 0.05, "grad_clip": 1.0, "bf16": False, "seed": 0, "device": "auto", "log_every": 10,
-              "image_every": 200, "checkpoint_every": 250, "perceptual_weight": 0.0, "parameter_lr_scale": 1.0,
-              "threads": 0, "max_nonfinite_steps": 20, "init_from": None},
+    "data": {
+        "kind": "room",
+        "root": None,
+        "eval_root": None,
+        "eval_index": None,
+        "context_gap": None,
+        "num_scenes": 256,
+        "num_context": 2,
+        "num_target": 1,
+        "seed": 0,
+        "cache": True,
+        "prefetch": True,
+        "synthetic": {},
+        "depth": "none",
+        "depth_scale": 0.001,
+        "image_factor": None,
+        "undistort": True,
+        "cache_dir": None,
+        "workers": 0,
+    },
+    "train": {
+        "out": "runs/default",
+        "steps": 1000,
+        "batch_size": 4,
+        "lr": 4e-4,
+        "min_lr_ratio": 0.1,
+        "warmup": 100,
+        "weight_decay": 0.05,
+        "grad_clip": 1.0,
+        "bf16": False,
+        "seed": 0,
+        "device": "auto",
+        "log_every": 10,
+        "image_every": 200,
+        "checkpoint_every": 250,
+        "perceptual_weight": 0.0,
+        "parameter_lr_scale": 1.0,
+        "threads": 0,
+        "max_nonfinite_steps": 20,
+        "init_from": None,
+    },
     "eval": {"num_scenes": 16, "batch_size": 4, "lpips_weights": None, "num_grid_scenes": 4},
 }
 
@@ -116,9 +163,25 @@ def test_bad_values_are_one_line_errors_naming_the_key(args, message):
 
 
 def test_accepted_values():
-    config = apply_overrides(resolve(), ["--lr", "1", "--train.grad_clip", "0.5", "--data.num_scenes", "null",
-                                         "--data.context_gap", "[1, 5]", "--train.init_from", "runs/x",
-                                         "--train.min_lr_ratio", "0", "--train.image_every", "0"])
+    config = apply_overrides(
+        resolve(),
+        [
+            "--lr",
+            "1",
+            "--train.grad_clip",
+            "0.5",
+            "--data.num_scenes",
+            "null",
+            "--data.context_gap",
+            "[1, 5]",
+            "--train.init_from",
+            "runs/x",
+            "--train.min_lr_ratio",
+            "0",
+            "--train.image_every",
+            "0",
+        ],
+    )
     assert config["train"]["lr"] == 1 and config["train"]["grad_clip"] == 0.5  # an int is a number
     assert config["data"]["num_scenes"] is None and config["data"]["context_gap"] == [1, 5]
 
@@ -153,18 +216,21 @@ def test_check_device(monkeypatch):
     assert check_device("cpu") == torch.device("cpu")
 
 
-@pytest.mark.parametrize("values,message", [
-    ({"dim": True}, "model.dim must be a positive integer, got True"),
-    ({"layers": -1}, "model.layers must be a positive integer, got -1"),
-    ({"heads": 0}, "model.heads must be a positive integer, got 0"),
-    ({"dim": "abc"}, "model.dim must be a positive integer, got 'abc'"),
-    ({"mlp_ratio": float("nan")}, "model.mlp_ratio must be a finite number > 0, got nan"),
-    ({"qk_norm": 1}, "model.qk_norm must be true or false, got 1"),
-    ({"rays": "sideways"}, "model.rays must be one of auto, world, camera, got 'sideways'"),
-    ({"predictor": ["learned"]}, "model.predictor must be a non-empty string, got ['learned']"),
-    ({"encoding_options": 5}, "model.encoding_options must be a mapping, got 5"),
-    ({"preset": ["tiny"]}, "unknown model preset ['tiny']"),
-])
+@pytest.mark.parametrize(
+    "values,message",
+    [
+        ({"dim": True}, "model.dim must be a positive integer, got True"),
+        ({"layers": -1}, "model.layers must be a positive integer, got -1"),
+        ({"heads": 0}, "model.heads must be a positive integer, got 0"),
+        ({"dim": "abc"}, "model.dim must be a positive integer, got 'abc'"),
+        ({"mlp_ratio": float("nan")}, "model.mlp_ratio must be a finite number > 0, got nan"),
+        ({"qk_norm": 1}, "model.qk_norm must be true or false, got 1"),
+        ({"rays": "sideways"}, "model.rays must be one of auto, world, camera, got 'sideways'"),
+        ({"predictor": ["learned"]}, "model.predictor must be a non-empty string, got ['learned']"),
+        ({"encoding_options": 5}, "model.encoding_options must be a mapping, got 5"),
+        ({"preset": ["tiny"]}, "unknown model preset ['tiny']"),
+    ],
+)
 def test_model_values_are_one_line_model_errors(values, message):
     with pytest.raises(ModelError) as error:
         ModelConfig.from_dict({"preset": "tiny", **values})
@@ -178,8 +244,10 @@ def valid_values(field: Field) -> st.SearchStrategy:
         values = st.integers(field.low, field.high)
     elif field.kind == "float":
         low, exclusive = (field.low, False) if field.above is None else (field.above, True)
-        integers = st.integers(math.floor(low) + 1 if exclusive else math.ceil(low),
-                               10**6 if field.high is None else math.floor(field.high))
+        integers = st.integers(
+            math.floor(low) + 1 if exclusive else math.ceil(low),
+            10**6 if field.high is None else math.floor(field.high),
+        )
         values = integers | st.floats(low, field.high, exclude_min=exclusive, allow_nan=False, allow_infinity=False)
     elif field.kind == "bool":
         values = st.booleans()
@@ -187,7 +255,8 @@ def valid_values(field: Field) -> st.SearchStrategy:
         values = st.sampled_from(field.choices)
     elif field.kind in ("str", "path"):
         values = st.from_regex(r"[a-z][a-z0-9_/]{0,12}", fullmatch=True).filter(
-            lambda s: isinstance(parse_value(s), str))  # not a YAML keyword (true, null, ...) or nan / inf
+            lambda s: isinstance(parse_value(s), str)
+        )  # not a YAML keyword (true, null, ...) or nan / inf
     elif field.kind == "mapping":
         values = st.dictionaries(st.sampled_from(["a", "b"]), st.integers(0, 9), max_size=2)
     else:  # range
@@ -200,13 +269,18 @@ def as_text(value) -> str:
     return yaml.safe_dump(value, default_flow_style=True).removesuffix("\n...\n").strip()
 
 
-ANY_VALUE = st.one_of(st.text(max_size=12), st.integers(-10**20, 10**20), st.booleans(), st.none(),
-                      st.floats(), st.lists(st.integers(-5, 60) | st.text(max_size=3), max_size=3))
+ANY_VALUE = st.one_of(
+    st.text(max_size=12),
+    st.integers(-(10**20), 10**20),
+    st.booleans(),
+    st.none(),
+    st.floats(),
+    st.lists(st.integers(-5, 60) | st.text(max_size=3), max_size=3),
+)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(KEYS + ["--" + s for s in SHORTCUTS]), ANY_VALUE, st.booleans()),
-                max_size=6))
+@given(st.lists(st.tuples(st.sampled_from(KEYS + ["--" + s for s in SHORTCUTS]), ANY_VALUE, st.booleans()), max_size=6))
 def test_fuzzed_overrides_only_raise_config_errors(draws):
     args, last = [], {}
     for key, value, inline in draws:
@@ -227,8 +301,11 @@ def test_fuzzed_overrides_only_raise_config_errors(draws):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.sampled_from(KEYS), max_size=8, unique=True).flatmap(
-    lambda keys: st.tuples(*(st.tuples(st.just(k), valid_values(field_of(k))) for k in keys))))
+@given(
+    st.lists(st.sampled_from(KEYS), max_size=8, unique=True).flatmap(
+        lambda keys: st.tuples(*(st.tuples(st.just(k), valid_values(field_of(k))) for k in keys))
+    )
+)
 def test_fuzzed_valid_overrides_pass(draws):
     args = [text for key, value in draws for text in ("--" + key, as_text(value))]
     given_values = dict(draws)
@@ -244,18 +321,27 @@ def test_fuzzed_valid_overrides_pass(draws):
         assert config[section][name] == parse_value(as_text(value)) == value
 
 
-YAML_SCALARS = st.one_of(st.text(max_size=8), st.integers(-10**6, 10**6), st.floats(), st.booleans(), st.none())
-YAML_VALUES = st.recursive(YAML_SCALARS, lambda inner: st.lists(inner, max_size=3)
-                           | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=6)
+YAML_SCALARS = st.one_of(st.text(max_size=8), st.integers(-(10**6), 10**6), st.floats(), st.booleans(), st.none())
+YAML_VALUES = st.recursive(
+    YAML_SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
 SECTION_KEYS = st.sampled_from([k.split(".")[1] for k in KEYS] + ["dim", "preset", "nope"])
 
 
 @settings(max_examples=120, deadline=None)
-@given(st.one_of(
-    st.dictionaries(st.sampled_from([*SETTINGS, "optim"]),
-                    st.dictionaries(SECTION_KEYS, YAML_VALUES, max_size=4) | YAML_SCALARS, max_size=4),
-    YAML_VALUES,
-).map(lambda doc: yaml.safe_dump(doc)) | st.text(max_size=60))
+@given(
+    st.one_of(
+        st.dictionaries(
+            st.sampled_from([*SETTINGS, "optim"]),
+            st.dictionaries(SECTION_KEYS, YAML_VALUES, max_size=4) | YAML_SCALARS,
+            max_size=4,
+        ),
+        YAML_VALUES,
+    ).map(lambda doc: yaml.safe_dump(doc))
+    | st.text(max_size=60)
+)
 def test_fuzzed_yaml_files_only_raise_config_errors(tmp_path_factory, text):
     path = tmp_path_factory.mktemp("fuzz") / "config.yaml"
     path.write_text(text, encoding="utf-8", errors="surrogatepass")
@@ -271,13 +357,16 @@ def test_fuzzed_yaml_files_only_raise_config_errors(tmp_path_factory, text):
             assert config[section][key] == expected and declared.check.accepts(expected)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--train.step", "3"], "unknown config key 'train.step'; did you mean train.steps? known in 'train': ["),
-    (["--trian.steps", "3"], "unknown config section 'trian'; did you mean train? known: ["),
-    (["--stepz", "3"], "unknown option --stepz; did you mean --steps? use --section.key"),
-    (["--data.num_contxt", "3"], "unknown config key 'data.num_contxt'; did you mean data.num_context?"),
-    (["--train.zzz", "3"], "unknown config key 'train.zzz'; known in 'train': ["),  # nothing close: no guess
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--train.step", "3"], "unknown config key 'train.step'; did you mean train.steps? known in 'train': ["),
+        (["--trian.steps", "3"], "unknown config section 'trian'; did you mean train? known: ["),
+        (["--stepz", "3"], "unknown option --stepz; did you mean --steps? use --section.key"),
+        (["--data.num_contxt", "3"], "unknown config key 'data.num_contxt'; did you mean data.num_context?"),
+        (["--train.zzz", "3"], "unknown config key 'train.zzz'; known in 'train': ["),  # nothing close: no guess
+    ],
+)
 def test_unknown_keys_sections_and_options_suggest_the_closest(args, message):
     with pytest.raises(ConfigError) as error:
         apply_overrides(resolve(), args)
@@ -290,8 +379,11 @@ def test_unknown_nested_keys_suggest_the_closest():
     with pytest.raises(ConfigError, match=r"keys \['fov'\]; did you mean data.synthetic.fov_deg"):
         synthetic_config({"data": {"synthetic": {"fov": [1, 2]}}})
     specs = parameter_specs(get_encoding("hrope-lift"))
-    with pytest.raises(PredictorError, match=r"\['per_layers'\] for predictor 'learned'; did you mean "
-                                             r"predictor_options.per_layer\?"):
+    with pytest.raises(
+        PredictorError,
+        match=r"\['per_layers'\] for predictor 'learned'; did you mean "
+        r"predictor_options.per_layer\?",
+    ):
         build_parameter_source("learned", specs, dim=4, num_layers=1, patch_size=8, options={"per_layers": False})
 
 
@@ -310,8 +402,9 @@ BAD_PREDICTOR_OPTIONS = [
 ]
 
 
-@pytest.mark.parametrize("source, options, message", BAD_PREDICTOR_OPTIONS,
-                         ids=[f"{s}-{next(iter(o))}" for s, o, _ in BAD_PREDICTOR_OPTIONS])
+@pytest.mark.parametrize(
+    "source, options, message", BAD_PREDICTOR_OPTIONS, ids=[f"{s}-{next(iter(o))}" for s, o, _ in BAD_PREDICTOR_OPTIONS]
+)
 def test_every_predictor_option_is_checked(source, options, message):
     with pytest.raises(PredictorError) as error:
         source_options(source, options, PredictorError)
@@ -319,9 +412,16 @@ def test_every_predictor_option_is_checked(source, options, message):
 
 
 def test_source_options_complete_the_defaults_per_source():
-    assert source_options("learned", None) == {"plane_decoder": None, "per_layer": True, "per_head": False,
-                                               "targets": "hidden"}
-    assert source_options("oracle", {"scope": "all"}) == {"targets": "neutral", "scope": "all",
-                                                          "max_inverse_distance": 2.0}
+    assert source_options("learned", None) == {
+        "plane_decoder": None,
+        "per_layer": True,
+        "per_head": False,
+        "targets": "hidden",
+    }
+    assert source_options("oracle", {"scope": "all"}) == {
+        "targets": "neutral",
+        "scope": "all",
+        "max_inverse_distance": 2.0,
+    }
     backbone = source_options("backbone", {"module": "pkg.mod:factory", "feature_dim": 8})
     assert backbone["hidden_dim"] == 64 and backbone["module_kwargs"] == {} and backbone["checkpoint"] is None

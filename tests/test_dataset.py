@@ -6,8 +6,16 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from hrope.nvs.data import (Scene, SceneDataset, SceneError, SyntheticDataset, collate_scenes, make_scene,
-                        normalize_scene, sample_views)
+from hrope.nvs.data import (
+    Scene,
+    SceneDataset,
+    SceneError,
+    SyntheticDataset,
+    collate_scenes,
+    make_scene,
+    normalize_scene,
+    sample_views,
+)
 from hrope.nvs.data.normalize import context_baseline
 from hrope.nvs.data.rng import Rng
 from hrope.geometry import invert_se3
@@ -27,8 +35,14 @@ def back_projected(scene: Scene) -> torch.Tensor:
     H, W = scene.image_size
     ys, xs = torch.meshgrid(torch.arange(H) + 0.5, torch.arange(W) + 0.5, indexing="ij")
     K = scene.cameras.K[0].double()
-    rays = torch.stack([(xs - K[:, 0, 2, None, None]) / K[:, 0, 0, None, None],
-                        (ys - K[:, 1, 2, None, None]) / K[:, 1, 1, None, None], torch.ones(len(K), H, W)], -1)
+    rays = torch.stack(
+        [
+            (xs - K[:, 0, 2, None, None]) / K[:, 0, 0, None, None],
+            (ys - K[:, 1, 2, None, None]) / K[:, 1, 1, None, None],
+            torch.ones(len(K), H, W),
+        ],
+        -1,
+    )
     X_cam = rays * scene.depth[..., None].double()
     cam_to_world = invert_se3(scene.cameras.world_to_cam[0].double())
     return torch.einsum("vij,vhwj->vhwi", cam_to_world[:, :3, :3], X_cam) + cam_to_world[:, None, None, :3, 3]
@@ -68,8 +82,9 @@ def test_normalize_scene_sets_the_frame_and_baseline(scene, context):
 
 def test_normalization_removes_a_change_of_world_frame(scene):
     G = random_se3(generator=torch.Generator().manual_seed(0), translation_scale=3.0)
-    moved = Scene(scene.images, scene.cameras.transform_world(G.float()), scene.depth, scene.normals,
-                  scene.plane_m, scene.name)
+    moved = Scene(
+        scene.images, scene.cameras.transform_world(G.float()), scene.depth, scene.normals, scene.plane_m, scene.name
+    )
     a, b = normalize_scene(scene, [0, 1]), normalize_scene(moved, [0, 1])
     torch.testing.assert_close(a.cameras.world_to_cam, b.cameras.world_to_cam, atol=2e-5, rtol=0)
     torch.testing.assert_close(a.depth, b.depth)
@@ -115,8 +130,16 @@ def test_training_views_vary_with_epoch_and_eval_views_do_not():
 
 
 def test_synthetic_dataset_items_are_normalized_and_deterministic():
-    make = lambda split: SyntheticDataset("object", 3, seed=5, image_size=SIZE, num_context=2,  # noqa: E731
-                                          num_target=1, split=split, patch_size=8)
+    make = lambda split: SyntheticDataset(
+        "object",
+        3,
+        seed=5,
+        image_size=SIZE,
+        num_context=2,  # noqa: E731
+        num_target=1,
+        split=split,
+        patch_size=8,
+    )
     train, again, evaluation = make("train"), make("train"), make("eval")
     item = train[1]
     assert item.num_views == 3 and item.image_size == SIZE
@@ -135,8 +158,9 @@ def test_synthetic_dataset_items_are_normalized_and_deterministic():
 
 def test_dataloader_with_workers_gives_the_same_batches():
     dataset = SyntheticDataset("room", 4, seed=2, image_size=SIZE, num_context=2, num_target=2)
-    batches = [list(DataLoader(dataset, batch_size=2, num_workers=workers, collate_fn=dataset.collate))
-               for workers in (0, 2)]
+    batches = [
+        list(DataLoader(dataset, batch_size=2, num_workers=workers, collate_fn=dataset.collate)) for workers in (0, 2)
+    ]
     for a, b in zip(*batches):
         assert torch.equal(a.images, b.images) and torch.equal(a.cameras.world_to_cam, b.cameras.world_to_cam)
         assert a.names == b.names
@@ -156,8 +180,9 @@ def test_batch_planes_follow_the_scene_rule(scene):
     no_exact = collate_scenes([Scene(scene.images, scene.cameras, depth=scene.depth)], num_context=2)
     assert no_exact.plane_m is None and no_exact.normals is None
     fitted = no_exact.planes(8).m(no_exact.cameras, (2, 3))[0]
-    torch.testing.assert_close(fitted, Scene(scene.images, scene.cameras, depth=scene.depth).planes(8).m(
-        scene.cameras, (2, 3))[0])
+    torch.testing.assert_close(
+        fitted, Scene(scene.images, scene.cameras, depth=scene.depth).planes(8).m(scene.cameras, (2, 3))[0]
+    )
     with pytest.raises(SceneError, match="divisible"):
         batch.planes(5)
     with pytest.raises(SceneError, match="cannot batch"):

@@ -29,7 +29,12 @@ def test_reading_names_the_best_row_against_prope():
     results = [{"name": "prope", "metrics": {"psnr": 21.0}}, {"name": "x", "metrics": {"psnr": 21.25}}]
     assert reading(results).startswith("`x` scores highest, +0.25 dB over `prope`")
     assert reading(results[:1]).startswith("`prope` scores highest")
-    results = [{"name": "prope", "metrics": {"psnr": 21.0}}, {"name": "prope (world rays)", "metrics": {"psnr": 21.5}},
-               {"name": "hrope-lift (x, world rays)", "metrics": {"psnr": 21.75}}]
-    assert reading(results).startswith("`hrope-lift (x, world rays)` scores highest, +0.75 dB over `prope` and "
-                                       "+0.25 dB over `prope (world rays)` (the same rays without planes)")
+    results = [
+        {"name": "prope", "metrics": {"psnr": 21.0}},
+        {"name": "prope (world rays)", "metrics": {"psnr": 21.5}},
+        {"name": "hrope-lift (x, world rays)", "metrics": {"psnr": 21.75}},
+    ]
+    assert reading(results).startswith(
+        "`hrope-lift (x, world rays)` scores highest, +0.75 dB over `prope` and "
+        "+0.25 dB over `prope (world rays)` (the same rays without planes)"
+    )

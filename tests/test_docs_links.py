@@ -27,8 +27,11 @@ def anchors(path: Path) -> set[str]:
 
 
 def links(path: Path) -> list[str]:
-    return [target for target in LINK.findall(FENCE.sub("", path.read_text()))
-            if not re.match(r"[a-z][a-z0-9+.-]*:", target)]  # http:, https:, mailto: ...
+    return [
+        target
+        for target in LINK.findall(FENCE.sub("", path.read_text()))
+        if not re.match(r"[a-z][a-z0-9+.-]*:", target)
+    ]  # http:, https:, mailto: ...
 
 
 def test_anchor_rule():

@@ -23,10 +23,12 @@ VECTORS = Path(__file__).resolve().parent / "data" / "prope_official_vectors.jso
 
 
 def both(name, q, k, v, cameras, grid, planes=None, params=None, **kw):
-    fast = hrope.multiview_attention(q, k, v, encoding=name, cameras=cameras, grid=grid, planes=planes,
-                                     params=params, **kw)
-    ref = hrope.reference.multiview_attention(q, k, v, encoding=name, cameras=cameras, grid=grid,
-                                              planes=planes, params=params, **kw)
+    fast = hrope.multiview_attention(
+        q, k, v, encoding=name, cameras=cameras, grid=grid, planes=planes, params=params, **kw
+    )
+    ref = hrope.reference.multiview_attention(
+        q, k, v, encoding=name, cameras=cameras, grid=grid, planes=planes, params=params, **kw
+    )
     return fast, ref
 
 
@@ -40,8 +42,9 @@ def load_cases():
 def test_reproduces_official_prope_module(case, dtype):
     T = lambda x: torch.tensor(x, dtype=dtype)  # noqa: E731
     cameras = hrope.Cameras(T(case["K"]), T(case["world_to_cam"]), tuple(case["image_size"]))
-    out = hrope.multiview_attention(T(case["q"]), T(case["k"]), T(case["v"]), encoding=case["encoding"],
-                                    cameras=cameras, grid=tuple(case["grid"]))
+    out = hrope.multiview_attention(
+        T(case["q"]), T(case["k"]), T(case["v"]), encoding=case["encoding"], cameras=cameras, grid=tuple(case["grid"])
+    )
     expected = torch.tensor(case["out"], dtype=torch.float64)
     # float64: measured worst 3.6e-15 (round-off; 1e-10 is far below any convention error, which is
     # O(1)); float32: measured worst 4.8e-7 of max |expected| (prope, grid 2x4)
@@ -149,8 +152,12 @@ def test_cape_leaves_values_untransformed():
 
 # --------------------------------------------------------------------------- world-frame invariance
 @settings(max_examples=12, deadline=None)
-@given(seed=st.integers(0, 10_000), views=st.integers(1, 3), head_dim=st.sampled_from([16, 32, 48]),
-       name=st.sampled_from(RELATIVE))
+@given(
+    seed=st.integers(0, 10_000),
+    views=st.integers(1, 3),
+    head_dim=st.sampled_from([16, 32, 48]),
+    name=st.sampled_from(RELATIVE),
+)
 def test_world_frame_invariance(seed, views, head_dim, name):
     grid = (2, 3)
     cameras = random_cameras(B=2, V=views, seed=seed)
@@ -176,8 +183,7 @@ def test_hrope_invariant_when_tokens_share_one_world_plane(seed, views, lift4):
     q, k, v = random_qkv(1, 2, views * 4, 48, seed=seed)
     enc = hrope.get_encoding("hrope", lift4=lift4, gauge="world")
     a = hrope.multiview_attention(q, k, v, encoding=enc, cameras=cameras, grid=grid, planes=planes)
-    b = hrope.multiview_attention(q, k, v, encoding=enc, cameras=cameras.transform_world(G), grid=grid,
-                                  planes=planes)
+    b = hrope.multiview_attention(q, k, v, encoding=enc, cameras=cameras.transform_world(G), grid=grid, planes=planes)
     torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-8)
 
 
@@ -190,8 +196,7 @@ def test_hrope_depends_on_world_frame_for_different_planes():
     G = random_se3(1, generator=torch.Generator().manual_seed(3), translation_scale=0.5)
     q, k, v = random_qkv(1, 2, 8, 48)
     a = hrope.multiview_attention(q, k, v, encoding=world, cameras=cameras, grid=grid, planes=planes)
-    b = hrope.multiview_attention(q, k, v, encoding=world, cameras=cameras.transform_world(G), grid=grid,
-                                  planes=planes)
+    b = hrope.multiview_attention(q, k, v, encoding=world, cameras=cameras.transform_world(G), grid=grid, planes=planes)
     assert (a - b).abs().max() > 1e-4
 
 
@@ -249,8 +254,7 @@ def test_apply_functions_are_the_dense_token_matrices(name):
     cameras = random_cameras(B=1, V=2, seed=8)
     grid, head_dim = (2, 2), 32
     inputs = encoding_inputs(name, cameras, grid, seed=8)
-    transform = hrope.get_encoding(name).prepare(cameras, grid, head_dim, planes=inputs["planes"],
-                                                 **inputs["params"])
+    transform = hrope.get_encoding(name).prepare(cameras, grid, head_dim, planes=inputs["planes"], **inputs["params"])
     D, _ = token_matrices(name, cameras, grid, head_dim, inputs["planes"], inputs["params"])
     D_inv = torch.linalg.inv(D)
     x = random_qkv(1, 2, 8, head_dim, seed=8)[0]
@@ -259,16 +263,21 @@ def test_apply_functions_are_the_dense_token_matrices(name):
         return (M[:, None] @ x[..., None]).squeeze(-1)
 
     values = name != "cape"
-    expected = {"apply_q": per_token(D.transpose(-1, -2)), "apply_k": per_token(D_inv),
-                "apply_v": per_token(D_inv) if values else x, "apply_o": per_token(D) if values else x}
+    expected = {
+        "apply_q": per_token(D.transpose(-1, -2)),
+        "apply_k": per_token(D_inv),
+        "apply_v": per_token(D_inv) if values else x,
+        "apply_o": per_token(D) if values else x,
+    }
     assert (expected["apply_q"] - expected["apply_k"]).abs().max() > 1e-3  # D^T != D^-1: the check can fail
     for _use in range(2):  # the second use reads the tables cached by the first
         for apply, want in expected.items():
             torch.testing.assert_close(getattr(transform, apply)(x), want, rtol=1e-9, atol=1e-9)
     for layer in (1, 2):  # two layers' q, k, v through one transform
         q, k, v = random_qkv(1, 2, 8, head_dim, seed=layer)
-        torch.testing.assert_close(transform.attention(q, k, v),
-                                   dense_attention(q, k, v, D, D, transform_values=values), rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(
+            transform.attention(q, k, v), dense_attention(q, k, v, D, D, transform_values=values), rtol=1e-9, atol=1e-9
+        )
 
 
 def test_gta_learnable_translation_scale_trains_and_matches_reference():

@@ -28,8 +28,16 @@ GRID = (3, 3)
 B, HEADS, V = 2, 2, 2
 # (head_dim, block, per_token, rope): b = 3 (hrope) and 4 (prope, gta, cape, hrope-lift), identity
 # channels (32 with b = 3), no RoPE (cape), RoPE only (rope2d), F = 3 (not a power of two).
-LAYOUTS = [(24, 3, True, True), (32, 3, True, True), (24, 4, False, True), (32, 4, False, True),
-           (24, 3, False, False), (32, 4, True, False), (24, 0, False, True), (32, 0, False, True)]
+LAYOUTS = [
+    (24, 3, True, True),
+    (32, 3, True, True),
+    (24, 4, False, True),
+    (32, 4, False, True),
+    (24, 3, False, False),
+    (32, 4, True, False),
+    (24, 0, False, True),
+    (32, 0, False, True),
+]
 
 
 def case(head_dim, block, per_token, rope, grid=GRID, heads=HEADS, seed=0):
@@ -170,8 +178,11 @@ def test_second_derivatives_match_the_dense_product():
         (gx,) = torch.autograd.grad((product(xr, br) * w).sum(), xr, create_graph=True)
         return torch.autograd.grad((gx * v).sum(), br)[0]
 
-    got = second(lambda x, b: fused_banded_product(x.to(DEVICE), b.to(DEVICE), layout.num_blocks,
-                                                   cast(tables, torch.float64)).cpu())
+    got = second(
+        lambda x, b: fused_banded_product(
+            x.to(DEVICE), b.to(DEVICE), layout.num_blocks, cast(tables, torch.float64)
+        ).cpu()
+    )
     expected = second(lambda x, b: apply(dense(layout, b, angles, "D"), x))
     assert got.abs().max() > 1
     # measured worst 0.42 eps of the largest entry (9.5)
@@ -216,8 +227,14 @@ def test_token_tiles_and_head_groups():
 
 
 @settings(max_examples=15, deadline=None)
-@given(head_dim=st.integers(8, 40), block=st.sampled_from([0, 2, 3, 4]), per_token=st.booleans(),
-       rope=st.booleans(), variant=st.sampled_from(["D", "D^T", "D^-1"]), seed=st.integers(0, 100))
+@given(
+    head_dim=st.integers(8, 40),
+    block=st.sampled_from([0, 2, 3, 4]),
+    per_token=st.booleans(),
+    rope=st.booleans(),
+    variant=st.sampled_from(["D", "D^T", "D^-1"]),
+    seed=st.integers(0, 100),
+)
 def test_any_head_dim_matches_banded(head_dim, block, per_token, rope, variant, seed):
     """Any head_dim (masks for ranges that are not powers of two) and layout: fused == banded."""
     assume(block or rope)  # else D is the identity (rejected, see test_bad_inputs)
@@ -310,8 +327,9 @@ def test_every_relative_encoding_attends_the_same_through_the_fused_backend(name
         q, k, v = (x.requires_grad_() for x in random_qkv(2, 2, 12, 32, seed=2))
         encoding = hrope.get_encoding(name).use_backend(backend)
         out = hrope.multiview_attention(q, k, v, encoding=encoding, cameras=cameras, grid=grid, **inputs)
-        grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view_as(out).double()).sum(),
-                                    [q, k, v, *leaves])
+        grads = torch.autograd.grad(
+            (out * torch.linspace(-1, 1, out.numel()).view_as(out).double()).sum(), [q, k, v, *leaves]
+        )
         results[backend] = (out, grads)
     (out_t, grads_t), (out_f, grads_f) = results["torch"], results["triton"]
     torch.testing.assert_close(out_f, out_t, rtol=0, atol=5e-14)  # measured at most 6.2e-15 (hrope-pf)
@@ -330,8 +348,19 @@ def test_the_model_option_selects_the_backend():
     images = {}
     for backend in ("torch", "triton"):
         torch.manual_seed(0)
-        model = build_model(resolve({"model": {"preset": "tiny", "image_size": 32, "layers": 1,
-                                               "encoding": "hrope-lift", "transform_backend": backend}}))
+        model = build_model(
+            resolve(
+                {
+                    "model": {
+                        "preset": "tiny",
+                        "image_size": 32,
+                        "layers": 1,
+                        "encoding": "hrope-lift",
+                        "transform_backend": backend,
+                    }
+                }
+            )
+        )
         assert model.encoding.backend == backend
         images[backend] = model(batch).images
     torch.testing.assert_close(images["triton"], images["torch"], rtol=1e-5, atol=1e-6)

@@ -46,20 +46,23 @@ def patch_pose(B, N, seed, angle=0.3, shift=0.2) -> dict:
     """Random per-patch offsets: rotations of about ``angle`` rad and translations of about ``shift``."""
     g = torch.Generator().manual_seed(seed)
     axis = angle * torch.randn(B, N, 3, generator=g, dtype=torch.float64)
-    return {"patch_rotation": axis_angle_to_matrix(axis),
-            "patch_translation": shift * torch.randn(B, N, 3, generator=g, dtype=torch.float64)}
+    return {
+        "patch_rotation": axis_angle_to_matrix(axis),
+        "patch_translation": shift * torch.randn(B, N, 3, generator=g, dtype=torch.float64),
+    }
 
 
 def identity_pose(B, N) -> dict:
-    return {"patch_rotation": torch.eye(3, dtype=torch.float64).expand(B, N, 3, 3),
-            "patch_translation": torch.zeros(B, N, 3, dtype=torch.float64)}
+    return {
+        "patch_rotation": torch.eye(3, dtype=torch.float64).expand(B, N, 3, 3),
+        "patch_translation": torch.zeros(B, N, 3, dtype=torch.float64),
+    }
 
 
 def attend(enc, cameras, planes, params=None, seed=0):
     B, N = cameras.batch_size, cameras.num_views * P
     q, k, v = random_qkv(B, 2, N, 48, seed=seed)
-    return hrope.multiview_attention(q, k, v, encoding=enc, cameras=cameras, grid=GRID, planes=planes,
-                                     params=params)
+    return hrope.multiview_attention(q, k, v, encoding=enc, cameras=cameras, grid=GRID, planes=planes, params=params)
 
 
 def with_one_plane_moved(planes: hrope.Planes, cameras, token: int) -> hrope.Planes:
@@ -75,8 +78,9 @@ def test_every_view_responds_to_its_planes_in_the_centroid_gauge(source, lift4):
     """With the first camera at the world origin, moving one token's plane changes the output for
     every view in the centroid gauge; in the world gauge the first view is inert (H = K̂R there)."""
     cameras = origin_first(random_cameras(B=2, V=3, seed=4)) if source == "random" else normalised_model_cameras()
-    torch.testing.assert_close(cameras.world_to_cam[:, 0], torch.eye(4, dtype=torch.float64).expand(2, 4, 4),
-                               rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        cameras.world_to_cam[:, 0], torch.eye(4, dtype=torch.float64).expand(2, 4, 4), rtol=0, atol=1e-12
+    )
     planes = random_planes(cameras.batch_size, cameras.num_views * P, seed=4)
     for gauge in ("centroid", "world"):
         enc = HRoPE(lift4=lift4, gauge=gauge)
@@ -105,8 +109,12 @@ def test_only_a_view_at_the_centroid_is_inert():
 
 # --------------------------------------------------------------------------- world-frame invariance
 @settings(max_examples=20, deadline=None)
-@given(seed=st.integers(0, 10_000), views=st.integers(2, 4), pose=st.sampled_from(["camera", "per-patch"]),
-       lift4=st.booleans())
+@given(
+    seed=st.integers(0, 10_000),
+    views=st.integers(2, 4),
+    pose=st.sampled_from(["camera", "per-patch"]),
+    lift4=st.booleans(),
+)
 def test_centroid_gauge_is_world_frame_invariant(seed, views, pose, lift4):
     """Random rigid world changes, arbitrary different planes per token, per-patch offsets too."""
     cameras = random_cameras(B=2, V=views, seed=seed)
@@ -162,8 +170,9 @@ def test_reference_centroid_gauge_is_the_world_gauge_with_the_origin_at_the_mean
     world_from_gauge = torch.eye(4, dtype=torch.float64).repeat(2, 1, 1)
     world_from_gauge[:, :3, 3] = cameras.centers().mean(1)
     D, _ = hrope.reference.token_matrices(HRoPE(), cameras, GRID, 24, planes)
-    D_world, _ = hrope.reference.token_matrices(HRoPE(gauge="world"), cameras.transform_world(world_from_gauge),
-                                                GRID, 24, planes)
+    D_world, _ = hrope.reference.token_matrices(
+        HRoPE(gauge="world"), cameras.transform_world(world_from_gauge), GRID, 24, planes
+    )
     torch.testing.assert_close(D, D_world, rtol=0, atol=1e-12)
     assert (D - hrope.reference.token_matrices(HRoPE(gauge="world"), cameras, GRID, 24, planes)[0]).abs().max() > 1e-3
 
@@ -213,10 +222,11 @@ def test_per_patch_pose_is_composed_with_the_camera_pose_in_the_gauge(gauge):
     world_from_gauge = torch.eye(4, dtype=torch.float64).repeat(2, 1, 1)
     if gauge == "centroid":
         world_from_gauge[:, :3, 3] = cameras.centers().mean(1)
-    moved = hrope.Cameras(cameras.K, delta @ cameras.transform_world(world_from_gauge).world_to_cam,
-                          cameras.image_size)
-    params = {"patch_rotation": delta[..., :3, :3].repeat_interleave(P, 1),
-              "patch_translation": delta[..., :3, 3].repeat_interleave(P, 1)}
+    moved = hrope.Cameras(cameras.K, delta @ cameras.transform_world(world_from_gauge).world_to_cam, cameras.image_size)
+    params = {
+        "patch_rotation": delta[..., :3, :3].repeat_interleave(P, 1),
+        "patch_translation": delta[..., :3, 3].repeat_interleave(P, 1),
+    }
     out = attend(HRoPE(gauge=gauge, pose="per-patch"), cameras, planes, params)
     torch.testing.assert_close(out, attend(HRoPE(gauge="world"), moved, planes), rtol=1e-9, atol=1e-9)
 

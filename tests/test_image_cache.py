@@ -136,14 +136,18 @@ def test_large_jpegs_are_decoded_at_a_reduced_scale_with_exact_intrinsics(tmp_pa
     frame = Frame(tmp_path / "photo.jpg", K, torch.eye(4, dtype=torch.float64), (192, 256))
     requested = []
     draft = JpegImagePlugin.JpegImageFile.draft
-    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft",
-                        lambda self, mode, size: requested.append(size) or draft(self, mode, size))
+    monkeypatch.setattr(
+        JpegImagePlugin.JpegImageFile,
+        "draft",
+        lambda self, mode, size: requested.append(size) or draft(self, mode, size),
+    )
     image, K_out = load_view(frame, SIZE)
     # 192x256 to cover 16x16 needs 16x21; decoding at 1/4 leaves 48x64, at least twice that
     assert requested == [(64, 48)]
     full = np.asarray(Image.open(tmp_path / "photo.jpg").convert("RGB"))
     reference, K_reference = frames_module.resize_crop(
-        torch.from_numpy(full.copy()).permute(2, 0, 1)[None].float() / 255, K[None], SIZE)
+        torch.from_numpy(full.copy()).permute(2, 0, 1)[None].float() / 255, K[None], SIZE
+    )
     torch.testing.assert_close(K_out, K_reference[0], atol=1e-12, rtol=0)  # the scale is exact
     assert (image - reference[0]).abs().max() < 0.015  # DCT scaling filters differently: measured 0.0066
     assert load_view(frame)[0].shape == (3, 192, 256)  # without a target size: full resolution
@@ -167,8 +171,26 @@ def test_real_loading_benchmark_writes_its_table(tmp_path, monkeypatch):
         return train_step(*args, **kwargs)
 
     monkeypatch.setattr(real_loading, "train_step", counted)
-    monkeypatch.setattr(sys, "argv", ["real_loading.py", "--rounds", "1", "--steps", "1", "--images", "3", "--size",
-                                      "48", "64", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "real_loading.py",
+            "--rounds",
+            "1",
+            "--steps",
+            "1",
+            "--images",
+            "3",
+            "--size",
+            "48",
+            "64",
+            "--work",
+            str(tmp_path / "work"),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+    )
     real_loading.main()
     assert calls == [0, 0, 0, 1, 1, 1]  # a warm-up round, then one timed round; steps 0, 1 of each data set
     results = json.loads((tmp_path / "out" / "real_loading.json").read_text())

@@ -19,24 +19,49 @@ SOURCE = ROOT / "src"
 
 # module (or package prefix ending in ".") -> layer; the library is layers 0-6, the toolkit 10-19
 LAYERS = {
-    "hrope.errors": 0, "hrope.geometry": 0, "hrope.cameras": 1, "hrope.planes": 2, "hrope.rays": 2, "hrope.encodings.": 3,
-    "hrope.tokens": 4, "hrope.attention": 5, "hrope.reference": 5, "hrope.testing": 5, "hrope": 6,
+    "hrope.errors": 0,
+    "hrope.geometry": 0,
+    "hrope.cameras": 1,
+    "hrope.planes": 2,
+    "hrope.rays": 2,
+    "hrope.encodings.": 3,
+    "hrope.tokens": 4,
+    "hrope.attention": 5,
+    "hrope.reference": 5,
+    "hrope.testing": 5,
+    "hrope": 6,
     "hrope.integrations.": 7,
     "hrope.nvs.plane_fitting": 9,
-    "hrope.nvs.config.": 10, "hrope.nvs.metrics": 10, "hrope.nvs.transfer": 10, "hrope.nvs.data.": 11, "hrope.nvs.sources.": 12,
+    "hrope.nvs.config.": 10,
+    "hrope.nvs.metrics": 10,
+    "hrope.nvs.transfer": 10,
+    "hrope.nvs.data.": 11,
+    "hrope.nvs.sources.": 12,
     "hrope.nvs.config_docs": 12,
-    "hrope.nvs.model": 13, "hrope.nvs.runs": 14, "hrope.nvs.build_data": 14, "hrope.nvs.checkpoints": 14, "hrope.nvs.plane_accuracy": 14,
-    "hrope.nvs.train": 15, "hrope.nvs.viz": 15, "hrope.nvs.evaluate": 16, "hrope.nvs.protocols": 17,
-    "hrope.nvs.demo": 17, "hrope.nvs.cli": 18, "hrope.nvs": 19,
-    "hrope.nvs.distributed": 11, "hrope.nvs.train_step": 14,
+    "hrope.nvs.model": 13,
+    "hrope.nvs.runs": 14,
+    "hrope.nvs.build_data": 14,
+    "hrope.nvs.checkpoints": 14,
+    "hrope.nvs.plane_accuracy": 14,
+    "hrope.nvs.train": 15,
+    "hrope.nvs.viz": 15,
+    "hrope.nvs.evaluate": 16,
+    "hrope.nvs.protocols": 17,
+    "hrope.nvs.demo": 17,
+    "hrope.nvs.cli": 18,
+    "hrope.nvs": 19,
+    "hrope.nvs.distributed": 11,
+    "hrope.nvs.train_step": 14,
 }
 LIBRARY_THIRD_PARTY = {"torch"}
 # optional imports made inside functions only (the module imports without them)
 OPTIONAL_THIRD_PARTY = {"hrope.encodings.fused_triton": {"triton"}}
 # the integrations (layer 7, opt-in: nothing imports them by default) may import their own library at module
 # level; the package hrope.integrations itself imports nothing
-INTEGRATION_THIRD_PARTY = {"hrope.integrations.transformers": {"transformers"},
-                           "hrope.integrations.diffusers": {"diffusers"}}
+INTEGRATION_THIRD_PARTY = {
+    "hrope.integrations.transformers": {"transformers"},
+    "hrope.integrations.diffusers": {"diffusers"},
+}
 
 
 def module_name(path: Path) -> str:
@@ -67,8 +92,11 @@ def imports(path: Path) -> set[str]:
                 name = node.module
             found.add(name)
             # "from . import x" / "from .encodings import base": the imported names may be modules
-            found.update(f"{name}.{alias.name}" for alias in node.names
-                         if (SOURCE / Path(*f"{name}.{alias.name}".split("."))).with_suffix(".py").exists())
+            found.update(
+                f"{name}.{alias.name}"
+                for alias in node.names
+                if (SOURCE / Path(*f"{name}.{alias.name}".split("."))).with_suffix(".py").exists()
+            )
     return found
 
 
@@ -93,22 +121,30 @@ def test_every_import_points_down(module):
         top = target.split(".")[0]
         if top != "hrope":
             if level < 10:  # the library: torch and the standard library only (optional ones inside functions)
-                optional = top in OPTIONAL_THIRD_PARTY.get(module, ()) and top not in module_level_imports(MODULES[module])
+                optional = top in OPTIONAL_THIRD_PARTY.get(module, ()) and top not in module_level_imports(
+                    MODULES[module]
+                )
                 integration = top in INTEGRATION_THIRD_PARTY.get(module, ())
-                assert top in LIBRARY_THIRD_PARTY or top in sys.stdlib_module_names or optional or integration, \
+                assert top in LIBRARY_THIRD_PARTY or top in sys.stdlib_module_names or optional or integration, (
                     f"library module {module} imports third-party {target}"
+                )
             continue
         target_group, target_level = layer(target)
         same_package = target_group == group and group.endswith(".")
-        assert target_level < level or same_package, \
+        assert target_level < level or same_package, (
             f"{module} (layer {level}) imports {target} (layer {target_level}): imports must point down"
+        )
         if level < 10:
             assert target_level < 10, f"library module {module} imports the toolkit ({target})"
 
 
 # inside hrope.nvs.data: the shared modules, the two floors on them (which never import each other), the wrappers
-DATA_LEVELS = {"hrope.nvs.data.synthetic": 1, "hrope.nvs.data.real": 1, "hrope.nvs.data.dataset": 2,
-               "hrope.nvs.data": 3}
+DATA_LEVELS = {
+    "hrope.nvs.data.synthetic": 1,
+    "hrope.nvs.data.real": 1,
+    "hrope.nvs.data.dataset": 2,
+    "hrope.nvs.data": 3,
+}
 
 
 def data_level(module: str) -> tuple[str, int]:
@@ -129,8 +165,9 @@ def test_data_floors_point_down(module):
     for target in imports(MODULES[module]):
         if in_data(target):
             target_group, target_level = data_level(target)
-            assert target_level < level or target_group == group, \
+            assert target_level < level or target_group == group, (
                 f"{module} (data level {level}) imports {target} (data level {target_level}): imports must point down"
+            )
 
 
 def test_the_layer_table_covers_every_module():
@@ -141,8 +178,10 @@ def test_the_layer_table_covers_every_module():
 def test_import_hrope_loads_the_library_only():
     """``import hrope`` (and ``import hrope.integrations``) adds only library modules to what ``import torch``
     loads by itself: no integration module and none of their libraries."""
-    code = ("import sys, torch; before = set(sys.modules); import hrope, hrope.integrations; "
-            "print(sorted(m for m in set(sys.modules) - before))")
+    code = (
+        "import sys, torch; before = set(sys.modules); import hrope, hrope.integrations; "
+        "print(sorted(m for m in set(sys.modules) - before))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     added = ast.literal_eval(result.stdout)  # the printed list of module names
     assert added and all(m.split(".")[0] == "hrope" for m in added), added
@@ -191,7 +230,7 @@ def test_no_import_cycles():
         state[module] = 1
         for target in sorted(graph[module]):
             if state.get(target) == 1:
-                cycle = path[path.index(target):] + [module, target] if target in path else [module, target]
+                cycle = path[path.index(target) :] + [module, target] if target in path else [module, target]
                 raise AssertionError("import cycle: " + " -> ".join(cycle))
             if target not in state:
                 visit(target, path + [module])

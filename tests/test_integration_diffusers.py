@@ -44,8 +44,10 @@ def run(attn: Attention, processor, x, context=None, **kwargs):
 def project(attn: Attention, x, context=None):
     """AttnProcessor2_0's q, k, v of a plain Attention, (B, heads, L, head_dim)."""
     context = x if context is None else context
-    return [y.unflatten(-1, (HEADS, HEAD_DIM)).transpose(1, 2)
-            for y in (attn.to_q(x), attn.to_k(context), attn.to_v(context))]
+    return [
+        y.unflatten(-1, (HEADS, HEAD_DIM)).transpose(1, 2)
+        for y in (attn.to_q(x), attn.to_k(context), attn.to_v(context))
+    ]
 
 
 def merge(attn: Attention, out):
@@ -64,10 +66,20 @@ def tokens(B, L, dtype, seed=1, dim=DIM):
 # --------------------------------------------------------------------------- AttnProcessor2_0
 CONFIGS = {  # Attention options, input shape, with encoder states, attention mask, temb
     "self": ({}, (2, 12, DIM), False, True, False),
-    "4d-spatial-group-norm-residual": (dict(norm_num_groups=4, spatial_norm_dim=3, residual_connection=True,
-                                            rescale_output_factor=2.0), (2, DIM, 2, 3), False, False, True),
-    "cross-norms": (dict(cross_attention_dim=16, qk_norm="layer_norm", cross_attention_norm="layer_norm"),
-                    (2, 4, DIM), True, True, False),
+    "4d-spatial-group-norm-residual": (
+        dict(norm_num_groups=4, spatial_norm_dim=3, residual_connection=True, rescale_output_factor=2.0),
+        (2, DIM, 2, 3),
+        False,
+        False,
+        True,
+    ),
+    "cross-norms": (
+        dict(cross_attention_dim=16, qk_norm="layer_norm", cross_attention_norm="layer_norm"),
+        (2, 4, DIM),
+        True,
+        True,
+        False,
+    ),
 }
 
 
@@ -121,8 +133,9 @@ def test_self_attention_with_register_tokens(name):
     q, k, v = project(attn, x)
     args = dict(encoding=name, cameras=cameras, grid=GRID, camera_tokens=layout, **inputs)
     assert torch.equal(got, merge(attn, hrope.multiview_attention(q, k, v, **args)))
-    torch.testing.assert_close(got, merge(attn, hrope.reference.multiview_attention(q, k, v, **args)),
-                               rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(
+        got, merge(attn, hrope.reference.multiview_attention(q, k, v, **args)), rtol=1e-13, atol=1e-13
+    )
 
 
 # --------------------------------------------------------------------------- cross-attention
@@ -135,8 +148,9 @@ def cross_reference(name, q, k, v, queries, keys):
             matrices.append(torch.eye(HEAD_DIM, dtype=torch.float64).expand(x.shape[0], x.shape[2], -1, -1))
             continue
         scene, views, camera_tokens, length = side
-        M, _ = token_matrices(name, scene.cameras.to(dtype=torch.float64), scene.grid, HEAD_DIM, scene.planes,
-                              scene.params)
+        M, _ = token_matrices(
+            name, scene.cameras.to(dtype=torch.float64), scene.grid, HEAD_DIM, scene.planes, scene.params
+        )
         P_scene = scene.grid[0] * scene.grid[1]
         M = M[:, [c * P_scene + p for c in views for p in range(P_scene)]]
         matrices.append(M if camera_tokens is None else with_identity_tokens(M, camera_tokens, length))
@@ -152,8 +166,14 @@ def test_cross_attention_is_core_cross_attention(name, dtype):
     scene, inputs = scene_of(name, cameras, seed=5)
     attn = layer(dtype, cross_attention_dim=16)
     x, context = tokens(2, 4, dtype, seed=5), tokens(2, 8, dtype, seed=6, dim=16)
-    got = run(attn, MultiViewAttnProcessor(name), x, context, geometry=scene.tokens([2]),
-              encoder_geometry=scene.tokens([0, 1]))
+    got = run(
+        attn,
+        MultiViewAttnProcessor(name),
+        x,
+        context,
+        geometry=scene.tokens([2]),
+        encoder_geometry=scene.tokens([0, 1]),
+    )
     t = hrope.get_encoding(name).prepare(cameras, GRID, HEAD_DIM, planes=inputs["planes"], **inputs["params"])
     q, k, v = project(attn, x, context)
     expected = hrope.cross_attention(q, k, v, query=t.select_views([2]), key=t.select_views([0, 1]))
@@ -204,8 +224,13 @@ def test_token_sets_of_two_grids_share_one_gauge(name):
 
 
 @settings(max_examples=15, deadline=None)
-@given(data=st.data(), name=st.sampled_from(NAMED), views=st.integers(2, 4), registers=st.integers(0, 2),
-       heads=st.sampled_from([1, 2, 3]))
+@given(
+    data=st.data(),
+    name=st.sampled_from(NAMED),
+    views=st.integers(2, 4),
+    registers=st.integers(0, 2),
+    heads=st.sampled_from([1, 2, 3]),
+)
 def test_any_split_of_views_into_targets_and_references(data, name, views, registers, heads):
     """Random targets and references (any order), query registers and head counts: the dense reference."""
     order = data.draw(st.permutations(range(views)))
@@ -218,11 +243,18 @@ def test_any_split_of_views_into_targets_and_references(data, name, views, regis
     length = registers + len(targets) * P
     x, context = tokens(1, length, torch.float64, seed=views), tokens(1, len(references) * P, torch.float64, dim=16)
     queries = (scene, targets, slice(registers, None) if registers else None, length if registers else None)
-    got = run(attn, MultiViewAttnProcessor(name), x, context,
-              geometry=scene.tokens(targets, camera_tokens=queries[2], length=queries[3]),
-              encoder_geometry=scene.tokens(references))
-    q, k, v = (y.unflatten(-1, (heads, HEAD_DIM)).transpose(1, 2)
-               for y in (attn.to_q(x), attn.to_k(context), attn.to_v(context)))
+    got = run(
+        attn,
+        MultiViewAttnProcessor(name),
+        x,
+        context,
+        geometry=scene.tokens(targets, camera_tokens=queries[2], length=queries[3]),
+        encoder_geometry=scene.tokens(references),
+    )
+    q, k, v = (
+        y.unflatten(-1, (heads, HEAD_DIM)).transpose(1, 2)
+        for y in (attn.to_q(x), attn.to_k(context), attn.to_v(context))
+    )
     expected = cross_reference(name, q, k, v, queries, (scene, references, None, None))
     torch.testing.assert_close(got, attn.to_out[0](expected.transpose(1, 2).flatten(2)), rtol=1e-13, atol=1e-13)
 
@@ -232,9 +264,17 @@ def tiny_unet() -> UNet2DConditionModel:
     """Attention at 8x8 (down and up blocks) and 4x4 (mid block); cross-attention to 16-dim tokens."""
     torch.manual_seed(0)
     return UNet2DConditionModel(
-        sample_size=8, in_channels=3, out_channels=3, layers_per_block=1, block_out_channels=(16, 32),
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=16, attention_head_dim=2, norm_num_groups=8).double()
+        sample_size=8,
+        in_channels=3,
+        out_channels=3,
+        layers_per_block=1,
+        block_out_channels=(16, 32),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=16,
+        attention_head_dim=2,
+        norm_num_groups=8,
+    ).double()
 
 
 def test_unet_forwards_the_geometry_to_every_attention_layer():
@@ -282,8 +322,11 @@ def test_learnable_encoding_options_train_with_the_model():
     cameras = random_cameras(B=1, V=3, seed=13)
     scene = SceneGeometry(cameras, GRID)
     kwargs = {"geometry": scene.tokens([1, 2]), "encoder_geometry": scene.tokens([0])}
-    out = block(tokens(1, 8, torch.float64), encoder_hidden_states=tokens(1, 4, torch.float64, dim=16),
-                cross_attention_kwargs=kwargs)
+    out = block(
+        tokens(1, 8, torch.float64),
+        encoder_hidden_states=tokens(1, 4, torch.float64, dim=16),
+        cross_attention_kwargs=kwargs,
+    )
     out.square().sum().backward()
     assert encoding.translation_scale.grad.abs().item() > 0
 
@@ -314,12 +357,16 @@ def bad_calls():
         "token count": (self_attention(geometry=scene.tokens()), "no TokenGeometry for a sequence of 8 tokens"),
         "two matches": (self_attention(geometry=[two, scene.tokens([1, 2])]), "more than one TokenGeometry"),
         "key count": (cross_attention(geometry=two, encoder_geometry=two), "'encoder_geometry': no TokenGeometry"),
-        "batch": (self_attention(geometry=SceneGeometry(random_cameras(B=2, V=2), GRID).tokens()),
-                  "cameras have batch 2, the hidden states 1"),
+        "batch": (
+            self_attention(geometry=SceneGeometry(random_cameras(B=2, V=2), GRID).tokens()),
+            "cameras have batch 2, the hidden states 1",
+        ),
         "planes missing": (self_attention("hrope-lift", geometry=two), "needs planes"),
         "query-frame subset": (self_attention("urope", geometry=two), "build a SceneGeometry of those views"),
-        "query-frame cross": (cross_attention("urope", geometry=views([0, 1]), encoder_geometry=views([2])),
-                              "got a query-frame transform"),
+        "query-frame cross": (
+            cross_attention("urope", geometry=views([0, 1]), encoder_geometry=views([2])),
+            "got a query-frame transform",
+        ),
         "view out of range": (lambda: scene.tokens([0, 3]), "view indices in [0, 3)"),
         "views not a list": (lambda: scene.tokens(2), "got 2"),
         "length alone": (lambda: scene.tokens(length=12), "camera_tokens and length go together"),
@@ -344,8 +391,9 @@ def test_without_diffusers_the_import_says_what_to_install():
     code = "import sys; sys.modules['diffusers'] = None; import hrope.integrations.diffusers"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1] == ("ImportError: hrope.integrations.diffusers needs diffusers: "
-                                                      "pip install 'hrope[diffusers]'")
+    assert result.stderr.strip().splitlines()[-1] == (
+        "ImportError: hrope.integrations.diffusers needs diffusers: pip install 'hrope[diffusers]'"
+    )
 
 
 def test_token_geometry_reuses_its_prepared_transform():
@@ -380,8 +428,23 @@ def load_example():
     return module
 
 
-TINY = ["--views", "1", "2", "--targets", "1", "--steps", "2", "--batch-size", "1", "--image-size", "16",
-        "--layers", "1", "--threads", "1"]
+TINY = [
+    "--views",
+    "1",
+    "2",
+    "--targets",
+    "1",
+    "--steps",
+    "2",
+    "--batch-size",
+    "1",
+    "--image-size",
+    "16",
+    "--layers",
+    "1",
+    "--threads",
+    "1",
+]
 
 
 @pytest.fixture

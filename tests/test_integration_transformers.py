@@ -27,8 +27,14 @@ HEAD_DIM = 24  # 3x3 and 4x4 tiles, RoPE, rayrope's 12 coordinates
 
 def dinov2(layers=2, heads=2, implementation=NAME) -> Dinov2Model:
     torch.manual_seed(0)
-    config = Dinov2Config(hidden_size=heads * HEAD_DIM, num_hidden_layers=layers, num_attention_heads=heads,
-                          intermediate_size=64, image_size=8, patch_size=4)
+    config = Dinov2Config(
+        hidden_size=heads * HEAD_DIM,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=64,
+        image_size=8,
+        patch_size=4,
+    )
     model = Dinov2Model(config).double().eval()
     model.set_attn_implementation(implementation)
     return model
@@ -36,8 +42,15 @@ def dinov2(layers=2, heads=2, implementation=NAME) -> Dinov2Model:
 
 def qwen2(implementation=NAME, layers=2) -> Qwen2ForCausalLM:
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=40, hidden_size=4 * HEAD_DIM, intermediate_size=64, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)  # grouped-query heads
+    config = Qwen2Config(
+        vocab_size=40,
+        hidden_size=4 * HEAD_DIM,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+    )  # grouped-query heads
     model = Qwen2ForCausalLM(config).double().eval()
     model.set_attn_implementation(implementation)
     return model
@@ -63,7 +76,8 @@ def attention_io(attention: torch.nn.Module) -> dict:
 
     for name in ("q", "k", "v"):
         getattr(attention, f"{name}_proj").register_forward_hook(
-            lambda module, args, out, name=name: seen.__setitem__(name, heads(out)))
+            lambda module, args, out, name=name: seen.__setitem__(name, heads(out))
+        )
     attention.o_proj.register_forward_pre_hook(lambda module, args: seen.__setitem__("out", heads(args[0])))
     return seen
 
@@ -85,7 +99,7 @@ def test_a_dinov2_layer_computes_multiview_attention(name):
     hidden = torch.randn(2, V * (1 + P), model.config.hidden_size, dtype=torch.float64)
     model.encoder(hidden, hrope_geometry=Geometry(name, cameras, GRID, camera_tokens=mask, **inputs))
     q, k, v = seen["q"], seen["k"], seen["v"]
-    args = dict(encoding=name, cameras=cameras, grid=GRID, camera_tokens=mask, scale=HEAD_DIM ** -0.5, **inputs)
+    args = dict(encoding=name, cameras=cameras, grid=GRID, camera_tokens=mask, scale=HEAD_DIM**-0.5, **inputs)
     library = hrope.multiview_attention(q, k, v, **args)
     torch.testing.assert_close(seen["out"], library, rtol=0, atol=1e-13)  # measured 0
     reference = hrope.reference.multiview_attention(q, k, v, **args)
@@ -121,8 +135,11 @@ def test_the_identity_encoding_equals_transformers_sdpa():
     ids = torch.randint(1, 40, (2, 2 * P + 3))
     padding = torch.ones_like(ids)
     padding[1, :2] = 0  # left padding of the second sample
-    adapted = qwen2()(input_ids=ids, attention_mask=padding,
-                      hrope_geometry=Geometry("none", cameras, GRID, camera_tokens=list(range(2, 2 + 2 * P)))).logits
+    adapted = qwen2()(
+        input_ids=ids,
+        attention_mask=padding,
+        hrope_geometry=Geometry("none", cameras, GRID, camera_tokens=list(range(2, 2 + 2 * P))),
+    ).logits
     expected = qwen2("sdpa")(input_ids=ids, attention_mask=padding).logits
     torch.testing.assert_close(adapted, expected, rtol=0, atol=1e-13)  # measured 0: the same SDPA calls
     hidden = torch.randn(2, 2 * (1 + P), 2 * HEAD_DIM, dtype=torch.float64)
@@ -156,8 +173,12 @@ def test_text_tokens_get_the_identity_and_the_causal_mask_is_kept():
     transformers' sdpa); later tokens do; changing a token never changes earlier logits."""
     model = qwen2()
     sequence, positions = video_sequence(model)
-    runs = [model(inputs_embeds=sequence, hrope_geometry=geometry("hrope", random_cameras(B=1, V=2, seed=s),
-                                                                   positions)).logits for s in (4, 5)]
+    runs = [
+        model(
+            inputs_embeds=sequence, hrope_geometry=geometry("hrope", random_cameras(B=1, V=2, seed=s), positions)
+        ).logits
+        for s in (4, 5)
+    ]
     torch.testing.assert_close(runs[0][:, :3], runs[1][:, :3], rtol=0, atol=1e-13)  # measured 0
     assert (runs[0][:, 4:] - runs[1][:, 4:]).abs().amax(-1).min() > 1e-3  # measured 0.05
     model.set_attn_implementation("sdpa")
@@ -165,8 +186,9 @@ def test_text_tokens_get_the_identity_and_the_causal_mask_is_kept():
     model.set_attn_implementation(NAME)
     changed = sequence.clone()
     changed[:, 8] += 1.0  # a visual token of the first frame
-    later = model(inputs_embeds=changed, hrope_geometry=geometry("hrope", random_cameras(B=1, V=2, seed=4),
-                                                                  positions)).logits
+    later = model(
+        inputs_embeds=changed, hrope_geometry=geometry("hrope", random_cameras(B=1, V=2, seed=4), positions)
+    ).logits
     torch.testing.assert_close(later[:, :8], runs[0][:, :8], rtol=0, atol=1e-13)
     assert (later[:, 8:] - runs[0][:, 8:]).abs().amax(-1).min() > 1e-3
 
@@ -196,11 +218,16 @@ class Attention(torch.nn.Module):
 
 
 @settings(max_examples=20, deadline=None)
-@given(name=st.sampled_from(["hrope", "prope", "gta", "cape"]), views=st.integers(1, 2), extra=st.integers(0, 3),
-       new=st.integers(1, 3), kv_heads=st.sampled_from([1, 2, 4]), causal=st.booleans(),
-       order=st.randoms(use_true_random=False))
-def test_the_attention_function_matches_the_library_on_random_layouts(name, views, extra, new, kv_heads, causal,
-                                                                      order):
+@given(
+    name=st.sampled_from(["hrope", "prope", "gta", "cape"]),
+    views=st.integers(1, 2),
+    extra=st.integers(0, 3),
+    new=st.integers(1, 3),
+    kv_heads=st.sampled_from([1, 2, 4]),
+    causal=st.booleans(),
+    order=st.randoms(use_true_random=False),
+)
+def test_the_attention_function_matches_the_library_on_random_layouts(name, views, extra, new, kv_heads, causal, order):
     """Any camera-token layout among identity tokens, grouped-query heads, causal or not: the output
     is hrope.multiview_attention's, in transformers' (B, L, heads, d) layout; ``new`` more identity
     tokens decoded over the cache (no mask: causal lower-right) equal the last rows of the full
@@ -212,16 +239,37 @@ def test_the_attention_function_matches_the_library_on_random_layouts(name, view
     _, k, v = random_qkv(2, kv_heads, L + new, HEAD_DIM, seed=extra + 1)
     inputs = encoding_inputs(name, cameras, GRID, seed=2)
     g = Geometry(name, cameras, GRID, camera_tokens=positions, **inputs)
-    out, weights = attention_forward(Attention(causal), q[:, :, :L], k[:, :, :L], v[:, :, :L], None, scaling=0.3,
-                                     hrope_geometry=g)
-    expected = hrope.multiview_attention(q[:, :, :L], k[:, :, :L], v[:, :, :L], encoding=name, cameras=cameras,
-                                         grid=GRID, camera_tokens=positions, scale=0.3, is_causal=causal,
-                                         enable_gqa=kv_heads != 4, **inputs)
+    out, weights = attention_forward(
+        Attention(causal), q[:, :, :L], k[:, :, :L], v[:, :, :L], None, scaling=0.3, hrope_geometry=g
+    )
+    expected = hrope.multiview_attention(
+        q[:, :, :L],
+        k[:, :, :L],
+        v[:, :, :L],
+        encoding=name,
+        cameras=cameras,
+        grid=GRID,
+        camera_tokens=positions,
+        scale=0.3,
+        is_causal=causal,
+        enable_gqa=kv_heads != 4,
+        **inputs,
+    )
     assert weights is None and out.shape == (2, L, 4, HEAD_DIM) and out.is_contiguous()
     torch.testing.assert_close(out, expected.transpose(1, 2), rtol=0, atol=1e-13)  # measured 0
     decoded, _ = attention_forward(Attention(True), q[:, :, L:], k, v, None, hrope_geometry=g)
-    full = hrope.multiview_attention(q, k, v, encoding=name, cameras=cameras, grid=GRID, camera_tokens=positions,
-                                     is_causal=True, enable_gqa=kv_heads != 4, **inputs)
+    full = hrope.multiview_attention(
+        q,
+        k,
+        v,
+        encoding=name,
+        cameras=cameras,
+        grid=GRID,
+        camera_tokens=positions,
+        is_causal=True,
+        enable_gqa=kv_heads != 4,
+        **inputs,
+    )
     torch.testing.assert_close(decoded, full[:, :, L:].transpose(1, 2), rtol=0, atol=1e-13)  # measured 1.3e-15
 
 
@@ -234,8 +282,11 @@ def test_the_geometry_is_active_only_inside_its_block_and_thread():
         with inner:
             found.append(attention_forward(Attention(False), q, k, v, None)[0])
         found.append(attention_forward(Attention(False), q, k, v, None)[0])
-        other = threading.Thread(target=lambda: found.append(
-            pytest.raises(hrope.EncodingError, attention_forward, Attention(False), q, k, v, None)))
+        other = threading.Thread(
+            target=lambda: found.append(
+                pytest.raises(hrope.EncodingError, attention_forward, Attention(False), q, k, v, None)
+            )
+        )
         other.start()
         other.join()
     for got, name in zip(found, ["rope2d", "prope"]):
@@ -260,20 +311,52 @@ def errors():
     yield "cameras", "cameras must be hrope.Cameras", lambda: Geometry("prope", "cams", GRID)
     yield "grid", "grid must be", lambda: Geometry("prope", cameras, (2, 0))
     yield "unknown encoding", "unknown encoding", lambda: Geometry("hrope2", cameras, GRID)
-    yield "softcap", "takes no softcap", lambda: attention_forward(module, q, k, v, None, softcap=30.0,
-                                                                   hrope_geometry=first_token_is_text)
-    yield "camera tokens among new tokens", "new tokens include camera tokens", lambda: attention_forward(
-        module, q[:, :, -2:], k, v, None, hrope_geometry=first_token_is_text)
-    yield "query-frame decoding", "query-frame encodings", lambda: attention_forward(
-        module, q[:, :, -1:], k, v, None, hrope_geometry=query_frame)
-    yield "camera-token count", "camera_tokens gives", lambda: attention_forward(
-        module, q, k, v, None, hrope_geometry=Geometry("prope", cameras, GRID, camera_tokens=slice(0, 3)))
-    yield "sequence length", f"(1, heads, {P}, {HEAD_DIM})", lambda: attention_forward(
-        module, q, k, v, None, hrope_geometry=Geometry("prope", cameras, GRID))
-    yield "batch", "(2, heads", lambda: attention_forward(module, q, k, v, None, hrope_geometry=Geometry(
-        "prope", random_cameras(B=2, V=1, seed=8), GRID, camera_tokens=slice(1, None)))
-    yield "missing planes", "needs planes", lambda: attention_forward(module, q, k, v, None, hrope_geometry=Geometry(
-        "hrope", cameras, GRID, camera_tokens=slice(1, None)))
+    yield (
+        "softcap",
+        "takes no softcap",
+        lambda: attention_forward(module, q, k, v, None, softcap=30.0, hrope_geometry=first_token_is_text),
+    )
+    yield (
+        "camera tokens among new tokens",
+        "new tokens include camera tokens",
+        lambda: attention_forward(module, q[:, :, -2:], k, v, None, hrope_geometry=first_token_is_text),
+    )
+    yield (
+        "query-frame decoding",
+        "query-frame encodings",
+        lambda: attention_forward(module, q[:, :, -1:], k, v, None, hrope_geometry=query_frame),
+    )
+    yield (
+        "camera-token count",
+        "camera_tokens gives",
+        lambda: attention_forward(
+            module, q, k, v, None, hrope_geometry=Geometry("prope", cameras, GRID, camera_tokens=slice(0, 3))
+        ),
+    )
+    yield (
+        "sequence length",
+        f"(1, heads, {P}, {HEAD_DIM})",
+        lambda: attention_forward(module, q, k, v, None, hrope_geometry=Geometry("prope", cameras, GRID)),
+    )
+    yield (
+        "batch",
+        "(2, heads",
+        lambda: attention_forward(
+            module,
+            q,
+            k,
+            v,
+            None,
+            hrope_geometry=Geometry("prope", random_cameras(B=2, V=1, seed=8), GRID, camera_tokens=slice(1, None)),
+        ),
+    )
+    yield (
+        "missing planes",
+        "needs planes",
+        lambda: attention_forward(
+            module, q, k, v, None, hrope_geometry=Geometry("hrope", cameras, GRID, camera_tokens=slice(1, None))
+        ),
+    )
 
 
 @pytest.mark.parametrize(("case", "message", "call"), list(errors()), ids=[e[0] for e in errors()])
@@ -292,8 +375,20 @@ def test_adapter_overhead_benchmark_writes_every_ratio(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import adapter_overhead
 
-    argv = ["--reps", "1", "--grid", "2", "--heads", "2", "--head-dim", "16", "--adapters", "transformers",
-            "--out", str(tmp_path)]
+    argv = [
+        "--reps",
+        "1",
+        "--grid",
+        "2",
+        "--heads",
+        "2",
+        "--head-dim",
+        "16",
+        "--adapters",
+        "transformers",
+        "--out",
+        str(tmp_path),
+    ]
     results = adapter_overhead.main(argv)
     saved = json.loads((tmp_path / "adapter_overhead.json").read_text())
     assert saved["results"] == results and set(results) == {"transformers"}

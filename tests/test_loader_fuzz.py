@@ -72,7 +72,7 @@ def load_or_skip_check(valid: Path, kind: str, corrupt, caplog) -> None:
 
 def truncate(path: Path, data) -> None:
     raw = path.read_bytes()
-    path.write_bytes(raw[:data.draw(st.integers(0, len(raw) - 1), label="truncate at")])
+    path.write_bytes(raw[: data.draw(st.integers(0, len(raw) - 1), label="truncate at")])
 
 
 def delete_image(folder: Path, data) -> None:
@@ -148,7 +148,7 @@ def corrupt_colmap(folder: Path, data) -> int:
     else:  # delete or set a token
         tokens = line.split(" ")
         k = data.draw(st.integers(0, len(tokens) - 1), label="token")
-        tokens[k:k + 1] = [] if operation == "delete" else [data.draw(st.sampled_from(BAD_TOKENS), label="value")]
+        tokens[k : k + 1] = [] if operation == "delete" else [data.draw(st.sampled_from(BAD_TOKENS), label="value")]
         expected -= operation == "set" and is_image_line(line) and k == 9 and tokens[k] != ""  # another NAME: absent
         lines[n] = " ".join(tokens)
     path.write_text("\n".join(lines) + "\n")
@@ -212,7 +212,7 @@ def corrupt_chunk(examples: list[dict], data) -> None:
         example["images"][data.draw(st.integers(0, V - 1), label="emptied image")] = torch.zeros(0, dtype=torch.uint8)
     else:  # truncate a JPEG
         i = data.draw(st.integers(0, V - 1), label="truncated image")
-        example["images"][i] = example["images"][i][:data.draw(st.integers(0, len(example["images"][i]) - 1))]
+        example["images"][i] = example["images"][i][: data.draw(st.integers(0, len(example["images"][i]) - 1))]
 
 
 @FUZZ

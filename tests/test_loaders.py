@@ -59,7 +59,7 @@ def points_in_front(E: torch.Tensor, seed: int) -> torch.Tensor:
     local = torch.rand(V, 20, 3, generator=g, dtype=torch.float64) - 0.5
     local[..., 2] = 1 + 2 * local[..., 2].abs()
     R, t = E[:, :3, :3], E[:, :3, 3]
-    return ((local - t[:, None]) @ R)  # R^T (x - t) for each row
+    return (local - t[:, None]) @ R  # R^T (x - t) for each row
 
 
 def project_cv(K, E, X):
@@ -180,18 +180,32 @@ def rotation_to_quaternion(R: torch.Tensor) -> torch.Tensor:
     return q
 
 
-def write_colmap(folder: Path, K, E, images, layout="sparse/0",
-                 models=("PINHOLE", "SIMPLE_PINHOLE", "SIMPLE_RADIAL", "OPENCV"), header=True) -> None:
+def write_colmap(
+    folder: Path,
+    K,
+    E,
+    images,
+    layout="sparse/0",
+    models=("PINHOLE", "SIMPLE_PINHOLE", "SIMPLE_RADIAL", "OPENCV"),
+    header=True,
+) -> None:
     """COLMAP's text model; with ``header`` the counts COLMAP writes in its comments."""
     model = folder / layout if layout else folder
     model.mkdir(parents=True, exist_ok=True)
     camera_lines = ["# Camera list", *([f"# Number of cameras: {V}"] if header else [])]
-    image_lines = ["# Image list", "#   POINTS2D[] as (X, Y, POINT3D_ID)",
-                   *([f"# Number of images: {V}, mean observations per image: 1"] if header else [])]
+    image_lines = [
+        "# Image list",
+        "#   POINTS2D[] as (X, Y, POINT3D_ID)",
+        *([f"# Number of images: {V}, mean observations per image: 1"] if header else []),
+    ]
     for v in range(V):
         fx, fy, cx, cy = (float(x) for x in (K[v, 0, 0], K[v, 1, 1], K[v, 0, 2], K[v, 1, 2]))
-        params = {"PINHOLE": [fx, fy, cx, cy], "SIMPLE_PINHOLE": [fx, cx, cy], "SIMPLE_RADIAL": [fx, cx, cy, 0.01],
-                  "OPENCV": [fx, fy, cx, cy, 0.01, 0.0, 0.0, 0.0]}[models[v]]
+        params = {
+            "PINHOLE": [fx, fy, cx, cy],
+            "SIMPLE_PINHOLE": [fx, cx, cy],
+            "SIMPLE_RADIAL": [fx, cx, cy, 0.01],
+            "OPENCV": [fx, fy, cx, cy, 0.01, 0.0, 0.0, 0.0],
+        }[models[v]]
         camera_lines.append(f"{v + 7} {models[v]} {W} {H} " + " ".join(repr(p) for p in params))
         q = rotation_to_quaternion(E[v, :3, :3])
         q = q if v % 2 else -q  # q and -q are the same rotation
@@ -270,8 +284,13 @@ def re10k_example(key: str, seed: int) -> tuple[dict, torch.Tensor, torch.Tensor
     normalised = torch.stack([K[:, 0, 0] / W, K[:, 1, 1] / H, K[:, 0, 2] / W, K[:, 1, 2] / H], 1)
     cameras = torch.cat([normalised, torch.zeros(V, 2, dtype=torch.float64), E[:, :3].reshape(V, 12)], 1)
     images = flat_images()
-    example = {"key": key, "url": "https://example.invalid", "timestamps": torch.arange(V) * 1000,
-               "cameras": cameras.float(), "images": [jpeg_tensor(a) for a in images]}
+    example = {
+        "key": key,
+        "url": "https://example.invalid",
+        "timestamps": torch.arange(V) * 1000,
+        "cameras": cameras.float(),
+        "images": [jpeg_tensor(a) for a in images],
+    }
     return example, K, E, images
 
 
@@ -289,13 +308,17 @@ def test_re10k_chunks_and_evaluation_index(tmp_path, caplog):
         assert_reprojects(scene, project_cv(K, E, X), X, atol=1e-3 * W)  # float32 storage in the chunk
         assert_images(scene, images, atol=0.012)  # JPEG of flat colours: measured 1/255 = 0.0039
 
-    index = {"scene1": {"context": [3, 0], "target": [1, 2, 0]}, "scene0": None, "missing": {"context": [0, 1],
-                                                                                             "target": [2]}}
+    index = {
+        "scene1": {"context": [3, 0], "target": [1, 2, 0]},
+        "scene0": None,
+        "missing": {"context": [0, 1], "target": [2]},
+    }
     (tmp_path / "evaluation_index.json").write_text(json.dumps(index))
     assert read_evaluation_index(tmp_path / "evaluation_index.json")["scene1"] == ([3, 0], [1, 2, 0])
     with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
-        evaluation = RealEstate10KSource(tmp_path, evaluation_index=tmp_path / "evaluation_index.json",
-                                         image_size=(8, 8))
+        evaluation = RealEstate10KSource(
+            tmp_path, evaluation_index=tmp_path / "evaluation_index.json", image_size=(8, 8)
+        )
     assert len(evaluation) == 1 and "1 of 2 evaluation scenes" in caplog.text
     scene = evaluation[0]
     assert scene.num_views == 5 and scene.image_size == (8, 8)
@@ -345,10 +368,19 @@ def co3d_annotation(K, E, v, sequence, convention, size=(H, W)):
     scale = torch.full((2,), min(h, w) / 2, dtype=torch.float64) if convention == "ndc_isotropic" else half
     focal = torch.stack([K[v, 0, 0], K[v, 1, 1]]) / scale
     principal = (half - torch.stack([K[v, 0, 2], K[v, 1, 2]])) / scale
-    return {"sequence_name": sequence, "frame_number": v, "frame_timestamp": 0.1 * v,
-            "image": {"path": f"teddybear/{sequence}/images/frame{v:06d}.jpg", "size": [h, w]},
-            "viewpoint": {"R": R_rows.tolist(), "T": T.tolist(), "focal_length": focal.tolist(),
-                          "principal_point": principal.tolist(), "intrinsics_format": convention}}
+    return {
+        "sequence_name": sequence,
+        "frame_number": v,
+        "frame_timestamp": 0.1 * v,
+        "image": {"path": f"teddybear/{sequence}/images/frame{v:06d}.jpg", "size": [h, w]},
+        "viewpoint": {
+            "R": R_rows.tolist(),
+            "T": T.tolist(),
+            "focal_length": focal.tolist(),
+            "principal_point": principal.tolist(),
+            "intrinsics_format": convention,
+        },
+    }
 
 
 def project_pytorch3d(annotation, X):
@@ -357,7 +389,8 @@ def project_pytorch3d(annotation, X):
     R, T = torch.tensor(vp["R"], dtype=torch.float64), torch.tensor(vp["T"], dtype=torch.float64)
     cam = X @ R + T
     ndc = torch.tensor(vp["focal_length"], dtype=torch.float64) * cam[:, :2] / cam[:, 2:] + torch.tensor(
-        vp["principal_point"], dtype=torch.float64)
+        vp["principal_point"], dtype=torch.float64
+    )
     half = torch.tensor([w / 2, h / 2], dtype=torch.float64)
     scale = min(h, w) / 2 if vp["intrinsics_format"] == "ndc_isotropic" else half
     return half - ndc * scale
@@ -494,8 +527,21 @@ def edit_tokens(path: Path, first_token: str, index: int, token: str) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-@pytest.mark.parametrize("key, value", [("w", 0), ("h", -12), ("w", 12.5), ("h", True), ("fl_x", 0), ("fl_y", math.inf),
-                                        ("cx", math.nan), ("cy", -1.0), ("fl_x", "wide"), ("w", 10**400)])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("w", 0),
+        ("h", -12),
+        ("w", 12.5),
+        ("h", True),
+        ("fl_x", 0),
+        ("fl_y", math.inf),
+        ("cx", math.nan),
+        ("cy", -1.0),
+        ("fl_x", "wide"),
+        ("w", 10**400),
+    ],
+)
 def test_nerfstudio_bad_size_or_intrinsic_names_file_frame_and_field(tmp_path, key, value):
     K, E, _ = truth(8)
     K[:] = K[0]
@@ -505,8 +551,13 @@ def test_nerfstudio_bad_size_or_intrinsic_names_file_frame_and_field(tmp_path, k
         load_scene(tmp_path)
 
 
-@pytest.mark.parametrize("edit", [lambda meta: meta.update(fl_x=1e39),  # finite in float64, inf in float32
-                                  lambda meta: meta["frames"][2]["transform_matrix"][0].__setitem__(3, 1e39)])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda meta: meta.update(fl_x=1e39),  # finite in float64, inf in float32
+        lambda meta: meta["frames"][2]["transform_matrix"][0].__setitem__(3, 1e39),
+    ],
+)
 def test_camera_beyond_float32_is_an_error(tmp_path, edit):
     K, E, _ = truth(8)
     K[:] = K[0]
@@ -516,8 +567,10 @@ def test_camera_beyond_float32_is_an_error(tmp_path, edit):
         load_scene(tmp_path)
 
 
-@pytest.mark.parametrize("key, value", [("camera_angle_x", 0), ("camera_angle_x", math.pi), ("camera_angle_y", -0.5),
-                                        ("camera_angle_y", math.nan)])
+@pytest.mark.parametrize(
+    "key, value",
+    [("camera_angle_x", 0), ("camera_angle_x", math.pi), ("camera_angle_y", -0.5), ("camera_angle_y", math.nan)],
+)
 def test_instant_ngp_bad_field_of_view_names_field(tmp_path, key, value):
     K, E, _ = truth(8)
     K[:] = K[0]
@@ -533,9 +586,19 @@ def test_instant_ngp_bad_field_of_view_names_field(tmp_path, key, value):
         load_scene(tmp_path)
 
 
-@pytest.mark.parametrize("camera, index, token, field", [
-    ("7", 2, "0", "WIDTH"), ("7", 3, "-12", "HEIGHT"), ("7", 2, "16.5", "WIDTH"), ("7", 4, "0", "PARAMS fx"),
-    ("7", 5, "inf", "PARAMS fy"), ("7", 7, "nan", "PARAMS cy"), ("8", 4, "-3", "PARAMS f"), ("8", 5, "0", "PARAMS cx")])
+@pytest.mark.parametrize(
+    "camera, index, token, field",
+    [
+        ("7", 2, "0", "WIDTH"),
+        ("7", 3, "-12", "HEIGHT"),
+        ("7", 2, "16.5", "WIDTH"),
+        ("7", 4, "0", "PARAMS fx"),
+        ("7", 5, "inf", "PARAMS fy"),
+        ("7", 7, "nan", "PARAMS cy"),
+        ("8", 4, "-3", "PARAMS f"),
+        ("8", 5, "0", "PARAMS cx"),
+    ],
+)
 def test_colmap_bad_size_or_intrinsic_names_line_and_field(tmp_path, camera, index, token, field):
     K, E, _ = truth(4)
     write_colmap(tmp_path, K, E, view_images(4))
@@ -545,8 +608,16 @@ def test_colmap_bad_size_or_intrinsic_names_line_and_field(tmp_path, camera, ind
         load_scene(tmp_path)
 
 
-@pytest.mark.parametrize("column, value, field", [(4, 0.0, "hwf H"), (9, math.nan, "hwf W"), (14, -100.0, "hwf focal"),
-                                                  (14, math.inf, "hwf focal"), (4, 11.5, "hwf H")])
+@pytest.mark.parametrize(
+    "column, value, field",
+    [
+        (4, 0.0, "hwf H"),
+        (9, math.nan, "hwf W"),
+        (14, -100.0, "hwf focal"),
+        (14, math.inf, "hwf focal"),
+        (4, 11.5, "hwf H"),
+    ],
+)
 def test_llff_bad_size_or_focal_names_row_and_field(tmp_path, column, value, field):
     K, E, _ = truth(5, centred=True, square_pixels=True)
     write_llff(tmp_path, K, E, view_images(5), factor=1)
@@ -557,8 +628,9 @@ def test_llff_bad_size_or_focal_names_row_and_field(tmp_path, column, value, fie
         load_scene(tmp_path)
 
 
-@pytest.mark.parametrize("column, value, field", [(0, 0.0, "fx"), (1, -0.5, "fy"), (2, math.nan, "cx"),
-                                                  (3, math.inf, "cy")])
+@pytest.mark.parametrize(
+    "column, value, field", [(0, 0.0, "fx"), (1, -0.5, "fy"), (2, math.nan, "cx"), (3, math.inf, "cy")]
+)
 def test_re10k_bad_intrinsic_names_frame_and_field(tmp_path, column, value, field):
     example, _, _, _ = re10k_example("odd", 23)
     example["cameras"][1, column] = value
@@ -567,11 +639,15 @@ def test_re10k_bad_intrinsic_names_frame_and_field(tmp_path, column, value, fiel
         RealEstate10KSource(tmp_path, skip_errors=False)[0]
 
 
-@pytest.mark.parametrize("edit, field", [
-    (lambda a: a["image"].update(size=[0, W]), r"image\.size H"),
-    (lambda a: a["image"].update(size=[H, -W]), r"image\.size W"),
-    (lambda a: a["viewpoint"].update(focal_length=[0.0, 1.0]), r"viewpoint\.focal_length x"),
-    (lambda a: a["viewpoint"].update(focal_length=[1.0, math.nan]), r"viewpoint\.focal_length y")])
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda a: a["image"].update(size=[0, W]), r"image\.size H"),
+        (lambda a: a["image"].update(size=[H, -W]), r"image\.size W"),
+        (lambda a: a["viewpoint"].update(focal_length=[0.0, 1.0]), r"viewpoint\.focal_length x"),
+        (lambda a: a["viewpoint"].update(focal_length=[1.0, math.nan]), r"viewpoint\.focal_length y"),
+    ],
+)
 def test_co3d_bad_size_or_focal_names_frame_and_field(tmp_path, edit, field):
     K, E, _ = truth(33)
     annotations = [co3d_annotation(K, E, v, "s", "ndc_isotropic") for v in range(V)]
@@ -609,8 +685,9 @@ def test_colmap_points2d_line_is_optional_and_kept(tmp_path):
     image_lines = lines[first::2]
     points = "12 7 -1 30.5 40 5 1 2 -1 100 200 8"  # integer first x: still read as POINTS2D
     # image 0 lost its non-empty POINTS2D line, image 1 its empty one
-    path.write_text("\n".join([*lines[:first], image_lines[0], image_lines[1], image_lines[2], points,
-                               image_lines[3]]) + "\n")
+    path.write_text(
+        "\n".join([*lines[:first], image_lines[0], image_lines[1], image_lines[2], points, image_lines[3]]) + "\n"
+    )
     scene = load_scene(tmp_path)
     X = points_in_front(E, 9)
     assert_reprojects(scene, project_cv(K, E, X), X)
@@ -620,11 +697,15 @@ def test_colmap_points2d_line_is_optional_and_kept(tmp_path):
     assert [image.image_id for image in parsed] == [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda lines: lines[:-2], r"images\.txt: the header declares 4 images, the file has 3"),
-    (lambda lines: lines + [lines[3]], r"images\.txt:12: field IMAGE_ID 1 repeats that of line 4"),
-    (lambda lines: lines[:5] + [lines[4]] + lines[5:], r"images\.txt:6: expected 'IMAGE_ID QW"),
-    (lambda lines: lines[:4] + ["3 0.5"] + lines[4:], r"images\.txt:5: expected 'IMAGE_ID QW.*got '3 0\.5'")])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda lines: lines[:-2], r"images\.txt: the header declares 4 images, the file has 3"),
+        (lambda lines: lines + [lines[3]], r"images\.txt:12: field IMAGE_ID 1 repeats that of line 4"),
+        (lambda lines: lines[:5] + [lines[4]] + lines[5:], r"images\.txt:6: expected 'IMAGE_ID QW"),
+        (lambda lines: lines[:4] + ["3 0.5"] + lines[4:], r"images\.txt:5: expected 'IMAGE_ID QW.*got '3 0\.5'"),
+    ],
+)
 def test_colmap_truncated_or_garbled_images_txt_is_an_error(tmp_path, edit, message):
     K, E, _ = truth(10)
     write_colmap(tmp_path, K, E, view_images(10))
@@ -671,8 +752,9 @@ def test_re10k_counts_scenes_without_key_or_with_a_repeated_key(tmp_path, caplog
     assert "1 scene(s) repeat an earlier scene's key" in caplog.text
 
 
-@pytest.mark.parametrize("entry", [{"context": [0, "1"], "target": [2]}, {"context": [0, 1]}, [0, 1],
-                                   {"context": [0, 1.5], "target": [2]}])
+@pytest.mark.parametrize(
+    "entry", [{"context": [0, "1"], "target": [2]}, {"context": [0, 1]}, [0, 1], {"context": [0, 1.5], "target": [2]}]
+)
 def test_re10k_evaluation_index_needs_integer_lists(tmp_path, entry):
     (tmp_path / "index.json").write_text(json.dumps({"scene": entry}))
     with pytest.raises(SceneError, match=r"index\.json: entry 'scene' needs lists of frame indices"):
@@ -710,8 +792,10 @@ def test_transforms_json_listing_frames_it_does_not_ship_loads_the_rest_with_one
     (tmp_path / "images" / "frame_00001.png").unlink()
     with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
         scene = load_scene(tmp_path)
-    assert warnings_of(caplog) == [f"{tmp_path / 'transforms.json'}: 4 of 7 listed frames have no image file and are "
-                                   f"skipped (first: {tmp_path / 'images' / 'frame_00001.png'})"]
+    assert warnings_of(caplog) == [
+        f"{tmp_path / 'transforms.json'}: 4 of 7 listed frames have no image file and are "
+        f"skipped (first: {tmp_path / 'images' / 'frame_00001.png'})"
+    ]
     kept = [0, 2, 3]
     X = points_in_front(E, 70)[kept]
     assert_reprojects(scene, project_cv(K[kept], E[kept], X), X)
@@ -740,8 +824,11 @@ def test_llff_scene_as_commonly_downloaded_with_only_images_8(tmp_path):
         pixels = project_cv(K, E, X) * torch.tensor([17 / 132, 13 / 100], dtype=torch.float64)
         assert_reprojects(scene, pixels, X)
         assert_images(scene, images)
-    with pytest.raises(SceneError, match=r"image_factor 4 reads images_4/, which does not exist; image folders "
-                                         r"present: images_8/"):
+    with pytest.raises(
+        SceneError,
+        match=r"image_factor 4 reads images_4/, which does not exist; image folders "
+        r"present: images_8/",
+    ):
         load_scene(tmp_path, image_factor=4)
     with pytest.raises(SceneError, match=r"field image_factor must be a positive whole number, got 0"):
         load_scene(tmp_path, image_factor=0)
@@ -765,8 +852,10 @@ def test_colmap_reads_the_downsampled_folder_there_is_and_skips_absent_images(tm
     (tmp_path / "images").rmdir()
     with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
         scene = load_scene(tmp_path)
-    assert warnings_of(caplog) == [f"{tmp_path / 'sparse/0/images.txt'}: 1 of 4 listed frames have no image file and "
-                                   f"are skipped (first: {tmp_path / 'images_2' / 'img_02.png'})"]
+    assert warnings_of(caplog) == [
+        f"{tmp_path / 'sparse/0/images.txt'}: 1 of 4 listed frames have no image file and "
+        f"are skipped (first: {tmp_path / 'images_2' / 'img_02.png'})"
+    ]
     kept = [0, 1, 3]
     X = points_in_front(E, 72)[kept]
     assert_reprojects(scene, project_cv(K[kept], E[kept], X) / 2, X)
@@ -852,8 +941,9 @@ def test_objaverse_convention_check_and_bad_files(tmp_path, caplog):
     (tmp_path / "002.png").unlink()
     with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
         assert load_scene(tmp_path).num_views == V - 1
-    assert warnings_of(caplog) == [f"{tmp_path}: 1 of 4 listed frames have no image file and are skipped (first: "
-                                   f"{tmp_path / '002.png'})"]
+    assert warnings_of(caplog) == [
+        f"{tmp_path}: 1 of 4 listed frames have no image file and are skipped (first: {tmp_path / '002.png'})"
+    ]
     np.save(tmp_path / "001.npy", np.eye(3))
     with pytest.raises(SceneError, match=r"001\.npy: expected a numeric 3x4 \[R \| t\] matrix, got float64 \(3, 3\)"):
         load_scene(tmp_path)
@@ -867,8 +957,10 @@ def test_objaverse_convention_check_and_bad_files(tmp_path, caplog):
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
         load_scene(tmp_path)
-    assert warnings_of(caplog) == [f"{tmp_path}: the object centre projects outside 1 of 4 views (first: "
-                                   f"{tmp_path / '003.npy'}); Zero123 renderings always look at it"]
+    assert warnings_of(caplog) == [
+        f"{tmp_path}: the object centre projects outside 1 of 4 views (first: "
+        f"{tmp_path / '003.npy'}); Zero123 renderings always look at it"
+    ]
 
 
 # ---------------------------------------------------------------- the data keys of a run config
@@ -879,8 +971,13 @@ def test_data_config_keys_reach_the_loaders(tmp_path):
     K, E, _ = truth(76, centred=True, square_pixels=True)
     write_llff(tmp_path / "scene", K, E, view_images(76), factor=1)
     write_llff(tmp_path / "scene", K, E, view_images(77, size=(H // 2, W // 2)), factor=2)
-    data = {"kind": "llff", "root": str(tmp_path / "scene"), "image_factor": 2, "cache_dir": str(tmp_path / "cache"),
-            "workers": 2}
+    data = {
+        "kind": "llff",
+        "root": str(tmp_path / "scene"),
+        "image_factor": 2,
+        "cache_dir": str(tmp_path / "cache"),
+        "workers": 2,
+    }
     source = build_scene_source(resolve({"data": data}), "train")
     assert (source.image_factor, source.workers, source.cache.folder) == (2, 2, tmp_path / "cache")
     assert source.frames(0)[0].image.parent.name == "images_2"
@@ -891,9 +988,12 @@ def test_data_config_keys_reach_the_loaders(tmp_path):
         make_source("llff", tmp_path / "scene", workers=-1)
     with pytest.raises(ConfigError, match=r"data.image_factor is for the scene-folder kinds \(colmap, dl3dv, "):
         build_scene_source(resolve({"data": {**data, "kind": "re10k"}}), "train")
-    for key, value, accepted in (("image_factor", 0, "null or a positive integer"),
-                                 ("workers", -1, "a non-negative integer"), ("undistort", "yes", "true or false"),
-                                 ("cache_dir", "", "null or a path")):
+    for key, value, accepted in (
+        ("image_factor", 0, "null or a positive integer"),
+        ("workers", -1, "a non-negative integer"),
+        ("undistort", "yes", "true or false"),
+        ("cache_dir", "", "null or a path"),
+    ):
         with pytest.raises(ConfigError, match=rf"data\.{key} must be {accepted}"):
             resolve({"data": {key: value}})
 
@@ -914,11 +1014,18 @@ def test_a_new_loader_is_one_registry_entry(tmp_path, monkeypatch):
 
     def read_toy(folder: Path, image_factor: int | None) -> list[Frame]:
         cameras = torch.load(folder / "cameras.toy")
-        return [Frame(folder / f"{v}.png", cameras["K"][v], cameras["world_to_cam"][v], label=f"{folder} view {v}")
-                for v in range(V)]
+        return [
+            Frame(folder / f"{v}.png", cameras["K"][v], cameras["world_to_cam"][v], label=f"{folder} view {v}")
+            for v in range(V)
+        ]
 
-    toy = Loader("toy", SceneFolderSource, detect=lambda folder: (folder / "cameras.toy").is_file(),
-                 read_frames=read_toy, looks_for=("cameras.toy",))
+    toy = Loader(
+        "toy",
+        SceneFolderSource,
+        detect=lambda folder: (folder / "cameras.toy").is_file(),
+        read_frames=read_toy,
+        looks_for=("cameras.toy",),
+    )
     monkeypatch.setitem(LOADERS, "toy", toy)
     assert detect_format(tmp_path / "scene") == "toy"
     scene = load_scene(tmp_path / "scene")

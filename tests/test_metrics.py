@@ -25,8 +25,15 @@ def test_ssim_matches_scikit_image():
     pred = (target + 0.1 * torch.randn_like(target)).clamp(0, 1)
     ours = ssim(pred, target)
     for i in range(2):
-        theirs = structural_similarity(pred[i].numpy(), target[i].numpy(), gaussian_weights=True, win_size=11,
-                                       data_range=1.0, channel_axis=0, use_sample_covariance=False)
+        theirs = structural_similarity(
+            pred[i].numpy(),
+            target[i].numpy(),
+            gaussian_weights=True,
+            win_size=11,
+            data_range=1.0,
+            channel_axis=0,
+            use_sample_covariance=False,
+        )
         assert float(ours[i]) == pytest.approx(theirs, abs=1e-4)
     torch.testing.assert_close(ssim(target, target), torch.ones(2))
     with pytest.raises(MetricError, match="at least 11x11"):

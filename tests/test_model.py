@@ -5,8 +5,16 @@ import torch
 from _lvsm_helpers import SMALL_MODEL, synthetic_batch
 
 from hrope.encodings import ENCODINGS
-from hrope.nvs.model import (APE_ENCODINGS, LVSM, PRESETS, ModelConfig, ModelError, count_parameters, encoding_names,
-                         unpatchify)
+from hrope.nvs.model import (
+    APE_ENCODINGS,
+    LVSM,
+    PRESETS,
+    ModelConfig,
+    ModelError,
+    count_parameters,
+    encoding_names,
+    unpatchify,
+)
 from hrope.nvs.sources import axis_angle_to_matrix
 from hrope.geometry import make_se3, patchify
 from hrope.rays import plucker_rays

@@ -75,12 +75,18 @@ def param_leaves(name: str, extreme: str) -> dict[str, torch.Tensor]:
     keep the random valid values)."""
     params = encoding_params(name if name != "hrope-per-patch" else "hrope", 1, N, seed=21, dtype=torch.float32)
     if name == "hrope-per-patch":
-        params = {"patch_rotation": torch.eye(3).expand(1, N, 3, 3).clone(),
-                  "patch_translation": 0.3 * torch.randn(1, N, 3, generator=torch.Generator().manual_seed(21))}
+        params = {
+            "patch_rotation": torch.eye(3).expand(1, N, 3, 3).clone(),
+            "patch_translation": 0.3 * torch.randn(1, N, 3, generator=torch.Generator().manual_seed(21)),
+        }
     tiny, huge = extreme == "near", extreme == "far"
-    lengths = {"depth": 1e-6 if tiny else 1e30, "log_depth": -50.0 if tiny else 1e30,
-               "log_depth_halfwidth": 0.0 if tiny else 1e30, "depth_split": 0.0 if tiny else 1e30,
-               "depth_sigma": 0.0 if tiny else 1e30}
+    lengths = {
+        "depth": 1e-6 if tiny else 1e30,
+        "log_depth": -50.0 if tiny else 1e30,
+        "log_depth_halfwidth": 0.0 if tiny else 1e30,
+        "depth_split": 0.0 if tiny else 1e30,
+        "depth_sigma": 0.0 if tiny else 1e30,
+    }
     for key in params:
         if (tiny or huge) and key in lengths:
             params[key] = torch.full_like(params[key], lengths[key])
@@ -91,9 +97,18 @@ def param_leaves(name: str, extreme: str) -> dict[str, torch.Tensor]:
     return params
 
 
-CASES = [("near", "normal"), ("far", "normal"), ("grazing", "normal"), ("huge-m", "normal"),
-         ("normal", "tiny-focal"), ("normal", "huge-focal"), ("normal", "off-centre"), ("far", "far"),
-         ("near", "far"), ("grazing", "far")]
+CASES = [
+    ("near", "normal"),
+    ("far", "normal"),
+    ("grazing", "normal"),
+    ("huge-m", "normal"),
+    ("normal", "tiny-focal"),
+    ("normal", "huge-focal"),
+    ("normal", "off-centre"),
+    ("far", "far"),
+    ("near", "far"),
+    ("grazing", "far"),
+]
 PLANE_ONLY = ("grazing", "huge-m")
 
 
@@ -160,12 +175,14 @@ def boundary_inputs(kind: str, value: float, cameras) -> tuple[hrope.Planes | No
 
 # z-depths at the depth bounds and a factor 100 beyond them
 DEPTHS = (MIN_DEPTH, MIN_DEPTH / 100, MAX_DEPTH, MAX_DEPTH * 100)
-BOUNDARY = [*[("hrope-lift", "|m|", n) for n in (MAX_INVERSE_DISTANCE, 1e3, 1e30)],
-            *[("hrope", "|m|", n) for n in (MAX_INVERSE_DISTANCE, 1e3)],
-            ("hrope-lift", "Planes depth", MIN_DEPTH / 10),
-            *[("hrope-pf", "ray crossing", z) for z in DEPTHS],
-            *[("hrope-depth", "depth", z) for z in DEPTHS],
-            *[("worldrope", "depth and sigma", z) for z in DEPTHS]]
+BOUNDARY = [
+    *[("hrope-lift", "|m|", n) for n in (MAX_INVERSE_DISTANCE, 1e3, 1e30)],
+    *[("hrope", "|m|", n) for n in (MAX_INVERSE_DISTANCE, 1e3)],
+    ("hrope-lift", "Planes depth", MIN_DEPTH / 10),
+    *[("hrope-pf", "ray crossing", z) for z in DEPTHS],
+    *[("hrope-depth", "depth", z) for z in DEPTHS],
+    *[("worldrope", "depth and sigma", z) for z in DEPTHS],
+]
 
 
 @pytest.mark.parametrize("name,kind,value", BOUNDARY, ids=[f"{n}-{k}={v:g}" for n, k, v in BOUNDARY])
@@ -179,11 +196,15 @@ def test_fast_path_equals_the_reference_at_and_beyond_the_clamp_bounds(name, kin
     torch.testing.assert_close(fast, ref, rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("name,beyond,bound", [
-    ("hrope-lift", lambda c: planes_with_norm(c, 1e6), lambda c: planes_with_norm(c, MAX_INVERSE_DISTANCE)),
-    ("hrope-pf", lambda c: fronto_planes(c, 1e-5), lambda c: fronto_planes(c, MIN_DEPTH)),
-    ("hrope-pf", lambda c: fronto_planes(c, 1e5), lambda c: fronto_planes(c, MAX_DEPTH)),
-], ids=["hrope-lift-near-plane", "hrope-pf-near-point", "hrope-pf-far-point"])
+@pytest.mark.parametrize(
+    "name,beyond,bound",
+    [
+        ("hrope-lift", lambda c: planes_with_norm(c, 1e6), lambda c: planes_with_norm(c, MAX_INVERSE_DISTANCE)),
+        ("hrope-pf", lambda c: fronto_planes(c, 1e-5), lambda c: fronto_planes(c, MIN_DEPTH)),
+        ("hrope-pf", lambda c: fronto_planes(c, 1e5), lambda c: fronto_planes(c, MAX_DEPTH)),
+    ],
+    ids=["hrope-lift-near-plane", "hrope-pf-near-point", "hrope-pf-far-point"],
+)
 def test_planes_beyond_a_bound_act_as_the_bound(name, beyond, bound):
     """A plane nearer than MIN_DEPTH (or crossing its ray beyond MAX_DEPTH) gives the output of the
     same plane at the bound, which differs from an ordinary plane's."""
@@ -198,10 +219,15 @@ def test_planes_beyond_a_bound_act_as_the_bound(name, beyond, bound):
     assert (out - attend(planes_with_norm(cameras, 1.0))).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("name,param,beyond,bound,inside", [
-    ("hrope-depth", "depth", 1e-5, MIN_DEPTH, 2 * MIN_DEPTH), ("hrope-depth", "depth", 1e5, MAX_DEPTH, MAX_DEPTH / 2),
-    ("worldrope", "depth", 1e5, MAX_DEPTH, MAX_DEPTH / 2), ("worldrope", "depth_sigma", -1e5, MAX_DEPTH, MAX_DEPTH / 2),
-])
+@pytest.mark.parametrize(
+    "name,param,beyond,bound,inside",
+    [
+        ("hrope-depth", "depth", 1e-5, MIN_DEPTH, 2 * MIN_DEPTH),
+        ("hrope-depth", "depth", 1e5, MAX_DEPTH, MAX_DEPTH / 2),
+        ("worldrope", "depth", 1e5, MAX_DEPTH, MAX_DEPTH / 2),
+        ("worldrope", "depth_sigma", -1e5, MAX_DEPTH, MAX_DEPTH / 2),
+    ],
+)
 def test_depths_beyond_a_bound_act_as_the_bound(name, param, beyond, bound, inside):
     """Exactly the bound's output (worldrope with split 0, so its near and far depths are the depth)."""
     cameras = random_cameras(B=1, V=V, seed=24)
@@ -211,8 +237,15 @@ def test_depths_beyond_a_bound_act_as_the_bound(name, param, beyond, bound, insi
         params["depth_split"] = torch.zeros_like(params["depth_split"])
 
     def attend(value):
-        return hrope.multiview_attention(q, k, v, encoding=name, cameras=cameras, grid=GRID,
-                                         params={**params, param: torch.full_like(params[param], value)})
+        return hrope.multiview_attention(
+            q,
+            k,
+            v,
+            encoding=name,
+            cameras=cameras,
+            grid=GRID,
+            params={**params, param: torch.full_like(params[param], value)},
+        )
 
     torch.testing.assert_close(attend(beyond), attend(bound), rtol=0, atol=0)
     assert (attend(bound) - attend(inside)).abs().max() > 1e-6  # the output still depends on the value there
@@ -247,8 +280,15 @@ def test_low_precision_cameras_validate_and_encode_like_their_float32_values(dty
     q, k, v = random_qkv(2, 2, 3 * 4, 48, seed=25, dtype=torch.float32)
     for name in ("prope", "hrope-lift", "urope"):
         planes = random_planes(2, 12, seed=25) if hrope.ENCODINGS[name].needs_planes else None
-        attend = lambda cams: hrope.multiview_attention(q, k, v, encoding=name, cameras=cams, grid=GRID,  # noqa: E731
-                                                        planes=planes)
+        attend = lambda cams: hrope.multiview_attention(
+            q,
+            k,
+            v,
+            encoding=name,
+            cameras=cams,
+            grid=GRID,  # noqa: E731
+            planes=planes,
+        )
         torch.testing.assert_close(attend(low), attend(same), rtol=0, atol=0)
     E = base.world_to_cam.clone()
     E[0, 1, :3, :3] *= 1.1

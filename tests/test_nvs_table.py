@@ -26,8 +26,15 @@ from nvs_rows import ABLATIONS, BUDGETS, Cell, Row, cell_config, cell_settings, 
 from nvs_store import CELLS_NAME, CellStore  # noqa: E402
 from nvs_table import main, run_benchmark  # noqa: E402
 
-TOY = replace(BUDGETS["quick"], steps=3, train_scenes=4, eval_scenes=2, protocol_scenes=2, warmup=1,
-              model={"preset": "tiny", "image_size": 16, "patch_size": 8, "dim": 48, "layers": 1, "heads": 2})
+TOY = replace(
+    BUDGETS["quick"],
+    steps=3,
+    train_scenes=4,
+    eval_scenes=2,
+    protocol_scenes=2,
+    warmup=1,
+    model={"preset": "tiny", "image_size": 16, "patch_size": 8, "dim": 48, "layers": 1, "heads": 2},
+)
 TOY_TABLES = ["table1", "table3", "fig6"]
 TOY_ROWS = {"none", "hrope"}
 
@@ -50,9 +57,15 @@ def test_toy_benchmark_every_row_finite_and_cache_resumes(tmp_path):
                 assert _finite(row["psnr"]) and _finite(row["ssim"]), row
                 assert row["lpips"] == "unavailable"
                 assert row["parameters"] > 0
-    assert labels == {"none", "hrope", "hrope (external, targets transfer)", "hrope (oracle)",
-                      "hrope (oracle, targets transfer)", "hrope (external, with target geometry)",
-                      "hrope (oracle, with target geometry)"}
+    assert labels == {
+        "none",
+        "hrope",
+        "hrope (external, targets transfer)",
+        "hrope (oracle)",
+        "hrope (oracle, targets transfer)",
+        "hrope (external, with target geometry)",
+        "hrope (oracle, with target geometry)",
+    }
     assert all(math.isfinite(cell["final_loss"]) for cell in first["cells"])
     # Every cell and Fig. 6 result records the code that computed it: the current code, so none is stale.
     assert all(cell["provenance"] == first["provenance"] and not cell["stale"] for cell in first["cells"])
@@ -69,8 +82,9 @@ def test_toy_benchmark_every_row_finite_and_cache_resumes(tmp_path):
     assert json.loads((tmp_path / "nvs_table.json").read_text())["tables"] == first["tables"]
     assert (tmp_path / "table1.png").stat().st_size > 0 and (tmp_path / "fig6_object.png").stat().st_size > 0
 
-    second = run_benchmark(TOY, tmp_path, table_names=TOY_TABLES, row_filter=TOY_ROWS, command="toy",
-                           log=lambda _: None)
+    second = run_benchmark(
+        TOY, tmp_path, table_names=TOY_TABLES, row_filter=TOY_ROWS, command="toy", log=lambda _: None
+    )
     assert second["progress"]["trained_this_invocation"] == 0
     assert second["tables"] == first["tables"] and second["fig6"] == first["fig6"]
 
@@ -78,8 +92,9 @@ def test_toy_benchmark_every_row_finite_and_cache_resumes(tmp_path):
     store = CellStore(tmp_path / CELLS_NAME)
     assert len(store.ids()) == 18 and all(store.record(cell) is not None for cell in store.ids())
     (tmp_path / "cache").rename(tmp_path / "kept")
-    alone = run_benchmark(TOY, tmp_path, table_names=TOY_TABLES, row_filter=TOY_ROWS, command="toy",
-                          report_only=True, log=lambda _: None)
+    alone = run_benchmark(
+        TOY, tmp_path, table_names=TOY_TABLES, row_filter=TOY_ROWS, command="toy", report_only=True, log=lambda _: None
+    )
     assert alone["tables"] == first["tables"] and alone["fig6"] == first["fig6"]
     assert not (tmp_path / "cache").exists()
     (tmp_path / "kept").rename(tmp_path / "cache")
@@ -93,8 +108,9 @@ def test_toy_benchmark_every_row_finite_and_cache_resumes(tmp_path):
         cell = checkpoint.parent.relative_to(tmp_path / "cache").as_posix()
         store.put(cell, store.record(cell), {})
     store.save()
-    fourth = run_benchmark(TOY, tmp_path, table_names=TOY_TABLES, row_filter=TOY_ROWS, command="toy",
-                           log=lambda _: None)
+    fourth = run_benchmark(
+        TOY, tmp_path, table_names=TOY_TABLES, row_filter=TOY_ROWS, command="toy", log=lambda _: None
+    )
     assert fourth["fig6"] == first["fig6"] and fourth["tables"] == first["tables"]
     assert all(CellStore(tmp_path / CELLS_NAME).protocols(cell) for cell in store.ids() if "/hrope.learned." in cell)
 
@@ -108,15 +124,17 @@ def test_toy_benchmark_every_row_finite_and_cache_resumes(tmp_path):
         lines = (tmp_path / CELLS_NAME).read_text().splitlines(keepends=True)
         (tmp_path / CELLS_NAME).write_text("".join(line for line in lines if json.loads(line)["cell"] != cell))
         (folder / TRAINING_NAME).write_text(json.dumps(started))
-        again = run_benchmark(TOY, tmp_path, table_names=["table1"], row_filter={"none"}, command="toy",
-                              log=lambda _: None)
+        again = run_benchmark(
+            TOY, tmp_path, table_names=["table1"], row_filter={"none"}, command="toy", log=lambda _: None
+        )
         assert again["progress"]["trained_this_invocation"] == 1
         redone = json.loads((folder / "metrics.json").read_text())
         assert redone["resumed_from_step"] == resumed_from and redone["metrics"] == record["metrics"]
 
     # A changed budget is a different cell (no stale reuse): it trains again.
-    third = run_benchmark(replace(TOY, steps=4), tmp_path, table_names=["table1"], row_filter={"none"},
-                          command="toy", log=lambda _: None)
+    third = run_benchmark(
+        replace(TOY, steps=4), tmp_path, table_names=["table1"], row_filter={"none"}, command="toy", log=lambda _: None
+    )
     assert third["progress"]["trained_this_invocation"] == 4
 
 
@@ -124,8 +142,14 @@ def test_report_only_trains_nothing_and_marks_cells_pending(tmp_path, capsys):
     report = main(["--quick", "--report-only", "--out", str(tmp_path), "--tables", "table2", "--rows", "none,prope"])
     assert report["progress"]["finished"] == 0 and report["progress"]["trained_this_invocation"] == 0
     rows = report["tables"]["table2"]["datasets"]["room"]
-    assert [r["row"] for r in rows] == ["none", "prope", "none, 4 views", "prope, 4 views", "none, 8 views",
-                                        "prope, 8 views"]
+    assert [r["row"] for r in rows] == [
+        "none",
+        "prope",
+        "none, 4 views",
+        "prope, 4 views",
+        "none, 8 views",
+        "prope, 8 views",
+    ]
     assert all(r["psnr"] is None for r in rows)
     assert {c["verdict"] for c in report["claims"]} == {"pending"}
     assert "pending" in (tmp_path / "nvs_table.md").read_text()
@@ -199,24 +223,41 @@ def test_plane_evidence_report_pairs_rows_with_prope_and_labels_target_geometry(
     from nvs_rows import Row
 
     def record(seed, psnr, planes=None):
-        return {"seed": seed, "metrics": {"psnr": sum(psnr) / len(psnr)}, "per_scene": {"psnr": psnr},
-                "planes": planes}
+        return {"seed": seed, "metrics": {"psnr": sum(psnr) / len(psnr)}, "per_scene": {"psnr": psnr}, "planes": planes}
 
     reference = [record(s, [20.0, 21.0, 22.0]) for s in (0, 1, 2)]
-    errors = {"normal_error_deg": 30.0, "normal_error_deg_neutral": 90.0, "depth_rel_error": 0.2,
-              "depth_rel_error_neutral": 1.0}
+    errors = {
+        "normal_error_deg": 30.0,
+        "normal_error_deg_neutral": 90.0,
+        "depth_rel_error": 0.2,
+        "depth_rel_error_neutral": 1.0,
+    }
     better = [record(s, [20.5, 21.5, 22.5], {"context": errors, "target": errors}) for s in (0, 1, 2)]
     report = row_report(better, reference)
     assert report["vs_reference"]["mean"] == pytest.approx(0.5) and report["vs_reference"]["excludes_zero"]
     assert report["planes"]["target"]["normal_error_deg"]["mean"] == 30.0
     assert uses_target_geometry(Row("hrope-lift", "oracle", options=(("scope", "all"),)))
     assert not uses_target_geometry(Row("hrope-lift", "oracle", options=(("targets", "transfer"),)))
-    text = markdown({"title": "t", "command": "c", "provenance": {"commit": "abc", "dirty": False}, "generated": "now", "seeds": [0, 1, 2],
-                     "budget": {"name": "toy", "model": {}, "steps": 1, "batch_size": 1, "train_scenes": 1,
-                                "eval_scenes": 3},
-                     "datasets": {"room": [
-                         {"row": "prope", "target_geometry": False, "trained_at": [], **row_report(reference, reference)},
-                         {"row": "hrope-lift (oracle, scope all)", "target_geometry": True, "trained_at": ["commit x"],
-                          **report}]}})
+    text = markdown(
+        {
+            "title": "t",
+            "command": "c",
+            "provenance": {"commit": "abc", "dirty": False},
+            "generated": "now",
+            "seeds": [0, 1, 2],
+            "budget": {"name": "toy", "model": {}, "steps": 1, "batch_size": 1, "train_scenes": 1, "eval_scenes": 3},
+            "datasets": {
+                "room": [
+                    {"row": "prope", "target_geometry": False, "trained_at": [], **row_report(reference, reference)},
+                    {
+                        "row": "hrope-lift (oracle, scope all)",
+                        "target_geometry": True,
+                        "trained_at": ["commit x"],
+                        **report,
+                    },
+                ]
+            },
+        }
+    )
     assert "| hrope-lift (oracle, scope all) † ‡ |" in text and "**+0.50 [+0.50, +0.50]**" in text
     assert "30.0 (90.0)" in text and "0.200 (1.000)" in text and "commit x" in text

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def readme_quick_start() -> str:
     """The first python code block of the README's quick start section."""
     text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Quick start"):]
+    section = text[text.index("## Quick start") :]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -51,8 +51,13 @@ def package_copy(tmp_path: Path) -> Path:
 def test_the_wheel_ships_the_py_typed_marker(tmp_path):
     package, wheels = package_copy(tmp_path), tmp_path / "wheels"
     build = "import sys, setuptools.build_meta as backend; print(backend.build_wheel(sys.argv[1]))"
-    built = subprocess.run([sys.executable, "-c", build, str(wheels)], cwd=package, check=True, capture_output=True,
-                           text=True).stdout.strip().splitlines()[-1]
+    built = (
+        subprocess.run(
+            [sys.executable, "-c", build, str(wheels)], cwd=package, check=True, capture_output=True, text=True
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     names = zipfile.ZipFile(wheels / built).namelist()
     assert "hrope/py.typed" in names and "hrope/__init__.py" in names, names
     assert (ROOT / "src" / "hrope" / "py.typed").read_bytes() == b""
@@ -71,19 +76,22 @@ def test_core_install_in_a_fresh_virtualenv_runs_the_quick_start(tmp_path):
 
     pip(torch_spec)  # first, as the README says, so the core install keeps this build
     pip(str(package))
-    listed = subprocess.run([str(python), "-m", "pip", "list", "--format=freeze"], check=True,
-                            capture_output=True, text=True).stdout.lower()
+    listed = subprocess.run(
+        [str(python), "-m", "pip", "list", "--format=freeze"], check=True, capture_output=True, text=True
+    ).stdout.lower()
     installed = {line.split("==")[0] for line in listed.split()}
     assert "hrope" in installed and "torch" in installed
     assert not installed & set(REQUIREMENTS.values()), installed
     has_marker = "import hrope, pathlib; print(pathlib.Path(hrope.__file__).with_name('py.typed').is_file())"
     marker = subprocess.run([str(python), "-c", has_marker], capture_output=True, text=True, cwd=tmp_path)
     assert marker.stdout.strip() == "True", marker.stderr
-    quick_start = subprocess.run([str(python), "-c", readme_quick_start()], capture_output=True, text=True,
-                                 cwd=tmp_path)
+    quick_start = subprocess.run(
+        [str(python), "-c", readme_quick_start()], capture_output=True, text=True, cwd=tmp_path
+    )
     assert quick_start.returncode == 0, quick_start.stderr
-    command = subprocess.run([str(env_dir / "bin" / "hrope"), "train", "configs/tiny.yaml"], capture_output=True,
-                             text=True, cwd=tmp_path)
+    command = subprocess.run(
+        [str(env_dir / "bin" / "hrope"), "train", "configs/tiny.yaml"], capture_output=True, text=True, cwd=tmp_path
+    )
     assert command.returncode == 2
     lines = command.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'hrope[nvs]'" in lines[0], command.stderr

@@ -73,8 +73,9 @@ def test_a_normal_rotated_by_a_known_angle_gives_that_angle(batch, degrees):
     true_m = folded_truth(model, batch)
     cameras = model.fold_cameras(batch.cameras, NUM_CONTEXT)
     normal, depth = Planes.from_m(true_m).normal_and_depth(cameras, model.config.grid)
-    axis = F.normalize(torch.linalg.cross(normal, torch.randn(normal.shape, generator=torch.Generator().manual_seed(0))),
-                       dim=-1)  # perpendicular to the normal
+    axis = F.normalize(
+        torch.linalg.cross(normal, torch.randn(normal.shape, generator=torch.Generator().manual_seed(0))), dim=-1
+    )  # perpendicular to the normal
     theta = math.radians(degrees)
     rotated = normal * math.cos(theta) + torch.linalg.cross(axis, normal) * math.sin(theta)
     m = Planes(rotated, depth).m(cameras, model.config.grid)  # same depth on the patch-centre ray

@@ -66,8 +66,9 @@ def test_plane_fit_ignores_invalid_pixels():
     cameras = random_cameras(B=1, V=1, image_size=(4, 4), seed=3)
     truth = hrope.Planes.from_m(torch.tensor([[[0.1, -0.05, 0.4]]], dtype=torch.float64))
     ys, xs = torch.meshgrid(torch.arange(4) + 0.5, torch.arange(4) + 0.5, indexing="ij")
-    rays = torch.einsum("ij,hwj->hwi", invert_intrinsics(cameras.K)[0, 0],
-                        torch.stack([xs, ys, torch.ones_like(xs)], -1).double())
+    rays = torch.einsum(
+        "ij,hwj->hwi", invert_intrinsics(cameras.K)[0, 0], torch.stack([xs, ys, torch.ones_like(xs)], -1).double()
+    )
     depth = (1.0 / (rays @ truth._m[0, 0]))[None, None].clone()
     depth[0, 0, 0, 0] = float("nan")
     depth[0, 0, 1, 2] = 0.0
@@ -85,8 +86,9 @@ def test_camera_helpers():
     G = random_se3(generator=torch.Generator().manual_seed(0))
     moved = cameras.transform_world(G)
     # the same camera centre, expressed in the new frame: G^-1 c
-    c_new = (torch.linalg.inv(G) @ torch.cat([cameras.centers(), torch.ones(2, 3, 1, dtype=torch.float64)], -1)[
-        ..., None]).squeeze(-1)[..., :3]
+    c_new = (
+        torch.linalg.inv(G) @ torch.cat([cameras.centers(), torch.ones(2, 3, 1, dtype=torch.float64)], -1)[..., None]
+    ).squeeze(-1)[..., :3]
     torch.testing.assert_close(moved.centers(), c_new)
     assert cameras.to(dtype=torch.float32).K.dtype == torch.float32
     K_hat = cameras.normalized_K()

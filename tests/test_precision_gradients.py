@@ -13,8 +13,9 @@ GRID = (2, 2)
 
 
 def reference_output(name, cameras, q, k, v, inputs):
-    return hrope.reference.multiview_attention(q.double(), k.double(), v.double(), encoding=name, cameras=cameras,
-                                               grid=GRID, **inputs)
+    return hrope.reference.multiview_attention(
+        q.double(), k.double(), v.double(), encoding=name, cameras=cameras, grid=GRID, **inputs
+    )
 
 
 @pytest.mark.parametrize("name", RELATIVE)
@@ -25,12 +26,19 @@ def test_low_precision_without_autocast(name, dtype):
     q, k, v = (x.to(dtype) for x in random_qkv(1, 2, 8, 32))
     out = hrope.multiview_attention(q, k, v, encoding=name, cameras=cameras, grid=GRID, **inputs)
     assert out.dtype == dtype and torch.isfinite(out).all()
-    ref = reference_output(name, cameras.to(dtype=torch.float64), q, k, v, {
-        "planes": inputs["planes"], "params": {p: x.double() for p, x in inputs["params"].items()}})
-    tol = {torch.bfloat16: 0.065,  # measured worst 0.021 (bf16, hrope-lift)
-           torch.float16: 0.006,  # measured worst 0.0017 (fp16, hrope-depth)
-           torch.float32: 5e-6,  # measured worst 1.4e-6 (f32, hrope-pf)
-           }[dtype] * ref.abs().max().item()
+    ref = reference_output(
+        name,
+        cameras.to(dtype=torch.float64),
+        q,
+        k,
+        v,
+        {"planes": inputs["planes"], "params": {p: x.double() for p, x in inputs["params"].items()}},
+    )
+    tol = {
+        torch.bfloat16: 0.065,  # measured worst 0.021 (bf16, hrope-lift)
+        torch.float16: 0.006,  # measured worst 0.0017 (fp16, hrope-depth)
+        torch.float32: 5e-6,  # measured worst 1.4e-6 (f32, hrope-pf)
+    }[dtype] * ref.abs().max().item()
     assert (out.double() - ref).abs().max() <= tol
 
 
@@ -43,8 +51,9 @@ def test_under_cpu_autocast(name, input_dtype):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = hrope.multiview_attention(q, k, v, encoding=name, cameras=cameras, grid=GRID, **inputs)
     assert torch.isfinite(out).all()
-    ref = reference_output(name, cameras.to(dtype=torch.float64), q, k, v, {
-        "planes": inputs["planes"], "params": inputs["params"]})
+    ref = reference_output(
+        name, cameras.to(dtype=torch.float64), q, k, v, {"planes": inputs["planes"], "params": inputs["params"]}
+    )
     # measured worst 0.017 (bf16 inputs, hrope; 0.012 with float32 inputs)
     assert (out.double() - ref).abs().max() <= 0.055 * ref.abs().max()
 
@@ -53,8 +62,7 @@ def test_float64_inputs_with_float32_cameras_use_float64_geometry():
     cameras = random_cameras(B=1, V=2, seed=2, dtype=torch.float32)
     q, k, v = random_qkv(1, 2, 8, 32)
     out = hrope.multiview_attention(q, k, v, encoding="prope", cameras=cameras, grid=GRID)
-    promoted = hrope.multiview_attention(q, k, v, encoding="prope", cameras=cameras.to(dtype=torch.float64),
-                                         grid=GRID)
+    promoted = hrope.multiview_attention(q, k, v, encoding="prope", cameras=cameras.to(dtype=torch.float64), grid=GRID)
     assert out.dtype == torch.float64
     torch.testing.assert_close(out, promoted, rtol=0, atol=0)
     float32_geometry = hrope.get_encoding("prope").prepare(cameras, GRID, 32).attention(q, k, v)

@@ -14,8 +14,14 @@ from hrope import Planes, get_encoding
 from hrope.encodings import Encoding
 from hrope.nvs.model import LVSM, ModelConfig
 from hrope.nvs.plane_fitting import patch_planes_from_normals
-from hrope.nvs.sources import (PredictorError, axis_angle_to_matrix, build_parameter_source, load_backbone,
-                               parameter_specs, token_rays)
+from hrope.nvs.sources import (
+    PredictorError,
+    axis_angle_to_matrix,
+    build_parameter_source,
+    load_backbone,
+    parameter_specs,
+    token_rays,
+)
 
 GRID = (4, 4)
 
@@ -26,8 +32,9 @@ def batch():
 
 
 def decode(encoding: str, raw: torch.Tensor, cameras, depth_init: float = 1.0):
-    source = build_parameter_source("learned", parameter_specs(get_encoding(encoding), depth_init), dim=4, num_layers=1,
-                          patch_size=8)
+    source = build_parameter_source(
+        "learned", parameter_specs(get_encoding(encoding), depth_init), dim=4, num_layers=1, patch_size=8
+    )
     return source.decode(raw, cameras, GRID)
 
 
@@ -59,8 +66,9 @@ def test_full_transform_decoder_is_never_singular(batch):
     raw = 0.7 * torch.randn(2, N, 4, 4, generator=torch.Generator().manual_seed(0))
     raw[:, 0] = -torch.eye(4)  # I + A = 0
     G = decode("hrope-full", raw.flatten(-2), cameras)["transform"].double()
-    torch.testing.assert_close(torch.linalg.det(G), torch.exp(raw.double().diagonal(dim1=-2, dim2=-1).sum(-1)),
-                               rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        torch.linalg.det(G), torch.exp(raw.double().diagonal(dim1=-2, dim2=-1).sum(-1)), rtol=1e-5, atol=0
+    )
     torch.testing.assert_close(G[:, 0], torch.eye(4, dtype=G.dtype).expand(2, 4, 4) / math.e, rtol=1e-6, atol=1e-7)
     identity = torch.eye(4, dtype=G.dtype).expand_as(G)
     torch.testing.assert_close(torch.linalg.inv(G) @ G, identity, rtol=0, atol=1e-9)
@@ -107,8 +115,10 @@ def test_oracle_source_gives_the_dataset_planes(batch):
     values = context.static(batch, batch.cameras, GRID, 2)["planes"]
     torch.testing.assert_close(values[:, :32], expected[:, :32])
     torch.testing.assert_close(values[:, 32:], torch.tensor([0.0, 0.0, 1.0]).expand(2, 16, 3))
-    assert every.describe("oracle") == "oracle, with target geometry" and context.describe("oracle") == \
-        "oracle, targets neutral"
+    assert (
+        every.describe("oracle") == "oracle, with target geometry"
+        and context.describe("oracle") == "oracle, targets neutral"
+    )
 
 
 def single_plane_patches(batch, p: int = 8) -> torch.Tensor:
@@ -126,8 +136,14 @@ def test_external_source_recovers_planes_from_depth(batch):
     single = single_plane_patches(batch)
     assert single.float().mean() > 0.25
     for use_normals in (False, True):
-        source = build_parameter_source("external", parameter_specs(get_encoding("hrope")), dim=4, num_layers=1,
-                              patch_size=8, options={"use_normals": use_normals, "scope": "all"})
+        source = build_parameter_source(
+            "external",
+            parameter_specs(get_encoding("hrope")),
+            dim=4,
+            num_layers=1,
+            patch_size=8,
+            options={"use_normals": use_normals, "scope": "all"},
+        )
         fitted = source.static(batch, batch.cameras, GRID, 2)["planes"]
         torch.testing.assert_close(fitted[single], exact[single], atol=1e-4, rtol=1e-3)
 
@@ -145,7 +161,8 @@ def test_normal_based_fit_is_exact_for_one_plane(batch):
     torch.testing.assert_close(fitted, m_true.expand_as(fitted), atol=1e-4, rtol=1e-4)
     with pytest.raises(PredictorError, match="depth"):
         build_parameter_source("external", [], dim=4, num_layers=1, patch_size=8).static(
-            type("NoDepth", (), {"depth": None})(), cameras, GRID, 2)
+            type("NoDepth", (), {"depth": None})(), cameras, GRID, 2
+        )
 
 
 @pytest.mark.parametrize("use_normals", [False, True])
@@ -159,8 +176,15 @@ def test_external_patches_without_depth_get_finite_params_at_depth_init(use_norm
     missing[:, [0, 16 + 4]] = True
     for encoding in ("hrope-depth", "rayrope", "worldrope", "hrope-so3", "hrope-se3", "hrope-lift"):
         specs = parameter_specs(get_encoding(encoding), 2.5)
-        source = build_parameter_source("external", specs, dim=4, num_layers=1, patch_size=8,
-                              options={"use_normals": use_normals, "scope": "all"}, depth_init=2.5)
+        source = build_parameter_source(
+            "external",
+            specs,
+            dim=4,
+            num_layers=1,
+            patch_size=8,
+            options={"use_normals": use_normals, "scope": "all"},
+            depth_init=2.5,
+        )
         values = source.static(holed, holed.cameras, GRID, 2)
         for name, value in values.items():
             assert torch.isfinite(value).all(), (encoding, name)
@@ -173,12 +197,16 @@ def test_external_patches_without_depth_get_finite_params_at_depth_init(use_norm
             R = G[..., :3, :3]
             torch.testing.assert_close(R @ R.transpose(-1, -2), torch.eye(3).expand_as(R), atol=1e-5, rtol=0)
             p = 2.5 * token_rays(holed.cameras, GRID)[missing]
-            torch.testing.assert_close((R @ p[..., None]).squeeze(-1) + G[..., :3, 3], torch.zeros(4, 3),
-                                       atol=1e-5, rtol=0)
+            torch.testing.assert_close(
+                (R @ p[..., None]).squeeze(-1) + G[..., :3, 3], torch.zeros(4, 3), atol=1e-5, rtol=0
+            )
         if "planes" in values:
             assert (values["planes"][missing] == 0).all()  # the source's plane itself is unchanged
-    model = LVSM(ModelConfig(**SMALL_MODEL, encoding="hrope-se3", predictor="external",
-                             predictor_options={"use_normals": use_normals}))
+    model = LVSM(
+        ModelConfig(
+            **SMALL_MODEL, encoding="hrope-se3", predictor="external", predictor_options={"use_normals": use_normals}
+        )
+    )
     assert torch.isfinite(model(holed).images).all()
 
 
@@ -233,8 +261,14 @@ def test_backbone_errors(tmp_path):
     with pytest.raises(PredictorError, match="predictor_options.module"):
         LVSM(ModelConfig(**SMALL_MODEL, encoding="hrope", predictor="backbone"))
     with pytest.raises(PredictorError, match="feature_dim"):
-        LVSM(ModelConfig(**SMALL_MODEL, encoding="hrope", predictor="backbone",
-                         predictor_options={"module": "test_predictors:TinyBackbone"}))
+        LVSM(
+            ModelConfig(
+                **SMALL_MODEL,
+                encoding="hrope",
+                predictor="backbone",
+                predictor_options={"module": "test_predictors:TinyBackbone"},
+            )
+        )
 
 
 def test_learned_heads_predict_per_layer_from_hidden_states(batch):
@@ -252,15 +286,18 @@ def test_context_scope_reads_no_target_geometry(batch):
     """With the default scope the target view's depth, normals and planes can be anything: the
     values do not change (external with and without transfer, oracle with transfer)."""
     specs = parameter_specs(get_encoding("hrope-lift"))
-    scrambled = dataclasses.replace(batch, depth=batch.depth.clone(), normals=batch.normals.clone(),
-                                    plane_m=batch.plane_m.clone())
+    scrambled = dataclasses.replace(
+        batch, depth=batch.depth.clone(), normals=batch.normals.clone(), plane_m=batch.plane_m.clone()
+    )
     scrambled.depth[:, 2] = 7.0
     scrambled.normals[:, 2] = torch.tensor([1.0, 0.0, 0.0])[:, None, None]
     scrambled.plane_m[:, 2] = torch.tensor([0.3, 0.0, 0.0])[:, None, None]
     for name, options in (("external", {}), ("external", {"targets": "transfer"}), ("oracle", {"targets": "transfer"})):
         source = build_parameter_source(name, specs, dim=4, num_layers=1, patch_size=8, options=options)
-        torch.testing.assert_close(source.static(scrambled, batch.cameras, GRID, 2)["planes"],
-                                   source.static(batch, batch.cameras, GRID, 2)["planes"])
+        torch.testing.assert_close(
+            source.static(scrambled, batch.cameras, GRID, 2)["planes"],
+            source.static(batch, batch.cameras, GRID, 2)["planes"],
+        )
 
 
 def test_transferred_target_planes_match_the_target_ground_truth(batch):
@@ -270,8 +307,7 @@ def test_transferred_target_planes_match_the_target_ground_truth(batch):
     truth = batch.planes(8).m(batch.cameras, GRID)[:, 32:]
     single = single_plane_patches(batch)[:, 32:]
     for name, atol in (("oracle", 1e-4), ("external", 2e-2)):
-        source = build_parameter_source(name, specs, dim=4, num_layers=1, patch_size=8,
-                                        options={"targets": "transfer"})
+        source = build_parameter_source(name, specs, dim=4, num_layers=1, patch_size=8, options={"targets": "transfer"})
         target = source.static(batch, batch.cameras, GRID, 2)["planes"][:, 32:]
         close = ((target - truth).norm(dim=-1) <= atol * truth.norm(dim=-1).clamp_min(1)) & single
         assert close.sum() >= 0.6 * single.sum(), (name, close.sum().item(), single.sum().item())
@@ -289,16 +325,23 @@ def test_learned_targets_neutral_and_transfer(batch):
             head.bias[2] = 0.25
     values = model(batch).parameters[-1]["planes"]
     assert (values[:, 32:] == 0).all() and (values[:, :32, 2] == 0.25).all()
-    source = build_parameter_source("learned", parameter_specs(get_encoding("hrope-lift")), dim=4, num_layers=1,
-                                    patch_size=8, options={"targets": "transfer"})
+    source = build_parameter_source(
+        "learned",
+        parameter_specs(get_encoding("hrope-lift")),
+        dim=4,
+        num_layers=1,
+        patch_size=8,
+        options={"targets": "transfer"},
+    )
     cameras = LVSM.fold_cameras(batch.cameras, 2)
     world_plane = torch.tensor([0.05, -0.1, 0.2, -1.0])  # {X : w·X = 1} in homogeneous form (w, -1)
     plane = torch.linalg.inv(cameras.world_to_cam).transpose(-1, -2) @ world_plane  # (a, d): a·X_c + d = 0
     m_views = -plane[..., :3] / plane[..., 3:]  # m·X_c = 1
     m = m_views.repeat_interleave(16, dim=1).requires_grad_()
     hit_values = source.with_targets({"planes": m}, cameras, GRID, 2)["planes"]
-    torch.testing.assert_close(hit_values[:, 32:], m_views[:, 2:].repeat_interleave(16, dim=1).detach(), atol=1e-4,
-                               rtol=1e-4)
+    torch.testing.assert_close(
+        hit_values[:, 32:], m_views[:, 2:].repeat_interleave(16, dim=1).detach(), atol=1e-4, rtol=1e-4
+    )
     hit_values[:, 32:].sum().backward()
     assert m.grad[:, :32].abs().sum() > 0 and (m.grad[:, 32:] == 0).all()
 
@@ -310,23 +353,32 @@ def test_plane_decoders_have_full_rank_at_zero_output(encoding, batch):
     spec = parameter_specs(get_encoding(encoding))[0]
     token = 5
     jacobian = torch.autograd.functional.jacobian(
-        lambda raw: spec.decode(raw, batch.cameras, GRID)[:, token], torch.zeros(2, 48, spec.raw_dim))
+        lambda raw: spec.decode(raw, batch.cameras, GRID)[:, token], torch.zeros(2, 48, spec.raw_dim)
+    )
     assert torch.linalg.matrix_rank(jacobian[0, :, 0, token, :]) == 3
 
 
 def test_predictor_options_are_validated():
     specs = parameter_specs(get_encoding("hrope-lift"))
-    for name, options, message in (("learned", {"targets": "sideways"}, "targets must be one of"),
-                                   ("oracle", {"targets": "hidden"}, "targets must be one of"),
-                                   ("oracle", {"scope": "all", "targets": "transfer"}, "takes no targets"),
-                                   ("external", {"scope": "everything"}, "scope must be one of"),
-                                   ("learned", {"per_layer": "yes"}, "per_layer must be"),
-                                   ("learned", {"use_normals": True}, "unknown predictor_options")):
+    for name, options, message in (
+        ("learned", {"targets": "sideways"}, "targets must be one of"),
+        ("oracle", {"targets": "hidden"}, "targets must be one of"),
+        ("oracle", {"scope": "all", "targets": "transfer"}, "takes no targets"),
+        ("external", {"scope": "everything"}, "scope must be one of"),
+        ("learned", {"per_layer": "yes"}, "per_layer must be"),
+        ("learned", {"use_normals": True}, "unknown predictor_options"),
+    ):
         with pytest.raises(PredictorError, match=message):
             build_parameter_source(name, specs, dim=4, num_layers=1, patch_size=8, options=options)
     with pytest.raises(PredictorError, match="needs an encoding that takes planes"):
-        build_parameter_source("learned", parameter_specs(get_encoding("hrope-depth")), dim=4, num_layers=1,
-                               patch_size=8, options={"targets": "transfer"})
+        build_parameter_source(
+            "learned",
+            parameter_specs(get_encoding("hrope-depth")),
+            dim=4,
+            num_layers=1,
+            patch_size=8,
+            options={"targets": "transfer"},
+        )
     with pytest.raises(PredictorError, match="normal-depth"):
         parameter_specs(get_encoding("hrope-pf"), plane_decoder="direct")
 
@@ -334,8 +386,9 @@ def test_predictor_options_are_validated():
 def test_planes_predicted_once_serve_every_layer(batch):
     from hrope.nvs.model import LVSM, ModelConfig
 
-    model = LVSM(ModelConfig(**SMALL_MODEL, encoding="hrope-lift", predictor_options={"per_layer": False,
-                                                                                      "targets": "hidden"}))
+    model = LVSM(
+        ModelConfig(**SMALL_MODEL, encoding="hrope-lift", predictor_options={"per_layer": False, "targets": "hidden"})
+    )
     assert len(model.source.heads) == 1
     with torch.no_grad():
         model.source.heads[0].bias[2] = 0.25
@@ -346,8 +399,9 @@ def test_planes_predicted_once_serve_every_layer(batch):
 def test_learned_targets_default_to_hidden_and_labels_say_otherwise():
     specs = parameter_specs(get_encoding("hrope-lift"))
     default = build_parameter_source("learned", specs, dim=4, num_layers=1, patch_size=8)
-    transfer = build_parameter_source("learned", specs, dim=4, num_layers=1, patch_size=8,
-                                      options={"targets": "transfer"})
+    transfer = build_parameter_source(
+        "learned", specs, dim=4, num_layers=1, patch_size=8, options={"targets": "transfer"}
+    )
     assert default.targets == "hidden" and default.describe("learned") == "learned"
     assert transfer.describe("learned") == "learned, targets transfer"
 
@@ -357,22 +411,26 @@ def per_head_pair(encoding="hrope-lift", targets="transfer", seed=0):
     attention head predicts exactly those planes (the head weights tiled), all else equal."""
     torch.manual_seed(seed)
     shared = LVSM(ModelConfig(**SMALL_MODEL, encoding=encoding, predictor_options={"targets": targets}))
-    per_head = LVSM(ModelConfig(**SMALL_MODEL, encoding=encoding, predictor_options={"targets": targets,
-                                                                                   "per_head": True}))
+    per_head = LVSM(
+        ModelConfig(**SMALL_MODEL, encoding=encoding, predictor_options={"targets": targets, "per_head": True})
+    )
     heads = SMALL_MODEL["heads"]
     state = shared.state_dict()
     with torch.no_grad():
         for head in shared.source.heads:
             head.weight.normal_(0, 0.05)
             head.bias.normal_(0, 0.05)
-        state = {name: value.repeat(heads, *(1,) * (value.ndim - 1)) if name.startswith("source.heads") else value
-                 for name, value in shared.state_dict().items()}
+        state = {
+            name: value.repeat(heads, *(1,) * (value.ndim - 1)) if name.startswith("source.heads") else value
+            for name, value in shared.state_dict().items()
+        }
     per_head.load_state_dict(state)
     return shared, per_head
 
 
-@pytest.mark.parametrize(("encoding", "targets"), [("hrope-lift", "transfer"), ("hrope-lift", "hidden"),
-                                                   ("hrope", "transfer")])
+@pytest.mark.parametrize(
+    ("encoding", "targets"), [("hrope-lift", "transfer"), ("hrope-lift", "hidden"), ("hrope", "transfer")]
+)
 def test_per_head_planes_that_agree_reproduce_shared_planes(encoding, targets, batch):
     """Every head predicting the shared planes gives the shared model's images, planes and plane
     errors (per head: a heads axis after N, each head's targets transferred on their own)."""
@@ -385,7 +443,10 @@ def test_per_head_planes_that_agree_reproduce_shared_planes(encoding, targets, b
         assert mine["planes"].shape == (*theirs["planes"].shape[:2], SMALL_MODEL["heads"], 3)
         for h in range(SMALL_MODEL["heads"]):
             torch.testing.assert_close(mine["planes"][:, :, h], theirs["planes"], rtol=1e-5, atol=1e-6)
-    accuracy, reference = plane_accuracy(got.parameters, batch, per_head), plane_accuracy(expected.parameters, batch, shared)
+    accuracy, reference = (
+        plane_accuracy(got.parameters, batch, per_head),
+        plane_accuracy(expected.parameters, batch, shared),
+    )
     for group in ("context", "target"):
         for metric, value in reference[group].items():
             assert accuracy[group][metric] == pytest.approx(value, rel=1e-4, abs=1e-4), (group, metric)
@@ -404,11 +465,19 @@ def test_per_head_planes_give_each_head_its_own_transform(batch):
     q, k, v = (torch.randn(B, heads, N, 24, generator=generator) for _ in range(3))
     got = model._prepare(cameras, {"planes": m}).attention(q, k, v)
     for h in range(heads):
-        alone = hrope.multiview_attention(q[:, h : h + 1], k[:, h : h + 1], v[:, h : h + 1], encoding="hrope-lift",
-                                          cameras=cameras, grid=GRID, planes=Planes.from_m(m[:, :, h]))
+        alone = hrope.multiview_attention(
+            q[:, h : h + 1],
+            k[:, h : h + 1],
+            v[:, h : h + 1],
+            encoding="hrope-lift",
+            cameras=cameras,
+            grid=GRID,
+            planes=Planes.from_m(m[:, :, h]),
+        )
         torch.testing.assert_close(got[:, h : h + 1], alone, rtol=1e-5, atol=1e-6)
-    shared = hrope.multiview_attention(q, k, v, encoding="hrope-lift", cameras=cameras, grid=GRID,
-                                       planes=Planes.from_m(m[:, :, 0]))
+    shared = hrope.multiview_attention(
+        q, k, v, encoding="hrope-lift", cameras=cameras, grid=GRID, planes=Planes.from_m(m[:, :, 0])
+    )
     assert not torch.allclose(got[:, 1:], shared[:, 1:], atol=1e-3)
 
 
@@ -424,8 +493,14 @@ def test_per_head_planes_train_and_reject_additive_encodings(batch):
     with pytest.raises(ModelError, match="per_head needs a relative encoding"):
         LVSM(ModelConfig(**SMALL_MODEL, encoding="hrope-lift-ape", predictor_options={"per_head": True}))
     with pytest.raises(PredictorError, match="per_head must be"):
-        build_parameter_source("learned", parameter_specs(get_encoding("hrope-lift")), dim=4, num_layers=1,
-                               patch_size=8, options={"per_head": 1})
+        build_parameter_source(
+            "learned",
+            parameter_specs(get_encoding("hrope-lift")),
+            dim=4,
+            num_layers=1,
+            patch_size=8,
+            options={"per_head": 1},
+        )
 
 
 @pytest.mark.parametrize("name", ["oracle", "external"])
@@ -434,19 +509,23 @@ def test_geometry_sources_cap_planes_near_the_camera(name, batch):
     distance (normal kept) and leaves the others exactly as they are; the depth inputs follow the
     capped planes."""
     specs = parameter_specs(get_encoding("hrope-lift")) + parameter_specs(get_encoding("hrope-depth"))
-    free = build_parameter_source(name, specs, dim=4, num_layers=1, patch_size=8,
-                                  options={"scope": "all", "max_inverse_distance": None})
+    free = build_parameter_source(
+        name, specs, dim=4, num_layers=1, patch_size=8, options={"scope": "all", "max_inverse_distance": None}
+    )
     default = build_parameter_source(name, specs, dim=4, num_layers=1, patch_size=8)
     assert free.max_inverse_distance is None and default.max_inverse_distance == 2.0
-    capped = build_parameter_source(name, specs, dim=4, num_layers=1, patch_size=8,
-                                    options={"scope": "all", "max_inverse_distance": 0.6})
+    capped = build_parameter_source(
+        name, specs, dim=4, num_layers=1, patch_size=8, options={"scope": "all", "max_inverse_distance": 0.6}
+    )
     before, after = free.static(batch, batch.cameras, GRID, 2), capped.static(batch, batch.cameras, GRID, 2)
     norm = before["planes"].norm(dim=-1)
     inside, outside = norm <= 0.6, norm > 0.6
     assert inside.any() and outside.any()
     torch.testing.assert_close(after["planes"][inside], before["planes"][inside])
     torch.testing.assert_close(after["planes"][outside].norm(dim=-1), torch.full((int(outside.sum()),), 0.6))
-    torch.testing.assert_close(F.normalize(after["planes"][outside], dim=-1), F.normalize(before["planes"][outside], dim=-1))
+    torch.testing.assert_close(
+        F.normalize(after["planes"][outside], dim=-1), F.normalize(before["planes"][outside], dim=-1)
+    )
     assert (after["depth"][outside] > before["depth"][outside]).all()
     with pytest.raises(PredictorError, match="max_inverse_distance must be"):
         build_parameter_source(name, specs, dim=4, num_layers=1, patch_size=8, options={"max_inverse_distance": 0})

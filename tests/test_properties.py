@@ -19,9 +19,12 @@ PROPERTY = settings(max_examples=15, deadline=None)
 
 
 @PROPERTY
-@given(seed=st.integers(0, 10_000), grid=st.tuples(st.integers(1, 4), st.integers(1, 4)),
-       head_dim=st.sampled_from([16, 32, 48, 64]), name=st.sampled_from(["prope", "gta", "hrope", "hrope-lift",
-                                                                         "hrope-full"]))
+@given(
+    seed=st.integers(0, 10_000),
+    grid=st.tuples(st.integers(1, 4), st.integers(1, 4)),
+    head_dim=st.sampled_from([16, 32, 48, 64]),
+    name=st.sampled_from(["prope", "gta", "hrope", "hrope-lift", "hrope-full"]),
+)
 def test_one_view_with_one_shared_block_is_rope2d(seed, grid, head_dim, name):
     """One view, all tokens sharing their geometric block (one plane, one transform):
     D_i D_j^-1 is 2D RoPE's relative rotation alone, so the output is rope2d's."""
@@ -35,8 +38,16 @@ def test_one_view_with_one_shared_block_is_rope2d(seed, grid, head_dim, name):
     planes = hrope.Planes.from_m((normal / distance).expand(2, N, 3))  # one camera-frame plane m = n / d
     G = torch.eye(4, dtype=torch.float64) + 0.3 * torch.randn(2, 1, 4, 4, generator=g, dtype=torch.float64)
     params = {"transform": G.expand(2, N, 4, 4)} if name == "hrope-full" else None
-    out = hrope.multiview_attention(q, k, v, encoding=name, cameras=cameras, grid=grid,
-                                    planes=planes if name != "hrope-full" else None, params=params)
+    out = hrope.multiview_attention(
+        q,
+        k,
+        v,
+        encoding=name,
+        cameras=cameras,
+        grid=grid,
+        planes=planes if name != "hrope-full" else None,
+        params=params,
+    )
     rope = hrope.multiview_attention(q, k, v, encoding="rope2d", cameras=cameras, grid=grid)
     torch.testing.assert_close(out, rope, rtol=1e-9, atol=1e-9)
 
@@ -70,8 +81,13 @@ def test_gradients_equal_the_reference_gradients(seed, name, head_dim):
     geometry = {}
     if inputs["planes"] is not None:
         geometry["m"] = inputs["planes"].m(cameras, grid).detach().requires_grad_()
-    geometry.update({p: value.clone().requires_grad_() for p, value in inputs["params"].items()
-                     if p in ("depth", "transform") and name != "hrope-se3"})  # se3/so3 stay on their groups
+    geometry.update(
+        {
+            p: value.clone().requires_grad_()
+            for p, value in inputs["params"].items()
+            if p in ("depth", "transform") and name != "hrope-se3"
+        }
+    )  # se3/so3 stay on their groups
     weight = torch.randn(1, 2, 4, head_dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
     def gradients(attention):

@@ -15,8 +15,7 @@ from hrope.nvs.data.scene import Scene
 from hrope.nvs.data.synthetic import scene_setup
 from hrope.nvs.data.synthetic.render import render
 from hrope.nvs.model import LVSM, ModelConfig
-from hrope.nvs.protocols import (NUM_TARGETS, SyntheticVideos, protocol_plans, run_protocol, write_results,
-                             zoom_views)
+from hrope.nvs.protocols import NUM_TARGETS, SyntheticVideos, protocol_plans, run_protocol, write_results, zoom_views
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +33,7 @@ def finite_points(result):
     return [point["metrics"] for point in result["points"]]
 
 
-@pytest.mark.parametrize("protocol, factors", [("standard", None), ("extrapolate", (0.5, 1.0)),
-                                               ("baseline", (1, 2))])
+@pytest.mark.parametrize("protocol, factors", [("standard", None), ("extrapolate", (0.5, 1.0)), ("baseline", (1, 2))])
 def test_protocols_give_finite_metrics(model, protocol, factors):
     options = {"factors": factors} if factors else {}
     result = run_protocol(model, protocol, {"kind": "room"}, num_scenes=2, batch_size=2, **options)
@@ -92,7 +90,7 @@ def test_view_plans_follow_their_definitions():
             assert plan[s] == ([first, last], [first - round(distance * gap), last + round(distance * gap)])
             assert 0 <= plan[s][1][0] and plan[s][1][1] < 200
         (first, last), targets = baseline[0][s]
-        extra = (last - first)
+        extra = last - first
         assert baseline[1][s] == ([first - extra, last + extra], targets)
 
 
@@ -134,8 +132,7 @@ def test_write_results_tables_and_plots(model, tmp_path):
 
     weights = tmp_path / "lpips.safetensors"
     random_lpips_weights(weights)
-    with_lpips = run_protocol(model, "zoom", {"kind": "room"}, num_scenes=1, factors=(1, 2),
-                              lpips_weights=str(weights))
+    with_lpips = run_protocol(model, "zoom", {"kind": "room"}, num_scenes=1, factors=(1, 2), lpips_weights=str(weights))
     assert all(isinstance(p["metrics"]["lpips"], float) for p in with_lpips["points"])
     paths = write_results([with_lpips], tmp_path / "lpips")
     assert paths["tradeoff_plot"].is_file()

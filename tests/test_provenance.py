@@ -27,8 +27,13 @@ from provenance import describe, provenance, source_fingerprint  # noqa: E402
 
 
 def _git(root: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args],
-                          cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 def test_commit_is_head_of_this_checkout():
@@ -55,8 +60,11 @@ def test_dirty_flag_tracks_tracked_files_only(tmp_path):
     # A file the checkout does not track: no commit (not the enclosing repository's).
     (repo / "sub").mkdir()
     (repo / "sub" / "b.py").write_text("")
-    assert code_provenance(repo / "untracked.txt") == code_provenance(repo / "sub" / "b.py") == {"commit": None,
-                                                                                                "dirty": None}
+    assert (
+        code_provenance(repo / "untracked.txt")
+        == code_provenance(repo / "sub" / "b.py")
+        == {"commit": None, "dirty": None}
+    )
     plain = tmp_path / "plain"
     plain.mkdir()
     (plain / "c.py").write_text("")
@@ -87,8 +95,12 @@ def test_fingerprint_ignores_comments_and_docstrings_not_code(tmp_path):
     (package / "a.py").write_text(MODULE)
     base = source_fingerprint(package)
     assert len(base) == 16 and source_fingerprint(package) == base
-    edited = (MODULE.replace("Area of a disc.", "The area.").replace("# pi r squared", "# note")
-              .replace('"""A disc."""', '"""A disc,\n    reflowed."""').replace("r ** 2", "(r ** 2)"))
+    edited = (
+        MODULE.replace("Area of a disc.", "The area.")
+        .replace("# pi r squared", "# note")
+        .replace('"""A disc."""', '"""A disc,\n    reflowed."""')
+        .replace("r ** 2", "(r ** 2)")
+    )
     assert edited != MODULE
     (package / "a.py").write_text(edited)
     assert source_fingerprint(package) == base
@@ -101,10 +113,19 @@ def test_fingerprint_ignores_comments_and_docstrings_not_code(tmp_path):
 
 
 def _fake_record(cell: Cell, provenance_record: dict | None) -> dict:
-    record = {"dataset": cell.dataset, "row": cell.row.label, "encoding": cell.row.encoding,
-              "predictor": cell.row.predictor, "num_context": cell.row.num_context, "seed": cell.seed,
-              "steps": 150, "final_loss": 0.02, "parameters": 1000, "train_seconds": 1.0,
-              "metrics": {"psnr": 20.0 + cell.seed, "ssim": 0.5, "lpips": "unavailable"}}
+    record = {
+        "dataset": cell.dataset,
+        "row": cell.row.label,
+        "encoding": cell.row.encoding,
+        "predictor": cell.row.predictor,
+        "num_context": cell.row.num_context,
+        "seed": cell.seed,
+        "steps": 150,
+        "final_loss": 0.02,
+        "parameters": 1000,
+        "train_seconds": 1.0,
+        "metrics": {"psnr": 20.0 + cell.seed, "ssim": 0.5, "lpips": "unavailable"},
+    }
     return record if provenance_record is None else {**record, "provenance": provenance_record}
 
 
@@ -159,7 +180,8 @@ def test_committed_cells_need_allow_stale_and_cells_of_dropped_encodings_are_ski
     progress = report["progress"]
     committed = len(CellStore(tmp_path / CELLS_NAME).ids()) - 2  # less the hrope-pf-ape cells
     assert progress["finished"] == committed == report["stale_cells"]["count"], (
-        "a committed cell is no longer found: did a change alter cell_settings or RESULTS_VERSION?")
+        "a committed cell is no longer found: did a change alter cell_settings or RESULTS_VERSION?"
+    )
     # pending: Table 3's context-only plane sources, added after these cells (2 encodings x 3 sources x 2 seeds)
     assert progress["planned"] - progress["finished"] == 12
     assert report["obsolete_cells"] == {"room/hrope-pf-ape.learned.ctx2": 2}

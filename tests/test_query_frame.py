@@ -61,14 +61,18 @@ def random_qkv(B: int, H: int, N: int, d: int, seed: int = 0, dtype=torch.float6
 def run(name, q, k, v, cameras, grid, params, **options):
     sdpa_kwargs = options.pop("sdpa_kwargs", {})
     encoding = hrope.get_encoding(name, **options)
-    return hrope.multiview_attention(q, k, v, encoding=encoding, cameras=cameras, grid=grid, params=params,
-                                     **sdpa_kwargs)
+    return hrope.multiview_attention(
+        q, k, v, encoding=encoding, cameras=cameras, grid=grid, params=params, **sdpa_kwargs
+    )
 
 
 def same_camera_everywhere(cameras: hrope.Cameras) -> hrope.Cameras:
     V = cameras.num_views
-    return hrope.Cameras(cameras.K[:, :1].expand(-1, V, -1, -1).clone(),
-                         cameras.world_to_cam[:, :1].expand(-1, V, -1, -1).clone(), cameras.image_size)
+    return hrope.Cameras(
+        cameras.K[:, :1].expand(-1, V, -1, -1).clone(),
+        cameras.world_to_cam[:, :1].expand(-1, V, -1, -1).clone(),
+        cameras.image_size,
+    )
 
 
 # ----------------------------------------------------------------------------------- fast == reference
@@ -96,18 +100,25 @@ def test_fast_matches_reference_with_mask_and_scale(name):
     mask |= torch.eye(N, dtype=torch.bool)
     kwargs = {"attn_mask": mask, "scale": 0.3}
     fast = run(name, q, k, v, cameras, grid, params, sdpa_kwargs=kwargs)
-    ref = hrope.reference.multiview_attention(q, k, v, encoding=name, cameras=cameras, grid=grid, params=params,
-                                              **kwargs)
+    ref = hrope.reference.multiview_attention(
+        q, k, v, encoding=name, cameras=cameras, grid=grid, params=params, **kwargs
+    )
     torch.testing.assert_close(fast, ref, rtol=1e-9, atol=1e-9)
     causal = run(name, q, k, v, cameras, grid, params, sdpa_kwargs={"is_causal": True})
-    ref_causal = hrope.reference.multiview_attention(q, k, v, encoding=name, cameras=cameras, grid=grid,
-                                                     params=params, attn_mask=torch.ones(N, N).tril().bool())
+    ref_causal = hrope.reference.multiview_attention(
+        q, k, v, encoding=name, cameras=cameras, grid=grid, params=params, attn_mask=torch.ones(N, N).tril().bool()
+    )
     torch.testing.assert_close(causal, ref_causal, rtol=1e-9, atol=1e-9)
 
 
 @settings(max_examples=6, deadline=None)
-@given(name=st.sampled_from(NAMES), views=st.integers(1, 3), grid_h=st.integers(1, 3), grid_w=st.integers(1, 3),
-       seed=st.integers(0, 10_000))
+@given(
+    name=st.sampled_from(NAMES),
+    views=st.integers(1, 3),
+    grid_h=st.integers(1, 3),
+    grid_w=st.integers(1, 3),
+    seed=st.integers(0, 10_000),
+)
 def test_fast_matches_reference_property(name, views, grid_h, grid_w, seed):
     grid = (grid_h, grid_w)
     N = views * grid_h * grid_w
@@ -180,15 +191,19 @@ def test_precompute_then_apply_per_query_view(name):
     outs = []
     for c in range(V):
         k_c, v_c = prepared.apply_kv(k, v, c)
-        o_c = F.scaled_dot_product_attention(prepared.apply_q(q[:, :, c * P:(c + 1) * P], c), k_c, v_c)
+        o_c = F.scaled_dot_product_attention(prepared.apply_q(q[:, :, c * P : (c + 1) * P], c), k_c, v_c)
         outs.append(prepared.apply_o(o_c, c))
     torch.testing.assert_close(torch.cat(outs, 2), prepared.attention(q, k, v), rtol=1e-10, atol=1e-10)
 
     target = 2  # cross-attention: view 2's queries onto the keys of views 0 and 1
     k_t, v_t = prepared.apply_kv(k, v, target)
     rows = slice(target * P, (target + 1) * P)
-    cross = prepared.apply_o(F.scaled_dot_product_attention(
-        prepared.apply_q(q[:, :, rows], target), k_t[:, :, : target * P], v_t[:, :, : target * P]), target)
+    cross = prepared.apply_o(
+        F.scaled_dot_product_attention(
+            prepared.apply_q(q[:, :, rows], target), k_t[:, :, : target * P], v_t[:, :, : target * P]
+        ),
+        target,
+    )
     mask = torch.zeros(N, N, dtype=torch.bool)
     mask[:, : target * P] = True
     masked = prepared.attention(q, k, v, attn_mask=mask)[:, :, rows]
@@ -223,7 +238,7 @@ def explicit_rope_attention(q, k, v, angles, amplitude=None):
     im = F.pad(amplitude * angles.sin(), (0, d // 2 - n), value=0.0)
 
     def multiply(x, sign):
-        a, b = x[..., : d // 2], x[..., d // 2:]
+        a, b = x[..., : d // 2], x[..., d // 2 :]
         return torch.cat([re * a - sign * im * b, re * b + sign * im * a], -1)
 
     out = F.scaled_dot_product_attention(multiply(q, -1), multiply(k, -1), multiply(v, -1))
@@ -239,8 +254,9 @@ def patch_index_angles(grid, views, head_dim, base=100.0):
     return angles.repeat(views, 1), freqs
 
 
-@pytest.mark.parametrize("name,options", [("urope", {}), ("worldrope", {"footprint": False}),
-                                          ("worldrope", {"footprint": True})])
+@pytest.mark.parametrize(
+    "name,options", [("urope", {}), ("worldrope", {"footprint": False}), ("worldrope", {"footprint": True})]
+)
 def test_same_camera_reduces_to_patch_index_rope(name, options):
     """All views share one camera: urope and worldrope are 2D RoPE on integer patch indices
     (base 100, layout of image_position_rope_freqs); worldrope's footprint adds the constant per-pair
@@ -253,10 +269,9 @@ def test_same_camera_reduces_to_patch_index_rope(name, options):
     angles, freqs = patch_index_angles(grid, V, d)
     amplitude = None
     if options.get("footprint"):
-        amplitude = torch.exp(-torch.cat([freqs, freqs]) ** 2 / 24).expand_as(angles)
+        amplitude = torch.exp(-(torch.cat([freqs, freqs]) ** 2) / 24).expand_as(angles)
     expected = explicit_rope_attention(q, k, v, angles, amplitude)
-    torch.testing.assert_close(run(name, q, k, v, cameras, grid, params, **options), expected,
-                               rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(run(name, q, k, v, cameras, grid, params, **options), expected, rtol=1e-9, atol=1e-9)
 
 
 def test_rayrope_same_camera_reduces_to_rope_on_corner_directions():
@@ -267,15 +282,16 @@ def test_rayrope_same_camera_reduces_to_rope_on_corner_directions():
     N = V * 6
     cameras = same_camera_everywhere(random_cameras(1, V, seed=10))
     q, k, v = random_qkv(1, H, N, d, seed=10)
-    params = {"log_depth": torch.full((1, N), 0.7, dtype=torch.float64),
-              "log_depth_halfwidth": torch.zeros(1, N, dtype=torch.float64)}
+    params = {
+        "log_depth": torch.full((1, N), 0.7, dtype=torch.float64),
+        "log_depth_halfwidth": torch.zeros(1, N, dtype=torch.float64),
+    }
     freqs = hrope.get_encoding("rayrope").frequencies(d, dtype=torch.float64)  # (F, 12)
     periods = torch.tensor(COORDINATE_PERIODS, dtype=torch.float64)
     torch.testing.assert_close(freqs[0], 2 * math.pi / periods)
     torch.testing.assert_close(freqs[1], 3 * 2 * math.pi / periods)
     gh, gw = grid
-    iy, ix = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64),
-                            indexing="ij")
+    iy, ix = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64), indexing="ij")
     directions = []
     for ox, oy in ((0, 0), (1, 0), (0, 1)):
         u, w = (ix.reshape(-1) + ox) / gw - 0.5, (iy.reshape(-1) + oy) / gh - 0.5
@@ -304,22 +320,28 @@ def test_zero_uncertainty_is_deterministic():
     ones = torch.ones(B, V, N, d // 2, dtype=torch.float64)
     torch.testing.assert_close(coefficient_moduli("rayrope", cameras, grid, d, ray), ones)
     world = encoding_params("worldrope", B, N, seed=11)
-    world.update(depth_split=torch.zeros(B, N, dtype=torch.float64),
-                 depth_sigma=torch.zeros(B, N, 2, dtype=torch.float64))
+    world.update(
+        depth_split=torch.zeros(B, N, dtype=torch.float64), depth_sigma=torch.zeros(B, N, 2, dtype=torch.float64)
+    )
     torch.testing.assert_close(coefficient_moduli("worldrope", cameras, grid, d, world, footprint=False), ones)
 
     # worldrope with one depth for every token and no spread is urope with that single anchor
     q, k, v = random_qkv(B, 2, N, d, seed=11)
     world["depth"] = torch.full((B, N), 3.5, dtype=torch.float64)
     expected = run("urope", q, k, v, cameras, grid, {}, anchors=(3.5,))
-    torch.testing.assert_close(run("worldrope", q, k, v, cameras, grid, world, footprint=False), expected,
-                               rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(
+        run("worldrope", q, k, v, cameras, grid, world, footprint=False), expected, rtol=1e-9, atol=1e-9
+    )
     # rayrope is continuous in the width at 0 (the sinc limit)
     q, k, v = random_qkv(B, 2, N, d, seed=12)
     tiny = dict(ray, log_depth_halfwidth=torch.full((B, N), 1e-7, dtype=torch.float64))
     # measured 5.3e-14 (second order in the width); an error of first order would be ~1e-7
-    torch.testing.assert_close(run("rayrope", q, k, v, cameras, grid, tiny),
-                               run("rayrope", q, k, v, cameras, grid, ray), rtol=2e-13, atol=2e-13)
+    torch.testing.assert_close(
+        run("rayrope", q, k, v, cameras, grid, tiny),
+        run("rayrope", q, k, v, cameras, grid, ray),
+        rtol=2e-13,
+        atol=2e-13,
+    )
 
 
 def test_worldrope_uncertainty_attenuates_high_frequencies_monotonically():
@@ -338,7 +360,7 @@ def test_worldrope_uncertainty_attenuates_high_frequencies_monotonically():
     # higher frequency (smaller pair index within an axis) is damped at least as much
     num = d // 4
     for axis in range(2):
-        block = moduli[..., axis * num:(axis + 1) * num]
+        block = moduli[..., axis * num : (axis + 1) * num]
         assert (block[..., :-1] <= block[..., 1:] + 1e-12).all()
 
 
@@ -390,8 +412,9 @@ def test_rayrope_keeps_the_sign_of_depth_behind_the_query_camera():
     cameras = hrope.Cameras(base.K, E, base.image_size)
     d, grid = 24, (2, 2)
     log_depth = torch.linspace(-1.0, 2.0, 8, dtype=torch.float64)[None]
-    prepared = hrope.get_encoding("rayrope").prepare(cameras, grid, d, log_depth=log_depth,
-                                                     log_depth_halfwidth=torch.zeros(1, 8, dtype=torch.float64))
+    prepared = hrope.get_encoding("rayrope").prepare(
+        cameras, grid, d, log_depth=log_depth, log_depth_halfwidth=torch.zeros(1, 8, dtype=torch.float64)
+    )
     re, im = (t[0, 4:, :12] for t in prepared.coefficients(0))  # view 1's keys in view 0's frame, F = 1
     depth = log_depth[0, 4:].exp()
     w = 2 * math.pi / COORDINATE_PERIODS[-1]
@@ -451,10 +474,14 @@ def test_low_precision_with_and_without_autocast(name, dtype):
     q, k, v = random_qkv(B, H, N, d, seed=16, dtype=torch.float32)
     # rtol = atol = tol; measured worst max |low - float32| / (1 + |float32|) over the three encodings
     plain_tol, autocast_tol = {
-        torch.bfloat16: (0.025,  # measured worst 0.0069 (bf16, worldrope)
-                         0.05),  # measured worst 0.030 (bf16 autocast, rayrope): kept, 3x would loosen it
-        torch.float16: (0.003,  # measured worst 0.00091 (fp16, worldrope)
-                        0.02),  # measured worst 0.0064 (fp16 autocast, rayrope)
+        torch.bfloat16: (
+            0.025,  # measured worst 0.0069 (bf16, worldrope)
+            0.05,
+        ),  # measured worst 0.030 (bf16 autocast, rayrope): kept, 3x would loosen it
+        torch.float16: (
+            0.003,  # measured worst 0.00091 (fp16, worldrope)
+            0.02,
+        ),  # measured worst 0.0064 (fp16 autocast, rayrope)
     }[dtype]
     expected = run(name, q, k, v, cameras, grid, params)
     low = run(name, q.to(dtype), k.to(dtype), v.to(dtype), cameras, grid, params)
@@ -492,8 +519,9 @@ def test_clear_errors():
     with pytest.raises(EncodingError, match="needs params"):
         hrope.get_encoding("rayrope").prepare(cameras, grid, 48)
     with pytest.raises(EncodingError, match="must have shape"):
-        hrope.get_encoding("worldrope").prepare(cameras, grid, 48, depth=torch.ones(1, N + 1),
-                                                depth_split=torch.ones(1, N), depth_sigma=torch.ones(1, N, 2))
+        hrope.get_encoding("worldrope").prepare(
+            cameras, grid, 48, depth=torch.ones(1, N + 1), depth_split=torch.ones(1, N), depth_sigma=torch.ones(1, N, 2)
+        )
     with pytest.raises(EncodingError, match="unknown params"):
         hrope.get_encoding("urope").prepare(cameras, grid, 48, depth=torch.ones(1, N))
     with pytest.raises(EncodingError, match="head_dim >= 24"):

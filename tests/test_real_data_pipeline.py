@@ -21,9 +21,26 @@ from hrope.nvs.protocols import SourceVideos, protocol_plans
 from hrope.nvs.build_data import build_dataset, build_scene_source
 
 TINY = str(Path(__file__).parents[1] / "configs" / "tiny.yaml")
-SMALL = ["--model.image_size", "32", "--model.dim", "48", "--model.layers", "2", "--model.heads", "2",
-         "--train.batch_size", "1", "--train.warmup", "1", "--train.threads", "1", "--eval.batch_size", "2",
-         "--eval.num_grid_scenes", "1"]
+SMALL = [
+    "--model.image_size",
+    "32",
+    "--model.dim",
+    "48",
+    "--model.layers",
+    "2",
+    "--model.heads",
+    "2",
+    "--train.batch_size",
+    "1",
+    "--train.warmup",
+    "1",
+    "--train.threads",
+    "1",
+    "--eval.batch_size",
+    "2",
+    "--eval.num_grid_scenes",
+    "1",
+]
 NATIVE = (36, 48)  # resized to cover 32 x 32, then centre-cropped
 FRAMES = list(range(0, 120, 10))  # 12-frame videos
 
@@ -45,8 +62,16 @@ def write_nerfstudio(folder: Path, scene) -> None:
         c2w_gl = torch.stack([c2w[:, 0], -c2w[:, 1], -c2w[:, 2], c2w[:, 3]], 1)
         Image.fromarray(uint8(scene.images[v])).save(folder / "images" / f"{v:03d}.png")
         K = scene.cameras.K[0, v]
-        frames.append({"file_path": f"images/{v:03d}.png", "transform_matrix": c2w_gl.tolist(),
-                       "fl_x": float(K[0, 0]), "fl_y": float(K[1, 1]), "cx": float(K[0, 2]), "cy": float(K[1, 2])})
+        frames.append(
+            {
+                "file_path": f"images/{v:03d}.png",
+                "transform_matrix": c2w_gl.tolist(),
+                "fl_x": float(K[0, 0]),
+                "fl_y": float(K[1, 1]),
+                "cx": float(K[0, 2]),
+                "cy": float(K[1, 2]),
+            }
+        )
     meta = {"w": NATIVE[1], "h": NATIVE[0], "frames": frames}
     (folder / "transforms.json").write_text(json.dumps(meta))
 
@@ -79,10 +104,20 @@ def fixtures(tmp_path_factory):
 
 
 def real_config(folder: Path, **data) -> dict:
-    return resolve({"model": {**SMALL_MODEL, "preset": None},
-                    "data": {"kind": "nerfstudio", "root": str(folder / "nerfstudio"), "num_scenes": None,
-                             "context_gap": [3, 8], "num_target": 2, **data},
-                    "eval": {"num_scenes": None}})
+    return resolve(
+        {
+            "model": {**SMALL_MODEL, "preset": None},
+            "data": {
+                "kind": "nerfstudio",
+                "root": str(folder / "nerfstudio"),
+                "num_scenes": None,
+                "context_gap": [3, 8],
+                "num_target": 2,
+                **data,
+            },
+            "eval": {"num_scenes": None},
+        }
+    )
 
 
 def test_real_dataset_items_are_cropped_with_exact_intrinsics_and_normalised(fixtures):
@@ -125,8 +160,18 @@ def test_re10k_evaluation_index_drives_the_protocol_frames(fixtures):
 def test_train_and_evaluate_on_real_formats(fixtures, tmp_path, capsys):
     root, _ = fixtures
     run_dir = tmp_path / "run"
-    data = ["--data.kind", "nerfstudio", "--data.root", str(root / "nerfstudio"), "--data.context_gap", "[3, 8]",
-            "--data.num_scenes", "null", "--eval.num_scenes", "null"]
+    data = [
+        "--data.kind",
+        "nerfstudio",
+        "--data.root",
+        str(root / "nerfstudio"),
+        "--data.context_gap",
+        "[3, 8]",
+        "--data.num_scenes",
+        "null",
+        "--eval.num_scenes",
+        "null",
+    ]
     assert run(["train", TINY, "--encoding", "prope", "--steps", "2", "--out", str(run_dir), *SMALL, *data]) == 0
     assert "trained 2 steps" in capsys.readouterr().out
 
@@ -141,8 +186,24 @@ def test_train_and_evaluate_on_real_formats(fixtures, tmp_path, capsys):
     assert 0 < standard["points"][0]["metrics"]["psnr"] < 60
 
     out = tmp_path / "zoom"
-    assert run(["eval", str(run_dir), str(run_dir / "checkpoint.safetensors"), "--protocol", "zoom", "--factors", "1",
-                "2", "--out", str(out), *re10k]) == 0
+    assert (
+        run(
+            [
+                "eval",
+                str(run_dir),
+                str(run_dir / "checkpoint.safetensors"),
+                "--protocol",
+                "zoom",
+                "--factors",
+                "1",
+                "2",
+                "--out",
+                str(out),
+                *re10k,
+            ]
+        )
+        == 0
+    )
     table = (out / "results.md").read_text()
     assert table.count("| prope [") == 6 and (out / "metrics.png").is_file()  # 2 runs x 3 metric tables
     assert "trade-off plot is not drawn" in table

@@ -30,9 +30,30 @@ from hrope.nvs.plane_fitting import robust_patch_planes
 from hrope.nvs.sources import PredictorError, build_parameter_source, parameter_specs
 
 TINY = str(Path(__file__).parents[1] / "configs" / "tiny.yaml")
-SMALL = ["--model.image_size", "32", "--model.dim", "48", "--model.layers", "2", "--model.heads", "2",
-         "--train.batch_size", "1", "--train.warmup", "1", "--train.threads", "1", "--eval.batch_size", "2",
-         "--eval.num_grid_scenes", "1", "--data.num_scenes", "null", "--eval.num_scenes", "null"]
+SMALL = [
+    "--model.image_size",
+    "32",
+    "--model.dim",
+    "48",
+    "--model.layers",
+    "2",
+    "--model.heads",
+    "2",
+    "--train.batch_size",
+    "1",
+    "--train.warmup",
+    "1",
+    "--train.threads",
+    "1",
+    "--eval.batch_size",
+    "2",
+    "--eval.num_grid_scenes",
+    "1",
+    "--data.num_scenes",
+    "null",
+    "--eval.num_scenes",
+    "null",
+]
 FRAMES = list(range(0, 60, 10))  # 6 views per scene
 GRID = (4, 4)
 
@@ -72,9 +93,13 @@ def test_sparse_depth_from_points3d_reprojects_exactly(colmap_root):
     """Points at pixel centres come back at their pixels with their depth, rescaled by the scene
     normalisation like the cameras, and give the ground-truth plane where a patch sees one plane."""
     root, scenes = colmap_root
-    config = resolve({"model": {**SMALL_MODEL, "preset": None},
-                      "data": {"kind": "colmap", "root": str(root), "depth": "points", "num_scenes": None},
-                      "eval": {"num_scenes": None}})
+    config = resolve(
+        {
+            "model": {**SMALL_MODEL, "preset": None},
+            "data": {"kind": "colmap", "root": str(root), "depth": "points", "num_scenes": None},
+            "eval": {"num_scenes": None},
+        }
+    )
     dataset = build_dataset(config, "eval")
     for i in range(2):
         item, views = dataset[i], dataset.frames(i, len(FRAMES))
@@ -151,8 +176,11 @@ def test_fallback_where_points_are_missing():
     """Too few points: the fronto-parallel plane at the patch's median depth, at the view's median
     depth for a patch without points, the plane at infinity for a view without points; ``infinity``
     gives m = 0 everywhere it applies."""
-    cameras = Cameras(torch.tensor([[30.0, 0, 16], [0, 30.0, 16], [0, 0, 1]]).expand(1, 2, 3, 3),
-                      torch.eye(4).expand(1, 2, 4, 4), (32, 32))
+    cameras = Cameras(
+        torch.tensor([[30.0, 0, 16], [0, 30.0, 16], [0, 0, 1]]).expand(1, 2, 3, 3),
+        torch.eye(4).expand(1, 2, 4, 4),
+        (32, 32),
+    )
     depth = torch.full((1, 2, 32, 32), torch.inf)
     depth[0, 0, 0, 0], depth[0, 0, 2, 3], depth[0, 0, 5, 5] = 2.0, 3.0, 7.0  # patch 0: three points
     depth[0, 0, 8:16, 8:16] = 4.0  # patch 5: a full fronto-parallel patch (fitted)
@@ -184,11 +212,23 @@ def write_nerfstudio_with_maps(folder: Path, scene) -> None:
             np.save(folder / f"depth_{v}.npy", depth)
         np.save(folder / f"normal_{v}.npy", -scene.normals[v].permute(1, 2, 0).numpy())  # facing away: flipped back
         K = scene.cameras.K[0, v]
-        frames.append({"file_path": f"images/{v}.png", "transform_matrix": c2w_gl.tolist(),
-                       "depth_file_path": f"depth_{v}.{'png' if v % 2 else 'npy'}",
-                       "normal_file_path": f"normal_{v}.npy"})
-    meta = {"fl_x": float(K[0, 0]), "fl_y": float(K[1, 1]), "cx": float(K[0, 2]), "cy": float(K[1, 2]),
-            "w": scene.image_size[1], "h": scene.image_size[0], "frames": frames}
+        frames.append(
+            {
+                "file_path": f"images/{v}.png",
+                "transform_matrix": c2w_gl.tolist(),
+                "depth_file_path": f"depth_{v}.{'png' if v % 2 else 'npy'}",
+                "normal_file_path": f"normal_{v}.npy",
+            }
+        )
+    meta = {
+        "fl_x": float(K[0, 0]),
+        "fl_y": float(K[1, 1]),
+        "cx": float(K[0, 2]),
+        "cy": float(K[1, 2]),
+        "w": scene.image_size[1],
+        "h": scene.image_size[0],
+        "frames": frames,
+    }
     (folder / "transforms.json").write_text(json.dumps(meta))
 
 
@@ -284,22 +324,32 @@ def test_depth_model_is_loaded_locally_and_aligned_to_the_sparse_depth(colmap_ro
         median = batch.depth[0, v][torch.isfinite(batch.depth[0, v])].median()
         torch.testing.assert_close(m[0, v], torch.tensor([0, 0, 1 / float(median)]).expand(16, 3))
     assert (m[0, 2] == 0).all()  # the target: neutral
-    raw = build_parameter_source("external", specs, dim=4, num_layers=1, patch_size=8,
-                                 options={**options, "align": "none"}).static(batch, batch.cameras, GRID, 2)
+    raw = build_parameter_source(
+        "external", specs, dim=4, num_layers=1, patch_size=8, options={**options, "align": "none"}
+    ).static(batch, batch.cameras, GRID, 2)
     torch.testing.assert_close(raw["planes"][0, :32], torch.tensor([0, 0, 1 / 2.5]).expand(32, 3))
-    identity = build_parameter_source("external", specs, dim=4, num_layers=1, patch_size=8,
-                                      options={"depth": "model", "module": torch.nn.Identity()})
+    identity = build_parameter_source(
+        "external", specs, dim=4, num_layers=1, patch_size=8, options={"depth": "model", "module": torch.nn.Identity()}
+    )
     with pytest.raises(PredictorError, match=r"must return \(N, H, W\) or \(N, 1, H, W\) depth for N = 2 images"):
         identity.static(batch, batch.cameras, GRID, 2)
     batch.depth = None
     with pytest.raises(PredictorError, match="align 'median' scales the depth model's output"):
         source.static(batch, batch.cameras, GRID, 2)
     with pytest.raises(PredictorError, match="cannot be imported"):
-        build_parameter_source("external", specs, dim=4, num_layers=1, patch_size=8,
-                               options={"depth": "model", "module": "no_such_module:build"})
-    for bad, message in (({"fit": "sideways"}, "fit must be one of least-squares, robust"),
-                         ({"min_points": 2}, "min_points must be an integer >= 3"),
-                         ({"depth": "model"}, "module is the depth model of depth: model")):
+        build_parameter_source(
+            "external",
+            specs,
+            dim=4,
+            num_layers=1,
+            patch_size=8,
+            options={"depth": "model", "module": "no_such_module:build"},
+        )
+    for bad, message in (
+        ({"fit": "sideways"}, "fit must be one of least-squares, robust"),
+        ({"min_points": 2}, "min_points must be an integer >= 3"),
+        ({"depth": "model"}, "module is the depth model of depth: model"),
+    ):
         with pytest.raises(PredictorError, match=message):
             build_parameter_source("external", specs, dim=4, num_layers=1, patch_size=8, options=bad)
 
@@ -312,9 +362,29 @@ def test_external_planes_train_on_a_colmap_folder_and_viz_planes_draws_real_runs
     root, _ = colmap_root
     data = ["--data.kind", "folder", "--data.root", str(root), "--data.cache", "false"]  # nothing outside tmp
     external = tmp_path / "external"
-    assert run(["train", TINY, "--encoding", "hrope-lift", "--predictor", "external", "--steps", "2", "--out",
-                str(external), *SMALL, *data, "--data.depth", "points", "--model.predictor_options",
-                "{fit: robust, targets: transfer}"]) == 0
+    assert (
+        run(
+            [
+                "train",
+                TINY,
+                "--encoding",
+                "hrope-lift",
+                "--predictor",
+                "external",
+                "--steps",
+                "2",
+                "--out",
+                str(external),
+                *SMALL,
+                *data,
+                "--data.depth",
+                "points",
+                "--model.predictor_options",
+                "{fit: robust, targets: transfer}",
+            ]
+        )
+        == 0
+    )
     assert "trained 2 steps" in capsys.readouterr().out
     assert run(["eval", str(external)]) == 0
     assert 0 < json.loads((external / "eval" / "results.json").read_text())["metrics"]["psnr"] < 60
@@ -329,6 +399,23 @@ def test_external_planes_train_on_a_colmap_folder_and_viz_planes_draws_real_runs
     assert run(["viz", "planes", str(learned), "--num-scenes", "1"]) == 0
     assert figure_columns(learned / "viz" / "planes.png") == 3
     capsys.readouterr()
-    assert run(["train", TINY, "--encoding", "hrope-lift", "--predictor", "external", "--steps", "1", "--out",
-                str(tmp_path / "no_depth"), *SMALL, *data]) == 2
+    assert (
+        run(
+            [
+                "train",
+                TINY,
+                "--encoding",
+                "hrope-lift",
+                "--predictor",
+                "external",
+                "--steps",
+                "1",
+                "--out",
+                str(tmp_path / "no_depth"),
+                *SMALL,
+                *data,
+            ]
+        )
+        == 2
+    )
     assert "set data.depth (points: COLMAP points3D.txt" in capsys.readouterr().err

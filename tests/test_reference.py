@@ -23,8 +23,9 @@ P = GRID[0] * GRID[1]
 
 def fast_and_reference(encoding, q, k, v, cameras, planes=None, **kw):
     fast = hrope.multiview_attention(q, k, v, encoding=encoding, cameras=cameras, grid=GRID, planes=planes, **kw)
-    ref = hrope.reference.multiview_attention(q, k, v, encoding=encoding, cameras=cameras, grid=GRID,
-                                              planes=planes, **kw)
+    ref = hrope.reference.multiview_attention(
+        q, k, v, encoding=encoding, cameras=cameras, grid=GRID, planes=planes, **kw
+    )
     return fast, ref
 
 
@@ -98,11 +99,11 @@ def test_is_causal_matches_fast_path_and_explicit_tril_mask(name):
     fast, ref = fast_and_reference(name, q, k, v, cameras, planes, is_causal=True)
     torch.testing.assert_close(fast, ref, rtol=1e-9, atol=1e-9)
     tril = torch.ones(2 * P, 2 * P, dtype=torch.bool).tril()
-    explicit = hrope.reference.multiview_attention(q, k, v, encoding=name, cameras=cameras, grid=GRID,
-                                                   planes=planes, attn_mask=tril)
+    explicit = hrope.reference.multiview_attention(
+        q, k, v, encoding=name, cameras=cameras, grid=GRID, planes=planes, attn_mask=tril
+    )
     torch.testing.assert_close(ref, explicit, rtol=0, atol=0)
-    unmasked = hrope.reference.multiview_attention(q, k, v, encoding=name, cameras=cameras, grid=GRID,
-                                                   planes=planes)
+    unmasked = hrope.reference.multiview_attention(q, k, v, encoding=name, cameras=cameras, grid=GRID, planes=planes)
     assert not torch.allclose(ref, unmasked)
 
 
@@ -121,8 +122,9 @@ def test_is_causal_with_attn_mask_is_an_error(name):
     q, k, v = random_qkv(1, 1, 2 * P, 24, seed=5)
     mask = torch.ones(2 * P, 2 * P, dtype=torch.bool)
     with pytest.raises(ValueError, match="either attn_mask or is_causal"):
-        hrope.reference.multiview_attention(q, k, v, encoding=name, cameras=cameras, grid=GRID, attn_mask=mask,
-                                            is_causal=True)
+        hrope.reference.multiview_attention(
+            q, k, v, encoding=name, cameras=cameras, grid=GRID, attn_mask=mask, is_causal=True
+        )
 
 
 @pytest.mark.parametrize("name", ["prope", "urope"])
@@ -132,8 +134,7 @@ def test_enable_gqa_repeats_key_value_heads(name):
     k, v = k[:, :2], v[:, :2]
     kwargs = {"encoding": name, "cameras": cameras, "grid": GRID}
     grouped = hrope.reference.multiview_attention(q, k, v, enable_gqa=True, **kwargs)
-    repeated = hrope.reference.multiview_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1),
-                                                   **kwargs)
+    repeated = hrope.reference.multiview_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), **kwargs)
     torch.testing.assert_close(grouped, repeated, rtol=0, atol=0)
     # the fast path with grouped heads (transforms act per token, the same on every head)
     fast = hrope.multiview_attention(q, k, v, enable_gqa=True, **kwargs)
@@ -163,8 +164,9 @@ def test_fast_path_rejects_causal_with_mask_like_the_reference():
     mask = torch.ones(8, 8, dtype=torch.bool)
     for encoding in ("prope", "urope"):
         with pytest.raises(hrope.EncodingError, match="not both"):
-            hrope.multiview_attention(q, k, v, encoding=encoding, cameras=cameras, grid=(2, 2), attn_mask=mask,
-                                      is_causal=True)
+            hrope.multiview_attention(
+                q, k, v, encoding=encoding, cameras=cameras, grid=(2, 2), attn_mask=mask, is_causal=True
+            )
 
 
 # ------------------------------------------------------------------ the reference's own geometry
@@ -187,8 +189,7 @@ def centre_ray(K_hat, ix, iy, grid):
 
 
 def rotation(theta):
-    return torch.tensor([[math.cos(theta), -math.sin(theta)], [math.sin(theta), math.cos(theta)]],
-                        dtype=torch.float64)
+    return torch.tensor([[math.cos(theta), -math.sin(theta)], [math.sin(theta), math.cos(theta)]], dtype=torch.float64)
 
 
 @pytest.mark.parametrize("base", [100.0, 10.0])
@@ -235,10 +236,10 @@ def test_plane_vectors_from_normal_and_depth_contain_the_depth_point():
     for n in range(2 * P):
         view, ix, iy = n // P, n % GRID[1], (n % P) // GRID[1]
         point = planes.depth[:, n, None] * centre_ray(K_hat[:, view], ix, iy, GRID)
-        torch.testing.assert_close((m[:, n] * point).sum(-1), torch.ones(2, dtype=torch.float64), rtol=0,
-                                   atol=1e-12)
-        torch.testing.assert_close(torch.linalg.cross(m[:, n], planes.normal[:, n]), torch.zeros(2, 3).double(),
-                                   rtol=0, atol=1e-12)
+        torch.testing.assert_close((m[:, n] * point).sum(-1), torch.ones(2, dtype=torch.float64), rtol=0, atol=1e-12)
+        torch.testing.assert_close(
+            torch.linalg.cross(m[:, n], planes.normal[:, n]), torch.zeros(2, 3).double(), rtol=0, atol=1e-12
+        )
 
 
 @pytest.mark.parametrize("name", ["hrope", "hrope-lift"])
@@ -282,8 +283,9 @@ def test_hrope_lift_relative_block_is_the_plane_homography():
         expected = K_hat[0] @ (R_ij + torch.outer(t_ij, m[0, j])) @ torch.linalg.inv(K_hat[1])
         relative = D[0, i] @ torch.linalg.inv(D[0, j])
         for tile in range(layout.num_blocks):
-            torch.testing.assert_close(relative[4 * tile : 4 * tile + 3, 4 * tile : 4 * tile + 3], expected,
-                                       rtol=0, atol=1e-12)
+            torch.testing.assert_close(
+                relative[4 * tile : 4 * tile + 3, 4 * tile : 4 * tile + 3], expected, rtol=0, atol=1e-12
+            )
 
 
 def test_hrope_block_is_eq5_of_the_world_plane():
@@ -336,8 +338,11 @@ def test_ablation_blocks_equal_lift_K_G_E(name):
     D, layout = token_matrices(name, cameras, GRID, 16, **inputs)
     assert (layout.block, layout.num_blocks) == (4, 2)
     for n in range(2 * P):
-        expected = lift(normalized_K(cameras)[0, n // P]) @ patch_transform(name, inputs, cameras, n) \
+        expected = (
+            lift(normalized_K(cameras)[0, n // P])
+            @ patch_transform(name, inputs, cameras, n)
             @ cameras.world_to_cam[0, n // P]
+        )
         torch.testing.assert_close(D[0, n, :4, :4], expected, rtol=0, atol=1e-12)
         torch.testing.assert_close(D[0, n, 4:8, 4:8], D[0, n, :4, :4], rtol=0, atol=0)  # tiled
 
@@ -347,9 +352,11 @@ def test_reference_imports_no_fast_path_helpers():
     """Of hrope, the reference holds only encoding classes, Cameras, get_encoding and EncodingError
     (plus documented constants, which are plain numbers)."""
     allowed = {hrope.Cameras, hrope.EncodingError, hrope.get_encoding, hrope.Encoding, *hrope.ENCODINGS.values()}
-    imported = {obj for obj in vars(hrope.reference).values()
-                if str(getattr(obj, "__module__", "")).startswith("hrope")
-                and obj.__module__ != "hrope.reference"}
+    imported = {
+        obj
+        for obj in vars(hrope.reference).values()
+        if str(getattr(obj, "__module__", "")).startswith("hrope") and obj.__module__ != "hrope.reference"
+    }
     assert imported <= allowed, imported - allowed
 
 
@@ -370,8 +377,9 @@ def test_reference_never_calls_the_fast_path(monkeypatch):
     q, k, v = random_qkv(1, 1, 2 * P, 16, seed=6)
     for name, cls in hrope.ENCODINGS.items():
         if not cls.query_frame:
-            out = hrope.reference.multiview_attention(q, k, v, encoding=name, cameras=cameras, grid=GRID,
-                                                      **encoding_inputs(name, cameras, GRID, seed=6))
+            out = hrope.reference.multiview_attention(
+                q, k, v, encoding=name, cameras=cameras, grid=GRID, **encoding_inputs(name, cameras, GRID, seed=6)
+            )
             assert torch.isfinite(out).all()
 
 
@@ -383,7 +391,8 @@ def test_reference_dispatches_on_the_class_not_the_name():
         name = "prope"
 
     cameras = random_cameras(B=1, V=2, seed=7)
-    torch.testing.assert_close(token_matrices(Renamed(), cameras, GRID, 16)[0],
-                               token_matrices("prope", cameras, GRID, 16)[0], rtol=0, atol=0)
+    torch.testing.assert_close(
+        token_matrices(Renamed(), cameras, GRID, 16)[0], token_matrices("prope", cameras, GRID, 16)[0], rtol=0, atol=0
+    )
     with pytest.raises(hrope.EncodingError, match="no dense reference for encoding class Unknown"):
         token_matrices(Unknown(), cameras, GRID, 16)

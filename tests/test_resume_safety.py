@@ -33,21 +33,49 @@ from hrope.nvs.train_step import make_optimizer
 
 # (section, key, another value): each changes the trajectory, so a resume with it is refused
 REFUSED = [
-    ("model", "encoding", "gta"), ("model", "encoding", "none"), ("model", "dim", 64), ("model", "layers", 3),
-    ("model", "image_size", 64), ("model", "predictor", "oracle"), ("model", "encoding_options", {"x": 1}),
-    ("data", "kind", "object"), ("data", "root", "elsewhere"), ("data", "num_scenes", 5),
-    ("data", "num_context", 3), ("data", "num_target", 2), ("data", "seed", 1), ("data", "context_gap", [1, 2]),
-    ("data", "synthetic", {"fov_deg": [40, 60]}), ("train", "seed", 1), ("train", "lr", 1e-3),
-    ("train", "steps", 8), ("train", "min_lr_ratio", 0.5), ("train", "warmup", 3), ("train", "batch_size", 2),
-    ("train", "weight_decay", 0.0), ("train", "grad_clip", 0.5), ("train", "bf16", True),
-    ("train", "parameter_lr_scale", 2.0), ("train", "perceptual_weight", 0.5), ("train", "init_from", "a/run"),
+    ("model", "encoding", "gta"),
+    ("model", "encoding", "none"),
+    ("model", "dim", 64),
+    ("model", "layers", 3),
+    ("model", "image_size", 64),
+    ("model", "predictor", "oracle"),
+    ("model", "encoding_options", {"x": 1}),
+    ("data", "kind", "object"),
+    ("data", "root", "elsewhere"),
+    ("data", "num_scenes", 5),
+    ("data", "num_context", 3),
+    ("data", "num_target", 2),
+    ("data", "seed", 1),
+    ("data", "context_gap", [1, 2]),
+    ("data", "synthetic", {"fov_deg": [40, 60]}),
+    ("train", "seed", 1),
+    ("train", "lr", 1e-3),
+    ("train", "steps", 8),
+    ("train", "min_lr_ratio", 0.5),
+    ("train", "warmup", 3),
+    ("train", "batch_size", 2),
+    ("train", "weight_decay", 0.0),
+    ("train", "grad_clip", 0.5),
+    ("train", "bf16", True),
+    ("train", "parameter_lr_scale", 2.0),
+    ("train", "perceptual_weight", 0.5),
+    ("train", "init_from", "a/run"),
 ]
 HARMLESS = [
-    ("data", "cache", False), ("data", "prefetch", False), ("data", "eval_root", "held-out"),
-    ("data", "eval_index", "index.json"), ("train", "out", "moved"), ("train", "device", "cpu"),
-    ("train", "threads", 2), ("train", "log_every", 3), ("train", "image_every", 0),
-    ("train", "checkpoint_every", 3), ("train", "max_nonfinite_steps", 5), ("eval", "num_scenes", 7),
-    ("eval", "batch_size", 1), ("eval", "lpips_weights", "lpips.safetensors"),
+    ("data", "cache", False),
+    ("data", "prefetch", False),
+    ("data", "eval_root", "held-out"),
+    ("data", "eval_index", "index.json"),
+    ("train", "out", "moved"),
+    ("train", "device", "cpu"),
+    ("train", "threads", 2),
+    ("train", "log_every", 3),
+    ("train", "image_every", 0),
+    ("train", "checkpoint_every", 3),
+    ("train", "max_nonfinite_steps", 5),
+    ("eval", "num_scenes", 7),
+    ("eval", "batch_size", 1),
+    ("eval", "lpips_weights", "lpips.safetensors"),
 ]
 
 
@@ -111,9 +139,19 @@ def test_a_preset_and_its_explicit_fields_are_the_same_model():
     assert resume_differences(preset, explicit) == ({}, {})
 
 
-@pytest.mark.parametrize("section, key, value", [
-    ("model", "encoding", "gta"), ("model", "encoding", "none"), ("model", "dim", 64), ("train", "seed", 1),
-    ("train", "lr", 1e-3), ("train", "steps", 8), ("train", "steps", 1), ("data", "num_scenes", 5)])
+@pytest.mark.parametrize(
+    "section, key, value",
+    [
+        ("model", "encoding", "gta"),
+        ("model", "encoding", "none"),
+        ("model", "dim", 64),
+        ("train", "seed", 1),
+        ("train", "lr", 1e-3),
+        ("train", "steps", 8),
+        ("train", "steps", 1),
+        ("data", "num_scenes", 5),
+    ],
+)
 def test_resume_under_another_config_is_refused_and_changes_nothing(runs, tmp_path, section, key, value):
     folder = tmp_path / "run"
     shutil.copytree(runs / "half", folder)
@@ -123,8 +161,11 @@ def test_resume_under_another_config_is_refused_and_changes_nothing(runs, tmp_pa
     with pytest.raises(ConfigError) as error:
         train(config, progress=False)
     message = str(error.value)
-    assert "\n" not in message and f"{section}.{key} {small_config(encoding='prope')[section][key]!r} -> " \
-                                   f"{value!r}" in message and "train.init_from" in message
+    assert (
+        "\n" not in message
+        and f"{section}.{key} {small_config(encoding='prope')[section][key]!r} -> {value!r}" in message
+        and "train.init_from" in message
+    )
     assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before  # config.yaml too
 
 
@@ -144,8 +185,7 @@ def test_harmless_changes_resume_exactly_and_keep_the_run_config(runs, tmp_path)
     folder = tmp_path / "run"
     shutil.copytree(runs / "half", folder)
     config_yaml = (folder / "config.yaml").read_text()
-    changed = config_in(folder, train__log_every=3, train__checkpoint_every=3, data__prefetch=False,
-                        eval__num_scenes=1)
+    changed = config_in(folder, train__log_every=3, train__checkpoint_every=3, data__prefetch=False, eval__num_scenes=1)
     result = train(changed, progress=False)
     assert result.step == 4 and result.outcome == "completed"
     assert_same_weights(runs / "whole", folder)
@@ -154,9 +194,13 @@ def test_harmless_changes_resume_exactly_and_keep_the_run_config(runs, tmp_path)
     first, second = segments(folder)
     assert first["outcome"] == "stopped" and (first["start_step"], first["end_step"]) == (0, 2)
     assert second["resumed_from_step"] == 2 and second["end_step"] == second["checkpoint_step"] == 4
-    assert second["overrides"] == {"data.prefetch": [True, False], "eval.num_scenes": [2, 1],
-                                   "train.checkpoint_every": [2, 3], "train.log_every": [1, 3],
-                                   "train.out": [str(runs / "half"), str(folder)]}  # a copied run folder
+    assert second["overrides"] == {
+        "data.prefetch": [True, False],
+        "eval.num_scenes": [2, 1],
+        "train.checkpoint_every": [2, 3],
+        "train.log_every": [1, 3],
+        "train.out": [str(runs / "half"), str(folder)],
+    }  # a copied run folder
     assert second["config_sha256"] != first["config_sha256"]
 
 
@@ -184,8 +228,11 @@ def test_init_from_fine_tunes_from_the_weights_into_a_new_run(runs, tmp_path):
     assert not (tmp_path / "tuned" / "checkpoint.safetensors").exists()
     result = train(config, progress=False)
     assert result.step == 4 and result.outcome == "completed"
-    optimizer_steps = {k: v for k, v in load_file(str(tmp_path / "tuned" / "checkpoint.safetensors")).items()
-                       if k.startswith("optimizer.") and k.endswith(".step")}
+    optimizer_steps = {
+        k: v
+        for k, v in load_file(str(tmp_path / "tuned" / "checkpoint.safetensors")).items()
+        if k.startswith("optimizer.") and k.endswith(".step")
+    }
     assert optimizer_steps and all(float(v) == 4 for v in optimizer_steps.values())  # fresh optimizer
     (segment,) = segments(tmp_path / "tuned")
     assert segment["init_from"] == str(source) and segment["resumed_from_step"] is None
@@ -233,9 +280,13 @@ def run_cli_until_signal(tmp_path: Path, signum: int) -> tuple[Path, int, str, s
     folder = tmp_path / "run"
     config = config_in(folder, train__steps=40, train__checkpoint_every=5, train__image_every=0)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    process = subprocess.Popen([sys.executable, "-m", "hrope.nvs.cli", "train", str(tmp_path / "config.yaml")],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hrope.nvs.cli", "train", str(tmp_path / "config.yaml")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     deadline = time.monotonic() + 120
     while not (folder / "checkpoint.safetensors").exists() and process.poll() is None:
         assert time.monotonic() < deadline, "no checkpoint after 120 s"
@@ -261,8 +312,7 @@ def test_sigterm_saves_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path,
     assert segment["outcome"] == "terminated" and segment["end_step"] == segment["checkpoint_step"] == step
     assert 5 < step < 40  # the step reached, not the last scheduled checkpoint
     assert f"SIGTERM: stopped after step {step} of 40" in stderr and f"trained {step} steps" in stdout
-    result = train(config_in(folder, train__steps=40, train__checkpoint_every=5, train__image_every=0),
-                   progress=False)
+    result = train(config_in(folder, train__steps=40, train__checkpoint_every=5, train__image_every=0), progress=False)
     assert result.step == 40 and segments(folder)[-1]["resumed_from_step"] == step
     assert_same_weights(uninterrupted, folder)
 
@@ -273,7 +323,6 @@ def test_sigkill_leaves_a_checkpoint_that_resumes_bit_exactly(tmp_path, uninterr
     assert status == -signal.SIGKILL, stderr
     step = load_checkpoint(folder)["step"]
     assert step % 5 == 0 and 5 <= step < 40  # a scheduled checkpoint, complete
-    result = train(config_in(folder, train__steps=40, train__checkpoint_every=5, train__image_every=0),
-                   progress=False)
+    result = train(config_in(folder, train__steps=40, train__checkpoint_every=5, train__image_every=0), progress=False)
     assert result.step == 40 and segments(folder)[-1]["resumed_from_step"] == step
     assert_same_weights(uninterrupted, folder)

@@ -52,8 +52,9 @@ def fast_and_reference(encoding, q, k, v, cameras, inputs, camera_tokens, **kw):
 def test_mixed_sequences_match_the_reference(name, layout):
     cameras = random_cameras(B=2, V=2, seed=1)
     q, k, v = random_qkv(2, 2, L, D, seed=1)
-    fast, ref = fast_and_reference(name, q, k, v, cameras, encoding_inputs(name, cameras, GRID, seed=1),
-                                   LAYOUTS[layout])
+    fast, ref = fast_and_reference(
+        name, q, k, v, cameras, encoding_inputs(name, cameras, GRID, seed=1), LAYOUTS[layout]
+    )
     assert fast.shape == q.shape
     torch.testing.assert_close(fast, ref, rtol=1e-9, atol=1e-9)  # measured worst 1e-13 (rayrope)
 
@@ -65,9 +66,15 @@ def test_mixed_sequences_keep_the_callers_mask(name, mask):
     cameras = random_cameras(B=1, V=2, seed=2)
     q, k, v = random_qkv(1, 2, L, D, seed=2)
     g = torch.Generator().manual_seed(2)
-    kw = {"is_causal": True} if mask == "causal" else {
-        "attn_mask": (torch.rand(L, L, generator=g) > 0.4) | torch.eye(L, dtype=torch.bool) if mask == "boolean"
-        else torch.randn(1, 2, L, L, generator=g, dtype=torch.float64)}
+    kw = (
+        {"is_causal": True}
+        if mask == "causal"
+        else {
+            "attn_mask": (torch.rand(L, L, generator=g) > 0.4) | torch.eye(L, dtype=torch.bool)
+            if mask == "boolean"
+            else torch.randn(1, 2, L, L, generator=g, dtype=torch.float64)
+        }
+    )
     inputs = encoding_inputs(name, cameras, GRID, seed=2)
     fast, ref = fast_and_reference(name, q, k, v, cameras, inputs, LAYOUTS["text-between-frames"], **kw)
     torch.testing.assert_close(fast, ref, rtol=1e-9, atol=1e-9)
@@ -90,8 +97,12 @@ def test_identity_tokens_get_the_identity(name):
         logits.append(mixed.apply_q(q) @ mixed.apply_k(k).mT)
         outputs.append(mixed.attention(q, k, v))
     assert torch.equal(logits[0][..., identity[:, None], identity], logits[1][..., identity[:, None], identity])
-    torch.testing.assert_close(logits[0][..., identity[:, None], identity],
-                               (q @ k.mT)[..., identity[:, None], identity], rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(
+        logits[0][..., identity[:, None], identity],
+        (q @ k.mT)[..., identity[:, None], identity],
+        rtol=1e-14,
+        atol=1e-14,
+    )
     view0, view1 = layout[:4], layout[4:]
     assert (logits[0][..., view0[:, None], view1] - logits[1][..., view0[:, None], view1]).abs().min() > 1e-6
     assert (outputs[0][:, :, layout] - outputs[1][:, :, layout]).abs().max() > 1e-3
@@ -117,8 +128,13 @@ def test_identity_tokens_see_absolute_poses(name):
 
 
 @settings(max_examples=20, deadline=None)
-@given(data=st.data(), name=st.sampled_from(["prope", "hrope", "hrope-lift", "cape", "urope"]),
-       extra=st.integers(0, 5), form=st.sampled_from(["positions", "list", "mask"]), is_causal=st.booleans())
+@given(
+    data=st.data(),
+    name=st.sampled_from(["prope", "hrope", "hrope-lift", "cape", "urope"]),
+    extra=st.integers(0, 5),
+    form=st.sampled_from(["positions", "list", "mask"]),
+    is_causal=st.booleans(),
+)
 def test_any_layout_of_camera_and_identity_tokens(data, name, extra, form, is_causal):
     """Random positions of the camera tokens among 8 + extra tokens, as a tensor of positions (any
     order), a list, or a boolean mask: fast path == reference."""
@@ -131,8 +147,9 @@ def test_any_layout_of_camera_and_identity_tokens(data, name, extra, form, is_ca
         camera_tokens = torch.tensor(order) if form == "positions" else order
     cameras = random_cameras(B=1, V=2, seed=extra)
     q, k, v = random_qkv(1, 2, length, D, seed=extra)
-    fast, ref = fast_and_reference(name, q, k, v, cameras, encoding_inputs(name, cameras, GRID, seed=extra),
-                                   camera_tokens, is_causal=is_causal)
+    fast, ref = fast_and_reference(
+        name, q, k, v, cameras, encoding_inputs(name, cameras, GRID, seed=extra), camera_tokens, is_causal=is_causal
+    )
     torch.testing.assert_close(fast, ref, rtol=1e-9, atol=1e-9)
 
 
@@ -145,8 +162,15 @@ def test_gradients_match_the_reference():
     grads = []
     for attention in (hrope.multiview_attention, hrope.reference.multiview_attention):
         leaves = [x.clone().requires_grad_() for x in (*random_qkv(1, 2, L, D, seed=5), m)]
-        out = attention(*leaves[:3], encoding="hrope-lift", cameras=cameras, grid=GRID,
-                        planes=hrope.Planes.from_m(leaves[3]), camera_tokens=layout, is_causal=True)
+        out = attention(
+            *leaves[:3],
+            encoding="hrope-lift",
+            cameras=cameras,
+            grid=GRID,
+            planes=hrope.Planes.from_m(leaves[3]),
+            camera_tokens=layout,
+            is_causal=True,
+        )
         (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)).sum().backward()
         grads.append([x.grad for x in leaves])
     for fast, ref in zip(*grads):
@@ -158,8 +182,11 @@ def test_query_frame_recompute_and_fold_options_give_the_same_mixed_attention():
     cameras = random_cameras(B=1, V=2, seed=6)
     layout = LAYOUTS["unordered"]
     results = []
-    for encoding in (hrope.get_encoding("rayrope"), hrope.get_encoding("rayrope", recompute=True),
-                     hrope.get_encoding("rayrope", execution="fold")):
+    for encoding in (
+        hrope.get_encoding("rayrope"),
+        hrope.get_encoding("rayrope", recompute=True),
+        hrope.get_encoding("rayrope", execution="fold"),
+    ):
         mixed = hrope.MixedTokens(prepared("rayrope", cameras, 6, encoding)[0], layout, L)
         leaves = [x.clone().requires_grad_() for x in random_qkv(1, 2, L, D, seed=6)]
         out = mixed.attention(*leaves)
@@ -225,8 +252,9 @@ def test_cross_attention_between_two_token_sets(name):
         ref = dense_attention(q, k, v, D_q, M_k, transform_values=values, enable_gqa=True, scale=0.4)
         torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
     out = hrope.cross_attention(q, k, v, query=None, key=key, enable_gqa=True)
-    ref = dense_attention(q, k, v, torch.eye(D, dtype=torch.float64).expand(2, 6, D, D), D_k, enable_gqa=True,
-                          transform_values=values)
+    ref = dense_attention(
+        q, k, v, torch.eye(D, dtype=torch.float64).expand(2, 6, D, D), D_k, enable_gqa=True, transform_values=values
+    )
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
 
 
@@ -237,8 +265,9 @@ def test_cross_attention_of_selected_views_is_masked_self_attention(name):
     cameras = random_cameras(B=1, V=3, seed=11)
     t, inputs = prepared(name, cameras, 11)
     q, k, v = random_qkv(1, 2, 12, D, seed=11)
-    out = hrope.cross_attention(q[:, :, 8:], k[:, :, :8], v[:, :, :8], query=t.select_views([2]),
-                                key=t.select_views([0, 1]))
+    out = hrope.cross_attention(
+        q[:, :, 8:], k[:, :, :8], v[:, :, :8], query=t.select_views([2]), key=t.select_views([0, 1])
+    )
     mask = torch.zeros(12, 12, dtype=torch.bool)
     mask[:, :8] = True
     full = hrope.multiview_attention(q, k, v, encoding=name, cameras=cameras, grid=GRID, attn_mask=mask, **inputs)
@@ -262,8 +291,13 @@ def test_select_views_is_preparing_those_views():
 def chunks(t):
     """(tokens, transform) of each chunk of a 14-token sequence: 3 text tokens; a register and view 0;
     view 1; two single text tokens. Camera tokens sit at positions 4-7 and 8-11."""
-    return [(3, None), (5, hrope.MixedTokens(t.select_views([0]), slice(1, 5), 5)), (4, t.select_views([1])),
-            (1, None), (1, None)]
+    return [
+        (3, None),
+        (5, hrope.MixedTokens(t.select_views([0]), slice(1, 5), 5)),
+        (4, t.select_views([1])),
+        (1, None),
+        (1, None),
+    ]
 
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["block-causal", "causal"])
@@ -298,8 +332,16 @@ def test_kv_cache_with_grouped_heads_and_a_callers_mask():
     mask &= view[:, None] >= view[None, :]  # a cache never sees later chunks
     cache, outs = hrope.KVCache(), []
     for view, rows in enumerate((slice(0, 4), slice(4, 8))):
-        outs.append(cache.attention(q[:, :, rows], k[:, :, rows], v[:, :, rows], t.select_views([view]),
-                                    attn_mask=mask[rows, : rows.stop], enable_gqa=True))
+        outs.append(
+            cache.attention(
+                q[:, :, rows],
+                k[:, :, rows],
+                v[:, :, rows],
+                t.select_views([view]),
+                attn_mask=mask[rows, : rows.stop],
+                enable_gqa=True,
+            )
+        )
     M = matrices("hrope", cameras, inputs)
     ref = dense_attention(q, k, v, M, M, attn_mask=mask, enable_gqa=True)
     torch.testing.assert_close(torch.cat(outs, 2), ref, rtol=1e-9, atol=1e-9)
@@ -332,24 +374,38 @@ def bad_calls():
         "not prepared": (lambda: hrope.MixedTokens(hrope.get_encoding("prope"), slice(3, 11), L), "prepared transform"),
         "wrong length": (lambda: mixed.apply_q(x[:, :, :10]), "(1, heads, 11, 24)"),
         "wrong batch": (lambda: mixed.attention(*(x.expand(2, -1, -1, -1),) * 3), "(1, heads, 11, 24)"),
-        "count vs cameras": (lambda: hrope.multiview_attention(x, x, x, encoding="prope", cameras=cameras, grid=GRID,
-                                                               camera_tokens=slice(0, 9)), "gives 9 positions"),
+        "count vs cameras": (
+            lambda: hrope.multiview_attention(
+                x, x, x, encoding="prope", cameras=cameras, grid=GRID, camera_tokens=slice(0, 9)
+            ),
+            "gives 9 positions",
+        ),
         "query-frame keys": (lambda: hrope.MixedTokens(urope, slice(3, 11), L).apply_k(x), "per query view"),
-        "mask and causal": (lambda: mixed.attention(x, x, x, is_causal=True, attn_mask=torch.ones(L, L, dtype=bool)),
-                            "not both"),
+        "mask and causal": (
+            lambda: mixed.attention(x, x, x, is_causal=True, attn_mask=torch.ones(L, L, dtype=bool)),
+            "not both",
+        ),
         "cross query-frame": (lambda: hrope.cross_attention(x, x, x, query=urope, key=prope), "query-frame"),
-        "cross batch": (lambda: hrope.cross_attention(x, x, x, query=mixed, key=prepared(
-            "prope", random_cameras(B=2, V=2))[0]), "(batch, head_dim)"),
+        "cross batch": (
+            lambda: hrope.cross_attention(x, x, x, query=mixed, key=prepared("prope", random_cameras(B=2, V=2))[0]),
+            "(batch, head_dim)",
+        ),
         "cross values": (lambda: hrope.cross_attention(x, x, x, query=prope, key=cape), "transform_values"),
         "cross not a transform": (lambda: hrope.cross_attention(x, x, x, query="prope", key=None), "got str"),
-        "cache query-frame": (lambda: hrope.KVCache().attention(x[:, :, :8], x[:, :, :8], x[:, :, :8], urope),
-                              "query-frame"),
+        "cache query-frame": (
+            lambda: hrope.KVCache().attention(x[:, :, :8], x[:, :, :8], x[:, :, :8], urope),
+            "query-frame",
+        ),
         "cache heads": (lambda: cache.append(x[:, :1], x[:, :1]), "must match the cache's"),
         "cache dtype": (lambda: cache.append(x.float(), x.float()), "must match the cache's"),
         "cache k v": (lambda: cache.append(x, x[:, :, :3]), "k and v must share one shape"),
         "cache q length": (lambda: cache.attention(x[:, :, :2], x[:, :, :3], x[:, :, :3]), "new chunk's L tokens"),
-        "cache mask": (lambda: cache.attention(x[:, :, :2], x[:, :, :2], x[:, :, :2],
-                                               attn_mask=torch.ones(2, 4, dtype=torch.bool)), "(2, 5)"),
+        "cache mask": (
+            lambda: cache.attention(
+                x[:, :, :2], x[:, :, :2], x[:, :, :2], attn_mask=torch.ones(2, 4, dtype=torch.bool)
+            ),
+            "(2, 5)",
+        ),
         "select views": (lambda: prope.select_views([0, 2]), "view indices in [0, 2)"),
     }
 
@@ -370,8 +426,10 @@ def test_a_refused_chunk_leaves_the_cache_unchanged():
     cache = hrope.KVCache()
     cache.attention(x[:, :, :4], x[:, :, :4], x[:, :, :4], t.select_views([0]))
     keys = cache.keys
-    for bad in (lambda: cache.attention(x[:, :, :4], x[:, :, :3], x[:, :, :3], t.select_views([1])),
-                lambda: cache.attention(x[:, :, 4:], x[:, :, 4:], x[:, :, 4:], t)):
+    for bad in (
+        lambda: cache.attention(x[:, :, :4], x[:, :, :3], x[:, :, :3], t.select_views([1])),
+        lambda: cache.attention(x[:, :, 4:], x[:, :, 4:], x[:, :, 4:], t),
+    ):
         with pytest.raises(hrope.EncodingError):
             bad()
         assert cache.keys is keys and len(cache) == 4

@@ -21,8 +21,9 @@ SIZE = (24, 32)
 def pixel_rays(K: torch.Tensor, image_size) -> torch.Tensor:
     """Camera-frame rays ``(H, W, 3)`` (z = 1) through pixel centres."""
     H, W = image_size
-    ys, xs = torch.meshgrid(torch.arange(H, dtype=torch.float64) + 0.5, torch.arange(W, dtype=torch.float64) + 0.5,
-                            indexing="ij")
+    ys, xs = torch.meshgrid(
+        torch.arange(H, dtype=torch.float64) + 0.5, torch.arange(W, dtype=torch.float64) + 0.5, indexing="ij"
+    )
     return torch.stack([(xs - K[0, 2]) / K[0, 0], (ys - K[1, 2]) / K[1, 1], torch.ones_like(xs)], -1)
 
 
@@ -90,8 +91,9 @@ def test_depth_reprojects_onto_the_pixel_that_sees_the_same_point(rendered):
         # The landing pixel sees the same quad, and its exact plane contains the reprojected point.
         assert torch.equal(out.plane_id[j, y, x][check], out.plane_id[i][seen][check])
         m_j = out.plane_m[j, :, y, x].T.double()
-        torch.testing.assert_close((m_j * X_j).sum(-1)[check], torch.ones(int(check.sum()), dtype=torch.float64),
-                                   rtol=0, atol=1e-4)
+        torch.testing.assert_close(
+            (m_j * X_j).sum(-1)[check], torch.ones(int(check.sum()), dtype=torch.float64), rtol=0, atol=1e-4
+        )
         checked += int(check.sum())
     assert checked > 200
 
@@ -123,11 +125,16 @@ def test_fitted_patch_planes_match_ground_truth():
 
 
 def test_pixels_that_see_nothing_are_marked():
-    quad = Quads(centre=torch.tensor([[0.0, 0.0, 3.0]], dtype=torch.float64),
-                 axis_u=torch.tensor([[0.5, 0.0, 0.0]], dtype=torch.float64),
-                 axis_v=torch.tensor([[0.0, 0.5, 0.0]], dtype=torch.float64), two_sided=torch.tensor([True]),
-                 texture=torch.tensor([0]), texture_scale=torch.ones(1, 2, dtype=torch.float64),
-                 texture_offset=torch.zeros(1, 2, dtype=torch.float64), brightness=torch.ones(1, dtype=torch.float64))
+    quad = Quads(
+        centre=torch.tensor([[0.0, 0.0, 3.0]], dtype=torch.float64),
+        axis_u=torch.tensor([[0.5, 0.0, 0.0]], dtype=torch.float64),
+        axis_v=torch.tensor([[0.0, 0.5, 0.0]], dtype=torch.float64),
+        two_sided=torch.tensor([True]),
+        texture=torch.tensor([0]),
+        texture_scale=torch.ones(1, 2, dtype=torch.float64),
+        texture_offset=torch.zeros(1, 2, dtype=torch.float64),
+        brightness=torch.ones(1, dtype=torch.float64),
+    )
     K = torch.tensor([[[[20.0, 0, 16], [0, 20, 16], [0, 0, 1]]]])
     cameras = hrope.Cameras(K, torch.eye(4)[None, None], (32, 32))
     out = render(quad, MipTextures(torch.rand(1, 3, 16, 16)), cameras, background=0.25)
@@ -143,11 +150,16 @@ def test_mipmapping_prevents_aliasing_on_a_minified_floor():
     """A fine checker floor seen at a grazing angle: close to a 4x supersampled reference only with mip-mapping."""
     y, x = torch.meshgrid(torch.arange(256), torch.arange(256), indexing="ij")
     texture = ((x // 4 + y // 4) % 2).float().expand(3, 256, 256)
-    floor = Quads(centre=torch.tensor([[0.0, 0.0, 20.0]], dtype=torch.float64),
-                  axis_u=torch.tensor([[20.0, 0.0, 0.0]], dtype=torch.float64),
-                  axis_v=torch.tensor([[0.0, 0.0, 19.0]], dtype=torch.float64), two_sided=torch.tensor([True]),
-                  texture=torch.tensor([0]), texture_scale=torch.full((1, 2), 4.0, dtype=torch.float64),
-                  texture_offset=torch.zeros(1, 2, dtype=torch.float64), brightness=torch.ones(1, dtype=torch.float64))
+    floor = Quads(
+        centre=torch.tensor([[0.0, 0.0, 20.0]], dtype=torch.float64),
+        axis_u=torch.tensor([[20.0, 0.0, 0.0]], dtype=torch.float64),
+        axis_v=torch.tensor([[0.0, 0.0, 19.0]], dtype=torch.float64),
+        two_sided=torch.tensor([True]),
+        texture=torch.tensor([0]),
+        texture_scale=torch.full((1, 2), 4.0, dtype=torch.float64),
+        texture_offset=torch.zeros(1, 2, dtype=torch.float64),
+        brightness=torch.ones(1, dtype=torch.float64),
+    )
     E = torch.eye(4)
     E[1, 3] = 1.0  # camera centre at y = -1: 1 m above the floor (y points down)
 
@@ -194,16 +206,22 @@ def test_intrinsics_are_jittered_within_the_configured_range():
     assert len({float(k) for k in Ks[:3, 0, 0]}) == 3  # per-view draws
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: make_scene(0, 0, num_views=0), "num_views"),
-    (lambda: make_scene(0, 0, image_size=(30, 32), patch_size=8), "not divisible by patch size"),
-    (lambda: make_scene(0, 0, kind="forest"), "kind"),
-    (lambda: make_scene(0, 0, num_views=2, frames=[0, 500]), "outside"),
-    (lambda: make_scene(0, 0, config=SyntheticConfig(room_speed=(0.2, 0.3))), "impossible trajectory"),
-    (lambda: make_scene(0, 0, "object", config=SyntheticConfig(object_distance=(20.0, 30.0))), "impossible trajectory"),
-    (lambda: SyntheticConfig(fov_deg=(80.0, 50.0)), "fov_deg"),
-    (lambda: SyntheticConfig(texture_size=100), "texture_size"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: make_scene(0, 0, num_views=0), "num_views"),
+        (lambda: make_scene(0, 0, image_size=(30, 32), patch_size=8), "not divisible by patch size"),
+        (lambda: make_scene(0, 0, kind="forest"), "kind"),
+        (lambda: make_scene(0, 0, num_views=2, frames=[0, 500]), "outside"),
+        (lambda: make_scene(0, 0, config=SyntheticConfig(room_speed=(0.2, 0.3))), "impossible trajectory"),
+        (
+            lambda: make_scene(0, 0, "object", config=SyntheticConfig(object_distance=(20.0, 30.0))),
+            "impossible trajectory",
+        ),
+        (lambda: SyntheticConfig(fov_deg=(80.0, 50.0)), "fov_deg"),
+        (lambda: SyntheticConfig(texture_size=100), "texture_size"),
+    ],
+)
 def test_bad_configuration_raises_a_clear_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()

@@ -36,9 +36,14 @@ def test_data_synthetic_reaches_the_protocol_videos():
     assert horizontal_fov_deg(scene) == pytest.approx(30.0, abs=1e-3)
 
 
-@pytest.mark.parametrize("synthetic, message", [({"no_such_key": 1}, "unknown data.synthetic keys"),
-                                                ({"fov_deg": [80, 40]}, "fov_deg"),
-                                                ("wide", "data.synthetic must be null or a mapping")])
+@pytest.mark.parametrize(
+    "synthetic, message",
+    [
+        ({"no_such_key": 1}, "unknown data.synthetic keys"),
+        ({"fov_deg": [80, 40]}, "fov_deg"),
+        ("wide", "data.synthetic must be null or a mapping"),
+    ],
+)
 def test_bad_synthetic_overrides_name_the_key(synthetic, message):
     """Caught when the config is updated (its type) or when the dataset is built (its keys)."""
     with pytest.raises(ConfigError, match=message):

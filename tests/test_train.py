@@ -55,7 +55,7 @@ def test_train_step_schedules_clips_updates_and_skips_a_non_finite_batch():
     result = train_step(model, optimizer, batch, 0, config["train"], measure_heads=True)
     assert result.finite and result.lr == learning_rate(0, config["train"])
     assert {g["lr"] for g in optimizer.param_groups} == {result.lr, 10 * result.lr}
-    target = batch.images[:, batch.num_context:]
+    target = batch.images[:, batch.num_context :]
     assert torch.equal(result.loss, torch.nn.functional.mse_loss(result.output.images.float(), target).detach())
     assert result.heads_norm > 0 and float(result.grad_norm) > 1e-3
     clipped = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]))
@@ -63,7 +63,7 @@ def test_train_step_schedules_clips_updates_and_skips_a_non_finite_batch():
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
     updated = [p.detach().clone() for p in model.parameters()]
     steps = [float(optimizer.state[p]["step"]) for p in model.parameters()]
-    batch.images[:, batch.num_context:] = float("nan")  # the targets: a NaN loss and gradient
+    batch.images[:, batch.num_context :] = float("nan")  # the targets: a NaN loss and gradient
     skipped = train_step(model, optimizer, batch, 1, config["train"])
     assert not skipped.finite and skipped.heads_norm is None and skipped.lr == learning_rate(1, config["train"])
     assert all(torch.equal(a, b) for a, b in zip(updated, model.parameters()))
@@ -167,7 +167,8 @@ def test_a_diverged_run_stops_with_an_error_and_keeps_its_last_checkpoint(tmp_pa
     path = tmp_path / "run" / "checkpoint.safetensors"
     assert isinstance(error.value, InputError) and str(error.value) == (
         "training diverged: 3 consecutive non-finite steps (4-6) reached train.max_nonfinite_steps = 3; last good "
-        f"checkpoint: step 6 in {path}")
+        f"checkpoint: step 6 in {path}"
+    )
     model = build_model(config)
     assert load_checkpoint(path, model)["step"] == 6  # checksum and finite weights verified
     segment = json.loads((tmp_path / "run" / "segments.jsonl").read_text())
@@ -279,8 +280,13 @@ def test_ddp_two_cpu_processes_keep_identical_parameters(tmp_path):
     script.write_text(DDP_SCRIPT.format(tests=str(Path(__file__).parent), out=str(out)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", str(script)], check=True, env=env,
-                   timeout=240, capture_output=True)
+    subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node", "2", str(script)],
+        check=True,
+        env=env,
+        timeout=240,
+        capture_output=True,
+    )
     rank0, rank1 = load_file(str(out / "rank0.safetensors")), load_file(str(out / "rank1.safetensors"))
     initial = build_model(small_config(encoding="prope")).state_dict()
     assert any(not torch.equal(rank0[k], initial[k]) for k in rank0)  # training changed the parameters

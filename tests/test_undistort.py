@@ -67,7 +67,7 @@ def distort(model: str, params, x, y):
     """COLMAP's ``ImgFromCam`` of normalised pinhole coordinates ``(x, y)``: distorted pixels."""
     single = single_focal(model)
     fx, fy, cx, cy = (params[0], params[0], params[1], params[2]) if single else params[:4]
-    k = list(params[3 if single else 4:])
+    k = list(params[3 if single else 4 :])
     if model in FISHEYE:  # equidistant: theta = atan(r), then the radial polynomial in theta
         k += [0.0] * (4 - len(k))
         r = np.hypot(x, y)
@@ -142,16 +142,28 @@ def test_undistorted_pixel_holds_what_the_distorted_image_had_at_the_distorted_p
     x, y = points[:, 0] / points[:, 2], points[:, 1] / points[:, 2]
     pinhole_u, pinhole_v = pinhole_pixels(model, x, y)
     distorted_u, distorted_v = distort(model, params, x, y)
-    inside = ((pinhole_u > 1) & (pinhole_u < W - 1) & (pinhole_v > 1) & (pinhole_v < H - 1)  # no padding read
-              & (distorted_u > 2) & (distorted_u < W - 2) & (distorted_v > 2) & (distorted_v < H - 2))
+    inside = (
+        (pinhole_u > 1)
+        & (pinhole_u < W - 1)
+        & (pinhole_v > 1)
+        & (pinhole_v < H - 1)  # no padding read
+        & (distorted_u > 2)
+        & (distorted_u < W - 2)
+        & (distorted_v > 2)
+        & (distorted_v < H - 2)
+    )
     assert inside.sum() > 1000
 
     def bilinear(image, pu, pv):  # pixel centres at (j + 0.5, i + 0.5)
         j, i = pu - 0.5, pv - 0.5
         j0, i0 = np.floor(j).astype(int), np.floor(i).astype(int)
         a, b = j - j0, i - i0
-        return ((1 - a) * (1 - b) * image[:, i0, j0] + a * (1 - b) * image[:, i0, j0 + 1]
-                + (1 - a) * b * image[:, i0 + 1, j0] + a * b * image[:, i0 + 1, j0 + 1])
+        return (
+            (1 - a) * (1 - b) * image[:, i0, j0]
+            + a * (1 - b) * image[:, i0, j0 + 1]
+            + (1 - a) * b * image[:, i0 + 1, j0]
+            + a * b * image[:, i0 + 1, j0 + 1]
+        )
 
     held = bilinear(undistorted, pinhole_u[inside], pinhole_v[inside])
     error = np.hypot(held[0] * W - distorted_u[inside], held[1] * H - distorted_v[inside])
@@ -171,8 +183,14 @@ def test_pincushion_corners_that_the_lens_never_saw_are_black(tmp_path):
 # ---------------------------------------------------------------- end to end: files with distorted cameras
 def pattern(x, y) -> np.ndarray:
     """A smooth RGB image of the normalised pinhole plane (periods of about 40 pixels)."""
-    return np.stack([0.5 + 0.4 * np.sin(6.0 * x + 4.0 * y), 0.5 + 0.4 * np.cos(5.0 * x - 6.5 * y + 1),
-                     0.5 + 0.4 * np.sin(3.0 * x + 7.0 * y + 2)], -1)
+    return np.stack(
+        [
+            0.5 + 0.4 * np.sin(6.0 * x + 4.0 * y),
+            0.5 + 0.4 * np.cos(5.0 * x - 6.5 * y + 1),
+            0.5 + 0.4 * np.sin(3.0 * x + 7.0 * y + 2),
+        ],
+        -1,
+    )
 
 
 def distorted_view(model: str, params) -> np.ndarray:
@@ -192,18 +210,35 @@ def write_nerfstudio_scene(folder: Path, lens: dict, model: str, params) -> None
     (folder / "images").mkdir(parents=True)
     Image.fromarray(distorted_view(model, params)).save(folder / "images" / "view.png")
     c2w = np.diag([1.0, -1.0, -1.0, 1.0]).tolist()  # OpenGL axes of the identity OpenCV camera
-    meta = {"fl_x": FX, "fl_y": FY, "cx": CX, "cy": CY, "w": W, "h": H, **lens,
-            "frames": [{"file_path": "images/view.png", "transform_matrix": c2w}]}
+    meta = {
+        "fl_x": FX,
+        "fl_y": FY,
+        "cx": CX,
+        "cy": CY,
+        "w": W,
+        "h": H,
+        **lens,
+        "frames": [{"file_path": "images/view.png", "transform_matrix": c2w}],
+    }
     (folder / "transforms.json").write_text(json.dumps(meta))
 
 
 NERFSTUDIO = {  # transforms.json lens fields -> the COLMAP model with the same equations, and its coefficients
-    "opencv": ({"camera_model": "OPENCV", "k1": -0.07, "k2": 0.01, "k3": 0.002, "p1": 0.002, "p2": -0.001},
-               "FULL_OPENCV", [-0.07, 0.01, 0.002, -0.001, 0.002, 0, 0, 0]),
-    "fisheye": ({"camera_model": "OPENCV_FISHEYE", "k1": 0.05, "k2": -0.01, "k3": 0.002, "k4": -0.001},
-                "OPENCV_FISHEYE", [0.05, -0.01, 0.002, -0.001]),
-    "instant-ngp fisheye": ({"is_fisheye": True, "k1": 0.04, "k2": -0.008, "p1": 0.0, "p2": 0.0},
-                            "OPENCV_FISHEYE", [0.04, -0.008, 0, 0]),
+    "opencv": (
+        {"camera_model": "OPENCV", "k1": -0.07, "k2": 0.01, "k3": 0.002, "p1": 0.002, "p2": -0.001},
+        "FULL_OPENCV",
+        [-0.07, 0.01, 0.002, -0.001, 0.002, 0, 0, 0],
+    ),
+    "fisheye": (
+        {"camera_model": "OPENCV_FISHEYE", "k1": 0.05, "k2": -0.01, "k3": 0.002, "k4": -0.001},
+        "OPENCV_FISHEYE",
+        [0.05, -0.01, 0.002, -0.001],
+    ),
+    "instant-ngp fisheye": (
+        {"is_fisheye": True, "k1": 0.04, "k2": -0.008, "p1": 0.0, "p2": 0.0},
+        "OPENCV_FISHEYE",
+        [0.04, -0.008, 0, 0],
+    ),
 }
 
 
@@ -227,8 +262,12 @@ def test_distorted_captures_load_as_the_pinhole_images_of_the_scene(tmp_path, ca
         scene = load_scene(tmp_path)
     assert not caplog.text
     fy = FX if single_focal(model) else FY
-    torch.testing.assert_close(scene.cameras.K[0, 0].double(), torch.tensor(
-        [[FX, 0, CX], [0, fy, CY], [0, 0, 1]], dtype=torch.float64), atol=1e-5, rtol=0)  # K kept
+    torch.testing.assert_close(
+        scene.cameras.K[0, 0].double(),
+        torch.tensor([[FX, 0, CX], [0, fy, CY], [0, 0, 1]], dtype=torch.float64),
+        atol=1e-5,
+        rtol=0,
+    )  # K kept
     error = np.abs(scene.images[0].permute(1, 2, 0).double().numpy()[seen] - expected).max()
     # measured: at most 0.0061 (8-bit files and the bilinear reading of a pattern with 40-pixel periods)
     assert error < 0.012, f"{case}: {error:.4f}"
@@ -237,25 +276,40 @@ def test_distorted_captures_load_as_the_pinhole_images_of_the_scene(tmp_path, ca
 
 
 # ---------------------------------------------------------------- lens fields that cannot be undistorted
-@pytest.mark.parametrize("fields, message", [
-    ({"camera_model": "EQUIRECTANGULAR"}, r"field 'camera_model' must be one of OPENCV, .*got 'EQUIRECTANGULAR'"),
-    ({"camera_model": "OPENCV", "k4": 0.01}, r"field 'k4' must be 0 for camera_model OPENCV \(nerfstudio's r\^8"),
-    ({"camera_model": "OPENCV_FISHEYE", "p1": 0.01}, r"field 'p1' and 'p2' must be 0 for camera_model OPENCV_FISHEYE"),
-    ({"k1": "abc"}, r"field 'k1' must be a finite number, got 'abc'"),
-    ({"k2": float("nan")}, r"field 'k2' must be a finite number, got nan"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"camera_model": "EQUIRECTANGULAR"}, r"field 'camera_model' must be one of OPENCV, .*got 'EQUIRECTANGULAR'"),
+        ({"camera_model": "OPENCV", "k4": 0.01}, r"field 'k4' must be 0 for camera_model OPENCV \(nerfstudio's r\^8"),
+        (
+            {"camera_model": "OPENCV_FISHEYE", "p1": 0.01},
+            r"field 'p1' and 'p2' must be 0 for camera_model OPENCV_FISHEYE",
+        ),
+        ({"k1": "abc"}, r"field 'k1' must be a finite number, got 'abc'"),
+        ({"k2": float("nan")}, r"field 'k2' must be a finite number, got nan"),
+    ],
+)
 def test_nerfstudio_lens_fields_that_cannot_be_undistorted_name_the_field(tmp_path, fields, message):
     write_nerfstudio_scene(tmp_path, fields, "OPENCV", [FX, FY, CX, CY, 0, 0, 0, 0])
     with pytest.raises(SceneError, match=r"transforms\.json frames\[0\]: " + message):
         load_scene(tmp_path)
 
 
-@pytest.mark.parametrize("line, message", [
-    (f"1 FOV {W} {H} 45 32 24 0.9", r"cameras\.txt:1: camera model FOV is not supported \(use one of"),
-    (f"1 SIMPLE_RADIAL {W} {H} 45 32 24 nan", r"cameras\.txt:1: field PARAMS k1 must be a finite number, got 'nan'"),
-    (f"1 OPENCV {W} {H} 45 45 32 24 0.1 0.0 inf 0.0", r"cameras\.txt:1: field PARAMS p1 must be a finite number"),
-    (f"1 OPENCV_FISHEYE {W} {H} 45 45 32 24 0.1", r"OPENCV_FISHEYE needs 8 PARAMS \(fx, fy, cx, cy, k1, k2, k3, k4\)"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        (f"1 FOV {W} {H} 45 32 24 0.9", r"cameras\.txt:1: camera model FOV is not supported \(use one of"),
+        (
+            f"1 SIMPLE_RADIAL {W} {H} 45 32 24 nan",
+            r"cameras\.txt:1: field PARAMS k1 must be a finite number, got 'nan'",
+        ),
+        (f"1 OPENCV {W} {H} 45 45 32 24 0.1 0.0 inf 0.0", r"cameras\.txt:1: field PARAMS p1 must be a finite number"),
+        (
+            f"1 OPENCV_FISHEYE {W} {H} 45 45 32 24 0.1",
+            r"OPENCV_FISHEYE needs 8 PARAMS \(fx, fy, cx, cy, k1, k2, k3, k4\)",
+        ),
+    ],
+)
 def test_colmap_lens_params_that_cannot_be_undistorted_name_the_line(tmp_path, line, message):
     (tmp_path / "cameras.txt").write_text(line + "\n")
     with pytest.raises(SceneError, match=message):

@@ -6,8 +6,15 @@ import pytest
 import torch
 
 import hrope
-from helpers import (encoding_inputs, encoding_params, random_cameras, random_planes, random_qkv, random_rotation,
-                     random_se3)
+from helpers import (
+    encoding_inputs,
+    encoding_params,
+    random_cameras,
+    random_planes,
+    random_qkv,
+    random_rotation,
+    random_se3,
+)
 
 
 def cams_with(K=None, E=None, image_size=(32, 48)):
@@ -97,8 +104,14 @@ def test_qkv_shape_errors():
     cameras = random_cameras(B=1, V=2, seed=0)
     q, k, v = random_qkv(1, 2, 8, 16)
     attend = lambda q, k, v, **kw: hrope.multiview_attention(  # noqa: E731
-        q, k, v, encoding=kw.pop("encoding", "prope"), cameras=kw.pop("cameras", cameras),
-        grid=kw.pop("grid", (2, 2)), **kw)
+        q,
+        k,
+        v,
+        encoding=kw.pop("encoding", "prope"),
+        cameras=kw.pop("cameras", cameras),
+        grid=kw.pop("grid", (2, 2)),
+        **kw,
+    )
     with pytest.raises(hrope.EncodingError, match="one shape"):
         attend(q, k[:, :, :6], v)
     with pytest.raises(hrope.EncodingError, match="N = 8 tokens"):
@@ -117,7 +130,8 @@ def test_encoding_parameter_errors():
     cameras = random_cameras(B=1, V=2, seed=0)
     q, k, v = random_qkv(1, 2, 8, 16)
     attend = lambda name, **kw: hrope.multiview_attention(  # noqa: E731
-        q, k, v, encoding=name, cameras=cameras, grid=(2, 2), **kw)
+        q, k, v, encoding=name, cameras=cameras, grid=(2, 2), **kw
+    )
     with pytest.raises(hrope.EncodingError, match="needs planes"):
         attend("hrope")
     with pytest.raises(hrope.EncodingError, match=r"needs params \['depth'\]"):
@@ -239,13 +253,15 @@ def test_transform_world_rejects_non_finite_and_non_rigid_matrices():
     reflection[1, :3, 0] *= -1
     scaled[0, :3, :3] *= 1.01
     sheared[0, 3, 0] = 0.5
-    cases = {r"world_from_new\[b=1\] has a non-finite entry": nan,
-             r"world_from_new\[b=1\] has a reflection": reflection,
-             r"world_from_new\[b=0\] is not a rotation": scaled,
-             r"world_from_new\[b=0\] must have bottom row": sheared,
-             r"world_from_new has a reflection": torch.diag(torch.tensor([-1.0, 1.0, 1.0, 1.0])),
-             r"world_from_new must have shape \(4, 4\) or \(2, 4, 4\), got \(3, 4, 4\)": random_se3(3),
-             r"world_from_new must have shape \(4, 4\) or \(2, 4, 4\), got \(4, 3\)": G[0, :, :3]}
+    cases = {
+        r"world_from_new\[b=1\] has a non-finite entry": nan,
+        r"world_from_new\[b=1\] has a reflection": reflection,
+        r"world_from_new\[b=0\] is not a rotation": scaled,
+        r"world_from_new\[b=0\] must have bottom row": sheared,
+        r"world_from_new has a reflection": torch.diag(torch.tensor([-1.0, 1.0, 1.0, 1.0])),
+        r"world_from_new must have shape \(4, 4\) or \(2, 4, 4\), got \(3, 4, 4\)": random_se3(3),
+        r"world_from_new must have shape \(4, 4\) or \(2, 4, 4\), got \(4, 3\)": G[0, :, :3],
+    }
     for match, bad in cases.items():
         with pytest.raises(hrope.CameraError, match=match):
             cameras.transform_world(bad)

@@ -17,7 +17,21 @@ from .tokens import MixedTokens
 __version__ = "0.1.0"
 
 __all__ = [
-    "InputError", "Cameras", "CameraError", "Planes", "PlaneError", "multiview_attention", "ENCODINGS", "Encoding",
-    "EncodingError", "Prepared", "TokenTransform", "QueryFrameTransform", "get_encoding", "MixedTokens",
-    "cross_attention", "KVCache", "__version__",
+    "InputError",
+    "Cameras",
+    "CameraError",
+    "Planes",
+    "PlaneError",
+    "multiview_attention",
+    "ENCODINGS",
+    "Encoding",
+    "EncodingError",
+    "Prepared",
+    "TokenTransform",
+    "QueryFrameTransform",
+    "get_encoding",
+    "MixedTokens",
+    "cross_attention",
+    "KVCache",
+    "__version__",
 ]

@@ -24,8 +24,15 @@ from .tokens import CameraTokens, MixedTokens
 __all__ = ["multiview_attention", "check_qkv", "cross_attention", "KVCache"]
 
 
-def check_qkv(q: Tensor, k: Tensor, v: Tensor, cameras: Cameras, grid: tuple[int, int],
-              enable_gqa: bool = False, camera_tokens: CameraTokens | None = None) -> None:
+def check_qkv(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cameras: Cameras,
+    grid: tuple[int, int],
+    enable_gqa: bool = False,
+    camera_tokens: CameraTokens | None = None,
+) -> None:
     """Shapes: q, k, v ``(B, heads, N, head_dim)`` alike, N = V * grid_h * grid_w, B = cameras' B;
     with ``enable_gqa`` k and v may have fewer heads, a divisor of q's (grouped-query attention).
     With ``camera_tokens`` N is the sequence length L (checked by :class:`~hrope.MixedTokens`)."""
@@ -43,9 +50,7 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, cameras: Cameras, grid: tuple[int
     B, _, N, _ = q.shape
     expected = cameras.num_views * grid[0] * grid[1]
     if N != expected and camera_tokens is None:
-        raise EncodingError(
-            f"N = {N} tokens, but {cameras.num_views} views x grid {tuple(grid)} = {expected}"
-        )
+        raise EncodingError(f"N = {N} tokens, but {cameras.num_views} views x grid {tuple(grid)} = {expected}")
     if B != cameras.batch_size:
         raise EncodingError(f"q has batch {B} but cameras have batch {cameras.batch_size}")
 
@@ -105,14 +110,17 @@ def _relative(transform: Prepared | None, where: str) -> _Relative | None:
     """``transform`` if it is None or a relative encoding's prepared transform, else one-line EncodingError."""
     if transform is not None and (not isinstance(transform, Prepared) or transform.query_frame):
         got = "a query-frame transform" if isinstance(transform, Prepared) else type(transform).__name__
-        raise EncodingError(f"{where} takes a relative encoding's TokenTransform, a MixedTokens over one, or None "
-                            f"(identity), got {got}; query-frame encodings re-encode keys per query view: prepare "
-                            "one transform over all the cameras and use its attention() with an attn_mask")
+        raise EncodingError(
+            f"{where} takes a relative encoding's TokenTransform, a MixedTokens over one, or None "
+            f"(identity), got {got}; query-frame encodings re-encode keys per query view: prepare "
+            "one transform over all the cameras and use its attention() with an attn_mask"
+        )
     return cast("_Relative | None", transform)
 
 
-def cross_attention(q: Tensor, k: Tensor, v: Tensor, *, query: Prepared | None, key: Prepared | None,
-                    **sdpa_kwargs: Any) -> Tensor:
+def cross_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, query: Prepared | None, key: Prepared | None, **sdpa_kwargs: Any
+) -> Tensor:
     """Queries of one token set attending to the keys and values of another, each set with its own transform.
 
     ``query`` transforms q and the output (``apply_q``, ``apply_o``), ``key`` transforms k and v
@@ -128,11 +136,15 @@ def cross_attention(q: Tensor, k: Tensor, v: Tensor, *, query: Prepared | None, 
     if query is not None and key is not None:
         shapes = [(t.batch_size, t.head_dim) for t in (query, key)]
         if shapes[0] != shapes[1]:
-            raise EncodingError(f"cross_attention: query transform has (batch, head_dim) = {shapes[0]}, key transform "
-                                f"{shapes[1]}; they must agree")
+            raise EncodingError(
+                f"cross_attention: query transform has (batch, head_dim) = {shapes[0]}, key transform "
+                f"{shapes[1]}; they must agree"
+            )
         if query.transform_values != key.transform_values:
-            raise EncodingError("cross_attention: query and key transforms must agree on transform_values "
-                                "(both transform v and the output, or neither)")
+            raise EncodingError(
+                "cross_attention: query and key transforms must agree on transform_values "
+                "(both transform v and the output, or neither)"
+            )
     check_mask_options(sdpa_kwargs)
     if query is not None:
         q = query.apply_q(q)
@@ -176,12 +188,15 @@ class KVCache:
         transform = _relative(transform, "KVCache")
         if not (isinstance(k, Tensor) and isinstance(v, Tensor) and k.ndim == 4 and k.shape == v.shape):
             shapes = [tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__ for x in (k, v)]
-            raise EncodingError(f"KVCache: k and v must share one shape (B, heads, tokens, head_dim), "
-                                f"got {shapes[0]}, {shapes[1]}")
+            raise EncodingError(
+                f"KVCache: k and v must share one shape (B, heads, tokens, head_dim), got {shapes[0]}, {shapes[1]}"
+            )
         if self.keys is not None and _chunk_signature(k) != _chunk_signature(self.keys):
             cached = self.keys
-            raise EncodingError(f"KVCache: new keys {tuple(k.shape)} {k.dtype} on {k.device} must match the cache's "
-                                f"(B, heads, ., head_dim) = {tuple(cached.shape)} {cached.dtype} on {cached.device}")
+            raise EncodingError(
+                f"KVCache: new keys {tuple(k.shape)} {k.dtype} on {k.device} must match the cache's "
+                f"(B, heads, ., head_dim) = {tuple(cached.shape)} {cached.dtype} on {cached.device}"
+            )
         if transform is not None:
             k, v = transform.apply_k(k), transform.apply_v(v)
         if self.keys is None or self.values is None:  # both or neither
@@ -190,8 +205,17 @@ class KVCache:
             self.keys, self.values = torch.cat([self.keys, k], 2), torch.cat([self.values, v], 2)
         return self.keys, self.values
 
-    def attention(self, q: Tensor, k: Tensor, v: Tensor, transform: Prepared | None = None, *,
-                  is_causal: bool = False, attn_mask: Tensor | None = None, **sdpa_kwargs: Any) -> Tensor:
+    def attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        transform: Prepared | None = None,
+        *,
+        is_causal: bool = False,
+        attn_mask: Tensor | None = None,
+        **sdpa_kwargs: Any,
+    ) -> Tensor:
         """Append the new chunk (:meth:`append`) and return its queries' outputs over all T cached tokens.
 
         q ``(B, heads, L, d)`` holds the chunk's L queries (the same tokens as k and v, the last L
@@ -201,15 +225,23 @@ class KVCache:
         SDPA's lower-right causal bias). ``attn_mask`` ``(..., L, T)``: the caller's own.
         """
         check_mask_options({"is_causal": is_causal, "attn_mask": attn_mask})
-        if not (isinstance(q, Tensor) and isinstance(k, Tensor) and q.ndim == k.ndim == 4 and
-                (q.shape[0], *q.shape[2:]) == (k.shape[0], *k.shape[2:])):
+        if not (
+            isinstance(q, Tensor)
+            and isinstance(k, Tensor)
+            and q.ndim == k.ndim == 4
+            and (q.shape[0], *q.shape[2:]) == (k.shape[0], *k.shape[2:])
+        ):
             shapes = [tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__ for x in (q, k)]
-            raise EncodingError(f"KVCache.attention: q and k must be (B, heads, L, head_dim) alike but for the heads "
-                                f"(the new chunk's L tokens each), got {shapes[0]}, {shapes[1]}")
+            raise EncodingError(
+                f"KVCache.attention: q and k must be (B, heads, L, head_dim) alike but for the heads "
+                f"(the new chunk's L tokens each), got {shapes[0]}, {shapes[1]}"
+            )
         total = len(self) + k.shape[2]
         if attn_mask is not None and attn_mask.shape[-1] != total:
-            raise EncodingError(f"KVCache.attention: attn_mask must end in (new tokens, cached + new tokens) = "
-                                f"({q.shape[2]}, {total}), got {tuple(attn_mask.shape)}")
+            raise EncodingError(
+                f"KVCache.attention: attn_mask must end in (new tokens, cached + new tokens) = "
+                f"({q.shape[2]}, {total}), got {tuple(attn_mask.shape)}"
+            )
         q = q if transform is None else _relative(transform, "KVCache").apply_q(q)
         keys, values = self.append(k, v, transform)
         L = q.shape[2]

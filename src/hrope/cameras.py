@@ -51,13 +51,17 @@ def _check_rigid(E: Tensor, atol: float, name: str) -> None:
     det = torch.linalg.det(R)
     bad = det < 0
     if bad.any():
-        raise CameraError(f"{name}{_first_bad(bad)} has a reflection (det R = {float(det[bad][0]):.4g}); a proper "
-                          "rotation (det +1) is required: convert axis conventions where the data is loaded")
+        raise CameraError(
+            f"{name}{_first_bad(bad)} has a reflection (det R = {float(det[bad][0]):.4g}); a proper "
+            "rotation (det +1) is required: convert axis conventions where the data is loaded"
+        )
     err = (R.transpose(-1, -2) @ R - torch.eye(3, dtype=E.dtype, device=E.device)).abs().flatten(-2).amax(-1)
     bad = (err > atol) | ((det - 1).abs() > atol)
     if bad.any():
-        raise CameraError(f"{name}{_first_bad(bad)} is not a rotation: |R^T R - I| = {float(err[bad][0]):.3g}, "
-                          f"det R = {float(det[bad][0]):.4g} (tolerance {atol:g})")
+        raise CameraError(
+            f"{name}{_first_bad(bad)} is not a rotation: |R^T R - I| = {float(err[bad][0]):.3g}, "
+            f"det R = {float(det[bad][0]):.4g} (tolerance {atol:g})"
+        )
 
 
 class Cameras:
@@ -100,9 +104,7 @@ class Cameras:
         if E.ndim != 4 or E.shape[-2:] != (4, 4):
             raise CameraError(f"world_to_cam must have shape (B, V, 4, 4), got {tuple(E.shape)}")
         if K.shape[:2] != E.shape[:2]:
-            raise CameraError(
-                f"K has (B, V) = {tuple(K.shape[:2])} but world_to_cam has {tuple(E.shape[:2])}"
-            )
+            raise CameraError(f"K has (B, V) = {tuple(K.shape[:2])} but world_to_cam has {tuple(E.shape[:2])}")
         if not (K.is_floating_point() and E.is_floating_point()):
             raise CameraError("K and world_to_cam must be floating point tensors")
         height, width = self.image_size
@@ -188,8 +190,7 @@ class Cameras:
         K, E = (x.repeat_interleave(count, dim=0) for x in (self.K, self.world_to_cam))
         return Cameras(K, E, self.image_size, validate=False)
 
-    def transform_world(self, world_from_new: Tensor, *, validate: bool = True,
-                        rotation_atol: float = 1e-3) -> Cameras:
+    def transform_world(self, world_from_new: Tensor, *, validate: bool = True, rotation_atol: float = 1e-3) -> Cameras:
         """Re-express the cameras in a new world frame.
 
         ``world_from_new`` ``(4, 4)`` or ``(B, 4, 4)``, a rigid transform (checked like the poses
@@ -198,8 +199,12 @@ class Cameras:
         ``E @ world_from_new``.
         """
         G = world_from_new
-        if not isinstance(G, Tensor) or G.shape[-2:] != (4, 4) or G.ndim not in (2, 3) or \
-                (G.ndim == 3 and G.shape[0] != self.batch_size):
+        if (
+            not isinstance(G, Tensor)
+            or G.shape[-2:] != (4, 4)
+            or G.ndim not in (2, 3)
+            or (G.ndim == 3 and G.shape[0] != self.batch_size)
+        ):
             shape = tuple(G.shape) if isinstance(G, Tensor) else type(G).__name__
             raise CameraError(f"world_from_new must have shape (4, 4) or ({self.batch_size}, 4, 4), got {shape}")
         if validate:

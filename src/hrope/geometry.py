@@ -81,8 +81,13 @@ def invert_se3(E: Tensor) -> Tensor:
     return make_se3(R_t, -(R_t @ E[..., :3, 3:4]).squeeze(-1))
 
 
-def patch_coordinates(grid: tuple[int, int], offset: tuple[float, float] = (0.5, 0.5), *,
-                      device: Device = None, dtype: torch.dtype = torch.float32) -> Tensor:
+def patch_coordinates(
+    grid: tuple[int, int],
+    offset: tuple[float, float] = (0.5, 0.5),
+    *,
+    device: Device = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
     """Normalised image coordinates ``(P, 2)`` of the points ``(ix + ox, iy + oy)`` (patch units) of
     every patch, P = grid_h * grid_w, x fastest: ``u = (ix + ox) / grid_w - 0.5``, same for v.
 

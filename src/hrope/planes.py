@@ -15,8 +15,19 @@ from .cameras import Cameras
 from .errors import InputError
 from .geometry import patch_rays, patchify, pixel_rays
 
-__all__ = ["Planes", "PlaneError", "plane_vectors", "check_depth_maps", "clamp_plane_vectors", "clamp_depth",
-           "clamp_inverse_depth", "MAX_INVERSE_DISTANCE", "MIN_DEPTH", "MAX_DEPTH", "MIN_GRAZING_COS"]
+__all__ = [
+    "Planes",
+    "PlaneError",
+    "plane_vectors",
+    "check_depth_maps",
+    "clamp_plane_vectors",
+    "clamp_depth",
+    "clamp_inverse_depth",
+    "MAX_INVERSE_DISTANCE",
+    "MIN_DEPTH",
+    "MAX_DEPTH",
+    "MIN_GRAZING_COS",
+]
 
 # The clamp policy of the plane- and depth-based encodings (docs/encodings.md, "Clamp policy"), in
 # scene units: a plane is at least MIN_DEPTH from its camera centre (|m| <= MAX_INVERSE_DISTANCE),
@@ -165,8 +176,9 @@ class Planes:
         d_w = d_c - (n_c * t).sum(-1)
         return n_w, 1.0 / d_w
 
-    def normal_and_depth(self, cameras: Cameras, grid: tuple[int, int],
-                         dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+    def normal_and_depth(
+        self, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Unit normal facing the camera ``(B, N, 3)`` and z-depth ``1 / (m·r̂)`` ``(B, N)``.
 
         The depth is inf for m = 0 and negative when the plane is crossed behind the camera.
@@ -177,13 +189,7 @@ class Planes:
         return normal, 1.0 / (m * rays).sum(-1)
 
     @classmethod
-    def from_depth(
-        cls,
-        depth: Tensor,
-        cameras: Cameras,
-        patch_size: int,
-        valid: Tensor | None = None,
-    ) -> Planes:
+    def from_depth(cls, depth: Tensor, cameras: Cameras, patch_size: int, valid: Tensor | None = None) -> Planes:
         """Least-squares plane per patch from a z-depth map ``(B, V, H, W)``.
 
         Each pixel (centre at +0.5) is back-projected to ``X = z K^-1 (x, y, 1)``. The patch's
@@ -219,9 +225,7 @@ class Planes:
     def _check_tokens(self, cameras: Cameras, grid: tuple[int, int]) -> None:
         expected = (cameras.batch_size, cameras.num_views * grid[0] * grid[1])
         if self.shape != expected:
-            raise PlaneError(
-                f"planes have (B, N) = {self.shape}, but cameras and grid {tuple(grid)} imply {expected}"
-            )
+            raise PlaneError(f"planes have (B, N) = {self.shape}, but cameras and grid {tuple(grid)} imply {expected}")
 
     @staticmethod
     def _per_token(cameras: Cameras, grid: tuple[int, int]) -> tuple[Tensor, Tensor]:
@@ -233,4 +237,3 @@ class Planes:
 
     def __repr__(self) -> str:
         return f"Planes(B={self.shape[0]}, N={self.shape[1]})"
-

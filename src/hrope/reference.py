@@ -26,8 +26,27 @@ import torch
 from torch import Tensor
 
 from .cameras import Cameras
-from .encodings import (GTA, CaPE, Encoding, EncodingError, HRoPE, HRoPEDepth, HRoPEFull, HRoPELift, HRoPEPF,
-                        HRoPESE3, HRoPESO3, NoEncoding, PRoPE, RayRoPE, RoPE2D, URoPE, WorldRoPE, get_encoding)
+from .encodings import (
+    GTA,
+    CaPE,
+    Encoding,
+    EncodingError,
+    HRoPE,
+    HRoPEDepth,
+    HRoPEFull,
+    HRoPELift,
+    HRoPEPF,
+    HRoPESE3,
+    HRoPESO3,
+    NoEncoding,
+    PRoPE,
+    RayRoPE,
+    RoPE2D,
+    URoPE,
+    WorldRoPE,
+    get_encoding,
+)
+
 # Documented constants only (docs/encodings.md, docs/encodings_query_frame.md): the grazing clamp
 # |n·r̂|/|r̂| >= 0.05 of Planes(normal, depth), the clamp policy's MAX_INVERSE_DISTANCE = 100,
 # MIN_DEPTH = 0.01 and MAX_DEPTH = 100, POSITION_MARGIN = 2, RayRoPE's ray offsets (0, 0), (1, 0),
@@ -40,8 +59,16 @@ if TYPE_CHECKING:  # annotations only: the reference uses no fast-path helper
     from .planes import Planes
     from .tokens import CameraTokens
 
-__all__ = ["multiview_attention", "token_matrices", "dense_attention", "query_frame_matrices",
-           "query_frame_attention", "Layout", "camera_token_positions", "with_identity_tokens"]
+__all__ = [
+    "multiview_attention",
+    "token_matrices",
+    "dense_attention",
+    "query_frame_matrices",
+    "query_frame_attention",
+    "Layout",
+    "camera_token_positions",
+    "with_identity_tokens",
+]
 
 _T = TypeVar("_T")
 
@@ -174,6 +201,7 @@ def _tangent_frames(normal: Tensor) -> Tensor:
 # definition; 4x4 ones are written out as [[K̂ M R, K̂ (M t + w)], [c^T R, c^T t + δ]] by hand
 # for D = lift(K̂) G E with G = [[M, w], [c^T, δ]].
 
+
 def _prope(encoding: Encoding, tok: _Tokens, planes: Planes | None, params: dict[str, Tensor]) -> Tensor:
     """P = lift(K̂) E = [[K̂R, K̂t], [0, 1]]."""
     return _block4(tok.K @ tok.R, _mv(tok.K, tok.t))
@@ -260,8 +288,9 @@ def _hrope_full(encoding: Encoding, tok: _Tokens, planes: Planes | None, params:
     """Any G = [[A, b], [c^T, δ]]: D = [[K̂ A R, K̂ (A t + b)], [c^T R, c^T t + δ]]."""
     G = params["transform"].double()
     A, b, c, delta = G[..., :3, :3], G[..., :3, 3], G[..., 3, :3], G[..., 3, 3]
-    return _block4(tok.K @ A @ tok.R, _mv(tok.K, _mv(A, tok.t) + b), _mv(tok.R.transpose(-1, -2), c),
-                   (c * tok.t).sum(-1) + delta)
+    return _block4(
+        tok.K @ A @ tok.R, _mv(tok.K, _mv(A, tok.t) + b), _mv(tok.R.transpose(-1, -2), c), (c * tok.t).sum(-1) + delta
+    )
 
 
 class _Spec(NamedTuple):
@@ -327,8 +356,14 @@ def _tile(blocks: Tensor, layout: Layout, D: Tensor) -> Tensor:
     return D
 
 
-def token_matrices(encoding: str | Encoding, cameras: Cameras, grid: tuple[int, int], head_dim: int,
-                   planes: Planes | None = None, params: dict[str, Tensor] | None = None) -> tuple[Tensor, Layout]:
+def token_matrices(
+    encoding: str | Encoding,
+    cameras: Cameras,
+    grid: tuple[int, int],
+    head_dim: int,
+    planes: Planes | None = None,
+    params: dict[str, Tensor] | None = None,
+) -> tuple[Tensor, Layout]:
     """Every token's full transform D_t ``(B, N, head_dim, head_dim)`` in float64, and its :class:`Layout`.
 
     Relative encodings only (for query-frame encodings the key transform depends on the query).
@@ -367,21 +402,25 @@ def with_identity_tokens(D: Tensor, camera_tokens: CameraTokens, length: int) ->
     return full
 
 
-def _sdpa_options(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float,
-                  is_causal: bool, enable_gqa: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+def _sdpa_options(
+    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float, is_causal: bool, enable_gqa: bool
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """SDPA's keyword options for the dense references: k and v with their heads repeated
     (``enable_gqa``) and the mask to apply (``is_causal`` -> the lower-triangular boolean mask)."""
     if dropout_p != 0.0:
-        raise ValueError(f"dropout_p must be 0.0 for the dense reference, got {dropout_p}: "
-                         "a deterministic reference cannot reproduce random dropout")
+        raise ValueError(
+            f"dropout_p must be 0.0 for the dense reference, got {dropout_p}: "
+            "a deterministic reference cannot reproduce random dropout"
+        )
     if is_causal:
         if attn_mask is not None:
             raise EncodingError("pass either attn_mask or is_causal, not both")
         attn_mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
     if enable_gqa and k.shape[1] != q.shape[1]:
         if q.shape[1] % k.shape[1]:
-            raise EncodingError(f"enable_gqa: {q.shape[1]} query heads are not a multiple of "
-                                f"{k.shape[1]} key/value heads")
+            raise EncodingError(
+                f"enable_gqa: {q.shape[1]} query heads are not a multiple of {k.shape[1]} key/value heads"
+            )
         repeat = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
     return k, v, attn_mask
@@ -397,9 +436,20 @@ def _softmax(logits: Tensor, attn_mask: Tensor | None) -> Tensor:
     return torch.softmax(logits, dim=-1)
 
 
-def dense_attention(q: Tensor, k: Tensor, v: Tensor, D_q: Tensor, D_k: Tensor, *,
-                    transform_values: bool = True, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
-                    is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Tensor:
+def dense_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    D_q: Tensor,
+    D_k: Tensor,
+    *,
+    transform_values: bool = True,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
     """Explicit attention with per-token matrices ``D_q (B, Nq, d, d)``, ``D_k (B, Nk, d, d)``.
 
     q ``(B, heads, Nq, d)``, k and v ``(B, heads, Nk, d)``; returns float64 ``(B, heads, Nq, d)``.
@@ -418,11 +468,23 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, D_q: Tensor, D_k: Tensor, *
     return out
 
 
-def multiview_attention(q: Tensor, k: Tensor, v: Tensor, *, encoding: str | Encoding, cameras: Cameras,
-                        grid: tuple[int, int], planes: Planes | None = None, params: dict[str, Tensor] | None = None,
-                        camera_tokens: CameraTokens | None = None,
-                        attn_mask: Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
-                        scale: float | None = None, enable_gqa: bool = False) -> Tensor:
+def multiview_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    encoding: str | Encoding,
+    cameras: Cameras,
+    grid: tuple[int, int],
+    planes: Planes | None = None,
+    params: dict[str, Tensor] | None = None,
+    camera_tokens: CameraTokens | None = None,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
     """Dense float64 reference of :func:`hrope.multiview_attention`: same arguments and output.
 
     q, k, v ``(B, heads, N, head_dim)``; returns float64 ``(B, heads, N, head_dim)`` computed on the
@@ -436,11 +498,17 @@ def multiview_attention(q: Tensor, k: Tensor, v: Tensor, *, encoding: str | Enco
     (:func:`camera_token_positions`) and identity matrices elsewhere.
     """
     encoding = get_encoding(encoding)
-    sdpa: dict[str, Any] = {"attn_mask": attn_mask, "dropout_p": dropout_p, "is_causal": is_causal, "scale": scale,
-            "enable_gqa": enable_gqa}
+    sdpa: dict[str, Any] = {
+        "attn_mask": attn_mask,
+        "dropout_p": dropout_p,
+        "is_causal": is_causal,
+        "scale": scale,
+        "enable_gqa": enable_gqa,
+    }
     if encoding.query_frame:
-        return query_frame_attention(q, k, v, encoding=encoding, cameras=cameras, grid=grid, params=params,
-                                     camera_tokens=camera_tokens, **sdpa)
+        return query_frame_attention(
+            q, k, v, encoding=encoding, cameras=cameras, grid=grid, params=params, camera_tokens=camera_tokens, **sdpa
+        )
     D, _ = token_matrices(encoding, cameras, grid, q.shape[-1], planes, params)
     if camera_tokens is not None:
         D = with_identity_tokens(D, camera_tokens, q.shape[2])
@@ -452,11 +520,11 @@ def multiview_attention(q: Tensor, k: Tensor, v: Tensor, *, encoding: str | Enco
 # world points through explicit matrix inverses, explicit 2x2 expected-rotation blocks, one
 # head_dim x head_dim matrix per (query view, key token), explicit softmax over all N keys.
 
+
 def _uv_grid(grid: tuple[int, int], offset: tuple[float, float]) -> Tensor:
     """Normalised image coordinates ``(P, 2)`` of ``(ix + ox, iy + oy)``, x fastest."""
     gh, gw = grid
-    iy, ix = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64),
-                            indexing="ij")
+    iy, ix = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64), indexing="ij")
     return torch.stack([(ix.reshape(-1) + offset[0]) / gw - 0.5, (iy.reshape(-1) + offset[1]) / gh - 0.5], -1)
 
 
@@ -521,8 +589,9 @@ def _blocks_to_matrix(blocks: Tensor, head_dim: int) -> Tensor:
     return M
 
 
-def _urope_blocks(encoding: URoPE, cams: dict[str, Any], grid: tuple[int, int], head_dim: int, view: int,
-                  params: dict[str, Tensor]) -> Tensor:
+def _urope_blocks(
+    encoding: URoPE, cams: dict[str, Any], grid: tuple[int, int], head_dim: int, view: int, params: dict[str, Tensor]
+) -> Tensor:
     freqs = _image_rope_freqs(head_dim, encoding.rope_base)
     blocks = []
     uv = _uv_grid(grid, (0.5, 0.5))
@@ -541,8 +610,14 @@ def _urope_blocks(encoding: URoPE, cams: dict[str, Any], grid: tuple[int, int], 
     return torch.cat(blocks, 1)
 
 
-def _worldrope_blocks(encoding: WorldRoPE, cams: dict[str, Any], grid: tuple[int, int], head_dim: int, view: int,
-                      params: dict[str, Tensor]) -> Tensor:
+def _worldrope_blocks(
+    encoding: WorldRoPE,
+    cams: dict[str, Any],
+    grid: tuple[int, int],
+    head_dim: int,
+    view: int,
+    params: dict[str, Tensor],
+) -> Tensor:
     freqs = _image_rope_freqs(head_dim, encoding.rope_base)
     P = grid[0] * grid[1]
     weights = (encoding.near_weight, 1.0 - encoding.near_weight)
@@ -564,8 +639,11 @@ def _worldrope_blocks(encoding: WorldRoPE, cams: dict[str, Any], grid: tuple[int
             cov = sigma[..., m, None, None] ** 2 * ray[..., :, None] * ray[..., None, :]
             if encoding.footprint:
                 fx, fy = cams["K"][:, key_view, 0, 0, None], cams["K"][:, key_view, 1, 1, None]
-                cov = cov + torch.diag_embed(torch.stack(
-                    [(z / (grid[1] * fx)) ** 2 / 12, (z / (grid[0] * fy)) ** 2 / 12, torch.zeros_like(z)], -1))
+                cov = cov + torch.diag_embed(
+                    torch.stack(
+                        [(z / (grid[1] * fx)) ** 2 / 12, (z / (grid[0] * fy)) ** 2 / 12, torch.zeros_like(z)], -1
+                    )
+                )
             cov_q = R_qk[:, None] @ cov @ R_qk[:, None].transpose(-1, -2)
             pos, J = _project(cams["K"][:, view], mean, grid)
             cov_img = J @ cov_q @ J.transpose(-1, -2)  # (B, P, 2, 2)
@@ -581,8 +659,9 @@ def _worldrope_blocks(encoding: WorldRoPE, cams: dict[str, Any], grid: tuple[int
     return torch.cat(blocks, 1)
 
 
-def _rayrope_blocks(encoding: RayRoPE, cams: dict[str, Any], grid: tuple[int, int], head_dim: int, view: int,
-                    params: dict[str, Tensor]) -> Tensor:
+def _rayrope_blocks(
+    encoding: RayRoPE, cams: dict[str, Any], grid: tuple[int, int], head_dim: int, view: int, params: dict[str, Tensor]
+) -> Tensor:
     num_freqs = head_dim // 24
     P = grid[0] * grid[1]
     blocks = []
@@ -619,29 +698,59 @@ def _rayrope_blocks(encoding: RayRoPE, cams: dict[str, Any], grid: tuple[int, in
 
 
 _QUERY_FRAME_BLOCKS: dict[type[Encoding], Callable[..., Tensor]] = {
-    URoPE: _urope_blocks, WorldRoPE: _worldrope_blocks, RayRoPE: _rayrope_blocks}
+    URoPE: _urope_blocks,
+    WorldRoPE: _worldrope_blocks,
+    RayRoPE: _rayrope_blocks,
+}
 
 
-def query_frame_matrices(encoding: str | Encoding, cameras: Cameras, grid: tuple[int, int], head_dim: int,
-                         params: dict[str, Tensor] | None = None) -> Tensor:
+def query_frame_matrices(
+    encoding: str | Encoding,
+    cameras: Cameras,
+    grid: tuple[int, int],
+    head_dim: int,
+    params: dict[str, Tensor] | None = None,
+) -> Tensor:
     """Key matrices ``(B, Vq, N, d, d)`` of a query-frame encoding: token j's expected rotation in
     query view c's frame (2x2 blocks E[R(θ)] on the split pairs). Query token i uses entry
     ``[:, view(i), i]``."""
     encoding = get_encoding(encoding)
     E = cameras.world_to_cam.double()
     K = _normalized_K(cameras.K, cameras.image_size)
-    cams: dict[str, Any] = {"B": cameras.batch_size, "V": cameras.num_views, "E": E, "K": K,
-            "K_inv": torch.linalg.inv(K), "C2W": torch.linalg.inv(E)}
+    cams: dict[str, Any] = {
+        "B": cameras.batch_size,
+        "V": cameras.num_views,
+        "E": E,
+        "K": K,
+        "K_inv": torch.linalg.inv(K),
+        "C2W": torch.linalg.inv(E),
+    }
     build = _for_class(_QUERY_FRAME_BLOCKS, encoding)
-    return torch.stack([_blocks_to_matrix(build(encoding, cams, tuple(grid), head_dim, view, params or {}), head_dim)
-                        for view in range(cameras.num_views)], 1)
+    return torch.stack(
+        [
+            _blocks_to_matrix(build(encoding, cams, tuple(grid), head_dim, view, params or {}), head_dim)
+            for view in range(cameras.num_views)
+        ],
+        1,
+    )
 
 
-def query_frame_attention(q: Tensor, k: Tensor, v: Tensor, *, encoding: str | Encoding, cameras: Cameras,
-                          grid: tuple[int, int], params: dict[str, Tensor] | None = None,
-                          camera_tokens: CameraTokens | None = None, attn_mask: Tensor | None = None,
-                          dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-                          enable_gqa: bool = False) -> Tensor:
+def query_frame_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    encoding: str | Encoding,
+    cameras: Cameras,
+    grid: tuple[int, int],
+    params: dict[str, Tensor] | None = None,
+    camera_tokens: CameraTokens | None = None,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
     """Dense reference of a query-frame encoding: with M_j^(c) from :func:`query_frame_matrices`,
 
         a_ij = softmax_j((M_i^T q_i)·(M_j^(c)T k_j) * scale),   o_i = M_i Σ_j a_ij M_j^(c)T v_j,

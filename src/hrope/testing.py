@@ -15,12 +15,21 @@ from .cameras import Cameras
 from .encodings import get_encoding
 from .planes import Planes
 
-__all__ = ["random_rotation", "random_se3", "random_intrinsics", "random_cameras", "random_planes", "random_qkv",
-           "encoding_params", "encoding_inputs"]
+__all__ = [
+    "random_rotation",
+    "random_se3",
+    "random_intrinsics",
+    "random_cameras",
+    "random_planes",
+    "random_qkv",
+    "encoding_params",
+    "encoding_inputs",
+]
 
 
-def random_rotation(*shape: int, generator: torch.Generator | None = None,
-                    dtype: torch.dtype = torch.float64) -> Tensor:
+def random_rotation(
+    *shape: int, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64
+) -> Tensor:
     """Uniform random rotations ``(*shape, 3, 3)`` (QR of a Gaussian matrix, det fixed to +1)."""
     A = torch.randn(*shape, 3, 3, generator=generator, dtype=dtype)
     Q: Tensor
@@ -31,8 +40,12 @@ def random_rotation(*shape: int, generator: torch.Generator | None = None,
     return Q
 
 
-def random_se3(*shape: int, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
-               translation_scale: float = 1.0) -> Tensor:
+def random_se3(
+    *shape: int,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype = torch.float64,
+    translation_scale: float = 1.0,
+) -> Tensor:
     """Random rigid transforms ``(*shape, 4, 4)``: uniform rotation, Gaussian translation."""
     E = torch.zeros(*shape, 4, 4, dtype=dtype)
     E[..., :3, :3] = random_rotation(*shape, generator=generator, dtype=dtype)
@@ -41,8 +54,13 @@ def random_se3(*shape: int, generator: torch.Generator | None = None, dtype: tor
     return E
 
 
-def random_intrinsics(B: int, V: int, image_size: tuple[int, int], generator: torch.Generator | None = None,
-                      dtype: torch.dtype = torch.float64) -> Tensor:
+def random_intrinsics(
+    B: int,
+    V: int,
+    image_size: tuple[int, int],
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> Tensor:
     """Pixel K ``(B, V, 3, 3)`` with focal 0.7–1.5 x the image side (fx != fy) and the principal
     point jittered by ±10 %."""
     H, W = image_size
@@ -56,12 +74,14 @@ def random_intrinsics(B: int, V: int, image_size: tuple[int, int], generator: to
     return K
 
 
-def random_cameras(B: int = 1, V: int = 2, image_size: tuple[int, int] = (32, 48), seed: int = 0,
-                   dtype: torch.dtype = torch.float64) -> Cameras:
+def random_cameras(
+    B: int = 1, V: int = 2, image_size: tuple[int, int] = (32, 48), seed: int = 0, dtype: torch.dtype = torch.float64
+) -> Cameras:
     """``(B, V)`` cameras: :func:`random_intrinsics` and :func:`random_se3` world-to-camera poses."""
     g = torch.Generator().manual_seed(seed)
-    return Cameras(random_intrinsics(B, V, image_size, g, dtype), random_se3(B, V, generator=g, dtype=dtype),
-                   image_size)
+    return Cameras(
+        random_intrinsics(B, V, image_size, g, dtype), random_se3(B, V, generator=g, dtype=dtype), image_size
+    )
 
 
 def random_planes(B: int, N: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> Planes:
@@ -73,8 +93,9 @@ def random_planes(B: int, N: int, seed: int = 0, dtype: torch.dtype = torch.floa
     return Planes(normal, depth)
 
 
-def random_qkv(B: int, heads: int, N: int, head_dim: int, seed: int = 0,
-               dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
+def random_qkv(
+    B: int, heads: int, N: int, head_dim: int, seed: int = 0, dtype: torch.dtype = torch.float64
+) -> tuple[Tensor, Tensor, Tensor]:
     """Standard normal q, k, v, each ``(B, heads, N, head_dim)``."""
     g = torch.Generator().manual_seed(seed + 2000)
     q, k, v = (torch.randn(B, heads, N, head_dim, generator=g, dtype=dtype) for _ in range(3))
@@ -109,8 +130,9 @@ def encoding_params(name: str, B: int, N: int, seed: int = 0, dtype: torch.dtype
     return {p: _param(p, encoding.transform_kind, B, N, g, dtype) for p in encoding.param_names}
 
 
-def encoding_inputs(name: str, cameras: Cameras, grid: tuple[int, int], seed: int = 0,
-                    dtype: torch.dtype = torch.float64) -> dict[str, Planes | dict[str, Tensor] | None]:
+def encoding_inputs(
+    name: str, cameras: Cameras, grid: tuple[int, int], seed: int = 0, dtype: torch.dtype = torch.float64
+) -> dict[str, Planes | dict[str, Tensor] | None]:
     """``planes`` and ``params`` keyword arguments for encoding ``name`` on random valid geometry."""
     B, N = cameras.batch_size, cameras.num_views * grid[0] * grid[1]
     return {

@@ -47,11 +47,14 @@ def camera_positions(camera_tokens: CameraTokens, length: int, count: int) -> li
         positions = list(range(length)[camera_tokens])
     elif isinstance(camera_tokens, Tensor):
         if camera_tokens.ndim != 1 or camera_tokens.is_floating_point() or camera_tokens.is_complex():
-            raise EncodingError(f"camera_tokens must be {ACCEPTED}; one layout for the whole batch, got a "
-                                f"{camera_tokens.dtype} tensor of shape {tuple(camera_tokens.shape)}")
+            raise EncodingError(
+                f"camera_tokens must be {ACCEPTED}; one layout for the whole batch, got a "
+                f"{camera_tokens.dtype} tensor of shape {tuple(camera_tokens.shape)}"
+            )
         if camera_tokens.dtype == torch.bool and camera_tokens.numel() != length:
-            raise EncodingError(f"camera_tokens: a boolean mask must have the sequence length {length}, "
-                                f"got {camera_tokens.numel()}")
+            raise EncodingError(
+                f"camera_tokens: a boolean mask must have the sequence length {length}, got {camera_tokens.numel()}"
+            )
         positions = (camera_tokens.nonzero().flatten() if camera_tokens.dtype == torch.bool else camera_tokens).tolist()
     else:
         try:
@@ -65,8 +68,10 @@ def camera_positions(camera_tokens: CameraTokens, length: int, count: int) -> li
         duplicate = next(p for p, n in Counter(positions).items() if n > 1)
         raise EncodingError(f"camera_tokens: position {duplicate} is given twice; each camera token needs its own")
     if len(positions) != count:
-        raise EncodingError(f"camera_tokens gives {len(positions)} positions, but the transform has {count} "
-                            "camera tokens (views x grid)")
+        raise EncodingError(
+            f"camera_tokens gives {len(positions)} positions, but the transform has {count} "
+            "camera tokens (views x grid)"
+        )
     return positions
 
 
@@ -92,8 +97,9 @@ class MixedTokens(Prepared):
 
     def __init__(self, prepared: Prepared, camera_tokens: CameraTokens, length: int) -> None:
         if not isinstance(prepared, Prepared) or isinstance(prepared, MixedTokens):
-            raise EncodingError(f"MixedTokens needs a prepared transform (encoding.prepare(...)), got "
-                                f"{type(prepared).__name__}")
+            raise EncodingError(
+                f"MixedTokens needs a prepared transform (encoding.prepare(...)), got {type(prepared).__name__}"
+            )
         count = prepared.num_tokens
         if not isinstance(length, int) or length < count:
             raise EncodingError(f"length must be an int of at least the {count} camera tokens, got {length!r}")
@@ -106,8 +112,9 @@ class MixedTokens(Prepared):
         self._span = (start, start + count) if positions == list(range(start, start + count)) else None
         self._index = torch.tensor(positions, dtype=torch.long, device=self.device)
         taken = set(positions)
-        self._identity = torch.tensor([p for p in range(length) if p not in taken], dtype=torch.long,
-                                      device=self.device)
+        self._identity = torch.tensor(
+            [p for p in range(length) if p not in taken], dtype=torch.long, device=self.device
+        )
 
     @property
     def num_tokens(self) -> int:
@@ -141,8 +148,10 @@ class MixedTokens(Prepared):
 
     def _relative(self, what: str) -> TokenTransform:
         if self.query_frame:
-            raise EncodingError(f"MixedTokens.{what}: a query-frame encoding re-encodes keys per query view; "
-                                "use MixedTokens.attention(q, k, v)")
+            raise EncodingError(
+                f"MixedTokens.{what}: a query-frame encoding re-encodes keys per query view; "
+                "use MixedTokens.attention(q, k, v)"
+            )
         return cast(TokenTransform, self.prepared)  # a relative encoding's (never a MixedTokens)
 
     def _check(self, x: Tensor) -> None:
@@ -157,8 +166,15 @@ class MixedTokens(Prepared):
         return torch.cat([x[:, :, :start], fn(x[:, :, start:stop]), x[:, :, stop:]], dim=2)
 
     # --------------------------------------------------------------------------- query-frame
-    def _query_frame_attention(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
-                               is_causal: bool = False, **sdpa_kwargs: Any) -> Tensor:
+    def _query_frame_attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        **sdpa_kwargs: Any,
+    ) -> Tensor:
         """One SDPA call per query view (its camera queries) and one for the identity queries, each
         over all L keys (module docstring); ``recompute`` as in the transform's loop execution."""
         for x in (q, k, v):
@@ -169,8 +185,9 @@ class MixedTokens(Prepared):
         P = prepared.tokens_per_view
         q_rot = self.apply_q(q)
         k_cam, v_cam = k.index_select(2, self._index), v.index_select(2, self._index)
-        groups: list[tuple[Tensor, int | None]] = [(self._index[c * P:(c + 1) * P], c)
-                                                    for c in range(prepared.num_views)]
+        groups: list[tuple[Tensor, int | None]] = [
+            (self._index[c * P : (c + 1) * P], c) for c in range(prepared.num_views)
+        ]
         if self._identity.numel():
             groups.append((self._identity, None))
         outs = []
@@ -186,8 +203,17 @@ class MixedTokens(Prepared):
         order = torch.cat([rows for rows, _ in groups])
         return self.apply_o(torch.cat(outs, 2).index_select(2, torch.argsort(order)))
 
-    def _group_attention(self, q_rows: Tensor, k: Tensor, v: Tensor, k_cam: Tensor, v_cam: Tensor,
-                         view: int | None, mask: Tensor | None, **sdpa_kwargs: Any) -> Tensor:
+    def _group_attention(
+        self,
+        q_rows: Tensor,
+        k: Tensor,
+        v: Tensor,
+        k_cam: Tensor,
+        v_cam: Tensor,
+        view: int | None,
+        mask: Tensor | None,
+        **sdpa_kwargs: Any,
+    ) -> Tensor:
         """SDPA of some queries over all L keys: the camera keys in query view ``view``'s frame, or
         (``view`` None, identity queries) each in its own view's frame; identity keys as they are."""
         if view is None:

@@ -56,10 +56,12 @@ import torch
 from torch import Tensor
 
 STORED = Path(__file__).resolve().parent / "prope_official_vectors.json"
-ABOUT = ("Inputs and outputs of the official PRoPE attention (liruilong940607/prope, main branch, torch "
-         "implementation) computed in float64. For 'gta' the official module was called with Ks=None. Shapes: "
-         "q/k/v/out (B, heads, N, head_dim), N = V*grid_h*grid_w, tokens view-major then row-major (x fastest); "
-         "K in pixels (B, V, 3, 3); world_to_cam (B, V, 4, 4), OpenCV; image_size (H, W); grid (grid_h, grid_w).")
+ABOUT = (
+    "Inputs and outputs of the official PRoPE attention (liruilong940607/prope, main branch, torch "
+    "implementation) computed in float64. For 'gta' the official module was called with Ks=None. Shapes: "
+    "q/k/v/out (B, heads, N, head_dim), N = V*grid_h*grid_w, tokens view-major then row-major (x fastest); "
+    "K in pixels (B, V, 3, 3); world_to_cam (B, V, 4, 4), OpenCV; image_size (H, W); grid (grid_h, grid_w)."
+)
 
 # The six stored cases: (B, V, heads, head_dim, grid (h, w), image_size (H, W)), each for prope and gta.
 CASES = [(1, 2, 2, 16, (2, 3), (32, 48)), (1, 3, 2, 48, (3, 3), (48, 48)), (2, 2, 1, 32, (2, 4), (20, 40))]
@@ -126,8 +128,9 @@ def _transform(x: Tensor, M: Tensor, angles_x: Tensor, angles_y: Tensor, sign: f
     return torch.cat([projective, rope_x, rope_y], dim=-1)
 
 
-def official_prope_attention(q: Tensor, k: Tensor, v: Tensor, world_to_cam: Tensor, K: Tensor | None,
-                             image_size, grid) -> Tensor:
+def official_prope_attention(
+    q: Tensor, k: Tensor, v: Tensor, world_to_cam: Tensor, K: Tensor | None, image_size, grid
+) -> Tensor:
     """The official module's output, float64: q, k, v ``(B, heads, N, d)``, ``world_to_cam (B, V, 4, 4)``,
     pixel ``K (B, V, 3, 3)`` or None (GTA mode), ``image_size (H, W)``, ``grid (grid_h, grid_w)``."""
     q, k, v, world_to_cam = (x.double() for x in (q, k, v, world_to_cam))
@@ -146,8 +149,15 @@ def case_output(case: dict) -> Tensor:
     """:func:`official_prope_attention` on one stored case (its ``encoding`` picks K or None)."""
     T = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
     K = T(case["K"]) if case["encoding"] == "prope" else None
-    return official_prope_attention(T(case["q"]), T(case["k"]), T(case["v"]), T(case["world_to_cam"]), K,
-                                    tuple(case["image_size"]), tuple(case["grid"]))
+    return official_prope_attention(
+        T(case["q"]),
+        T(case["k"]),
+        T(case["v"]),
+        T(case["world_to_cam"]),
+        K,
+        tuple(case["image_size"]),
+        tuple(case["grid"]),
+    )
 
 
 # ---------------------------------------------------------------------------------- new inputs
@@ -176,8 +186,15 @@ def draw_inputs(B: int, V: int, heads: int, head_dim: int, grid, image_size, see
     E[..., 3, 3] = 1.0
     N = V * grid[0] * grid[1]
     q, k, v = (torch.randn(B, heads, N, head_dim, generator=g, dtype=torch.float64) for _ in range(3))
-    return {"grid": list(grid), "image_size": list(image_size), "K": K.tolist(), "world_to_cam": E.tolist(),
-            "q": q.tolist(), "k": k.tolist(), "v": v.tolist()}
+    return {
+        "grid": list(grid),
+        "image_size": list(image_size),
+        "K": K.tolist(),
+        "world_to_cam": E.tolist(),
+        "q": q.tolist(),
+        "k": k.tolist(),
+        "v": v.tolist(),
+    }
 
 
 def make_cases(seed: int) -> list[dict]:
@@ -199,8 +216,14 @@ def check(path: Path = STORED) -> list[dict]:
     for case in json.loads(path.read_text())["cases"]:
         expected = torch.tensor(case["out"], dtype=torch.float64)
         error = (case_output(case) - expected).abs().max().item()
-        rows.append({"encoding": case["encoding"], "grid": case["grid"], "max_abs": error,
-                     "relative": error / expected.abs().max().item()})
+        rows.append(
+            {
+                "encoding": case["encoding"],
+                "grid": case["grid"],
+                "max_abs": error,
+                "relative": error / expected.abs().max().item(),
+            }
+        )
     return rows
 
 
@@ -212,16 +235,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.write is not None:
         if args.write.resolve() == STORED:
             parser.error(f"refusing to overwrite {STORED.name}: the tests compare against the stored vectors")
-        data = {"about": ABOUT + " Written by tests/data/make_prope_vectors.py --seed "
-                f"{args.seed} (outputs from its own implementation of the official algorithm).",
-                "cases": make_cases(args.seed)}
+        data = {
+            "about": ABOUT + " Written by tests/data/make_prope_vectors.py --seed "
+            f"{args.seed} (outputs from its own implementation of the official algorithm).",
+            "cases": make_cases(args.seed),
+        }
         args.write.write_text(json.dumps(data))
         print(f"wrote {len(data['cases'])} cases to {args.write}")
         return 0
     rows = check()
     for row in rows:
-        print(f"{row['encoding']:<6} grid {tuple(row['grid'])}: max |recomputed - stored| {row['max_abs']:.1e} "
-              f"({row['relative']:.1e} of max |stored|)")
+        print(
+            f"{row['encoding']:<6} grid {tuple(row['grid'])}: max |recomputed - stored| {row['max_abs']:.1e} "
+            f"({row['relative']:.1e} of max |stored|)"
+        )
     bad = [r for r in rows if r["relative"] > CHECK_TOLERANCE]
     print(f"{len(rows) - len(bad)} of {len(rows)} stored cases reproduced to {CHECK_TOLERANCE:g}")
     return 1 if bad else 0

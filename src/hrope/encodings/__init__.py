@@ -24,8 +24,23 @@ from .worldrope import WorldRoPE
 
 ENCODINGS: dict[str, type[Encoding]] = {
     cls.name: cls
-    for cls in (NoEncoding, RoPE2D, PRoPE, GTA, CaPE, HRoPE, HRoPELift,
-                HRoPEDepth, HRoPESO3, HRoPESE3, HRoPEPF, HRoPEFull, RayRoPE, URoPE, WorldRoPE)
+    for cls in (
+        NoEncoding,
+        RoPE2D,
+        PRoPE,
+        GTA,
+        CaPE,
+        HRoPE,
+        HRoPELift,
+        HRoPEDepth,
+        HRoPESO3,
+        HRoPESE3,
+        HRoPEPF,
+        HRoPEFull,
+        RayRoPE,
+        URoPE,
+        WorldRoPE,
+    )
 }
 
 
@@ -43,8 +58,29 @@ def get_encoding(name: str | Encoding, **options: Any) -> Encoding:
 
 
 __all__ = [
-    "ENCODINGS", "get_encoding", "Encoding", "EncodingError", "HeadLayout", "Prepared", "TokenTransform",
+    "ENCODINGS",
+    "get_encoding",
+    "Encoding",
+    "EncodingError",
+    "HeadLayout",
+    "Prepared",
+    "TokenTransform",
     "QueryFrameTransform",
-    "patch_index_rope_angles", "tangent_frames", "NoEncoding", "RoPE2D", "PRoPE", "GTA", "CaPE", "HRoPE", "HRoPELift",
-    "HRoPEDepth", "HRoPESO3", "HRoPESE3", "HRoPEPF", "HRoPEFull", "RayRoPE", "URoPE", "WorldRoPE",
+    "patch_index_rope_angles",
+    "tangent_frames",
+    "NoEncoding",
+    "RoPE2D",
+    "PRoPE",
+    "GTA",
+    "CaPE",
+    "HRoPE",
+    "HRoPELift",
+    "HRoPEDepth",
+    "HRoPESO3",
+    "HRoPESE3",
+    "HRoPEPF",
+    "HRoPEFull",
+    "RayRoPE",
+    "URoPE",
+    "WorldRoPE",
 ]

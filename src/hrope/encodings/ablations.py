@@ -25,8 +25,7 @@ from ..geometry import geometry_dtype, invert_intrinsics, invert_se3, lift, make
 from ..planes import Planes, clamp_depth, clamp_inverse_depth, clamp_plane_vectors
 from .base import Encoding, EncodingError, HeadLayout, TokenTransform, per_token_param
 
-__all__ = ["PatchTransformEncoding", "HRoPEDepth", "HRoPESO3", "HRoPESE3", "HRoPEPF", "HRoPEFull",
-           "tangent_frames"]
+__all__ = ["PatchTransformEncoding", "HRoPEDepth", "HRoPESO3", "HRoPESE3", "HRoPEPF", "HRoPEFull", "tangent_frames"]
 
 
 def _check_rotations(R: Tensor, what: str, atol: float = 1e-3) -> None:
@@ -54,14 +53,16 @@ def tangent_frames(normal: Tensor) -> Tensor:
 class PatchTransformEncoding(Encoding):
     """Shared composition D = lift(K̂) G E and D^-1 = E^-1 G^-1 lift(K̂^-1) over 4x4 tiles."""
 
-    def patch_transforms(self, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype, *args: Any,
-                         **params: Any) -> tuple[Tensor, Tensor]:
+    def patch_transforms(
+        self, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype, *args: Any, **params: Any
+    ) -> tuple[Tensor, Tensor]:
         """Per-token G and G^-1, each ``(B, V, P, 4, 4)``, from the planes (the next argument) and the
         per-token params named by ``param_names`` (keywords); each subclass names what it takes."""
         raise NotImplementedError
 
-    def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None,
-                **params: Tensor) -> TokenTransform:
+    def prepare(
+        self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None, **params: Tensor
+    ) -> TokenTransform:
         """The subclass's input: ``depth (B, N)``, ``rotation (B, N, 3, 3)``, ``transform (B, N, 4, 4)`` or
         ``planes (B, N)`` (hrope-pf); D_t = lift(K̂_c) G_u E_c tiles + RoPE."""
         self.check_inputs(planes, params)
@@ -88,12 +89,15 @@ class HRoPEDepth(PatchTransformEncoding):
     name = "hrope-depth"
     param_names = ("depth",)
 
-    def patch_transforms(self, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype, planes: Planes | None, *,
-                         depth: Tensor) -> tuple[Tensor, Tensor]:
+    def patch_transforms(
+        self, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype, planes: Planes | None, *, depth: Tensor
+    ) -> tuple[Tensor, Tensor]:
         z = per_token_param(depth, cameras, grid, (), "depth", dtype)
         if not (z > 0).all():
-            raise EncodingError(f"hrope-depth: depth must be positive (z-depth along the patch-centre ray), "
-                                f"min is {float(z.detach().min()):g}")
+            raise EncodingError(
+                f"hrope-depth: depth must be positive (z-depth along the patch-centre ray), "
+                f"min is {float(z.detach().min()):g}"
+            )
         p = clamp_depth(z)[..., None] * patch_rays(cameras.normalized_K(dtype), grid)
         return _translation(-p), _translation(p)
 
@@ -104,8 +108,9 @@ class HRoPESO3(PatchTransformEncoding):
     name = "hrope-so3"
     param_names = ("rotation",)
 
-    def patch_transforms(self, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype, planes: Planes | None, *,
-                         rotation: Tensor) -> tuple[Tensor, Tensor]:
+    def patch_transforms(
+        self, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype, planes: Planes | None, *, rotation: Tensor
+    ) -> tuple[Tensor, Tensor]:
         R = per_token_param(rotation, cameras, grid, (3, 3), "rotation", dtype)
         _check_rotations(R, "rotation")
         return lift(R), lift(R.transpose(-1, -2))
@@ -118,8 +123,9 @@ class HRoPESE3(PatchTransformEncoding):
     param_names = ("transform",)
     transform_kind = "rigid"
 
-    def patch_transforms(self, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype, planes: Planes | None, *,
-                         transform: Tensor) -> tuple[Tensor, Tensor]:
+    def patch_transforms(
+        self, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype, planes: Planes | None, *, transform: Tensor
+    ) -> tuple[Tensor, Tensor]:
         G = per_token_param(transform, cameras, grid, (4, 4), "transform", dtype)
         _check_rotations(G[..., :3, :3], "transform[..., :3, :3]")
         bottom = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=dtype, device=G.device)
@@ -143,8 +149,9 @@ class HRoPEPF(PatchTransformEncoding):
     planes_in_front = True
     # no APE variant: it would embed the same planes, decoded the same way, as hrope-ape
 
-    def patch_transforms(self, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype,
-                         planes: Planes) -> tuple[Tensor, Tensor]:
+    def patch_transforms(
+        self, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype, planes: Planes
+    ) -> tuple[Tensor, Tensor]:
         B, V, P = cameras.batch_size, cameras.num_views, grid[0] * grid[1]
         m = clamp_plane_vectors(planes.m(cameras, grid, dtype).reshape(B, V, P, 3))
         rays = patch_rays(cameras.normalized_K(dtype), grid)
@@ -166,8 +173,9 @@ class HRoPEFull(PatchTransformEncoding):
     param_names = ("transform",)
     transform_kind = "invertible"
 
-    def patch_transforms(self, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype, planes: Planes | None, *,
-                         transform: Tensor) -> tuple[Tensor, Tensor]:
+    def patch_transforms(
+        self, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype, planes: Planes | None, *, transform: Tensor
+    ) -> tuple[Tensor, Tensor]:
         G = per_token_param(transform, cameras, grid, (4, 4), "transform", dtype)
         G_inv, info = torch.linalg.inv_ex(G)
         if (info != 0).any() or not torch.isfinite(G_inv).all():

@@ -34,8 +34,15 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
-__all__ = ["rope_diagonals", "inverse_rope", "BandedOperator", "banded_operator", "banded_product", "block_gradient",
-           "TransformProduct"]
+__all__ = [
+    "rope_diagonals",
+    "inverse_rope",
+    "BandedOperator",
+    "banded_operator",
+    "banded_product",
+    "block_gradient",
+    "TransformProduct",
+]
 
 RopeTables = tuple[Tensor, Tensor, Tensor]
 # D x as a function of (x, blocks, num_blocks, rope), differentiable (TransformProduct's input gradient)
@@ -95,8 +102,10 @@ def _block_diagonals(blocks: Tensor, num_blocks: int) -> dict[int, Tensor]:
     tiled = num_blocks * b
     selection = _diagonal_selection(b, num_blocks, blocks.dtype, blocks.device)
     tables = blocks.flatten(-2).unsqueeze(0) @ selection[:, None, None]  # (2b - 1, B, V, P', tiled)
-    return {offset: tables[offset + b - 1, ..., max(0, -offset) : tiled - max(0, offset)].unsqueeze(1)
-            for offset in range(1 - b, b)}
+    return {
+        offset: tables[offset + b - 1, ..., max(0, -offset) : tiled - max(0, offset)].unsqueeze(1)
+        for offset in range(1 - b, b)
+    }
 
 
 def _tile_matrix(blocks: Tensor, num_blocks: int) -> Tensor:
@@ -145,7 +154,7 @@ class BandedOperator:
             else:
                 torch.matmul(x[..., :tiled], self.tile_matrix, out=out[..., :tiled])
         if self.main is not None:
-            torch.mul(x[..., self.main_start:], self.main, out=out[..., self.main_start:])
+            torch.mul(x[..., self.main_start :], self.main, out=out[..., self.main_start :])
         for offset, start, table in self.diagonals:
             stop = start + table.shape[-1]
             out[..., start:stop].addcmul_(x[..., start + offset : stop + offset], table)
@@ -215,9 +224,17 @@ class TransformProduct(torch.autograd.Function):
     the block gradient is :func:`block_gradient`; RoPE tables are constants."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, blocks: Tensor | None, num_blocks: int, cos: Tensor | None,
-                plus: Tensor | None, minus: Tensor | None, apply: Callable[[Tensor], Tensor],
-                product: Product) -> Tensor:
+    def forward(
+        ctx: Any,
+        x: Tensor,
+        blocks: Tensor | None,
+        num_blocks: int,
+        cos: Tensor | None,
+        plus: Tensor | None,
+        minus: Tensor | None,
+        apply: Callable[[Tensor], Tensor],
+        product: Product,
+    ) -> Tensor:
         ctx.num_blocks, ctx.product = num_blocks, product
         ctx.rope = None if cos is None else (cos, plus, minus)
         blocks_need_grad = blocks is not None and ctx.needs_input_grad[1]
@@ -237,8 +254,9 @@ class TransformProduct(torch.autograd.Function):
         return grad_x, grad_blocks, None, None, None, None, None, None
 
 
-def banded_product(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: RopeTables | None,
-                   operator: BandedOperator | None = None) -> Tensor:
+def banded_product(
+    x: Tensor, blocks: Tensor | None, num_blocks: int, rope: RopeTables | None, operator: BandedOperator | None = None
+) -> Tensor:
     """``y = D x`` per token for ``x (B, heads, V, P, head_dim)``.
 
     D = blockdiag(M tiled ``num_blocks`` times, identity, R), ``blocks`` M ``(B, V, 1 or P, b, b)``
@@ -255,12 +273,24 @@ def banded_product(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: Rope
     if blocks is None or blocks.shape[2] == 1:  # small tables (per view): the backward reuses them as D^T's
         product = functools.partial(_product_with, operator.transpose())
     cos, plus, minus = rope if rope is not None else (None, None, None)
-    return cast(Tensor, TransformProduct.apply(x, blocks, num_blocks, cos, plus, minus,  # type: ignore[no-untyped-call]
-                                               operator.apply, product))
+    return cast(
+        Tensor,
+        TransformProduct.apply(
+            x,
+            blocks,
+            num_blocks,
+            cos,
+            plus,
+            minus,  # type: ignore[no-untyped-call]
+            operator.apply,
+            product,
+        ),
+    )
 
 
-def _product_with(operator: BandedOperator, x: Tensor, blocks: Tensor | None, num_blocks: int,
-                  rope: RopeTables | None) -> Tensor:
+def _product_with(
+    operator: BandedOperator, x: Tensor, blocks: Tensor | None, num_blocks: int, rope: RopeTables | None
+) -> Tensor:
     """:func:`banded_product` with ``operator``, the prebuilt tables of exactly these blocks and RoPE."""
     return banded_product(x, blocks, num_blocks, rope, operator)
 
@@ -269,6 +299,10 @@ def _transposed_product(x: Tensor, blocks_t: Tensor | None, num_blocks: int, rop
     """:func:`banded_product` for D^T = (``blocks_t``, ``rope_t``) with D's tables, built from
     ``blocks_t.mT`` (D's blocks, contiguous: ~2x faster to build from) and transposed."""
     with torch.no_grad():
-        operator = banded_operator(None if blocks_t is None else blocks_t.mT, num_blocks,
-                                   None if rope_t is None else inverse_rope(rope_t), x.shape[-1]).transpose()
+        operator = banded_operator(
+            None if blocks_t is None else blocks_t.mT,
+            num_blocks,
+            None if rope_t is None else inverse_rope(rope_t),
+            x.shape[-1],
+        ).transpose()
     return banded_product(x, blocks_t, num_blocks, rope_t, operator)

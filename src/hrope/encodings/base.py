@@ -27,8 +27,19 @@ from .banded import BandedOperator, RopeTables, banded_operator, banded_product,
 from ..errors import EncodingError
 from ..planes import Planes
 
-__all__ = ["BACKENDS", "HeadLayout", "patch_index_rope_angles", "rope_tables", "per_token_param",
-           "check_prepared_input", "check_mask_options", "TokenTransform", "Encoding", "Prepared", "EncodingError"]
+__all__ = [
+    "BACKENDS",
+    "HeadLayout",
+    "patch_index_rope_angles",
+    "rope_tables",
+    "per_token_param",
+    "check_prepared_input",
+    "check_mask_options",
+    "TokenTransform",
+    "Encoding",
+    "Prepared",
+    "EncodingError",
+]
 
 ROPE_BASE = 100.0
 # How a TokenTransform applies D: "torch" (banded.py's passes, every device), "triton" (the fused
@@ -72,8 +83,14 @@ class HeadLayout:
         return self.num_blocks * self.block
 
 
-def patch_index_rope_angles(grid: tuple[int, int], num_freqs: int, *, base: float = ROPE_BASE,
-                            device: Device = None, dtype: torch.dtype = torch.float64) -> Tensor:
+def patch_index_rope_angles(
+    grid: tuple[int, int],
+    num_freqs: int,
+    *,
+    base: float = ROPE_BASE,
+    device: Device = None,
+    dtype: torch.dtype = torch.float64,
+) -> Tensor:
     """Angles ``(P, 2, F)`` of the relative encodings' 2D RoPE: ``[p, 0, f] = ix * w_f`` and
     ``[p, 1, f] = iy * w_f``.
 
@@ -100,8 +117,9 @@ def rope_tables(grid: tuple[int, int], num_freqs: int, base: float, device: torc
     return rope_diagonals(patch_index_rope_angles(grid, num_freqs, base=base, device=device))
 
 
-def per_token_param(x: Tensor, cameras: Cameras, grid: tuple[int, int], trailing: tuple[int, ...], what: str,
-                    dtype: torch.dtype) -> Tensor:
+def per_token_param(
+    x: Tensor, cameras: Cameras, grid: tuple[int, int], trailing: tuple[int, ...], what: str, dtype: torch.dtype
+) -> Tensor:
     """A per-token input ``x (B, N, *trailing)`` on the cameras' device, cast to ``dtype``, checked
     finite, reshaped to ``(B, V, P, *trailing)``."""
     B, V, P = cameras.batch_size, cameras.num_views, grid[0] * grid[1]
@@ -124,8 +142,9 @@ def check_prepared_input(x: Tensor, batch_size: int, tokens: int, head_dim: int,
     expected = (batch_size, tokens, head_dim)
     if not isinstance(x, Tensor) or x.ndim != 4 or (x.shape[0], *x.shape[2:]) != expected:
         shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise EncodingError(f"expected ({batch_size}, heads, {tokens}, {head_dim}) (the prepared B, N, head_dim), "
-                            f"got {shape}")
+        raise EncodingError(
+            f"expected ({batch_size}, heads, {tokens}, {head_dim}) (the prepared B, N, head_dim), got {shape}"
+        )
     if x.device != device:
         raise EncodingError(f"transform prepared on {device}, applied to a tensor on {x.device}")
     if not x.is_floating_point():
@@ -151,6 +170,7 @@ class Prepared:
     device: torch.device
 
     if TYPE_CHECKING:  # subclasses hold these as attributes or properties
+
         @property
         def head_dim(self) -> int: ...
 
@@ -203,10 +223,20 @@ class TokenTransform(Prepared):
     prepared over all views: :meth:`select_views`.
     """
 
-    def __init__(self, layout: HeadLayout, num_views: int, grid: tuple[int, int],
-                 geo: Tensor | None = None, geo_inv: Tensor | None = None, *, batch_size: int,
-                 device: torch.device, transform_values: bool = True, rope_base: float = ROPE_BASE,
-                 backend: str = "torch") -> None:
+    def __init__(
+        self,
+        layout: HeadLayout,
+        num_views: int,
+        grid: tuple[int, int],
+        geo: Tensor | None = None,
+        geo_inv: Tensor | None = None,
+        *,
+        batch_size: int,
+        device: torch.device,
+        transform_values: bool = True,
+        rope_base: float = ROPE_BASE,
+        backend: str = "torch",
+    ) -> None:
         if backend not in BACKENDS:
             raise EncodingError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         self.layout = layout
@@ -245,14 +275,26 @@ class TokenTransform(Prepared):
         this one's blocks: what preparing those views alone gives, except where D depends on all
         the cameras (``hrope``'s default ``gauge="centroid"``), which keeps this transform's gauge."""
         views = list(views) if isinstance(views, (list, tuple, range)) else views
-        if not isinstance(views, list) or not views or \
-                not all(isinstance(c, int) and 0 <= c < self.num_views for c in views):
+        if (
+            not isinstance(views, list)
+            or not views
+            or not all(isinstance(c, int) and 0 <= c < self.num_views for c in views)
+        ):
             got = views if isinstance(views, list) else type(views).__name__
             raise EncodingError(f"views must be a non-empty list of view indices in [0, {self.num_views}), got {got}")
         blocks = self.geometric_blocks()
         geo = () if blocks is None else tuple(b[:, views] for b in blocks)
-        return TokenTransform(self.layout, len(views), self.grid, *geo, batch_size=self.batch_size, device=self.device,
-                              transform_values=self.transform_values, rope_base=self.rope_base, backend=self.backend)
+        return TokenTransform(
+            self.layout,
+            len(views),
+            self.grid,
+            *geo,
+            batch_size=self.batch_size,
+            device=self.device,
+            transform_values=self.transform_values,
+            rope_base=self.rope_base,
+            backend=self.backend,
+        )
 
     # --------------------------------------------------------------------------- apply
     def apply_q(self, x: Tensor) -> Tensor:
@@ -284,8 +326,14 @@ class TokenTransform(Prepared):
     def _keys_values(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """``apply_k(k), apply_v(v)``; small k and v alike go through one pass (concatenated over
         heads), which halves the per-op overhead that dominates their cost."""
-        if self.transform_values and isinstance(k, Tensor) and isinstance(v, Tensor) and k.shape == v.shape \
-                and k.dtype == v.dtype and is_small(k):
+        if (
+            self.transform_values
+            and isinstance(k, Tensor)
+            and isinstance(v, Tensor)
+            and k.shape == v.shape
+            and k.dtype == v.dtype
+            and is_small(k)
+        ):
             check_prepared_input(k, self.batch_size, self.num_tokens, self.head_dim, self.device)  # names k's shape
             keys, values = self.apply_k(torch.cat([k, v], 1)).chunk(2, 1)
             return keys, values
@@ -302,8 +350,9 @@ class TokenTransform(Prepared):
         under no_grad is not reused where gradients must reach the blocks)."""
         blocks: Tensor | None = None
         if which in self._geo:
-            blocks = self._cached(("blocks", which, x.dtype, torch.is_grad_enabled()),
-                                  lambda: self._geo[which].to(dtype=x.dtype))
+            blocks = self._cached(
+                ("blocks", which, x.dtype, torch.is_grad_enabled()), lambda: self._geo[which].to(dtype=x.dtype)
+            )
         rope: RopeTables | None = None
         if (tables := self._rope) is not None:
             rope = self._cached(("rope", x.dtype), lambda: _cast_rope(tables, x.dtype))
@@ -396,16 +445,32 @@ class Encoding(nn.Module):
         self.backend = backend
         return self
 
-    def token_transform(self, layout: HeadLayout, cameras: Cameras, grid: tuple[int, int], geo: Tensor | None = None,
-                        geo_inv: Tensor | None = None) -> TokenTransform:
+    def token_transform(
+        self,
+        layout: HeadLayout,
+        cameras: Cameras,
+        grid: tuple[int, int],
+        geo: Tensor | None = None,
+        geo_inv: Tensor | None = None,
+    ) -> TokenTransform:
         """A :class:`TokenTransform` over ``cameras``' views with this encoding's RoPE base and
         ``transform_values``."""
-        return TokenTransform(layout, cameras.num_views, grid, geo, geo_inv, batch_size=cameras.batch_size,
-                              device=cameras.device, rope_base=self.rope_base,
-                              transform_values=self.transform_values, backend=self.backend)
+        return TokenTransform(
+            layout,
+            cameras.num_views,
+            grid,
+            geo,
+            geo_inv,
+            batch_size=cameras.batch_size,
+            device=cameras.device,
+            rope_base=self.rope_base,
+            transform_values=self.transform_values,
+            backend=self.backend,
+        )
 
-    def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None,
-                **params: Tensor) -> Prepared:
+    def prepare(
+        self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None, **params: Tensor
+    ) -> Prepared:
         """Bind the encoding to one batch of N = V * grid_h * grid_w tokens (view-major).
 
         Args:

@@ -29,8 +29,9 @@ class NoEncoding(Encoding):
     name = "none"
     encodes_pose = False
 
-    def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None,
-                **params: Tensor) -> TokenTransform:
+    def prepare(
+        self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None, **params: Tensor
+    ) -> TokenTransform:
         """No planes or params; D_t = I (plain SDPA)."""
         self.check_inputs(planes, params)
         return self.token_transform(HeadLayout(head_dim, block=0, rope=False), cameras, grid)
@@ -42,8 +43,9 @@ class RoPE2D(Encoding):
     name = "rope2d"
     encodes_pose = False
 
-    def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None,
-                **params: Tensor) -> TokenTransform:
+    def prepare(
+        self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None, **params: Tensor
+    ) -> TokenTransform:
         """No planes or params; D_t = 2D RoPE of the token's patch indices."""
         self.check_inputs(planes, params)
         return self.token_transform(HeadLayout(head_dim, block=0), cameras, grid)
@@ -54,8 +56,9 @@ class PRoPE(Encoding):
 
     name = "prope"
 
-    def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None,
-                **params: Tensor) -> TokenTransform:
+    def prepare(
+        self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None, **params: Tensor
+    ) -> TokenTransform:
         """No planes or params; D_t = blockdiag(P_c tiles, RoPE) from the cameras alone."""
         self.check_inputs(planes, params)
         dtype = geometry_dtype(cameras.K.dtype)
@@ -77,8 +80,12 @@ class GTA(Encoding):
 
     name = "gta"
 
-    def __init__(self, learnable_translation_scale: bool = False, translation_scale_init: float = 0.01,
-                 rope_base: float = ROPE_BASE) -> None:
+    def __init__(
+        self,
+        learnable_translation_scale: bool = False,
+        translation_scale_init: float = 0.01,
+        rope_base: float = ROPE_BASE,
+    ) -> None:
         super().__init__(rope_base)
         self.translation_scale: nn.Parameter | None
         if learnable_translation_scale:
@@ -86,8 +93,9 @@ class GTA(Encoding):
         else:
             self.translation_scale = None
 
-    def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None,
-                **params: Tensor) -> TokenTransform:
+    def prepare(
+        self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None, **params: Tensor
+    ) -> TokenTransform:
         """No planes or params; D_t = blockdiag(E_c tiles, RoPE) from the cameras alone."""
         self.check_inputs(planes, params)
         dtype = geometry_dtype(cameras.K.dtype)
@@ -109,8 +117,9 @@ class CaPE(Encoding):
     name = "cape"
     transform_values = False
 
-    def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None,
-                **params: Tensor) -> TokenTransform:
+    def prepare(
+        self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None, **params: Tensor
+    ) -> TokenTransform:
         """No planes or params; D_t = E_c tiles over all channels, on q and k only (v, o untouched)."""
         self.check_inputs(planes, params)
         E = cameras.world_to_cam.to(geometry_dtype(cameras.K.dtype))

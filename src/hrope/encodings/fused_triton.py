@@ -97,20 +97,45 @@ def _import_triton() -> bool:
 def _interpreting() -> bool:
     """Whether kernels run in triton's CPU interpreter: TRITON_INTERPRET=1 now and already when
     triton was first imported (else its own jitted helpers, such as tl.sum, are compiled-only)."""
-    return (_import_triton() and triton.knobs.runtime.interpret
-            and not isinstance(tl.sum, triton.runtime.JITFunction))
+    return _import_triton() and triton.knobs.runtime.interpret and not isinstance(tl.sum, triton.runtime.JITFunction)
 
 
 # A plain function, jitted on first launch by _kernel() (triton is imported on first use).
-def _transform_kernel(x_ptr, y_ptr, m_ptr, cos_ptr, sin_ptr,  # type: ignore[no-untyped-def]  # triton reads the annotations
-                      num_tokens, patches, heads, heads_per_program,
-                      sx_b, sx_h, sx_v, sx_p, sx_c,
-                      sm_b, sm_v, sm_p, sm_i, sm_j,
-                      scos_p, scos_c, ssin_p, ssin_c,
-                      HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, TILED: tl.constexpr,
-                      GEO_END: tl.constexpr, F: tl.constexpr, COMPUTE: tl.constexpr,
-                      BLOCK_T: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_G: tl.constexpr,
-                      BLOCK_F: tl.constexpr):
+def _transform_kernel(
+    x_ptr,
+    y_ptr,
+    m_ptr,
+    cos_ptr,
+    sin_ptr,  # type: ignore[no-untyped-def]  # triton reads the annotations
+    num_tokens,
+    patches,
+    heads,
+    heads_per_program,
+    sx_b,
+    sx_h,
+    sx_v,
+    sx_p,
+    sx_c,
+    sm_b,
+    sm_v,
+    sm_p,
+    sm_i,
+    sm_j,
+    scos_p,
+    scos_c,
+    ssin_p,
+    ssin_c,
+    HEAD_DIM: tl.constexpr,
+    BLOCK: tl.constexpr,
+    TILED: tl.constexpr,
+    GEO_END: tl.constexpr,
+    F: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_F: tl.constexpr,
+):
     """y = D x for BLOCK_T tokens of one batch element and heads [first, first + heads_per_program)."""
     batch = tl.program_id(2).to(tl.int64)
     first_head = tl.program_id(1) * heads_per_program
@@ -151,8 +176,9 @@ def _transform_kernel(x_ptr, y_ptr, m_ptr, cos_ptr, sin_ptr,  # type: ignore[no-
         if GEO_END > 0:
             xg = tl.load(x_row[:, None, None] + src[None] * sx_c, mask=geo_mask, other=0.0).to(COMPUTE)
             y = tl.sum(coef * xg, axis=1)
-            tl.store(y_row[:, None] + c[None, :], y.to(y_ptr.dtype.element_ty),
-                     mask=t_ok[:, None] & (c < GEO_END)[None, :])
+            tl.store(
+                y_row[:, None] + c[None, :], y.to(y_ptr.dtype.element_ty), mask=t_ok[:, None] & (c < GEO_END)[None, :]
+            )
         if F > 0:
             a_chan = GEO_END + col[None]
             a = tl.load(x_row[:, None, None] + a_chan * sx_c, mask=rope_mask).to(COMPUTE)
@@ -179,8 +205,9 @@ def _heads_per_program(x: Tensor, tiles: int) -> int:
     return -(-heads // groups)
 
 
-def _launch(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: RopeTables | None,
-            heads_per_program: int | None) -> Tensor:
+def _launch(
+    x: Tensor, blocks: Tensor | None, num_blocks: int, rope: RopeTables | None, heads_per_program: int | None
+) -> Tensor:
     """y = D x by one kernel launch (no autograd)."""
     B, heads, V, P, head_dim = x.shape
     block = blocks.shape[-1] if blocks is not None and num_blocks else 1
@@ -195,24 +222,46 @@ def _launch(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: RopeTables 
     cos, sin = (rope[0], rope[2]) if rope is not None and F else (x, x)
     cos_strides, sin_strides = (cos.stride(), sin.stride()) if F else ((0, 0), (0, 0))
     _kernel(_interpreting())[(tiles, triton.cdiv(heads, group), B)](
-        x, y, m, cos, sin, V * P, P, heads, group, *x.stride(), *m_strides, *cos_strides, *sin_strides,
-        HEAD_DIM=head_dim, BLOCK=block, TILED=tiled, GEO_END=geo_end, F=F,
+        x,
+        y,
+        m,
+        cos,
+        sin,
+        V * P,
+        P,
+        heads,
+        group,
+        *x.stride(),
+        *m_strides,
+        *cos_strides,
+        *sin_strides,
+        HEAD_DIM=head_dim,
+        BLOCK=block,
+        TILED=tiled,
+        GEO_END=geo_end,
+        F=F,
         COMPUTE=tl.float64 if x.dtype == torch.float64 else tl.float32,
-        BLOCK_T=BLOCK_T, BLOCK_J=triton.next_power_of_2(block), BLOCK_G=triton.next_power_of_2(max(geo_end, 1)),
+        BLOCK_T=BLOCK_T,
+        BLOCK_J=triton.next_power_of_2(block),
+        BLOCK_G=triton.next_power_of_2(max(geo_end, 1)),
         BLOCK_F=triton.next_power_of_2(max(F, 1)),
     )
     return y
 
 
-def _check(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: RopeTables | None,
-           heads_per_program: int | None) -> None:
+def _check(
+    x: Tensor, blocks: Tensor | None, num_blocks: int, rope: RopeTables | None, heads_per_program: int | None
+) -> None:
     """One-line EncodingErrors for arguments the kernel cannot apply."""
     if not is_available():
-        raise EncodingError("fused_banded_product needs triton and a CUDA device (or TRITON_INTERPRET=1 set "
-                                 "before triton's first import, for CPU tensors); use banded_product instead")
+        raise EncodingError(
+            "fused_banded_product needs triton and a CUDA device (or TRITON_INTERPRET=1 set "
+            "before triton's first import, for CPU tensors); use banded_product instead"
+        )
     if x.dim() != 5 or x.dtype not in _DTYPES:
-        raise EncodingError(f"x must be (B, heads, V, P, head_dim) float32/float16/bfloat16/float64, "
-                                 f"got {tuple(x.shape)} {x.dtype}")
+        raise EncodingError(
+            f"x must be (B, heads, V, P, head_dim) float32/float16/bfloat16/float64, got {tuple(x.shape)} {x.dtype}"
+        )
     if not x.is_cuda and not _interpreting():
         raise EncodingError(f"x must be a CUDA tensor (CPU tensors need TRITON_INTERPRET=1), got {x.device}")
     if blocks is None and rope is None:
@@ -224,23 +273,33 @@ def _check(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: RopeTables |
         rope_dim = 4 * F
         shapes = tuple(tuple(t.shape) for t in rope)
         if shapes != ((P, 4 * F), (P, 3 * F), (P, 3 * F)) or not 0 < rope_dim <= head_dim:
-            raise EncodingError(f"rope must be rope_diagonals tables (P, 4F), (P, 3F), (P, 3F) with P = {P} "
-                                     f"and 4F <= head_dim = {head_dim}, got {shapes}")
+            raise EncodingError(
+                f"rope must be rope_diagonals tables (P, 4F), (P, 3F), (P, 3F) with P = {P} "
+                f"and 4F <= head_dim = {head_dim}, got {shapes}"
+            )
     if blocks is not None:
         shape = tuple(blocks.shape)
-        if (len(shape) != 5 or shape[:2] != (B, V) or shape[2] not in (1, P) or shape[3] != shape[4]
-                or not 0 <= num_blocks * shape[4] <= head_dim - rope_dim):
-            raise EncodingError(f"blocks must be (B, V, 1 or P, b, b) = ({B}, {V}, 1 or {P}, b, b) with "
-                                     f"0 <= num_blocks * b <= {head_dim - rope_dim} channels, got {shape} "
-                                     f"and num_blocks = {num_blocks}")
+        if (
+            len(shape) != 5
+            or shape[:2] != (B, V)
+            or shape[2] not in (1, P)
+            or shape[3] != shape[4]
+            or not 0 <= num_blocks * shape[4] <= head_dim - rope_dim
+        ):
+            raise EncodingError(
+                f"blocks must be (B, V, 1 or P, b, b) = ({B}, {V}, 1 or {P}, b, b) with "
+                f"0 <= num_blocks * b <= {head_dim - rope_dim} channels, got {shape} "
+                f"and num_blocks = {num_blocks}"
+            )
     if any(t.device != x.device or not t.is_floating_point() for t in (blocks, *(rope or ())) if t is not None):
         raise EncodingError(f"blocks and rope must be floating-point tensors on x's device {x.device}")
     if heads_per_program is not None and heads_per_program < 1:
         raise EncodingError(f"heads_per_program must be a positive int or None, got {heads_per_program}")
 
 
-def fused_banded_product(x: Tensor, blocks: Tensor | None, num_blocks: int, rope: RopeTables | None, *,
-                         heads_per_program: int | None = None) -> Tensor:
+def fused_banded_product(
+    x: Tensor, blocks: Tensor | None, num_blocks: int, rope: RopeTables | None, *, heads_per_program: int | None = None
+) -> Tensor:
     """``y = D x`` per token for ``x (B, heads, V, P, head_dim)`` in one Triton kernel pass.
 
     The arguments are :func:`~hrope.encodings.banded.banded_product`'s (its precomputed
@@ -254,6 +313,16 @@ def fused_banded_product(x: Tensor, blocks: Tensor | None, num_blocks: int, rope
     _check(x, blocks, num_blocks, rope, heads_per_program)
     cos, plus, minus = rope if rope is not None else (None, None, None)
     product = functools.partial(fused_banded_product, heads_per_program=heads_per_program)
-    return cast(Tensor, TransformProduct.apply(  # type: ignore[no-untyped-call]
-        x, blocks, num_blocks, cos, plus, minus, lambda x: _launch(x, blocks, num_blocks, rope, heads_per_program),
-        product))
+    return cast(
+        Tensor,
+        TransformProduct.apply(  # type: ignore[no-untyped-call]
+            x,
+            blocks,
+            num_blocks,
+            cos,
+            plus,
+            minus,
+            lambda x: _launch(x, blocks, num_blocks, rope, heads_per_program),
+            product,
+        ),
+    )

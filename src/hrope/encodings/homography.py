@@ -85,8 +85,9 @@ class HRoPELift(Encoding):
     needs_planes = True
     neutral_planes = "infinity"  # m = 0: exactly prope
 
-    def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None,
-                **params: Tensor) -> TokenTransform:
+    def prepare(
+        self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None, **params: Tensor
+    ) -> TokenTransform:
         """Needs ``planes (B, N)``; D_t = blockdiag(Λ_t E_c tiles, RoPE)."""
         self.check_inputs(planes, params)
         assert planes is not None  # check_inputs: needs_planes
@@ -130,10 +131,15 @@ class HRoPE(Encoding):
     needs_planes = True
     neutral_planes = "fronto-parallel"  # the plane at infinity would drop the camera translation (H = K̂R)
 
-    def __init__(self, lift4: bool = False, rope_base: float = ROPE_BASE,
-                 min_world_offset_ratio: float = MIN_WORLD_OFFSET_RATIO,
-                 max_inverse_distance: float = MAX_INVERSE_DISTANCE,
-                 gauge: str = "centroid", pose: str = "camera") -> None:
+    def __init__(
+        self,
+        lift4: bool = False,
+        rope_base: float = ROPE_BASE,
+        min_world_offset_ratio: float = MIN_WORLD_OFFSET_RATIO,
+        max_inverse_distance: float = MAX_INVERSE_DISTANCE,
+        gauge: str = "centroid",
+        pose: str = "camera",
+    ) -> None:
         super().__init__(rope_base)
         if gauge not in GAUGES:
             raise EncodingError(f"hrope: gauge must be one of {', '.join(GAUGES)}; got {gauge!r}")
@@ -168,8 +174,9 @@ class HRoPE(Encoding):
             R, t = dR @ R, dR @ t + dt[..., None]
         return R, t[..., 0]
 
-    def homographies(self, cameras: Cameras, grid: tuple[int, int], planes: Planes,
-                     **params: Tensor) -> tuple[Tensor, Tensor]:
+    def homographies(
+        self, cameras: Cameras, grid: tuple[int, int], planes: Planes, **params: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """SL(3)-normalised H̃ and H̃^-1, each ``(B, V, P, 3, 3)``, for the poses of :meth:`poses`.
 
         Per token only the plane m varies besides (R, t), so both are rank-one updates:
@@ -204,8 +211,9 @@ class HRoPE(Encoding):
         # s differs from 1 only when |t| > 0, so the division is safe where it matters
         return m + (s - clamped) * t / torch.where(t_sq > 0, t_sq, torch.ones_like(t_sq))
 
-    def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None,
-                **params: Tensor) -> TokenTransform:
+    def prepare(
+        self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None, **params: Tensor
+    ) -> TokenTransform:
         """Needs ``planes (B, N)`` (and, with ``pose="per-patch"``, ``patch_rotation (B, N, 3, 3)``,
         ``patch_translation (B, N, 3)``); D_t = blockdiag(H̃_t tiles, RoPE)."""
         self.check_inputs(planes, params)

@@ -33,8 +33,16 @@ from ..planes import MIN_DEPTH, Planes
 from .base import Encoding, EncodingError, Prepared, check_prepared_input, per_token_param
 
 __all__ = [
-    "QueryFrameEncoding", "QueryFrameTransform", "relative_poses", "to_query_frames",
-    "project_to_patches", "image_position_rope_freqs", "pad_pairs", "sinc", "MIN_DEPTH", "POSITION_MARGIN",
+    "QueryFrameEncoding",
+    "QueryFrameTransform",
+    "relative_poses",
+    "to_query_frames",
+    "project_to_patches",
+    "image_position_rope_freqs",
+    "pad_pairs",
+    "sinc",
+    "MIN_DEPTH",
+    "POSITION_MARGIN",
     "EXECUTIONS",
 ]
 
@@ -82,8 +90,9 @@ def project_to_patches(X: Tensor, K_norm: Tensor, grid: tuple[int, int]) -> tupl
     return pos, size * focal / z_eff[..., None]
 
 
-def image_position_rope_freqs(head_dim: int, base: float, device: Device = None,
-                              dtype: torch.dtype = torch.float32) -> Tensor:
+def image_position_rope_freqs(
+    head_dim: int, base: float, device: Device = None, dtype: torch.dtype = torch.float32
+) -> Tensor:
     """Frequencies ``(F,)`` of the query-frame encodings' 2D RoPE on continuous image positions,
     F = head_dim // 4 per axis, ``w_f = base^(-f/F)``.
 
@@ -129,8 +138,9 @@ class QueryFrameTransform(Prepared):
     query_frame = True
     head_dim: int
 
-    def __init__(self, re: Tensor, im: Tensor, grid: tuple[int, int], execution: str = "loop",
-                 recompute: bool = False) -> None:
+    def __init__(
+        self, re: Tensor, im: Tensor, grid: tuple[int, int], execution: str = "loop", recompute: bool = False
+    ) -> None:
         if execution not in EXECUTIONS:
             raise EncodingError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
         B, V, N, pairs = re.shape
@@ -219,8 +229,9 @@ class QueryFrameTransform(Prepared):
         self._check(v, self.num_tokens)
         return self._kv_in_frame(k, self._swap(k), v, self._swap(v), query_view)
 
-    def _kv_in_frame(self, k: Tensor, k_swapped: Tensor, v: Tensor, v_swapped: Tensor,
-                     query_view: int) -> tuple[Tensor, Tensor]:
+    def _kv_in_frame(
+        self, k: Tensor, k_swapped: Tensor, v: Tensor, v_swapped: Tensor, query_view: int
+    ) -> tuple[Tensor, Tensor]:
         with torch.autocast(k.device.type, enabled=False):
             C, S = self._full_width("k", k)
             C, S = C[:, query_view], S[:, query_view]
@@ -260,13 +271,23 @@ class QueryFrameTransform(Prepared):
             V, P = self.num_views, self.tokens_per_view
             k_all, v_all = self._apply_kv_all(k, v)
             q_fold = q_rot.reshape(B, H, V, P, d).transpose(1, 2).reshape(B * V, H, P, d)
-            out = F.scaled_dot_product_attention(q_fold, k_all, v_all,
-                                                 attn_mask=self._fold_mask(mask, B, N), **sdpa_kwargs)
+            out = F.scaled_dot_product_attention(
+                q_fold, k_all, v_all, attn_mask=self._fold_mask(mask, B, N), **sdpa_kwargs
+            )
             out = out.reshape(B, V, H, P, d).transpose(1, 2).reshape(B, H, N, d)
         return self.apply_o(out)
 
-    def _view_attention(self, q_c: Tensor, k: Tensor, k_swapped: Tensor, v: Tensor, v_swapped: Tensor,
-                        query_view: int, mask: Tensor | None, **sdpa_kwargs: Any) -> Tensor:
+    def _view_attention(
+        self,
+        q_c: Tensor,
+        k: Tensor,
+        k_swapped: Tensor,
+        v: Tensor,
+        v_swapped: Tensor,
+        query_view: int,
+        mask: Tensor | None,
+        **sdpa_kwargs: Any,
+    ) -> Tensor:
         k_c, v_c = self._kv_in_frame(k, k_swapped, v, v_swapped, query_view)
         return F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=mask, **sdpa_kwargs)
 
@@ -314,14 +335,16 @@ class QueryFrameEncoding(Encoding):
         self.execution = execution
         self.recompute = recompute
 
-    def key_coefficients(self, cameras: Cameras, grid: tuple[int, int], head_dim: int,
-                         dtype: torch.dtype, *args: Any, **params: Any) -> tuple[Tensor, Tensor]:
+    def key_coefficients(
+        self, cameras: Cameras, grid: tuple[int, int], head_dim: int, dtype: torch.dtype, *args: Any, **params: Any
+    ) -> tuple[Tensor, Tensor]:
         """Key coefficients ``(re, im)`` each ``(B, Vq, N, n <= head_dim/2)`` in ``dtype``, from the per-token
         params named by ``param_names`` (keywords, ``(B, V, P, ...)``); each subclass names what it takes."""
         raise NotImplementedError
 
-    def prepare(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None,
-                **params: Tensor) -> QueryFrameTransform:
+    def prepare(
+        self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None, **params: Tensor
+    ) -> QueryFrameTransform:
         """The subclass's params: rayrope ``log_depth``, ``log_depth_halfwidth`` ``(B, N)``; urope none;
         worldrope ``depth``, ``depth_split`` ``(B, N)`` and ``depth_sigma (B, N, 2)``. No planes."""
         self.check_inputs(planes, params)
@@ -329,8 +352,10 @@ class QueryFrameEncoding(Encoding):
             raise EncodingError(f"encoding {self.name!r} needs an even head_dim, got {head_dim}")
         grid = cast("tuple[int, int]", tuple(grid))  # a list is accepted too
         dtype = geometry_dtype(cameras.K.dtype)
-        params = {name: per_token_param(value, cameras, grid, self.param_shapes.get(name, ()), name, dtype)
-                  for name, value in params.items()}
+        params = {
+            name: per_token_param(value, cameras, grid, self.param_shapes.get(name, ()), name, dtype)
+            for name, value in params.items()
+        }
         re, im = self.key_coefficients(cameras, grid, head_dim, dtype, **params)
         re, im = pad_pairs(re, im, head_dim // 2)
         return QueryFrameTransform(re, im, grid, self.execution, self.recompute)

@@ -60,8 +60,14 @@ class RayRoPE(QueryFrameEncoding):
     name = "rayrope"
     param_names = ("log_depth", "log_depth_halfwidth")
 
-    def __init__(self, freq_base: float = 3.0, max_log_depth: float = 3.0, max_depth_coordinate: float = 10.0,
-                 execution: str = "loop", recompute: bool = False) -> None:
+    def __init__(
+        self,
+        freq_base: float = 3.0,
+        max_log_depth: float = 3.0,
+        max_depth_coordinate: float = 10.0,
+        execution: str = "loop",
+        recompute: bool = False,
+    ) -> None:
         super().__init__(execution, recompute)
         if max_log_depth <= math.log(MIN_DEPTH):
             raise EncodingError(f"max_log_depth must exceed log({MIN_DEPTH}), got {max_log_depth}")
@@ -78,8 +84,16 @@ class RayRoPE(QueryFrameEncoding):
         ladder = self.freq_base ** torch.arange(num, dtype=torch.float64, device=device)
         return (2 * math.pi / periods * ladder[:, None]).to(dtype)
 
-    def key_coefficients(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, dtype: torch.dtype, *,
-                         log_depth: Tensor, log_depth_halfwidth: Tensor) -> tuple[Tensor, Tensor]:
+    def key_coefficients(
+        self,
+        cameras: Cameras,
+        grid: tuple[int, int],
+        head_dim: int,
+        dtype: torch.dtype,
+        *,
+        log_depth: Tensor,
+        log_depth_halfwidth: Tensor,
+    ) -> tuple[Tensor, Tensor]:
         freqs = self.frequencies(head_dim, device=cameras.device, dtype=dtype)
         K = cameras.normalized_K(dtype)
         rays = torch.stack([patch_rays(K, grid, offset) for offset in RAY_OFFSETS], -2)  # (B, Vk, P, 3, 3)

@@ -22,8 +22,13 @@ from torch import Tensor
 from ..cameras import Cameras
 from ..geometry import patch_rays
 from .base import ROPE_BASE, EncodingError
-from .query_frame import (QueryFrameEncoding, image_position_rope_freqs, project_to_patches,
-                          relative_poses, to_query_frames)
+from .query_frame import (
+    QueryFrameEncoding,
+    image_position_rope_freqs,
+    project_to_patches,
+    relative_poses,
+    to_query_frames,
+)
 
 __all__ = ["URoPE", "DEFAULT_ANCHORS"]
 
@@ -44,8 +49,13 @@ class URoPE(QueryFrameEncoding):
 
     name = "urope"
 
-    def __init__(self, anchors: Sequence[float] = DEFAULT_ANCHORS, rope_base: float = ROPE_BASE,
-                 execution: str = "loop", recompute: bool = False) -> None:
+    def __init__(
+        self,
+        anchors: Sequence[float] = DEFAULT_ANCHORS,
+        rope_base: float = ROPE_BASE,
+        execution: str = "loop",
+        recompute: bool = False,
+    ) -> None:
         super().__init__(execution, recompute)
         anchors = tuple(float(a) for a in anchors)
         if not anchors or min(anchors) <= 0:
@@ -53,8 +63,9 @@ class URoPE(QueryFrameEncoding):
         self.anchors = anchors
         self.rope_base = rope_base
 
-    def key_coefficients(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, dtype: torch.dtype,
-                         **params: Tensor) -> tuple[Tensor, Tensor]:
+    def key_coefficients(
+        self, cameras: Cameras, grid: tuple[int, int], head_dim: int, dtype: torch.dtype, **params: Tensor
+    ) -> tuple[Tensor, Tensor]:
         K = cameras.normalized_K(dtype)
         depths = torch.tensor(self.anchors, dtype=dtype, device=K.device)
         points = patch_rays(K, grid)[..., None, :] * depths[:, None]  # (B, Vk, P, A, 3)

@@ -31,8 +31,14 @@ from ..cameras import Cameras
 from ..geometry import patch_rays
 from ..planes import MAX_DEPTH, clamp_depth
 from .base import ROPE_BASE, EncodingError
-from .query_frame import (MIN_DEPTH, QueryFrameEncoding, image_position_rope_freqs, project_to_patches,
-                          relative_poses, to_query_frames)
+from .query_frame import (
+    MIN_DEPTH,
+    QueryFrameEncoding,
+    image_position_rope_freqs,
+    project_to_patches,
+    relative_poses,
+    to_query_frames,
+)
 
 __all__ = ["WorldRoPE"]
 
@@ -56,8 +62,14 @@ class WorldRoPE(QueryFrameEncoding):
     param_names = ("depth", "depth_split", "depth_sigma")
     param_shapes = {"depth_sigma": (2,)}
 
-    def __init__(self, near_weight: float = 0.5, footprint: bool = True, rope_base: float = ROPE_BASE,
-                 execution: str = "loop", recompute: bool = False) -> None:
+    def __init__(
+        self,
+        near_weight: float = 0.5,
+        footprint: bool = True,
+        rope_base: float = ROPE_BASE,
+        execution: str = "loop",
+        recompute: bool = False,
+    ) -> None:
         super().__init__(execution, recompute)
         if not 0.0 <= near_weight <= 1.0:
             raise EncodingError(f"near_weight must be in [0, 1], got {near_weight}")
@@ -65,8 +77,17 @@ class WorldRoPE(QueryFrameEncoding):
         self.footprint = bool(footprint)
         self.rope_base = rope_base
 
-    def key_coefficients(self, cameras: Cameras, grid: tuple[int, int], head_dim: int, dtype: torch.dtype, *,
-                         depth: Tensor, depth_split: Tensor, depth_sigma: Tensor) -> tuple[Tensor, Tensor]:
+    def key_coefficients(
+        self,
+        cameras: Cameras,
+        grid: tuple[int, int],
+        head_dim: int,
+        dtype: torch.dtype,
+        *,
+        depth: Tensor,
+        depth_split: Tensor,
+        depth_sigma: Tensor,
+    ) -> tuple[Tensor, Tensor]:
         K = cameras.normalized_K(dtype)
         ray = patch_rays(K, grid)  # (B, Vk, P, 3)
         half = depth_split / 2

@@ -57,8 +57,13 @@ class SceneGeometry:
     (encoding, head_dim, float64 or not) on first use, over all V views.
     """
 
-    def __init__(self, cameras: Cameras, grid: tuple[int, int], planes: Planes | None = None,
-                 params: dict[str, Tensor] | None = None) -> None:
+    def __init__(
+        self,
+        cameras: Cameras,
+        grid: tuple[int, int],
+        planes: Planes | None = None,
+        params: dict[str, Tensor] | None = None,
+    ) -> None:
         if not isinstance(cameras, Cameras):
             raise EncodingError(f"SceneGeometry: cameras must be hrope.Cameras, got {type(cameras).__name__}")
         if len(grid) != 2 or not all(isinstance(g, int) and g > 0 for g in grid):
@@ -82,22 +87,33 @@ class SceneGeometry:
             self._prepared[key] = encoding.prepare(cameras, self.grid, head_dim, planes=self.planes, **self.params)
         return self._prepared[key]
 
-    def tokens(self, views: Sequence[int] | None = None, *, camera_tokens: CameraTokens | None = None,
-               length: int | None = None) -> TokenGeometry:
+    def tokens(
+        self,
+        views: Sequence[int] | None = None,
+        *,
+        camera_tokens: CameraTokens | None = None,
+        length: int | None = None,
+    ) -> TokenGeometry:
         """The token set of ``views`` (view indices in token order; None: all views).
 
         ``camera_tokens`` and ``length``: where the len(views) * grid_h * grid_w camera tokens sit
         in a sequence of ``length`` tokens with others (registers, text: identity), as
         :class:`hrope.MixedTokens` takes them; without them the sequence is the camera tokens."""
         views = list(range(self.num_views)) if views is None else views
-        if not (isinstance(views, (list, tuple, range)) and views and
-                all(isinstance(c, int) and 0 <= c < self.num_views for c in views)):
-            raise EncodingError(f"views must be None or a non-empty list of view indices in [0, {self.num_views}), "
-                                f"got {views!r}")
+        if not (
+            isinstance(views, (list, tuple, range))
+            and views
+            and all(isinstance(c, int) and 0 <= c < self.num_views for c in views)
+        ):
+            raise EncodingError(
+                f"views must be None or a non-empty list of view indices in [0, {self.num_views}), got {views!r}"
+            )
         count = len(views) * self.grid[0] * self.grid[1]
         if (camera_tokens is None) != (length is None):
-            raise EncodingError("camera_tokens and length go together: give both (camera tokens among other "
-                                f"tokens) or neither, got camera_tokens={camera_tokens!r}, length={length!r}")
+            raise EncodingError(
+                "camera_tokens and length go together: give both (camera tokens among other "
+                f"tokens) or neither, got camera_tokens={camera_tokens!r}, length={length!r}"
+            )
         if length is not None and camera_tokens is not None:  # both or neither (above)
             if not isinstance(length, int) or length < count:
                 raise EncodingError(f"length must be an int of at least the {count} camera tokens, got {length!r}")
@@ -109,8 +125,9 @@ class TokenGeometry:
     """The tokens of one sequence: some views of a :class:`SceneGeometry` (made by
     :meth:`SceneGeometry.tokens`), ``num_tokens`` long, with the camera layout of its tokens."""
 
-    def __init__(self, scene: SceneGeometry, views: list[int], camera_tokens: CameraTokens | None,
-                 num_tokens: int) -> None:
+    def __init__(
+        self, scene: SceneGeometry, views: list[int], camera_tokens: CameraTokens | None, num_tokens: int
+    ) -> None:
         self.scene, self.views, self.camera_tokens, self.num_tokens = scene, views, camera_tokens, num_tokens
         self._transforms: dict[tuple[Encoding, int, bool], Prepared] = {}
 
@@ -122,9 +139,11 @@ class TokenGeometry:
             prepared = self.scene.prepare(encoding, head_dim, dtype)
             if self.views != list(range(self.scene.num_views)):
                 if prepared.query_frame:
-                    raise EncodingError(f"encoding {encoding.name!r} re-encodes keys per query view, so a token set "
-                                        f"of some views ({self.views}) of a scene is undefined; build a SceneGeometry "
-                                        "of those views")
+                    raise EncodingError(
+                        f"encoding {encoding.name!r} re-encodes keys per query view, so a token set "
+                        f"of some views ({self.views}) of a scene is undefined; build a SceneGeometry "
+                        "of those views"
+                    )
                 prepared = cast(TokenTransform, prepared).select_views(self.views)  # a relative encoding's
             if self.camera_tokens is not None:
                 prepared = MixedTokens(prepared, self.camera_tokens, self.num_tokens)
@@ -140,20 +159,26 @@ def _select(geometry: object, x: Tensor, kwarg: str) -> TokenGeometry | None:
     options = geometry if isinstance(geometry, (list, tuple)) else [geometry]
     if not options or not all(isinstance(g, TokenGeometry) for g in options):
         got = [type(g).__name__ for g in options] if isinstance(geometry, (list, tuple)) else type(geometry).__name__
-        raise EncodingError(f"cross_attention_kwargs {kwarg!r} must be a TokenGeometry (SceneGeometry.tokens(...)) "
-                            f"or a list of them, one per resolution; got {got}")
+        raise EncodingError(
+            f"cross_attention_kwargs {kwarg!r} must be a TokenGeometry (SceneGeometry.tokens(...)) "
+            f"or a list of them, one per resolution; got {got}"
+        )
     geometries = cast("Sequence[TokenGeometry]", options)  # checked above
     batch, length = x.shape[0], x.shape[2]
     matching = [g for g in geometries if g.num_tokens == length]
     if len(matching) != 1:
         counts = [g.num_tokens for g in geometries]
         what = "no" if not matching else "more than one"
-        raise EncodingError(f"cross_attention_kwargs {kwarg!r}: {what} TokenGeometry for a sequence of {length} tokens "
-                            f"(given: {counts} tokens); give one per resolution")
+        raise EncodingError(
+            f"cross_attention_kwargs {kwarg!r}: {what} TokenGeometry for a sequence of {length} tokens "
+            f"(given: {counts} tokens); give one per resolution"
+        )
     cameras_batch = matching[0].scene.cameras.batch_size
     if cameras_batch != batch:
-        raise EncodingError(f"cross_attention_kwargs {kwarg!r}: cameras have batch {cameras_batch}, the hidden states "
-                            f"{batch}; give one set of cameras per sample")
+        raise EncodingError(
+            f"cross_attention_kwargs {kwarg!r}: cameras have batch {cameras_batch}, the hidden states "
+            f"{batch}; give one set of cameras per sample"
+        )
     return matching[0]
 
 
@@ -173,10 +198,16 @@ class MultiViewAttnProcessor(nn.Module):
         super().__init__()
         self.encoding = get_encoding(encoding)
 
-    def __call__(self, attn: Attention, hidden_states: Tensor, encoder_hidden_states: Tensor | None = None,
-                 attention_mask: Tensor | None = None, temb: Tensor | None = None,
-                 geometry: TokenGeometry | Sequence[TokenGeometry] | None = None,
-                 encoder_geometry: TokenGeometry | Sequence[TokenGeometry] | None = None) -> Tensor:
+    def __call__(
+        self,
+        attn: Attention,
+        hidden_states: Tensor,
+        encoder_hidden_states: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        temb: Tensor | None = None,
+        geometry: TokenGeometry | Sequence[TokenGeometry] | None = None,
+        encoder_geometry: TokenGeometry | Sequence[TokenGeometry] | None = None,
+    ) -> Tensor:
         residual = hidden_states
         if attn.spatial_norm is not None:
             hidden_states = attn.spatial_norm(hidden_states, temb)
@@ -216,21 +247,32 @@ class MultiViewAttnProcessor(nn.Module):
             hidden_states = hidden_states + residual
         return hidden_states / attn.rescale_output_factor
 
-    def attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_cross: bool,
-                  geometry: TokenGeometry | Sequence[TokenGeometry] | None = None,
-                  encoder_geometry: TokenGeometry | Sequence[TokenGeometry] | None = None) -> Tensor:
+    def attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        is_cross: bool,
+        geometry: TokenGeometry | Sequence[TokenGeometry] | None = None,
+        encoder_geometry: TokenGeometry | Sequence[TokenGeometry] | None = None,
+    ) -> Tensor:
         """Encoded SDPA of q ``(B, heads, Lq, d)`` over k, v ``(B, heads, Lk, d)`` (diffusers' mask)."""
         head_dim, dtype = q.shape[-1], q.dtype
         query = _select(geometry, q, "geometry")
         if not is_cross:
             if query is None:
-                raise EncodingError("MultiViewAttnProcessor: self-attention needs cross_attention_kwargs "
-                                    "{'geometry': SceneGeometry(...).tokens(...)}")
+                raise EncodingError(
+                    "MultiViewAttnProcessor: self-attention needs cross_attention_kwargs "
+                    "{'geometry': SceneGeometry(...).tokens(...)}"
+                )
             return query.transform(self.encoding, head_dim, dtype).attention(q, k, v, attn_mask=mask)
         key = _select(encoder_geometry, k, "encoder_geometry")
         if query is None and key is None:
-            raise EncodingError("MultiViewAttnProcessor: cross-attention needs cross_attention_kwargs 'geometry' "
-                                "(the queries' tokens), 'encoder_geometry' (the keys' tokens) or both")
+            raise EncodingError(
+                "MultiViewAttnProcessor: cross-attention needs cross_attention_kwargs 'geometry' "
+                "(the queries' tokens), 'encoder_geometry' (the keys' tokens) or both"
+            )
         transforms = [None if g is None else g.transform(self.encoding, head_dim, dtype) for g in (query, key)]
         return cross_attention(q, k, v, query=transforms[0], key=transforms[1], attn_mask=mask)
 
@@ -242,4 +284,3 @@ def set_processor(module: nn.Module, processor: Callable[..., Tensor]) -> int:
     for layer in layers:
         layer.set_processor(processor)  # type: ignore[arg-type]  # diffusers annotates its own AttnProcessor only
     return len(layers)
-

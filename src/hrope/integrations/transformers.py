@@ -63,8 +63,15 @@ class Geometry:
     it prepares the transform once (per head_dim) and every layer reuses it.
     """
 
-    def __init__(self, encoding: str | Encoding, cameras: Cameras, grid: tuple[int, int], planes: Planes | None = None,
-                 params: dict[str, Tensor] | None = None, camera_tokens: CameraTokens | None = None) -> None:
+    def __init__(
+        self,
+        encoding: str | Encoding,
+        cameras: Cameras,
+        grid: tuple[int, int],
+        planes: Planes | None = None,
+        params: dict[str, Tensor] | None = None,
+        camera_tokens: CameraTokens | None = None,
+    ) -> None:
         if not isinstance(cameras, Cameras):
             raise EncodingError(f"Geometry: cameras must be hrope.Cameras, got {type(cameras).__name__}")
         if len(grid) != 2 or not all(isinstance(g, int) and g > 0 for g in grid):
@@ -83,8 +90,7 @@ class Geometry:
         key = (head_dim, dtype == torch.float64)
         if key not in self._prepared:
             cameras = self.cameras.to(dtype=torch.float64) if key[1] else self.cameras
-            self._prepared[key] = self.encoding.prepare(cameras, self.grid, head_dim, planes=self.planes,
-                                                        **self.params)
+            self._prepared[key] = self.encoding.prepare(cameras, self.grid, head_dim, planes=self.planes, **self.params)
         return self._prepared[key]
 
     def transform(self, length: int, head_dim: int, dtype: torch.dtype) -> Prepared:
@@ -112,9 +118,17 @@ class Geometry:
         _ACTIVE.reset(self._tokens.pop())
 
 
-def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
-                      attention_mask: Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                      is_causal: bool | None = None, **kwargs: Any) -> tuple[Tensor, None]:
+def attention_forward(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
     """transformers' attention-function signature: q ``(B, heads, L, d)``, k and v
     ``(B, heads_kv, T, d)`` -> ``((B, L, heads, d), None)``, encoded with the call's :class:`Geometry`.
 
@@ -128,15 +142,21 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
     geometry = _ACTIVE.get() if geometry is None else geometry
     if not isinstance(geometry, Geometry):
         got = "nothing" if geometry is None else type(geometry).__name__
-        raise EncodingError(f"attn_implementation={NAME!r} needs {KWARG}=hrope.integrations.transformers.Geometry(...) "
-                            f"in the model call (or `with geometry:` around it), got {got}")
+        raise EncodingError(
+            f"attn_implementation={NAME!r} needs {KWARG}=hrope.integrations.transformers.Geometry(...) "
+            f"in the model call (or `with geometry:` around it), got {got}"
+        )
     for option in ("softcap", "position_bias"):
         if kwargs.get(option) is not None:
             raise EncodingError(f"attn_implementation={NAME!r} takes no {option} (use a model without it)")
     L, T = query.shape[2], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    sdpa: dict[str, Any] = dict(attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
-                                 is_causal=bool(L > 1 and attention_mask is None and causal))
+    sdpa: dict[str, Any] = dict(
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=bool(L > 1 and attention_mask is None and causal),
+    )
     if key.shape[1] != query.shape[1]:
         sdpa["enable_gqa"] = True
     transform = geometry.transform(T, query.shape[-1], query.dtype)
@@ -144,11 +164,15 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
         out = transform.attention(query, key, value, **sdpa)
     else:  # new tokens over cached ones: text after the frames, identity queries over the encoded keys
         if transform.query_frame:
-            raise EncodingError(f"attn_implementation={NAME!r}: query-frame encodings ({geometry.encoding.name}) "
-                                "re-encode keys per query and cannot decode with a cache; use a relative encoding")
+            raise EncodingError(
+                f"attn_implementation={NAME!r}: query-frame encodings ({geometry.encoding.name}) "
+                "re-encode keys per query and cannot decode with a cache; use a relative encoding"
+            )
         if geometry.has_camera_tokens_from(T - L):
-            raise EncodingError(f"attn_implementation={NAME!r}: the {L} new tokens include camera tokens; with a "
-                                "cache, give every frame in the first call (the prompt) and append only text")
+            raise EncodingError(
+                f"attn_implementation={NAME!r}: the {L} new tokens include camera tokens; with a "
+                "cache, give every frame in the first call (the prompt) and append only text"
+            )
         if sdpa["is_causal"]:  # the queries are the last L of the T positions: causal aligned lower-right
             from torch.nn.attention.bias import causal_lower_right  # not loaded by import torch
 

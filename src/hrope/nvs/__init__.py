@@ -20,7 +20,14 @@ __all__ = ["REQUIREMENTS", "missing_requirements", "main"]
 
 # import name -> distribution name of every third-party package the toolkit imports
 REQUIREMENTS = {
-    "yaml": "pyyaml", "safetensors": "safetensors", "tqdm": "tqdm", "PIL": "pillow", "matplotlib": "matplotlib", "skimage": "scikit-image", "kornia": "kornia", "tensorboard": "tensorboard",
+    "yaml": "pyyaml",
+    "safetensors": "safetensors",
+    "tqdm": "tqdm",
+    "PIL": "pillow",
+    "matplotlib": "matplotlib",
+    "skimage": "scikit-image",
+    "kornia": "kornia",
+    "tensorboard": "tensorboard",
 }
 
 
@@ -33,8 +40,10 @@ def main(argv: list[str] | None = None) -> None:
     """The ``hrope`` command: a one-line error (exit 2) when the toolkit is not installed."""
     missing = missing_requirements()
     if missing:
-        print(f"hrope: the NVS toolkit needs {', '.join(missing)}; install it with: pip install 'hrope[nvs]'",
-              file=sys.stderr)
+        print(
+            f"hrope: the NVS toolkit needs {', '.join(missing)}; install it with: pip install 'hrope[nvs]'",
+            file=sys.stderr,
+        )
         sys.exit(2)
     from .cli import main as cli_main
 

@@ -21,8 +21,16 @@ from .data.scene import SceneError
 from .data.synthetic import KINDS, SyntheticConfig
 from .model import ModelConfig
 
-__all__ = ["CachedDataset", "FirstScenes", "IndexedViews", "build_scene_source", "build_dataset",
-           "check_synthetic_data", "synthetic_config", "collate"]
+__all__ = [
+    "CachedDataset",
+    "FirstScenes",
+    "IndexedViews",
+    "build_scene_source",
+    "build_dataset",
+    "check_synthetic_data",
+    "synthetic_config",
+    "collate",
+]
 
 
 class CachedDataset:
@@ -73,8 +81,9 @@ class IndexedViews:
     def __getitem__(self, index: int):
         context, _ = self.source.context_target(index)
         if len(context) != self.num_context:
-            raise ConfigError(f"data.eval_index gives {len(context)} context views, data.num_context is "
-                              f"{self.num_context}")
+            raise ConfigError(
+                f"data.eval_index gives {len(context)} context views, data.num_context is {self.num_context}"
+            )
         return normalize_scene(self.source[index], context)
 
 
@@ -96,10 +105,16 @@ def build_scene_source(config: dict, split: str = "train"):
         raise ConfigError(f"data.eval_index is for data.kind {indexed}, not {data['kind']!r}")
     size = ModelConfig.from_dict(config["model"]).image_size
     if data["depth"] != "none" and not loader.scene_folders:
-        raise ConfigError(f"data.depth {data['depth']!r} is for scene folders (COLMAP, nerfstudio), not data.kind "
-                          f"{data['kind']!r}; use none")
-    options = {"image_size": (size, size), "depth": data["depth"], "depth_scale": data["depth_scale"],
-               **_loader_options(data, loader)}
+        raise ConfigError(
+            f"data.depth {data['depth']!r} is for scene folders (COLMAP, nerfstudio), not data.kind "
+            f"{data['kind']!r}; use none"
+        )
+    options = {
+        "image_size": (size, size),
+        "depth": data["depth"],
+        "depth_scale": data["depth_scale"],
+        **_loader_options(data, loader),
+    }
     if split == "eval" and data["eval_index"]:
         options["evaluation_index"] = data["eval_index"]
     try:
@@ -114,14 +129,18 @@ def _loader_options(data: dict, loader: Loader) -> dict:
     :func:`hrope.nvs.data.real.image_cache.default_cache_dir`), decoding threads (``data.workers``), and
     for the scene-folder kinds (:attr:`hrope.nvs.data.real.loaders.Loader.scene_folders`) ``data.image_factor``
     and ``data.undistort``."""
-    options = {"cache_dir": (data["cache_dir"] or default_cache_dir()) if data["cache"] else None,
-               "workers": data["workers"]}
+    options = {
+        "cache_dir": (data["cache_dir"] or default_cache_dir()) if data["cache"] else None,
+        "workers": data["workers"],
+    }
     if loader.scene_folders:
         return {**options, "image_factor": data["image_factor"], "undistort": data["undistort"]}
     if data["image_factor"] is not None:
         folders = sorted(name for name, entry in LOADERS.items() if entry.scene_folders)
-        raise ConfigError(f"data.image_factor is for the scene-folder kinds ({', '.join(folders)}), not "
-                          f"{data['kind']!r}; set it to null")
+        raise ConfigError(
+            f"data.image_factor is for the scene-folder kinds ({', '.join(folders)}), not "
+            f"{data['kind']!r}; set it to null"
+        )
     return options
 
 
@@ -140,16 +159,29 @@ def build_dataset(config: dict, split: str = "train"):
     gap = None if data["context_gap"] is None else tuple(data["context_gap"])
     if data["kind"] in KINDS:
         check_synthetic_data(config, num_scenes, split)
-        dataset = SyntheticDataset(kind=data["kind"], num_scenes=num_scenes, seed=data["seed"],
-                                   image_size=(image_size, image_size), num_context=data["num_context"],
-                                   num_target=data["num_target"], split=split, context_gap=gap,
-                                   config=synthetic_config(config))
+        dataset = SyntheticDataset(
+            kind=data["kind"],
+            num_scenes=num_scenes,
+            seed=data["seed"],
+            image_size=(image_size, image_size),
+            num_context=data["num_context"],
+            num_target=data["num_target"],
+            split=split,
+            context_gap=gap,
+            config=synthetic_config(config),
+        )
         return CachedDataset(dataset) if data["cache"] else dataset
     if split == "eval" and data["eval_index"]:
         dataset = IndexedViews(build_scene_source(config, split), data["num_context"])
     else:
-        dataset = SceneDataset(build_scene_source(config, split), data["num_context"], data["num_target"], split=split,
-                               seed=data["seed"], context_gap=gap)
+        dataset = SceneDataset(
+            build_scene_source(config, split),
+            data["num_context"],
+            data["num_target"],
+            split=split,
+            seed=data["seed"],
+            context_gap=gap,
+        )
     if num_scenes is not None and num_scenes < len(dataset):
         dataset = FirstScenes(dataset, int(num_scenes))
     return dataset  # never cached: real scenes are large, and training views change every step
@@ -161,8 +193,10 @@ def synthetic_config(config: dict) -> SyntheticConfig:
     known = [f.name for f in fields(SyntheticConfig)]
     unknown = sorted(set(values) - set(known))
     if unknown:
-        raise ConfigError(f"unknown data.synthetic keys {unknown}; {did_you_mean(unknown[0], known, 'data.synthetic.')}"
-                          f"known: {sorted(known)}")
+        raise ConfigError(
+            f"unknown data.synthetic keys {unknown}; {did_you_mean(unknown[0], known, 'data.synthetic.')}"
+            f"known: {sorted(known)}"
+        )
     try:
         return SyntheticConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
     except ValueError as error:
@@ -173,8 +207,10 @@ def check_synthetic_data(config: dict, num_scenes, split: str) -> None:
     """Clear errors for real-data keys or a missing scene count with a synthetic ``data.kind``."""
     data = config["data"]
     if data["root"] or data["eval_root"] or data["eval_index"] or data["depth"] != "none":
-        raise ConfigError(f"data.root, data.eval_root, data.eval_index and data.depth are for real data, not the "
-                          f"synthetic kind {data['kind']!r} (which renders exact depth)")
+        raise ConfigError(
+            f"data.root, data.eval_root, data.eval_index and data.depth are for real data, not the "
+            f"synthetic kind {data['kind']!r} (which renders exact depth)"
+        )
     if num_scenes is None:
         raise ConfigError(f"{'data' if split == 'train' else 'eval'}.num_scenes must be a number for synthetic data")
 

@@ -26,8 +26,18 @@ from .config import ConfigError, resolve
 from ..errors import InputError
 from .model import LVSM, ModelError, build_model
 
-__all__ = ["CHECKPOINT_NAME", "CHECKPOINT_FORMAT", "LEGACY_FORMAT", "CheckpointError", "save_checkpoint",
-           "load_checkpoint", "load_model", "load_model_state", "run_folder", "checksum"]
+__all__ = [
+    "CHECKPOINT_NAME",
+    "CHECKPOINT_FORMAT",
+    "LEGACY_FORMAT",
+    "CheckpointError",
+    "save_checkpoint",
+    "load_checkpoint",
+    "load_model",
+    "load_model_state",
+    "run_folder",
+    "checksum",
+]
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
 CHECKPOINT_FORMAT = "hrope-checkpoint-v2"
@@ -64,8 +74,14 @@ def _non_finite(tensors: dict[str, Tensor]) -> list[str]:
     return sorted(k for k, v in tensors.items() if v.is_floating_point() and not torch.isfinite(v).all())
 
 
-def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                    step: int, config: dict, state: dict | None = None) -> Path:
+def save_checkpoint(
+    path: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    step: int,
+    config: dict,
+    state: dict | None = None,
+) -> Path:
     """Write ``path`` atomically (temp file, fsync, ``os.replace``) as safetensors; refuses non-finite
     model weights (:class:`CheckpointError`), so the previous checkpoint stays.
 
@@ -80,8 +96,13 @@ def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     bad = _non_finite(tensors)
     if bad:
         raise CheckpointError(f"refusing to write {path}: non-finite model weights in {_listed(bad)}")
-    metadata = {"format": CHECKPOINT_FORMAT, "step": str(step), "config": json.dumps(config),
-                "scheduler": json.dumps({"kind": "warmup_cosine", "step": step}), "state": json.dumps(state or {})}
+    metadata = {
+        "format": CHECKPOINT_FORMAT,
+        "step": str(step),
+        "config": json.dumps(config),
+        "scheduler": json.dumps({"kind": "warmup_cosine", "step": step}),
+        "state": json.dumps(state or {}),
+    }
     if optimizer is not None:
         optimizer_state = optimizer.state_dict()
         for index, values in optimizer_state["state"].items():
@@ -132,8 +153,11 @@ def _read_checkpoint(path: str | Path, with_tensors: bool = True) -> tuple[dict[
         if checksum(tensors, metadata) != metadata["checksum"]:
             raise CheckpointError(f"{path}: checksum mismatch: the file is damaged")
     elif metadata["format"] == LEGACY_FORMAT:
-        logger.warning("%s has no checksum (format %s, written before checksums); its contents are not verified",
-                       path, LEGACY_FORMAT)
+        logger.warning(
+            "%s has no checksum (format %s, written before checksums); its contents are not verified",
+            path,
+            LEGACY_FORMAT,
+        )
     else:
         raise CheckpointError(f"{path}: checksum missing from a {CHECKPOINT_FORMAT} checkpoint: the file is damaged")
     bad = _non_finite({k: v for k, v in tensors.items() if k.startswith("model.")})
@@ -143,7 +167,7 @@ def _read_checkpoint(path: str | Path, with_tensors: bool = True) -> tuple[dict[
 
 
 def _model_state(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-    return {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+    return {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
 
 
 def load_model_state(model: nn.Module, state: dict[str, Tensor], source: str | Path) -> None:
@@ -152,17 +176,27 @@ def load_model_state(model: nn.Module, state: dict[str, Tensor], source: str | P
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
-    shapes = sorted(f"{k} {tuple(state[k].shape)} in the file, {tuple(v.shape)} in the model"
-                    for k, v in expected.items() if k in state and state[k].shape != v.shape)
-    problems = [f"{name}: {_listed(keys)}" for name, keys in
-                (("missing", missing), ("unexpected", unexpected), ("mis-shaped", shapes)) if keys]
+    shapes = sorted(
+        f"{k} {tuple(state[k].shape)} in the file, {tuple(v.shape)} in the model"
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
+    )
+    problems = [
+        f"{name}: {_listed(keys)}"
+        for name, keys in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", shapes))
+        if keys
+    ]
     if problems:
         raise CheckpointError(f"{source} does not fit the model ({'; '.join(problems)})")
     model.load_state_dict(state)
 
 
-def load_checkpoint(path: str | Path, model: nn.Module | None = None,
-                    optimizer: torch.optim.Optimizer | None = None, restore_rng: bool = False) -> dict:
+def load_checkpoint(
+    path: str | Path,
+    model: nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    restore_rng: bool = False,
+) -> dict:
     """Load a checkpoint into ``model`` / ``optimizer`` (either optional); returns
     ``{"step": int, "config": dict, "state": dict}`` (only the metadata is read when nothing is
     loaded). ``path`` may be the file or its run folder."""
@@ -188,8 +222,11 @@ def load_checkpoint(path: str | Path, model: nn.Module | None = None,
         torch.set_rng_state(tensors["rng.torch"])
         if "rng.cuda" in tensors and torch.cuda.is_available():
             torch.cuda.set_rng_state(tensors["rng.cuda"])
-    return {"step": _metadata_step(metadata, path), "config": _metadata_config(metadata, path),
-            "state": _metadata_json(metadata, "state", path, default="{}")}
+    return {
+        "step": _metadata_step(metadata, path),
+        "config": _metadata_config(metadata, path),
+        "state": _metadata_json(metadata, "state", path, default="{}"),
+    }
 
 
 def _metadata_json(metadata: dict[str, str], key: str, path, default: str | None = None):

@@ -32,8 +32,18 @@ from pathlib import Path
 
 from ..errors import InputError
 from .checkpoints import run_folder
-from .config import (SHORTCUTS, ConfigError, Field, apply_overrides, check_device, load_config, one_line,
-                     parse_overrides, parse_value, resolve)
+from .config import (
+    SHORTCUTS,
+    ConfigError,
+    Field,
+    apply_overrides,
+    check_device,
+    load_config,
+    one_line,
+    parse_overrides,
+    parse_value,
+    resolve,
+)
 from .config_docs import describe_config
 from .evaluate import evaluate
 from .model import ModelConfig, count_parameters
@@ -44,8 +54,7 @@ from .viz import plot_plane_accuracy, visualize_planes
 __all__ = ["main", "run", "USER_ERRORS"]
 
 # what the command reports as one line with exit status 2: bad input, and user-given paths
-USER_ERRORS = (InputError, FileNotFoundError, IsADirectoryError, NotADirectoryError, FileExistsError,
-               PermissionError)
+USER_ERRORS = (InputError, FileNotFoundError, IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -57,11 +66,13 @@ class _Parser(argparse.ArgumentParser):
 
 def _option(field: Field):
     """An argparse ``type``: the text parsed like an override value and checked by ``field``."""
+
     def convert(text: str):
         value = parse_value(text)
         if not field.accepts(value):
             raise argparse.ArgumentTypeError(f"must be {field.describe()}, got {text!r}")
         return value
+
     return convert
 
 
@@ -81,70 +92,105 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hrope", description="HRoPE / LVSM novel view synthesis")
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
-        "train", help="train a model (overrides: --section.key value)",
+        "train",
+        help="train a model (overrides: --section.key value)",
         epilog="overrides: --section.key VALUE or --section.key=VALUE (sections model, data, train, eval; "
-               "see configs/tiny.yaml), after CONFIG; shortcuts: " + ", ".join("--" + s for s in SHORTCUTS),
+        "see configs/tiny.yaml), after CONFIG; shortcuts: " + ", ".join("--" + s for s in SHORTCUTS),
     )
     train.add_argument("config", help="YAML config file (e.g. configs/tiny.yaml)")
     evaluate = commands.add_parser(
-        "eval", help="evaluate a checkpoint on held-out scenes",
+        "eval",
+        help="evaluate a checkpoint on held-out scenes",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="without --protocol: scores the run's own held-out split (the data and eval sections\n"
-               "of its config.yaml) and writes <run>/eval.\n"
-               "overrides of the run's data section: --data.KEY VALUE or --data.KEY=VALUE, placed\n"
-               "after the CHECKPOINT arguments, e.g.\n"
-               "  hrope eval runs/x --data.kind folder --data.root DIR --data.eval_root null",
+        "of its config.yaml) and writes <run>/eval.\n"
+        "overrides of the run's data section: --data.KEY VALUE or --data.KEY=VALUE, placed\n"
+        "after the CHECKPOINT arguments, e.g.\n"
+        "  hrope eval runs/x --data.kind folder --data.root DIR --data.eval_root null",
     )
-    evaluate.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
-                          help="checkpoint.safetensors file or the run folder holding it")
-    evaluate.add_argument("--protocol", default=None,
-                          help="standard | views | zoom | extrapolate | baseline (default: none, the run's "
-                               "own held-out split)")
-    evaluate.add_argument("--factors", type=_option(Field("float")), nargs="+", default=None,
-                          help="the protocol's axis values (default per protocol: views 2 4 8; zoom 1 2 3 4 5; "
-                               "extrapolate 0.25 0.5 1; baseline 1 1.5 2 3)")
-    evaluate.add_argument("--zoom-all", action="store_true",
-                          help="zoom protocol: zoom the context views too (default: targets only)")
-    evaluate.add_argument("--out", default=None,
-                          help="output folder (default: <run>/eval, or <run>/eval/<protocol>; required for "
-                               "several checkpoints)")
-    evaluate.add_argument("--num-scenes", type=_option(Field("int", low=1)), default=None,
-                          help="held-out scenes to score (default: the run's eval.num_scenes)")
+    evaluate.add_argument(
+        "checkpoints", nargs="+", metavar="CHECKPOINT", help="checkpoint.safetensors file or the run folder holding it"
+    )
+    evaluate.add_argument(
+        "--protocol",
+        default=None,
+        help="standard | views | zoom | extrapolate | baseline (default: none, the run's own held-out split)",
+    )
+    evaluate.add_argument(
+        "--factors",
+        type=_option(Field("float")),
+        nargs="+",
+        default=None,
+        help="the protocol's axis values (default per protocol: views 2 4 8; zoom 1 2 3 4 5; "
+        "extrapolate 0.25 0.5 1; baseline 1 1.5 2 3)",
+    )
+    evaluate.add_argument(
+        "--zoom-all", action="store_true", help="zoom protocol: zoom the context views too (default: targets only)"
+    )
+    evaluate.add_argument(
+        "--out",
+        default=None,
+        help="output folder (default: <run>/eval, or <run>/eval/<protocol>; required for several checkpoints)",
+    )
+    evaluate.add_argument(
+        "--num-scenes",
+        type=_option(Field("int", low=1)),
+        default=None,
+        help="held-out scenes to score (default: the run's eval.num_scenes)",
+    )
     evaluate.add_argument("--device", default="cpu", help="auto | cpu | cuda (default: cpu)")
-    evaluate.add_argument("--lpips-weights", default=None,
-                          help="local LPIPS (AlexNet) safetensors file (default: the run's eval.lpips_weights; "
-                               "none = LPIPS unavailable)")
+    evaluate.add_argument(
+        "--lpips-weights",
+        default=None,
+        help="local LPIPS (AlexNet) safetensors file (default: the run's eval.lpips_weights; none = LPIPS unavailable)",
+    )
     viz = commands.add_parser("viz", help="figures")
     viz_commands = viz.add_subparsers(dest="figure", required=True)
-    planes = viz_commands.add_parser("planes", help="predicted plane normals, vs ground truth when the data has it (plane encodings)")
+    planes = viz_commands.add_parser(
+        "planes", help="predicted plane normals, vs ground truth when the data has it (plane encodings)"
+    )
     planes.add_argument("checkpoint", help="checkpoint.safetensors file or the run folder holding it")
     planes.add_argument("--out", default=None, help="output folder for planes.png (default: <run>/viz)")
-    planes.add_argument("--num-scenes", type=_option(Field("int", low=1)), default=4, help="held-out scenes, one row per context view "
-                                                                  "(default: 4)")
+    planes.add_argument(
+        "--num-scenes",
+        type=_option(Field("int", low=1)),
+        default=4,
+        help="held-out scenes, one row per context view (default: 4)",
+    )
     planes.add_argument("--layer", type=int, default=-1, help="layer whose planes are shown (default: -1, the last)")
-    planes.add_argument("--head", type=int, default=0,
-                        help="attention head whose planes are shown, for predictor_options.per_head (default: 0)")
+    planes.add_argument(
+        "--head",
+        type=int,
+        default=0,
+        help="attention head whose planes are shown, for predictor_options.per_head (default: 0)",
+    )
     planes.add_argument("--device", default="cpu", help="auto | cpu | cuda (default: cpu)")
-    accuracy = viz_commands.add_parser("plane-accuracy",
-                                       help="accuracy of predicted planes over training steps (plane_accuracy.jsonl)")
+    accuracy = viz_commands.add_parser(
+        "plane-accuracy", help="accuracy of predicted planes over training steps (plane_accuracy.jsonl)"
+    )
     accuracy.add_argument("run", help="run folder (or its checkpoint.safetensors)")
     accuracy.add_argument("--out", default=None, help="output folder for plane_accuracy.png (default: <run>/viz)")
-    commands.add_parser("config", usage="hrope config [-h] [CONFIG] [--section.key VALUE ...]",
-                        help="print the resolved config with each key's doc (docs/config.md lists every setting)",
-                        description="CONFIG: a YAML config file (default: the defaults); overrides as for train")
+    commands.add_parser(
+        "config",
+        usage="hrope config [-h] [CONFIG] [--section.key VALUE ...]",
+        help="print the resolved config with each key's doc (docs/config.md lists every setting)",
+        description="CONFIG: a YAML config file (default: the defaults); overrides as for train",
+    )
     return parser
 
 
 def _check_override_order(argv: list[str], args, extra: list[str]) -> None:
     """Raise a clear error when an override stands before the CONFIG/CHECKPOINT argument
     (``eval --data.kind folder RUN``: argparse would take ``folder`` as the checkpoint)."""
-    name, positional = (("config", args.config) if args.command == "train" else ("checkpoint", args.checkpoints[0]))
+    name, positional = ("config", args.config) if args.command == "train" else ("checkpoint", args.checkpoints[0])
     start = argv.index(args.command) + 1
     index = argv.index(positional, start)
     option = argv[index - 1]
     if index > start and option in extra and option.startswith("--") and "=" not in option:
-        raise ConfigError(f"{option} comes before the {name} path; put overrides after it "
-                          f"(hrope {args.command} {name.upper()} {option} VALUE)")
+        raise ConfigError(
+            f"{option} comes before the {name} path; put overrides after it "
+            f"(hrope {args.command} {name.upper()} {option} VALUE)"
+        )
 
 
 def _data_overrides(extra: list[str]) -> dict:
@@ -166,8 +212,14 @@ def run_eval(args, extra: list[str]) -> None:
     if args.protocol is None:
         if len(args.checkpoints) > 1 or args.factors or args.zoom_all:
             raise ConfigError("several checkpoints, --factors and --zoom-all need --protocol")
-        results = evaluate(args.checkpoints[0], args.out, num_scenes=args.num_scenes, device=device,
-                           lpips_weights=args.lpips_weights, data=data)
+        results = evaluate(
+            args.checkpoints[0],
+            args.out,
+            num_scenes=args.num_scenes,
+            device=device,
+            lpips_weights=args.lpips_weights,
+            data=data,
+        )
         print(_metrics_line(results["metrics"]))
         return
     if args.out is None and len(args.checkpoints) > 1:
@@ -175,8 +227,18 @@ def run_eval(args, extra: list[str]) -> None:
     options = {"factors": args.factors} if args.factors else {}
     if args.zoom_all:
         options["zoom_all"] = True
-    results = [run_protocol(path, args.protocol, data, num_scenes=args.num_scenes, device=device,
-                            lpips_weights=args.lpips_weights, **options) for path in args.checkpoints]
+    results = [
+        run_protocol(
+            path,
+            args.protocol,
+            data,
+            num_scenes=args.num_scenes,
+            device=device,
+            lpips_weights=args.lpips_weights,
+            **options,
+        )
+        for path in args.checkpoints
+    ]
     out = Path(args.out) if args.out else run_folder(args.checkpoints[0]) / "eval" / args.protocol
     write_results(results, out)
     for r in results:
@@ -210,8 +272,10 @@ def run(argv: list[str]) -> int:
             result = train(config)
             counts = count_parameters(result.model)
             if os.environ.get("RANK", "0") == "0":  # torchrun: report once
-                print(f"trained {result.step} steps ({result.skipped_steps} skipped), last loss "
-                      f"{result.last_loss:.5f}, {counts['total']:,} parameters; outputs in {result.out}")
+                print(
+                    f"trained {result.step} steps ({result.skipped_steps} skipped), last loss "
+                    f"{result.last_loss:.5f}, {counts['total']:,} parameters; outputs in {result.out}"
+                )
         elif args.command == "eval":
             run_eval(args, extra)
         elif args.command == "config":

@@ -60,8 +60,10 @@ def _table(entries: dict[str, Setting], prefix: str) -> list[str]:
         if f"{prefix}{name}" in shortcuts:
             notes.append(f"shortcut `--{shortcuts[prefix + name]}`")
         doc = declared.doc + (f" ({'; '.join(notes)})" if notes else "")
-        lines.append(f"| `{prefix}{name}` | `{_cell(_yaml(declared.default))}` | {_cell(declared.check.describe())} | "
-                     f"{_cell(doc)} |")
+        lines.append(
+            f"| `{prefix}{name}` | `{_cell(_yaml(declared.default))}` | {_cell(declared.check.describe())} | "
+            f"{_cell(doc)} |"
+        )
     return lines
 
 
@@ -75,26 +77,41 @@ def _predictor_options() -> list[str]:
 
 def config_reference() -> str:
     """The Markdown reference of every setting (the committed docs/config.md equals it)."""
-    lines = ["# Config reference", "",
-             "Every setting of a run config (`hrope train CONFIG`), generated from its one declaration in",
-             "`hrope.nvs.config.schema` (and `hrope.nvs.data.SyntheticConfig`) by",
-             "`hrope.nvs.config_docs.config_reference()`; do not edit by hand (`python -m hrope.nvs.config_docs`",
-             "rewrites it).",
-             "`hrope config [FILE] [--section.key VALUE ...]` prints a resolved config with these docs.",
-             "Overrides are `--section.key VALUE`; resuming a run accepts changes only to the keys marked",
-             "\"may change on resume\" (and `eval.lpips_weights` only without a perceptual loss).", ""]
+    lines = [
+        "# Config reference",
+        "",
+        "Every setting of a run config (`hrope train CONFIG`), generated from its one declaration in",
+        "`hrope.nvs.config.schema` (and `hrope.nvs.data.SyntheticConfig`) by",
+        "`hrope.nvs.config_docs.config_reference()`; do not edit by hand (`python -m hrope.nvs.config_docs`",
+        "rewrites it).",
+        "`hrope config [FILE] [--section.key VALUE ...]` prints a resolved config with these docs.",
+        "Overrides are `--section.key VALUE`; resuming a run accepts changes only to the keys marked",
+        '"may change on resume" (and `eval.lpips_weights` only without a perceptual loss).',
+        "",
+    ]
     for section, entries in SETTINGS.items():
         lines += [f"## `{section}`", ""]
         if section == "model":
-            lines += ["`preset`, `encoding` and `predictor` are written into the resolved config; the other fields",
-                      "take the preset's values, then these defaults, unless given.", ""]
+            lines += [
+                "`preset`, `encoding` and `predictor` are written into the resolved config; the other fields",
+                "take the preset's values, then these defaults, unless given.",
+                "",
+            ]
         lines += _table(entries, f"{section}.") + [""]
-    lines += ["## `model.predictor_options`", "",
-              "Each parameter source (`model.predictor`) accepts the options that name it; the default is per",
-              "source. `targets`: `learned` also accepts `hidden`, its default.", ""]
+    lines += [
+        "## `model.predictor_options`",
+        "",
+        "Each parameter source (`model.predictor`) accepts the options that name it; the default is per",
+        "source. `targets`: `learned` also accepts `hidden`, its default.",
+        "",
+    ]
     lines += _predictor_options() + [""]
-    lines += ["## `data.synthetic`", "",
-              "Overrides of the synthetic generator's ranges (`hrope.nvs.data.SyntheticConfig`, synthetic kinds).", ""]
+    lines += [
+        "## `data.synthetic`",
+        "",
+        "Overrides of the synthetic generator's ranges (`hrope.nvs.data.SyntheticConfig`, synthetic kinds).",
+        "",
+    ]
     lines += _table(settings_of(SyntheticConfig), "data.synthetic.")
     return "\n".join(lines) + "\n"
 

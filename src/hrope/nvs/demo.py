@@ -48,10 +48,19 @@ DEMO_MODELS = (
     DemoModel("none", "none"),
     DemoModel("prope", "prope"),
     DemoModel("prope (world rays)", "prope", rays="world"),
-    DemoModel("hrope-lift (learned planes, transferred, world rays)", "hrope-lift", options={"targets": "transfer"},
-              rays="world"),
-    DemoModel("hrope-lift (context depth, transferred, world rays)", "hrope-lift", "external",
-              {"use_normals": False, "targets": "transfer"}, rays="world"),
+    DemoModel(
+        "hrope-lift (learned planes, transferred, world rays)",
+        "hrope-lift",
+        options={"targets": "transfer"},
+        rays="world",
+    ),
+    DemoModel(
+        "hrope-lift (context depth, transferred, world rays)",
+        "hrope-lift",
+        "external",
+        {"use_normals": False, "targets": "transfer"},
+        rays="world",
+    ),
 )
 REFERENCE = "prope"
 SAME_RAYS = "prope (world rays)"  # what the world-rays rows' planes add to
@@ -60,14 +69,29 @@ TRAIN_SCENES, EVAL_SCENES, BATCH_SIZE = 256, 32, 4
 
 def demo_config(row: DemoModel, out: Path, steps: int) -> dict:
     """The resolved config of one demo run."""
-    return resolve({
-        "model": {"preset": "tiny", "encoding": row.encoding, "predictor": row.predictor,
-                  "predictor_options": dict(row.options), "rays": row.rays},
-        "data": {"kind": "room", "num_scenes": TRAIN_SCENES, "num_context": 2, "num_target": 1},
-        "train": {"out": str(out), "steps": steps, "batch_size": BATCH_SIZE, "lr": 1e-3, "warmup": 50,
-                  "checkpoint_every": max(1, steps // 4), "image_every": max(1, steps // 4), "threads": 1},
-        "eval": {"num_scenes": EVAL_SCENES, "num_grid_scenes": 4},
-    })
+    return resolve(
+        {
+            "model": {
+                "preset": "tiny",
+                "encoding": row.encoding,
+                "predictor": row.predictor,
+                "predictor_options": dict(row.options),
+                "rays": row.rays,
+            },
+            "data": {"kind": "room", "num_scenes": TRAIN_SCENES, "num_context": 2, "num_target": 1},
+            "train": {
+                "out": str(out),
+                "steps": steps,
+                "batch_size": BATCH_SIZE,
+                "lr": 1e-3,
+                "warmup": 50,
+                "checkpoint_every": max(1, steps // 4),
+                "image_every": max(1, steps // 4),
+                "threads": 1,
+            },
+            "eval": {"num_scenes": EVAL_SCENES, "num_grid_scenes": 4},
+        }
+    )
 
 
 def reading(results: list[dict]) -> str:
@@ -81,9 +105,11 @@ def reading(results: list[dict]) -> str:
         lead = f"`{best}` scores highest, {psnr[best] - psnr[REFERENCE]:+.2f} dB over `{REFERENCE}`"
         if "world rays" in best and best != SAME_RAYS and SAME_RAYS in psnr:
             lead += f" and {psnr[best] - psnr[SAME_RAYS]:+.2f} dB over `{SAME_RAYS}` (the same rays without planes)"
-    return (f"{lead}; this is one seed at a tiny budget, where differences of a few tenths of a dB are within "
-            "run-to-run spread, so see docs/results.md (3 seeds, paired confidence intervals) before reading a "
-            "ranking into it.")
+    return (
+        f"{lead}; this is one seed at a tiny budget, where differences of a few tenths of a dB are within "
+        "run-to-run spread, so see docs/results.md (3 seeds, paired confidence intervals) before reading a "
+        "ranking into it."
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -100,16 +126,28 @@ def main(argv: list[str] | None = None) -> None:
     train_scenes, eval_scenes = build_dataset(first, "train"), build_dataset(first, "eval")
     for index, row in enumerate(DEMO_MODELS):
         folder = row.name.replace(" ", "_").replace("(", "").replace(")", "").replace(",", "")
-        print(f"[{index + 1}/{len(DEMO_MODELS)}] {row.name}: training {args.steps} steps "
-              f"(elapsed {time.perf_counter() - start:.0f} s)", flush=True)
+        print(
+            f"[{index + 1}/{len(DEMO_MODELS)}] {row.name}: training {args.steps} steps "
+            f"(elapsed {time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
         config = demo_config(row, out / folder, args.steps)
         model = train(config, dataset=train_scenes).model.eval()
         device = next(model.parameters()).device  # train.device "auto" picks CUDA when available
-        print(f"[{index + 1}/{len(DEMO_MODELS)}] {row.name}: evaluating on {config['eval']['num_scenes']} held-out "
-              "scenes", flush=True)
+        print(
+            f"[{index + 1}/{len(DEMO_MODELS)}] {row.name}: evaluating on {config['eval']['num_scenes']} held-out "
+            "scenes",
+            flush=True,
+        )
         planes = PlaneAccuracy() if measures_planes(model) else None
-        metrics, _, rows = evaluate_model(model, eval_scenes, config["data"]["num_context"], device=device,
-                                          num_grid_scenes=config["eval"]["num_grid_scenes"], planes=planes)
+        metrics, _, rows = evaluate_model(
+            model,
+            eval_scenes,
+            config["data"]["num_context"],
+            device=device,
+            num_grid_scenes=config["eval"]["num_grid_scenes"],
+            planes=planes,
+        )
         result = {"name": row.name, "metrics": metrics}
         if planes is not None:
             result["planes"] = planes.means()
@@ -126,8 +164,12 @@ def main(argv: list[str] | None = None) -> None:
     if normal_rows is not None:
         save_image_grid(normal_rows, out / "normals.png")
     columns = " | ".join(["context views", "ground truth", *(r["name"] for r in results)])
-    accuracy = "".join(f"\nPlane accuracy of `{r['name']}` (held-out scenes, last layer; neutral = the planes at zero "
-                       f"head output):\n\n{planes_table(r['planes'])}" for r in results if r.get("planes"))
+    accuracy = "".join(
+        f"\nPlane accuracy of `{r['name']}` (held-out scenes, last layer; neutral = the planes at zero "
+        f"head output):\n\n{planes_table(r['planes'])}"
+        for r in results
+        if r.get("planes")
+    )
     text = (
         "# Demo results\n\n"
         f"Command: `make demo` (`python -m hrope.nvs.demo --steps {args.steps}`). Tiny LVSM (64x64, patch 8, d 128, "
@@ -138,15 +180,16 @@ def main(argv: list[str] | None = None) -> None:
         "LPIPS is unavailable: no local LPIPS weights are configured. The context-depth row fits planes to the "
         "renderer's depth of the context views only (a stand-in for a depth estimator) and carries them into the "
         "target camera; the learned row carries its context planes over the same way; no row sees the target "
-        "view's geometry. \"world rays\": the Plücker rays in the tokens are in the world frame (scene "
+        'view\'s geometry. "world rays": the Plücker rays in the tokens are in the world frame (scene '
         "normalised to the first context camera) instead of each token's camera frame.\n"
         + accuracy
         + f"\n`comparison.png` columns: {columns}. `normals.png`: input | overlay | `{normals_of}` normals | "
         "ground-truth normals, per context view.\n"
     )
     (out / "results.md").write_text(text)
-    (out / "results.json").write_text(json.dumps({"steps": args.steps, "seconds": elapsed, "results": results},
-                                                 indent=2))
+    (out / "results.json").write_text(
+        json.dumps({"steps": args.steps, "seconds": elapsed, "results": results}, indent=2)
+    )
     print(text)
 
 

@@ -27,8 +27,19 @@ from .metrics import LPIPS, image_metrics
 from .plane_accuracy import GROUPS, METRICS, PlaneAccuracy
 from .viz import save_image_grid
 
-__all__ = ["Evaluation", "evaluate", "evaluate_model", "evaluate_scenes", "batch_metrics", "run_name", "apply_data_overrides",
-           "apply_eval_options", "markdown_table", "planes_table", "UNAVAILABLE"]
+__all__ = [
+    "Evaluation",
+    "evaluate",
+    "evaluate_model",
+    "evaluate_scenes",
+    "batch_metrics",
+    "run_name",
+    "apply_data_overrides",
+    "apply_eval_options",
+    "markdown_table",
+    "planes_table",
+    "UNAVAILABLE",
+]
 
 UNAVAILABLE = "unavailable"
 
@@ -43,8 +54,16 @@ class Evaluation(NamedTuple):
     rows: list
 
 
-def batch_metrics(model, scenes, num_context: int, device, lpips: LPIPS | None = None, *,
-                  return_prediction: bool = False, planes: PlaneAccuracy | None = None):
+def batch_metrics(
+    model,
+    scenes,
+    num_context: int,
+    device,
+    lpips: LPIPS | None = None,
+    *,
+    return_prediction: bool = False,
+    planes: PlaneAccuracy | None = None,
+):
     """Per-scene metric means ``{metric: [value per scene]}`` of one batch of ``scenes`` (each target
     image scored, then averaged per scene); LPIPS only with ``lpips``; the batch's plane errors are
     added to ``planes`` when given. With ``return_prediction`` also returns ``(batch, prediction
@@ -62,9 +81,17 @@ def batch_metrics(model, scenes, num_context: int, device, lpips: LPIPS | None =
     return (per_scene, batch, prediction) if return_prediction else per_scene
 
 
-def evaluate_scenes(model, scenes: Iterable, num_context: int, *, batch_size: int = 4, lpips: LPIPS | None = None,
-                    device: str | torch.device = "cpu", num_grid_scenes: int = 0,
-                    planes: PlaneAccuracy | None = None):
+def evaluate_scenes(
+    model,
+    scenes: Iterable,
+    num_context: int,
+    *,
+    batch_size: int = 4,
+    lpips: LPIPS | None = None,
+    device: str | torch.device = "cpu",
+    num_grid_scenes: int = 0,
+    planes: PlaneAccuracy | None = None,
+):
     """Score ``scenes`` (any iterable of :class:`hrope.nvs.data.Scene`, read ``batch_size`` at a time);
     with ``planes``, also accumulate the accuracy of predicted planes there.
 
@@ -75,8 +102,9 @@ def evaluate_scenes(model, scenes: Iterable, num_context: int, *, batch_size: in
     rows = []
     scenes = iter(scenes)
     while chunk := list(islice(scenes, batch_size)):
-        values, batch, prediction = batch_metrics(model, chunk, num_context, device, lpips, return_prediction=True,
-                                                  planes=planes)
+        values, batch, prediction = batch_metrics(
+            model, chunk, num_context, device, lpips, return_prediction=True, planes=planes
+        )
         for name, value in values.items():
             per_scene[name] += value
         for b in range(len(chunk)):
@@ -86,14 +114,30 @@ def evaluate_scenes(model, scenes: Iterable, num_context: int, *, batch_size: in
     return Evaluation(means, per_scene, rows)
 
 
-def evaluate_model(model, dataset, num_context: int, *, batch_size: int = 4, lpips: LPIPS | None = None,
-                   device: str | torch.device = "cpu", num_grid_scenes: int = 0,
-                   planes: PlaneAccuracy | None = None):
+def evaluate_model(
+    model,
+    dataset,
+    num_context: int,
+    *,
+    batch_size: int = 4,
+    lpips: LPIPS | None = None,
+    device: str | torch.device = "cpu",
+    num_grid_scenes: int = 0,
+    planes: PlaneAccuracy | None = None,
+):
     """:func:`evaluate_scenes` over the scenes of ``dataset``; with ``planes``, the accuracy of
     predicted planes is accumulated there (``planes.means()``). Returns an :class:`Evaluation`."""
     scenes = (dataset[i] for i in range(len(dataset)))
-    return evaluate_scenes(model, scenes, num_context, batch_size=batch_size, lpips=lpips, device=device,
-                           num_grid_scenes=num_grid_scenes, planes=planes)
+    return evaluate_scenes(
+        model,
+        scenes,
+        num_context,
+        batch_size=batch_size,
+        lpips=lpips,
+        device=device,
+        num_grid_scenes=num_grid_scenes,
+        planes=planes,
+    )
 
 
 def run_name(config: dict, model) -> str:
@@ -138,28 +182,47 @@ def apply_eval_options(config: dict, **options) -> dict:
     return update_config(config, {"eval": {k: v for k, v in options.items() if v is not None}})
 
 
-def evaluate(checkpoint: str | Path, out: str | Path | None = None, *, num_scenes: int | None = None,
-             device: str = "cpu", lpips_weights: str | None = None, data: dict | None = None) -> dict:
+def evaluate(
+    checkpoint: str | Path,
+    out: str | Path | None = None,
+    *,
+    num_scenes: int | None = None,
+    device: str = "cpu",
+    lpips_weights: str | None = None,
+    data: dict | None = None,
+) -> dict:
     """Evaluate ``checkpoint`` (file or run folder) and write the outputs; returns the results dict.
 
     ``data`` overrides keys of the run's ``data`` config section (e.g. a real dataset to test on).
     """
     model, config = load_model(checkpoint, device)
-    config = apply_eval_options(apply_data_overrides(config, data), num_scenes=num_scenes,
-                                lpips_weights=lpips_weights)
+    config = apply_eval_options(apply_data_overrides(config, data), num_scenes=num_scenes, lpips_weights=lpips_weights)
     weights = config["eval"]["lpips_weights"]
     lpips = LPIPS(weights).to(device) if weights else None
     dataset = build_dataset(config, "eval")
     num_context = config["data"]["num_context"]
     accuracy = PlaneAccuracy()
-    means, _, rows = evaluate_model(model, dataset, num_context, batch_size=config["eval"]["batch_size"],
-                                 lpips=lpips, device=device, num_grid_scenes=config["eval"]["num_grid_scenes"],
-                                 planes=accuracy)
+    means, _, rows = evaluate_model(
+        model,
+        dataset,
+        num_context,
+        batch_size=config["eval"]["batch_size"],
+        lpips=lpips,
+        device=device,
+        num_grid_scenes=config["eval"]["num_grid_scenes"],
+        planes=accuracy,
+    )
     checkpoint = Path(checkpoint)
     out = Path(out) if out is not None else run_folder(checkpoint) / "eval"
-    results = {"name": run_name(config, model), "checkpoint": str(checkpoint), "num_scenes": len(dataset),
-               "num_context": num_context, "num_target": config["data"]["num_target"], "metrics": means,
-               "lpips_backbone": "alexnet" if lpips is not None else None}
+    results = {
+        "name": run_name(config, model),
+        "checkpoint": str(checkpoint),
+        "num_scenes": len(dataset),
+        "num_context": num_context,
+        "num_target": config["data"]["num_target"],
+        "metrics": means,
+        "lpips_backbone": "alexnet" if lpips is not None else None,
+    }
     table = markdown_table([results])
     if (planes := accuracy.means()) is not None:
         results["planes"] = planes

@@ -50,8 +50,9 @@ def ssim(pred: Tensor, target: Tensor) -> Tensor:
     _check(pred, target)
     if min(pred.shape[-2:]) < SSIM_WINDOW:
         raise MetricError(f"SSIM needs images of at least {SSIM_WINDOW}x{SSIM_WINDOW}, got {tuple(pred.shape[-2:])}")
-    ssim_map = kornia.metrics.ssim(pred.float().clamp(0, 1), target.float().clamp(0, 1), SSIM_WINDOW,
-                                   max_val=1.0, padding="valid")
+    ssim_map = kornia.metrics.ssim(
+        pred.float().clamp(0, 1), target.float().clamp(0, 1), SSIM_WINDOW, max_val=1.0, padding="valid"
+    )
     return ssim_map.flatten(1).mean(1)
 
 
@@ -67,13 +68,15 @@ class LPIPS(nn.Module):
         path = Path(weights)
         if not path.is_file():
             raise MetricError(f"LPIPS weights not found: {path}")
-        self.features = nn.ModuleDict({
-            "0": nn.Conv2d(3, 64, 11, stride=4, padding=2),
-            "3": nn.Conv2d(64, 192, 5, padding=2),
-            "6": nn.Conv2d(192, 384, 3, padding=1),
-            "8": nn.Conv2d(384, 256, 3, padding=1),
-            "10": nn.Conv2d(256, 256, 3, padding=1),
-        })
+        self.features = nn.ModuleDict(
+            {
+                "0": nn.Conv2d(3, 64, 11, stride=4, padding=2),
+                "3": nn.Conv2d(64, 192, 5, padding=2),
+                "6": nn.Conv2d(192, 384, 3, padding=1),
+                "8": nn.Conv2d(384, 256, 3, padding=1),
+                "10": nn.Conv2d(256, 256, 3, padding=1),
+            }
+        )
         self.heads = nn.ModuleList(nn.Conv2d(c, 1, 1, bias=False) for c in self.CHANNELS)
         self.register_buffer("shift", torch.tensor(self.SHIFT)[None, :, None, None])
         self.register_buffer("scale", torch.tensor(self.SCALE)[None, :, None, None])
@@ -85,7 +88,7 @@ class LPIPS(nn.Module):
             if key.startswith("features."):
                 mapped[key] = value
             elif key.startswith("lin") and key.endswith(".model.1.weight"):
-                mapped[f"heads.{key[3:key.index('.')]}.weight"] = value
+                mapped[f"heads.{key[3 : key.index('.')]}.weight"] = value
         missing = set(self.state_dict()) - set(mapped) - {"shift", "scale"}
         if missing:
             raise MetricError(f"LPIPS weights {path} lack {sorted(missing)}")

@@ -25,12 +25,28 @@ from ..encodings import ENCODINGS, Encoding, get_encoding
 from ..errors import InputError
 from ..geometry import patchify
 from .config import PREDICTORS, ModelSettings, check_fields, did_you_mean
-from .sources import (ParameterSource, build_parameter_source, encoding_inputs, flatten_values, fold_heads,
-                      parameter_specs)
+from .sources import (
+    ParameterSource,
+    build_parameter_source,
+    encoding_inputs,
+    flatten_values,
+    fold_heads,
+    parameter_specs,
+)
 from ..rays import plucker_rays
 
-__all__ = ["ModelConfig", "PRESETS", "APE_ENCODINGS", "LVSM", "LVSMOutput", "ModelError", "unpatchify",
-           "count_parameters", "encoding_names", "build_model"]
+__all__ = [
+    "ModelConfig",
+    "PRESETS",
+    "APE_ENCODINGS",
+    "LVSM",
+    "LVSMOutput",
+    "ModelError",
+    "unpatchify",
+    "count_parameters",
+    "encoding_names",
+    "build_model",
+]
 
 APE_SUFFIX = "-ape"
 
@@ -89,8 +105,9 @@ class ModelConfig(ModelSettings):
         unknown = set(values) - known - {"preset"}
         if unknown:
             suggestion = did_you_mean(min(unknown), sorted(known), "model.")
-            raise ModelError(f"unknown model options {sorted(unknown)}; {suggestion}known: "
-                             f"{sorted(known | {'preset'})}")
+            raise ModelError(
+                f"unknown model options {sorted(unknown)}; {suggestion}known: {sorted(known | {'preset'})}"
+            )
         values = dict(values)
         preset = values.pop("preset", None)
         if preset is not None:
@@ -206,12 +223,21 @@ class LVSM(nn.Module):
         self.source: ParameterSource | None = None
         self.ape: nn.ModuleList | None = None
         if specs:
-            self.source = build_parameter_source(c.predictor, specs, dim=c.dim, num_layers=c.layers,
-                                       patch_size=c.patch_size, options=c.predictor_options, depth_init=c.depth_init,
-                                       attention_heads=c.heads)
+            self.source = build_parameter_source(
+                c.predictor,
+                specs,
+                dim=c.dim,
+                num_layers=c.layers,
+                patch_size=c.patch_size,
+                options=c.predictor_options,
+                depth_init=c.depth_init,
+                attention_heads=c.heads,
+            )
             if c.is_ape and self.source.attention_heads > 1:
-                raise ModelError(f"predictor_options.per_head needs a relative encoding; {c.encoding!r} adds its "
-                                 "parameters to the tokens, once for all heads")
+                raise ModelError(
+                    f"predictor_options.per_head needs a relative encoding; {c.encoding!r} adds its "
+                    "parameters to the tokens, once for all heads"
+                )
             if c.is_ape:
                 embed_dim = sum(s.embed_dim for s in specs)
                 count = c.layers if self.source.per_layer else 1
@@ -327,8 +353,9 @@ class LVSM(nn.Module):
             values = {name: fold_heads(value) for name, value in values.items()}
             cameras = cameras.repeat_batch(heads)
         planes, params = encoding_inputs(values)
-        prepared = self.encoding.prepare(cameras, self.config.grid, self.config.dim // self.config.heads,
-                                         planes=planes, **params)
+        prepared = self.encoding.prepare(
+            cameras, self.config.grid, self.config.dim // self.config.heads, planes=planes, **params
+        )
         return prepared if heads == 1 else HeadsInBatch(prepared, heads)
 
 

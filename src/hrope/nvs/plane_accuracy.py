@@ -39,8 +39,17 @@ from ..cameras import Cameras
 from ..planes import Planes
 from .sources import fold_heads, unfold_heads
 
-__all__ = ["GROUPS", "METRICS", "LOG_NAME", "measures_planes", "scene_errors", "PlaneAccuracy", "plane_accuracy",
-           "append_log", "read_log"]
+__all__ = [
+    "GROUPS",
+    "METRICS",
+    "LOG_NAME",
+    "measures_planes",
+    "scene_errors",
+    "PlaneAccuracy",
+    "plane_accuracy",
+    "append_log",
+    "read_log",
+]
 
 GROUPS = ("context", "target")
 METRICS = ("normal_error_deg", "normal_error_deg_neutral", "depth_rel_error", "depth_rel_error_neutral")
@@ -53,8 +62,11 @@ MAX_DEPTH_ERROR = 1.0
 def measures_planes(model) -> bool:
     """Whether ``model`` predicts planes that can be scored: a plane encoding with a learned or
     backbone source (oracle planes are the ground truth; external ones are fitted to the data)."""
-    return (model.source is not None and model.config.predictor in MEASURED_SOURCES
-            and any(s.name == "planes" for s in model.source.specs))
+    return (
+        model.source is not None
+        and model.config.predictor in MEASURED_SOURCES
+        and any(s.name == "planes" for s in model.source.specs)
+    )
 
 
 def _plane_errors(m: Tensor, truth: tuple[Tensor, Tensor], cameras: Cameras, grid) -> tuple[Tensor, Tensor]:
@@ -108,18 +120,23 @@ def scene_errors(parameters: list[dict[str, Tensor]], batch, model) -> dict[tupl
             errors = _plane_errors(fold_heads(m), head_truth, head_cameras, grid)
             return tuple(unfold_heads(e, heads).mean(-1) for e in errors)
 
-        layers = [predicted_errors(values["planes"].detach().float())
-                  for values in parameters]  # per entry: (normal error, depth error)
+        layers = [
+            predicted_errors(values["planes"].detach().float()) for values in parameters
+        ]  # per entry: (normal error, depth error)
         neutral = _plane_errors(neutral_m, true_planes, cameras, grid)
-        maps = {"normal_error_deg": layers[-1][0], "normal_error_deg_neutral": neutral[0],
-                "depth_rel_error": layers[-1][1], "depth_rel_error_neutral": neutral[1]}
-        errors = {(group, metric): value for metric, error in maps.items()
-                  for group, value in per_scene(error).items()}
+        maps = {
+            "normal_error_deg": layers[-1][0],
+            "normal_error_deg_neutral": neutral[0],
+            "depth_rel_error": layers[-1][1],
+            "depth_rel_error_neutral": neutral[1],
+        }
+        errors = {(group, metric): value for metric, error in maps.items() for group, value in per_scene(error).items()}
         if len(layers) > 1:
             for index, metric in enumerate(("normal_error_deg", "depth_rel_error")):
                 stacked = [per_scene(layer[index]) for layer in layers]
-                errors.update({("per_layer", group, metric): torch.stack([s[group] for s in stacked])
-                               for group in GROUPS})
+                errors.update(
+                    {("per_layer", group, metric): torch.stack([s[group] for s in stacked]) for group in GROUPS}
+                )
     return errors
 
 

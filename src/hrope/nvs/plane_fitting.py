@@ -21,17 +21,31 @@ from ..cameras import Cameras
 from ..geometry import patchify, pixel_rays
 from ..planes import Planes, check_depth_maps
 
-__all__ = ["FITS", "FALLBACKS", "RANSAC_HYPOTHESES", "fit_patch_planes", "patch_planes_from_normals",
-           "robust_patch_planes"]
+__all__ = [
+    "FITS",
+    "FALLBACKS",
+    "RANSAC_HYPOTHESES",
+    "fit_patch_planes",
+    "patch_planes_from_normals",
+    "robust_patch_planes",
+]
 
 FITS = ("least-squares", "robust")
 FALLBACKS = ("median", "infinity")
 RANSAC_HYPOTHESES = 64  # planes tried per patch (fixed draws): 50 % outliers leave ~2e-4 of patches without a clean one
 
 
-def fit_patch_planes(depth: Tensor, cameras: Cameras, patch_size: int, *, fit: str = "least-squares",
-                     normals: Tensor | None = None, min_points: int = 5, threshold: float = 0.02,
-                     fallback: str = "median") -> Planes:
+def fit_patch_planes(
+    depth: Tensor,
+    cameras: Cameras,
+    patch_size: int,
+    *,
+    fit: str = "least-squares",
+    normals: Tensor | None = None,
+    min_points: int = 5,
+    threshold: float = 0.02,
+    fallback: str = "median",
+) -> Planes:
     """Per-patch planes by ``fit`` (:data:`FITS`), in float32.
 
     ``least-squares``: :func:`patch_planes_from_normals` with ``normals (B, V, 3, H, W)`` when
@@ -68,13 +82,22 @@ def patch_planes_from_normals(depth: Tensor, normals: Tensor, cameras: Cameras, 
     d = (normal * mean_point).sum(-1)
     good = (count > 0) & (n_sum.norm(dim=-1) > 1e-6) & (d.abs() > 1e-6)
     fronto = F.pad(1.0 / mean_point[..., 2:].clamp_min(1e-6), (2, 0))  # (0, 0, 1 / z̄)
-    m = torch.where(good[..., None], normal / torch.where(good, d, torch.ones_like(d))[..., None],
-                    torch.where((count > 0)[..., None], fronto, torch.zeros_like(fronto)))
+    m = torch.where(
+        good[..., None],
+        normal / torch.where(good, d, torch.ones_like(d))[..., None],
+        torch.where((count > 0)[..., None], fronto, torch.zeros_like(fronto)),
+    )
     return Planes.from_m(m)
 
 
-def robust_patch_planes(depth: Tensor, cameras: Cameras, patch_size: int, min_points: int = 5,
-                        threshold: float = 0.02, fallback: str = "median") -> Planes:
+def robust_patch_planes(
+    depth: Tensor,
+    cameras: Cameras,
+    patch_size: int,
+    min_points: int = 5,
+    threshold: float = 0.02,
+    fallback: str = "median",
+) -> Planes:
     """Per-patch planes from z-depth ``(B, V, H, W)`` (sparse, e.g. SfM points, or dense) that ignore outliers.
 
     Pixels with finite positive depth are back-projected (pixel centres). A patch with at least
@@ -133,8 +156,13 @@ def _ransac_inliers(points: Tensor, valid: Tensor, threshold: float) -> Tensor:
     proper = area > 1e-6 * a.norm(dim=-1) * b.norm(dim=-1)  # not (nearly) collinear
     normal = normal / area.clamp_min(torch.finfo(area.dtype).tiny)[..., None]
     offset = (normal * corners[:, :, 0]).sum(-1)
-    scores = torch.stack([_inliers(points, valid, normal[:, :, h], offset[:, :, h], threshold).sum(-1)
-                          for h in range(RANSAC_HYPOTHESES)], -1)
+    scores = torch.stack(
+        [
+            _inliers(points, valid, normal[:, :, h], offset[:, :, h], threshold).sum(-1)
+            for h in range(RANSAC_HYPOTHESES)
+        ],
+        -1,
+    )
     best = torch.where(proper, scores, -1).argmax(-1, keepdim=True)  # (B, N, 1)
     best_normal = normal.gather(2, best[..., None].expand(-1, -1, -1, 3))[:, :, 0]
     return _inliers(points, valid, best_normal, offset.gather(2, best)[..., 0], threshold)

@@ -68,16 +68,38 @@ from .evaluate import apply_data_overrides, apply_eval_options, evaluate_scenes,
 from .metrics import LPIPS
 from .model import LVSM
 
-__all__ = ["PROTOCOLS", "DEFAULT_FACTORS", "AXES", "NUM_TARGETS", "run_protocol", "write_results", "zoom_views",
-           "base_plan", "protocol_plans", "SyntheticVideos", "SourceVideos", "build_videos"]
+__all__ = [
+    "PROTOCOLS",
+    "DEFAULT_FACTORS",
+    "AXES",
+    "NUM_TARGETS",
+    "run_protocol",
+    "write_results",
+    "zoom_views",
+    "base_plan",
+    "protocol_plans",
+    "SyntheticVideos",
+    "SourceVideos",
+    "build_videos",
+]
 
 logger = logging.getLogger("hrope.nvs.protocols")
 
 PROTOCOLS = ("standard", "views", "zoom", "extrapolate", "baseline")
-DEFAULT_FACTORS = {"standard": (1,), "views": (2, 4, 8), "zoom": (1, 2, 3, 4, 5), "extrapolate": (0.25, 0.5, 1.0),
-                   "baseline": (1, 1.5, 2, 3)}
-AXES = {"standard": "standard", "views": "number of context views", "zoom": "target zoom factor",
-        "extrapolate": "extrapolation distance (x context gap)", "baseline": "context baseline (x gap)"}
+DEFAULT_FACTORS = {
+    "standard": (1,),
+    "views": (2, 4, 8),
+    "zoom": (1, 2, 3, 4, 5),
+    "extrapolate": (0.25, 0.5, 1.0),
+    "baseline": (1, 1.5, 2, 3),
+}
+AXES = {
+    "standard": "standard",
+    "views": "number of context views",
+    "zoom": "target zoom factor",
+    "extrapolate": "extrapolation distance (x context gap)",
+    "baseline": "context baseline (x gap)",
+}
 NUM_TARGETS = 3
 METRICS = ("psnr", "ssim", "lpips")
 METRIC_LABELS = {"psnr": "PSNR ↑", "ssim": "SSIM ↑", "lpips": "LPIPS ↓"}
@@ -127,8 +149,14 @@ class SourceVideos:
         return getattr(self.source, "evaluation_views", {}).get(self.source.scene_name(i))
 
     def load(self, i: int, frames: list[int], image_size: tuple[int, int]) -> Scene:
-        return load_frames(self.source.frames(i), self.source.scene_name(i), image_size, frames, self.source.depth,
-                           self.source.depth_scale)
+        return load_frames(
+            self.source.frames(i),
+            self.source.scene_name(i),
+            image_size,
+            frames,
+            self.source.depth,
+            self.source.depth_scale,
+        )
 
 
 def build_videos(config: dict, num_scenes: int | None):
@@ -151,8 +179,10 @@ def base_plan(videos, i: int, seed: int, reserve: float) -> tuple[list[int], lis
     low, high = videos.context_gap or (NUM_TARGETS + 1, n - 1)
     high = min(high, math.floor((n - 1) / (1 + 2 * reserve)))
     if high < max(low, NUM_TARGETS + 1):
-        raise SceneError(f"a video of {n} frames is too short for context gaps {videos.context_gap} "
-                         f"with {reserve:g} x gap free on both sides")
+        raise SceneError(
+            f"a video of {n} frames is too short for context gaps {videos.context_gap} "
+            f"with {reserve:g} x gap free on both sides"
+        )
     rng = Rng("hrope.nvs.protocols.views", seed, i)
     gap = rng.integer(max(low, NUM_TARGETS + 1), high)
     margin = math.ceil(reserve * gap)
@@ -250,9 +280,14 @@ def zoom_views(scene: Scene, factor: float, views: list[int]) -> Scene:
     K[0, views, :2, :2] *= factor
     K[0, views, :2, 2] = factor * (K[0, views, :2, 2] - centre) + centre
     cameras = Cameras(K, scene.cameras.world_to_cam, (H, W), validate=False)
-    return replace(scene, images=warp(scene.images, "bilinear").clamp(0, 1), cameras=cameras,
-                   depth=warp(scene.depth, "nearest"), normals=warp(scene.normals, "nearest"),
-                   plane_m=warp(scene.plane_m, "nearest"))
+    return replace(
+        scene,
+        images=warp(scene.images, "bilinear").clamp(0, 1),
+        cameras=cameras,
+        depth=warp(scene.depth, "nearest"),
+        normals=warp(scene.normals, "nearest"),
+        plane_m=warp(scene.plane_m, "nearest"),
+    )
 
 
 # ----------------------------------------------------------------------------- running
@@ -267,10 +302,12 @@ def _load_model(model_or_checkpoint, dataset_config: dict | None, device: str):
     return model.eval(), apply_data_overrides(config, dataset_config), checkpoint
 
 
-def _point_metrics(model, videos, scenes, plans, image_size, *, zoom: float, zoom_all: bool, batch_size, lpips,
-                   device) -> dict:
+def _point_metrics(
+    model, videos, scenes, plans, image_size, *, zoom: float, zoom_all: bool, batch_size, lpips, device
+) -> dict:
     """Per-metric means over the scenes of one protocol point (scenes that fail to load are skipped);
     the targets (all views with ``zoom_all``) are zoomed ``zoom`` x."""
+
     def loaded():
         for i, (context, targets) in zip(scenes, plans):
             try:
@@ -281,14 +318,23 @@ def _point_metrics(model, videos, scenes, plans, image_size, *, zoom: float, zoo
                 continue
             yield normalize_scene(scene, list(range(len(context))))
 
-    means, per_scene, _ = evaluate_scenes(model, loaded(), len(plans[0][0]), batch_size=batch_size, lpips=lpips,
-                                          device=device)
+    means, per_scene, _ = evaluate_scenes(
+        model, loaded(), len(plans[0][0]), batch_size=batch_size, lpips=lpips, device=device
+    )
     return {"num_scenes": len(per_scene["psnr"]), "metrics": means}
 
 
-def run_protocol(model_or_checkpoint, protocol: str, dataset_config: dict | None = None, *,
-                 num_scenes: int | None = None, device: str = "cpu", batch_size: int | None = None,
-                 lpips_weights: str | None = None, **options) -> dict:
+def run_protocol(
+    model_or_checkpoint,
+    protocol: str,
+    dataset_config: dict | None = None,
+    *,
+    num_scenes: int | None = None,
+    device: str = "cpu",
+    batch_size: int | None = None,
+    lpips_weights: str | None = None,
+    **options,
+) -> dict:
     """Run ``protocol`` (one of :data:`PROTOCOLS`) and return its result dict (module doc).
 
     ``num_scenes`` defaults to ``eval.num_scenes`` of the run's config (None there = every scene of
@@ -298,8 +344,10 @@ def run_protocol(model_or_checkpoint, protocol: str, dataset_config: dict | None
     if protocol not in PROTOCOLS:
         raise ConfigError(f"unknown protocol {protocol!r}; available: {', '.join(PROTOCOLS)}")
     zoom_all = bool(options.pop("zoom_all", False))
-    factors = tuple(int(v) if float(v).is_integer() else float(v)
-                    for v in (options.pop("factors", None) or DEFAULT_FACTORS[protocol]))
+    factors = tuple(
+        int(v) if float(v).is_integer() else float(v)
+        for v in (options.pop("factors", None) or DEFAULT_FACTORS[protocol])
+    )
     if options:
         raise ConfigError(f"unknown protocol options {sorted(options)} (known: factors, zoom_all)")
     if zoom_all and protocol != "zoom":
@@ -311,27 +359,45 @@ def run_protocol(model_or_checkpoint, protocol: str, dataset_config: dict | None
     if protocol == "extrapolate" and min(factors) <= 0:
         raise ConfigError(f"extrapolate: distances must be > 0, got {list(factors)}")
     model, config, checkpoint = _load_model(model_or_checkpoint, dataset_config, device)
-    evaluation = apply_eval_options(config, num_scenes=num_scenes, batch_size=batch_size,
-                                    lpips_weights=lpips_weights)["eval"]
+    evaluation = apply_eval_options(config, num_scenes=num_scenes, batch_size=batch_size, lpips_weights=lpips_weights)[
+        "eval"
+    ]
     num_scenes, batch_size, weights = evaluation["num_scenes"], evaluation["batch_size"], evaluation["lpips_weights"]
     lpips = LPIPS(weights).to(device) if weights else None
     videos = build_videos(config, num_scenes)
     scenes, plans, skipped = protocol_plans(videos, protocol, factors, config["data"]["seed"])
     if not scenes:
-        raise ConfigError(f"protocol {protocol}: none of the {len(videos)} scenes can be planned "
-                          f"(all too short; see the warnings)")
+        raise ConfigError(
+            f"protocol {protocol}: none of the {len(videos)} scenes can be planned (all too short; see the warnings)"
+        )
     size = (model.config.image_size, model.config.image_size)
     points = []
     for value, plan in zip(factors, plans):
         zoom = value if protocol == "zoom" else 1
-        result = _point_metrics(model, videos, scenes, plan, size, zoom=zoom, zoom_all=zoom_all,
-                                batch_size=batch_size, lpips=lpips, device=device)
+        result = _point_metrics(
+            model,
+            videos,
+            scenes,
+            plan,
+            size,
+            zoom=zoom,
+            zoom_all=zoom_all,
+            batch_size=batch_size,
+            lpips=lpips,
+            device=device,
+        )
         points.append({"value": value, "num_context": len(plan[0][0]), "num_target": len(plan[0][1]), **result})
-    results = {"protocol": protocol, "name": run_name(config, model), "checkpoint": checkpoint,
-               "axis": AXES[protocol] + (" (all views)" if zoom_all else ""),
-               "data": {"kind": config["data"]["kind"], "root": config["data"]["root"]},
-               "num_scenes": len(scenes), "num_skipped": skipped,
-               "lpips_backbone": "alexnet" if lpips is not None else None, "points": points}
+    results = {
+        "protocol": protocol,
+        "name": run_name(config, model),
+        "checkpoint": checkpoint,
+        "axis": AXES[protocol] + (" (all views)" if zoom_all else ""),
+        "data": {"kind": config["data"]["kind"], "root": config["data"]["root"]},
+        "num_scenes": len(scenes),
+        "num_skipped": skipped,
+        "lpips_backbone": "alexnet" if lpips is not None else None,
+        "points": points,
+    }
     if protocol == "zoom":
         results["zoom_all"] = zoom_all
     return results
@@ -362,15 +428,25 @@ def markdown(results: list[dict]) -> str:
     protocol = results[0]["protocol"]
     values = [p["value"] for p in results[0]["points"]]
     labels = _labels(results)
-    lines = [f"# Protocol `{protocol}`", "", f"Columns: {results[0]['axis']}. Scenes: "
-             + ", ".join(f"{label} {r['num_scenes']} ({r['num_skipped']} skipped)" for label, r in zip(labels, results))
-             + ".", ""]
+    lines = [
+        f"# Protocol `{protocol}`",
+        "",
+        f"Columns: {results[0]['axis']}. Scenes: "
+        + ", ".join(f"{label} {r['num_scenes']} ({r['num_skipped']} skipped)" for label, r in zip(labels, results))
+        + ".",
+        "",
+    ]
     for metric in METRICS:
-        lines += [f"**{METRIC_LABELS[metric]}**", "", "| model | " + " | ".join(f"{v:g}" for v in values) + " |",
-                  "|---|" + "---|" * len(values)]
+        lines += [
+            f"**{METRIC_LABELS[metric]}**",
+            "",
+            "| model | " + " | ".join(f"{v:g}" for v in values) + " |",
+            "|---|" + "---|" * len(values),
+        ]
         for label, r in zip(labels, results):
-            lines.append(f"| {label} | " + " | ".join(_format(p["metrics"][metric], metric) for p in r["points"])
-                         + " |")
+            lines.append(
+                f"| {label} | " + " | ".join(_format(p["metrics"][metric], metric) for p in r["points"]) + " |"
+            )
         lines.append("")
     if not _has_lpips(results):
         lines.append("LPIPS unavailable (no local LPIPS weights): the PSNR–LPIPS trade-off plot is not drawn.")
@@ -408,8 +484,12 @@ def _plot_tradeoff(results: list[dict], path: Path) -> Path:
 
     figure, axis = plt.subplots(figsize=(4.5, 3.6))
     for label, r in zip(_labels(results), results):
-        axis.plot([p["metrics"]["lpips"] for p in r["points"]], [p["metrics"]["psnr"] for p in r["points"]],
-                  marker="o", label=label)
+        axis.plot(
+            [p["metrics"]["lpips"] for p in r["points"]],
+            [p["metrics"]["psnr"] for p in r["points"]],
+            marker="o",
+            label=label,
+        )
     axis.set_xlabel(METRIC_LABELS["lpips"])
     axis.set_ylabel(METRIC_LABELS["psnr"])
     axis.grid(alpha=0.3)

@@ -18,14 +18,22 @@ from pathlib import Path
 from .config import SETTINGS
 from .model import ModelConfig
 
-__all__ = ["SEGMENTS_NAME", "HARMLESS_ON_RESUME", "config_differences", "resume_differences", "code_provenance",
-           "config_hash", "append_segment"]
+__all__ = [
+    "SEGMENTS_NAME",
+    "HARMLESS_ON_RESUME",
+    "config_differences",
+    "resume_differences",
+    "code_provenance",
+    "config_hash",
+    "append_segment",
+]
 
 SEGMENTS_NAME = "segments.jsonl"
 
 # Keys that may differ on resume: where outputs go, how the run is executed and logged, evaluation.
-HARMLESS_ON_RESUME = frozenset(f"{section}.{key}" for section, entries in SETTINGS.items()
-                               for key, declared in entries.items() if declared.resume)
+HARMLESS_ON_RESUME = frozenset(
+    f"{section}.{key}" for section, entries in SETTINGS.items() for key, declared in entries.items() if declared.resume
+)
 
 
 def _flat(config: dict) -> dict:
@@ -67,8 +75,9 @@ def code_provenance(source: Path = Path(__file__)) -> dict:
 
     def git(*args: str) -> str | None:
         try:
-            return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, check=True,
-                                  timeout=10).stdout.strip()
+            return subprocess.run(
+                ["git", "-C", str(folder), *args], capture_output=True, text=True, check=True, timeout=10
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return None
 

@@ -127,9 +127,11 @@ def _start(config: dict, checkpoint: Path, model: nn.Module, optimizer, world_si
         refused["torchrun ranks"] = (ranks, world_size)
     if refused:
         changes = ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in refused.items())
-        raise ConfigError(f"{checkpoint} was trained under another config ({changes}); resume with the run's "
-                          f"config.yaml, or train into a new train.out (train.init_from: {checkpoint} fine-tunes "
-                          "from its weights)")
+        raise ConfigError(
+            f"{checkpoint} was trained under another config ({changes}); resume with the run's "
+            f"config.yaml, or train into a new train.out (train.init_from: {checkpoint} fine-tunes "
+            "from its weights)"
+        )
     info = load_checkpoint(checkpoint, model, optimizer, restore_rng=True)
     return _Origin(stored["config"], info["step"], info["state"], True, {k: list(v) for k, v in harmless.items()})
 
@@ -175,8 +177,7 @@ def _image_grid(batch, prediction: Tensor) -> Tensor:
     return torch.cat([v.detach().float().clamp(0, 1).cpu() for v in views], dim=-1)
 
 
-def _log_plane_accuracy(writer, out: Path, step: int, accuracy: dict | None,
-                        parameter_grad_norm: float | None) -> None:
+def _log_plane_accuracy(writer, out: Path, step: int, accuracy: dict | None, parameter_grad_norm: float | None) -> None:
     """The 8 plane errors to TensorBoard (``planes/<group>/<metric>``) and ``out/plane_accuracy.jsonl``,
     with the parameter heads' gradient norm (nothing when ``accuracy`` is None: no predicted planes
     or no ground truth)."""
@@ -226,8 +227,12 @@ class Trainer:
             if not self.origin.overrides:  # a new run, or the run's own config
                 save_config(self.origin.config, self.out)
             counts = count_parameters(self.model)
-            logger.info("model %s: %d parameters (%d trainable)", config["model"]["encoding"], counts["total"],
-                        counts["trainable"])
+            logger.info(
+                "model %s: %d parameters (%d trainable)",
+                config["model"]["encoding"],
+                counts["total"],
+                counts["trainable"],
+            )
         self.net = self.model
         if ctx.world_size > 1:
             device_ids = [ctx.device] if ctx.device.type == "cuda" else None
@@ -240,9 +245,14 @@ class Trainer:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(self.out / "tb"))
-        self.bar = tqdm(range(self.start, self.end), initial=self.start, total=opts["steps"],
-                        disable=not (progress and ctx.is_main), desc=f"train {config['model']['encoding']}",
-                        dynamic_ncols=True)
+        self.bar = tqdm(
+            range(self.start, self.end),
+            initial=self.start,
+            total=opts["steps"],
+            disable=not (progress and ctx.is_main),
+            desc=f"train {config['model']['encoding']}",
+            dynamic_ncols=True,
+        )
         self.rate_tick, self.tick_step = time.perf_counter(), self.start
         self.model.train()
         self.loader = StepLoader(dataset, opts["seed"], ctx.rank, opts["batch_size"], config["data"]["prefetch"])
@@ -270,8 +280,12 @@ class Trainer:
         """Count a non-finite step (the step counter still advances, so checkpoints and resume stay on
         schedule); ``train.max_nonfinite_steps`` in a row stop the run with a :class:`TrainingError`."""
         self.skipped, self.streak = self.skipped + 1, self.streak + 1
-        logger.warning("step %d: non-finite loss or gradient (loss %s, grad norm %s); step skipped",
-                       step, float(result.loss), float(result.grad_norm))
+        logger.warning(
+            "step %d: non-finite loss or gradient (loss %s, grad norm %s); step skipped",
+            step,
+            float(result.loss),
+            float(result.grad_norm),
+        )
         if self.writer is not None:
             self.writer.add_scalar("train/skipped_steps", self.skipped, step)
         if self.streak >= self.opts["max_nonfinite_steps"]:
@@ -280,7 +294,8 @@ class Trainer:
             raise TrainingError(
                 f"training diverged: {self.streak} consecutive non-finite steps ({step + 1 - self.streak}-{step}) "
                 f"reached train.max_nonfinite_steps = {self.opts['max_nonfinite_steps']}; last good "
-                f"checkpoint: {last}")
+                f"checkpoint: {last}"
+            )
 
     def log(self, done: int, result: StepResult, batch) -> None:
         """Rank 0's record of step ``done``: loss and steps/s on the progress bar; loss, learning rate,
@@ -311,8 +326,12 @@ class Trainer:
         steps and at the end; on SIGTERM (on any rank) after the current step; the segment is recorded
         whatever happens once set up."""
         if self.start >= self.end:
-            logger.info("%s is already at step %d (train.steps %d); nothing to train", self.checkpoint, self.start,
-                        self.opts["steps"])
+            logger.info(
+                "%s is already at step %d (train.steps %d); nothing to train",
+                self.checkpoint,
+                self.start,
+                self.opts["steps"],
+            )
             return self.result("already trained")
         self.setup(dataset, progress)
         try:
@@ -334,8 +353,12 @@ class Trainer:
     def stopped(self) -> None:
         """The outcome of a loop that ended without an error (a warning on how to resume after SIGTERM)."""
         if self.outcome == "terminated":
-            logger.warning("SIGTERM: stopped after step %d of %d; checkpoint %s saved; run the same command to "
-                           "resume", self.reached, self.opts["steps"], self.checkpoint)
+            logger.warning(
+                "SIGTERM: stopped after step %d of %d; checkpoint %s saved; run the same command to resume",
+                self.reached,
+                self.opts["steps"],
+                self.checkpoint,
+            )
         else:
             self.outcome = "completed" if self.reached == self.opts["steps"] else "stopped"
 
@@ -352,11 +375,18 @@ class Trainer:
         """This segment's line of ``segments.jsonl``: steps, outcome, origin, timing and provenance."""
         origin = self.origin
         return {
-            "start_step": self.start, "end_step": self.reached, "checkpoint_step": self.saved, "outcome": self.outcome,
+            "start_step": self.start,
+            "end_step": self.reached,
+            "checkpoint_step": self.saved,
+            "outcome": self.outcome,
             "resumed_from_step": self.start if origin.resumed else None,
-            "init_from": None if origin.resumed else self.opts["init_from"], "overrides": origin.overrides,
-            "started": self.began.isoformat(timespec="seconds"), "seconds": round(time.perf_counter() - self.tick, 3),
-            "hrope": __version__, "torch": torch.__version__, **code_provenance(),
+            "init_from": None if origin.resumed else self.opts["init_from"],
+            "overrides": origin.overrides,
+            "started": self.began.isoformat(timespec="seconds"),
+            "seconds": round(time.perf_counter() - self.tick, 3),
+            "hrope": __version__,
+            "torch": torch.__version__,
+            **code_provenance(),
             "config_sha256": config_hash(self.config),
         }
 

@@ -46,8 +46,9 @@ def make_optimizer(model: nn.Module, train: dict) -> torch.optim.AdamW:
         for decays in (True, False):
             params = [p for p in trainable if (id(p) in heads) == is_head and (p.ndim >= 2) == decays]
             if params:
-                groups.append({"params": params, "weight_decay": train["weight_decay"] if decays else 0.0,
-                               "lr_scale": scale})
+                groups.append(
+                    {"params": params, "weight_decay": train["weight_decay"] if decays else 0.0, "lr_scale": scale}
+                )
     return torch.optim.AdamW(groups, lr=train["lr"], betas=(0.9, 0.95))
 
 
@@ -82,8 +83,16 @@ class StepResult:
     lr: float  # the schedule's learning rate at this step (each group's is lr · its lr_scale)
 
 
-def train_step(net: nn.Module, optimizer: torch.optim.Optimizer, batch, step: int, train: dict,
-               perceptual: nn.Module | None = None, *, measure_heads: bool = False) -> StepResult:
+def train_step(
+    net: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch,
+    step: int,
+    train: dict,
+    perceptual: nn.Module | None = None,
+    *,
+    measure_heads: bool = False,
+) -> StepResult:
     """One optimisation step at ``step`` on ``batch`` (its views ``num_context:`` are the targets).
 
     Sets each parameter group's learning rate to :func:`learning_rate` · ``lr_scale``; forward

@@ -78,8 +78,9 @@ def _image_cells(X: Tensor, K_norm: Tensor, grid: tuple[int, int]) -> tuple[Tens
     return cell, inside
 
 
-def transfer_planes(m: Tensor, cameras: Cameras, grid: tuple[int, int], num_context: int,
-                    samples: int = 4) -> tuple[Tensor, Tensor]:
+def transfer_planes(
+    m: Tensor, cameras: Cameras, grid: tuple[int, int], num_context: int, samples: int = 4
+) -> tuple[Tensor, Tensor]:
     """Target-view planes from the context views' planes.
 
     Args:

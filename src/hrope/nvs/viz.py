@@ -30,8 +30,14 @@ from .checkpoints import load_model, run_folder
 from .config import Field
 from .plane_accuracy import GROUPS, LOG_NAME, read_log
 
-__all__ = ["save_image_grid", "normal_colours", "plane_normal_rows", "visualize_planes", "plot_plane_accuracy",
-           "VizError"]
+__all__ = [
+    "save_image_grid",
+    "normal_colours",
+    "plane_normal_rows",
+    "visualize_planes",
+    "plot_plane_accuracy",
+    "VizError",
+]
 
 PAD = 2
 OVERLAY_ALPHA = 0.6
@@ -77,8 +83,9 @@ def plane_normal_rows(model, batch, layer: int = -1, head: int = 0) -> list[list
         output = model(batch)
     count = len(output.parameters)
     if not -count <= layer < count:
-        raise VizError(f"layer {layer} is out of range: the model predicts planes {count} time(s) (layers "
-                       f"{-count}..{count - 1})")
+        raise VizError(
+            f"layer {layer} is out of range: the model predicts planes {count} time(s) (layers {-count}..{count - 1})"
+        )
     grid, p = config.grid, config.patch_size
     P = grid[0] * grid[1]
     Vc = int(batch.num_context)
@@ -107,8 +114,14 @@ def plane_normal_rows(model, batch, layer: int = -1, head: int = 0) -> list[list
     return rows
 
 
-def visualize_planes(checkpoint: str | Path, out: str | Path | None = None, num_scenes: int = 4,
-                     layer: int = -1, device: str = "cpu", head: int = 0) -> Path:
+def visualize_planes(
+    checkpoint: str | Path,
+    out: str | Path | None = None,
+    num_scenes: int = 4,
+    layer: int = -1,
+    device: str = "cpu",
+    head: int = 0,
+) -> Path:
     """Write ``planes.png`` (see module doc) for ``num_scenes`` held-out scenes; returns its path."""
     Field("int", low=1).check("num_scenes", num_scenes, VizError)
     model, config = load_model(checkpoint, device)
@@ -132,8 +145,10 @@ def plot_plane_accuracy(run: str | Path, out: str | Path | None = None) -> Path:
         raise VizError(f"run not found: {run}")
     log = run_folder(run) / LOG_NAME
     if not log.is_file():
-        raise VizError(f"no {log}: only training runs of plane encodings with a learned or backbone source on "
-                       f"data with ground-truth planes log plane accuracy")
+        raise VizError(
+            f"no {log}: only training runs of plane encodings with a learned or backbone source on "
+            f"data with ground-truth planes log plane accuracy"
+        )
     records = read_log(log)
     steps = [r["step"] for r in records]
     marker = "." if len(steps) <= 50 else None  # a short log: show its points
@@ -149,8 +164,14 @@ def plot_plane_accuracy(run: str | Path, out: str | Path | None = None) -> Path:
     for axis, (metric, label) in zip(axes, panels):
         for group, colour in zip(GROUPS, ("tab:blue", "tab:orange")):
             axis.plot(steps, [r[group][metric] for r in records], color=colour, marker=marker, label=group)
-            axis.plot(steps, [r[group][metric + "_neutral"] for r in records], color=colour, marker=marker,
-                      linestyle="--", label=f"{group} (neutral)")
+            axis.plot(
+                steps,
+                [r[group][metric + "_neutral"] for r in records],
+                color=colour,
+                marker=marker,
+                linestyle="--",
+                label=f"{group} (neutral)",
+            )
         axis.set_xlabel("step")
         axis.set_ylabel(label)
         axis.grid(alpha=0.3)

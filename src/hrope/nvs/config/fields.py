@@ -79,9 +79,15 @@ class Field:
             return self.nullable
         if self.kind in ("range", "pair"):
             element = _is_int if self.kind == "range" else _is_number
-            return (isinstance(value, (list, tuple)) and len(value) == 2 and all(map(element, value))
-                    and value[0] <= value[1] and self._in_bounds(value[0]) and self._in_bounds(value[1])
-                    and (self.kind == "pair" or value[0] >= 0))
+            return (
+                isinstance(value, (list, tuple))
+                and len(value) == 2
+                and all(map(element, value))
+                and value[0] <= value[1]
+                and self._in_bounds(value[0])
+                and self._in_bounds(value[1])
+                and (self.kind == "pair" or value[0] >= 0)
+            )
         if self.kind == "int":
             return _is_int(value) and self._in_bounds(value)
         if self.kind == "float":
@@ -93,8 +99,12 @@ class Field:
         return isinstance(value, {"bool": bool, "mapping": dict}[self.kind])
 
     def _in_bounds(self, value) -> bool:
-        return ((self.low is None or value >= self.low) and (self.high is None or value <= self.high)
-                and (self.above is None or value > self.above) and (self.below is None or value < self.below))
+        return (
+            (self.low is None or value >= self.low)
+            and (self.high is None or value <= self.high)
+            and (self.above is None or value > self.above)
+            and (self.below is None or value < self.below)
+        )
 
     def describe(self) -> str:
         """What the field accepts, in words (``a positive integer``, ``one of auto, cpu, cuda``)."""
@@ -105,10 +115,16 @@ class Field:
         elif self.kind == "range":
             text = f"a list [low, high] of integers with {self.low or 0} <= low <= high"
         else:
-            text = {"int": "an integer", "float": "a finite number", "bool": "true or false",
-                    "str": "a non-empty string", "path": "a path (a non-empty string)", "mapping": "a mapping",
-                    "module": "an nn.Module or an import path 'package.module:factory'",
-                    "pair": "a list [low, high] of finite numbers with low <= high"}[self.kind]
+            text = {
+                "int": "an integer",
+                "float": "a finite number",
+                "bool": "true or false",
+                "str": "a non-empty string",
+                "path": "a path (a non-empty string)",
+                "mapping": "a mapping",
+                "module": "an nn.Module or an import path 'package.module:factory'",
+                "pair": "a list [low, high] of finite numbers with low <= high",
+            }[self.kind]
             text += self._describe_bounds()
         return "null or " + text if self.nullable else text
 

@@ -12,8 +12,17 @@ import yaml
 from .fields import ConfigError, Field, did_you_mean, one_line
 from .schema import DEVICES, OPEN_SECTIONS, SETTINGS, SHORTCUTS, defaults
 
-__all__ = ["load_config", "apply_overrides", "parse_overrides", "parse_value", "update_config", "resolve",
-           "check_config", "check_device", "save_config"]
+__all__ = [
+    "load_config",
+    "apply_overrides",
+    "parse_overrides",
+    "parse_value",
+    "update_config",
+    "resolve",
+    "check_config",
+    "check_device",
+    "save_config",
+]
 
 
 def _merge(base: dict, update: dict, where: str = "") -> dict:
@@ -24,8 +33,9 @@ def _merge(base: dict, update: dict, where: str = "") -> dict:
             raise ConfigError(f"unknown config section {key!r}; {did_you_mean(key, base)}known: {sorted(base)}")
         section = where.rstrip(".")
         if where and key not in base and section not in OPEN_SECTIONS:
-            raise ConfigError(f"unknown config key {path!r}; {did_you_mean(key, base, where)}known in {section!r}: "
-                              f"{sorted(base)}")
+            raise ConfigError(
+                f"unknown config key {path!r}; {did_you_mean(key, base, where)}known in {section!r}: {sorted(base)}"
+            )
         if isinstance(base.get(key), dict) and where == "":
             if not isinstance(value, dict):
                 raise ConfigError(f"config section {path!r} must be a mapping, got {type(value).__name__}")
@@ -45,8 +55,10 @@ def check_config(config: dict) -> dict:
                 declared.check.check(f"{section}.{key}", config[section][key])
     data = config["data"]
     if data["context_gap"] is not None and data["context_gap"][0] < data["num_context"] - 1:
-        raise ConfigError(f"data.context_gap {data['context_gap']} must have low >= data.num_context - 1 = "
-                          f"{data['num_context'] - 1} (distinct context frames)")
+        raise ConfigError(
+            f"data.context_gap {data['context_gap']} must have low >= data.num_context - 1 = "
+            f"{data['num_context'] - 1} (distinct context frames)"
+        )
     return config
 
 
@@ -56,8 +68,10 @@ def check_device(name, key: str = "train.device") -> torch.device:
     Field("str", choices=DEVICES).check(key, name)
     available = torch.cuda.is_available()
     if name == "cuda" and not available:
-        raise ConfigError(f"{key} is 'cuda' but torch.cuda.is_available() is False (no CUDA device or a CPU-only "
-                          f"torch build); use cpu or auto")
+        raise ConfigError(
+            f"{key} is 'cuda' but torch.cuda.is_available() is False (no CUDA device or a CPU-only "
+            f"torch build); use cpu or auto"
+        )
     return torch.device("cuda" if available and name != "cpu" else "cpu")
 
 

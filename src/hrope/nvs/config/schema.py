@@ -19,10 +19,31 @@ from ...rays import RAY_FRAMES
 from ..plane_fitting import FALLBACKS, FITS
 from .fields import ConfigError, Field, Setting, did_you_mean, setting, settings_of
 
-__all__ = ["DEVICES", "DEPTH_SOURCES", "PLANE_DECODERS", "TARGETS", "SCOPES", "FITS", "FALLBACKS", "ALIGNS",
-           "DEFAULT_MAX_INVERSE_DISTANCE", "SOURCE_TARGETS", "PREDICTORS", "PRESET", "ModelSettings",
-           "PredictorOptions", "DataSettings", "TrainSettings", "EvalSettings", "SETTINGS", "SOURCE_OPTIONS",
-           "SHORTCUTS", "OPEN_SECTIONS", "defaults", "source_options"]
+__all__ = [
+    "DEVICES",
+    "DEPTH_SOURCES",
+    "PLANE_DECODERS",
+    "TARGETS",
+    "SCOPES",
+    "FITS",
+    "FALLBACKS",
+    "ALIGNS",
+    "DEFAULT_MAX_INVERSE_DISTANCE",
+    "SOURCE_TARGETS",
+    "PREDICTORS",
+    "PRESET",
+    "ModelSettings",
+    "PredictorOptions",
+    "DataSettings",
+    "TrainSettings",
+    "EvalSettings",
+    "SETTINGS",
+    "SOURCE_OPTIONS",
+    "SHORTCUTS",
+    "OPEN_SECTIONS",
+    "defaults",
+    "source_options",
+]
 
 DEVICES = ("auto", "cpu", "cuda")
 DEPTH_SOURCES = ("none", "points", "maps")  # data.depth (hrope.nvs.data.real.depth_maps)
@@ -36,8 +57,12 @@ ALIGNS = ("median", "none")
 # training (object -0.95 dB, room +0.47 dB with transferred context depth; capped +0.05 and +0.80).
 DEFAULT_MAX_INVERSE_DISTANCE = 2.0
 # the parameter sources (model.predictor) and the targets each accepts; the first is its default
-SOURCE_TARGETS = {"learned": TARGETS, "backbone": ("neutral", "transfer"), "external": ("neutral", "transfer"),
-                  "oracle": ("neutral", "transfer")}
+SOURCE_TARGETS = {
+    "learned": TARGETS,
+    "backbone": ("neutral", "transfer"),
+    "external": ("neutral", "transfer"),
+    "oracle": ("neutral", "transfer"),
+}
 PREDICTORS = tuple(SOURCE_TARGETS)
 
 _COUNT = Field("int", low=1)
@@ -47,9 +72,14 @@ _OPTIONAL_PATH = Field("path", nullable=True)
 _USER_MODULE = ("backbone", "external")
 _GEOMETRY = ("external", "oracle")
 
-PRESET = Setting("preset", "tiny", Field("str", nullable=True),
-                 "architecture preset (hrope.nvs.model.PRESETS: tiny, small, paper) giving image_size, patch_size, "
-                 "dim, layers, heads; null: the ModelSettings defaults", shortcut="preset")
+PRESET = Setting(
+    "preset",
+    "tiny",
+    Field("str", nullable=True),
+    "architecture preset (hrope.nvs.model.PRESETS: tiny, small, paper) giving image_size, patch_size, "
+    "dim, layers, heads; null: the ModelSettings defaults",
+    shortcut="preset",
+)
 
 
 @dataclass
@@ -64,155 +94,241 @@ class ModelSettings:
     heads: int = setting(4, _COUNT, "attention heads", shown=False)
     mlp_ratio: float = setting(4.0, Field("float", above=0), "MLP hidden width / dim", shown=False)
     qk_norm: bool = setting(True, Field("bool"), "RMS-normalise queries and keys before the encoding", shown=False)
-    encoding: str = setting("none", Field("str"), "positional encoding: a hrope.ENCODINGS name or <name>-ape",
-                            shortcut="encoding")
-    encoding_options: dict = setting({}, Field("mapping"), "keyword options of the encoding's constructor",
-                                     shown=False)
-    rays: str = setting("auto", Field("str", choices=("auto", *RAY_FRAMES)),
-                        "Plücker ray frame: auto (world for none and *-ape, else camera), world or camera",
-                        shown=False)
-    predictor: str = setting("learned", Field("str"),
-                             "parameter source of encodings with per-token inputs: " + ", ".join(PREDICTORS),
-                             shortcut="predictor")
-    predictor_options: dict = setting({}, Field("mapping"), "options of the predictor (PredictorOptions)",
-                                      shown=False)
-    depth_init: float = setting(1.0, Field("float", above=0),
-                                "neutral depth of decoded planes and depths (scene units: the context baseline)",
-                                shown=False)
-    transform_backend: str = setting("torch", Field("str", choices=BACKENDS),
-                                     "how the encoding's transforms are applied (auto: the fused Triton kernel on "
-                                     "CUDA); float rounding only", shown=False, resume=True)
+    encoding: str = setting(
+        "none", Field("str"), "positional encoding: a hrope.ENCODINGS name or <name>-ape", shortcut="encoding"
+    )
+    encoding_options: dict = setting({}, Field("mapping"), "keyword options of the encoding's constructor", shown=False)
+    rays: str = setting(
+        "auto",
+        Field("str", choices=("auto", *RAY_FRAMES)),
+        "Plücker ray frame: auto (world for none and *-ape, else camera), world or camera",
+        shown=False,
+    )
+    predictor: str = setting(
+        "learned",
+        Field("str"),
+        "parameter source of encodings with per-token inputs: " + ", ".join(PREDICTORS),
+        shortcut="predictor",
+    )
+    predictor_options: dict = setting({}, Field("mapping"), "options of the predictor (PredictorOptions)", shown=False)
+    depth_init: float = setting(
+        1.0,
+        Field("float", above=0),
+        "neutral depth of decoded planes and depths (scene units: the context baseline)",
+        shown=False,
+    )
+    transform_backend: str = setting(
+        "torch",
+        Field("str", choices=BACKENDS),
+        "how the encoding's transforms are applied (auto: the fused Triton kernel on CUDA); float rounding only",
+        shown=False,
+        resume=True,
+    )
 
 
 @dataclass(frozen=True)
 class PredictorOptions:
     """``model.predictor_options``: each option is accepted by the sources in its ``sources``."""
 
-    plane_decoder: str | None = setting(None, Field("str", choices=PLANE_DECODERS, nullable=True),
-                                        "plane head decoding: direct or normal-depth (null: the encoding's default)",
-                                        sources=("learned", "backbone"))
-    per_layer: bool = setting(True, Field("bool"), "one head per layer (false: once, on the first block's input)",
-                              sources=("learned",))
-    per_head: bool = setting(False, Field("bool"), "one set of values per attention head (relative encodings)",
-                             sources=("learned",))
-    targets: str = setting(None, Field("str", choices=TARGETS),
-                           "target tokens' values: hidden (own prediction), neutral or transfer (from the context "
-                           "views); choices and default per source: SOURCE_TARGETS", sources=PREDICTORS)
-    scope: str = setting("context", Field("str", choices=SCOPES),
-                         "views whose geometry is read: context, or all (the targets' own too; no targets option)",
-                         sources=_GEOMETRY)
+    plane_decoder: str | None = setting(
+        None,
+        Field("str", choices=PLANE_DECODERS, nullable=True),
+        "plane head decoding: direct or normal-depth (null: the encoding's default)",
+        sources=("learned", "backbone"),
+    )
+    per_layer: bool = setting(
+        True, Field("bool"), "one head per layer (false: once, on the first block's input)", sources=("learned",)
+    )
+    per_head: bool = setting(
+        False, Field("bool"), "one set of values per attention head (relative encodings)", sources=("learned",)
+    )
+    targets: str = setting(
+        None,
+        Field("str", choices=TARGETS),
+        "target tokens' values: hidden (own prediction), neutral or transfer (from the context "
+        "views); choices and default per source: SOURCE_TARGETS",
+        sources=PREDICTORS,
+    )
+    scope: str = setting(
+        "context",
+        Field("str", choices=SCOPES),
+        "views whose geometry is read: context, or all (the targets' own too; no targets option)",
+        sources=_GEOMETRY,
+    )
     use_normals: bool = setting(True, Field("bool"), "use the data's normals when present", sources=("external",))
-    depth: str = setting("data", Field("str", choices=("data", "model")),
-                         "depth from the data (data.depth) or a frozen depth model (module)", sources=("external",))
-    fit: str = setting("least-squares", Field("str", choices=FITS), "per-patch plane fit: least-squares or robust",
-                       sources=("external",))
-    min_points: int = setting(5, Field("int", low=3), "fewest valid pixels a patch's plane is fitted from",
-                              sources=("external",))
-    inlier_threshold: float = setting(0.02, Field("float", above=0), "robust fit: inlier distance (scene units)",
-                                      sources=("external",))
-    fallback: str = setting("median", Field("str", choices=FALLBACKS),
-                            "plane of a patch without enough points: median (fronto-parallel) or infinity",
-                            sources=("external",))
-    module: object = setting(None, Field("module", nullable=True),
-                             "backbone or depth model: an nn.Module or an import path 'package.module:factory'",
-                             sources=_USER_MODULE)
+    depth: str = setting(
+        "data",
+        Field("str", choices=("data", "model")),
+        "depth from the data (data.depth) or a frozen depth model (module)",
+        sources=("external",),
+    )
+    fit: str = setting(
+        "least-squares",
+        Field("str", choices=FITS),
+        "per-patch plane fit: least-squares or robust",
+        sources=("external",),
+    )
+    min_points: int = setting(
+        5, Field("int", low=3), "fewest valid pixels a patch's plane is fitted from", sources=("external",)
+    )
+    inlier_threshold: float = setting(
+        0.02, Field("float", above=0), "robust fit: inlier distance (scene units)", sources=("external",)
+    )
+    fallback: str = setting(
+        "median",
+        Field("str", choices=FALLBACKS),
+        "plane of a patch without enough points: median (fronto-parallel) or infinity",
+        sources=("external",),
+    )
+    module: object = setting(
+        None,
+        Field("module", nullable=True),
+        "backbone or depth model: an nn.Module or an import path 'package.module:factory'",
+        sources=_USER_MODULE,
+    )
     module_kwargs: dict = setting({}, Field("mapping"), "keyword arguments of the module factory", sources=_USER_MODULE)
-    checkpoint: str | None = setting(None, _OPTIONAL_PATH, "local weights file loaded into the module",
-                                     sources=_USER_MODULE)
-    align: str = setting("median", Field("str", choices=ALIGNS),
-                         "depth model output: median (scaled to the data's depth per view) or none (scene units)",
-                         sources=("external",))
-    feature_dim: int | None = setting(None, Field("int", low=1, nullable=True),
-                                      "channels C of the backbone's features (required)", sources=("backbone",))
+    checkpoint: str | None = setting(
+        None, _OPTIONAL_PATH, "local weights file loaded into the module", sources=_USER_MODULE
+    )
+    align: str = setting(
+        "median",
+        Field("str", choices=ALIGNS),
+        "depth model output: median (scaled to the data's depth per view) or none (scene units)",
+        sources=("external",),
+    )
+    feature_dim: int | None = setting(
+        None,
+        Field("int", low=1, nullable=True),
+        "channels C of the backbone's features (required)",
+        sources=("backbone",),
+    )
     hidden_dim: int = setting(64, _COUNT, "hidden width of the backbone's trainable head", sources=("backbone",))
-    max_inverse_distance: float | None = setting(DEFAULT_MAX_INVERSE_DISTANCE, Field("float", above=0, nullable=True),
-                                                 "cap on |m|: planes nearer than 1 / cap move out to it (null: no cap)",
-                                                 sources=_GEOMETRY)
+    max_inverse_distance: float | None = setting(
+        DEFAULT_MAX_INVERSE_DISTANCE,
+        Field("float", above=0, nullable=True),
+        "cap on |m|: planes nearer than 1 / cap move out to it (null: no cap)",
+        sources=_GEOMETRY,
+    )
 
 
 @dataclass(frozen=True)
 class DataSettings:
     """The data section (``data.kind`` is checked where the dataset is built, :mod:`hrope.nvs.build_data`)."""
 
-    kind: str = setting("room", Field("str"),
-                        "synthetic: room | object; real (hrope.nvs.data.SOURCE_KINDS): re10k | co3d | dl3dv | ...")
+    kind: str = setting(
+        "room", Field("str"), "synthetic: room | object; real (hrope.nvs.data.SOURCE_KINDS): re10k | co3d | dl3dv | ..."
+    )
     root: str | None = setting(None, _OPTIONAL_PATH, "real data: the dataset folder (required for real kinds)")
-    eval_root: str | None = setting(None, _OPTIONAL_PATH, "real data: held-out folder for evaluation (null: root)",
-                                    resume=True)
-    eval_index: str | None = setting(None, _OPTIONAL_PATH,
-                                     "RE10K evaluation index JSON (2 context + 3 targets per scene), eval only",
-                                     resume=True)
-    context_gap: list | None = setting(None, Field("range", nullable=True),
-                                       "[low, high] frames between the outer context views, low >= num_context - 1 "
-                                       "(null: kind default)")
-    num_scenes: int | None = setting(256, Field("int", low=1, nullable=True),
-                                     "synthetic: training scenes; real data: at most this many (null: all)")
+    eval_root: str | None = setting(
+        None, _OPTIONAL_PATH, "real data: held-out folder for evaluation (null: root)", resume=True
+    )
+    eval_index: str | None = setting(
+        None, _OPTIONAL_PATH, "RE10K evaluation index JSON (2 context + 3 targets per scene), eval only", resume=True
+    )
+    context_gap: list | None = setting(
+        None,
+        Field("range", nullable=True),
+        "[low, high] frames between the outer context views, low >= num_context - 1 (null: kind default)",
+    )
+    num_scenes: int | None = setting(
+        256, Field("int", low=1, nullable=True), "synthetic: training scenes; real data: at most this many (null: all)"
+    )
     num_context: int = setting(2, _COUNT, "context views per example")
     num_target: int = setting(1, _COUNT, "target views per example")
     seed: int = setting(0, _SEED, "seed of the scenes and the views drawn")
-    cache: bool = setting(True, Field("bool"), "synthetic: keep generated scenes in memory; real: keep decoded views "
-                          "on disk (cache_dir)", resume=True)
+    cache: bool = setting(
+        True,
+        Field("bool"),
+        "synthetic: keep generated scenes in memory; real: keep decoded views on disk (cache_dir)",
+        resume=True,
+    )
     prefetch: bool = setting(True, Field("bool"), "load the next step's scenes in a background thread", resume=True)
-    synthetic: dict | None = setting({}, Field("mapping", nullable=True),
-                                     "synthetic kinds: overrides of hrope.nvs.data.SyntheticConfig fields "
-                                     "(e.g. {fov_deg: [40, 60]})")
-    depth: str = setting("none", Field("str", choices=DEPTH_SOURCES),
-                         "real folder kinds: none | points (COLMAP points3D.txt) | maps (depth_file_path per frame)")
-    depth_scale: float = setting(0.001, Field("float", above=0),
-                                 "scene units per count of a 16-bit PNG depth map (0.001: millimetres)")
-    image_factor: int | None = setting(None, Field("int", low=1, nullable=True),
-                                       "real folder kinds: read images_N/ (1: images/); null: images/, else the "
-                                       "smallest N")
-    undistort: bool = setting(True, Field("bool"),
-                              "real data: undistort lens-distorted captures to pinhole images (false: ignore, warn)")
-    cache_dir: str | None = setting(None, _OPTIONAL_PATH, "real data, data.cache on: folder of decoded views "
-                                    "(null: $XDG_CACHE_HOME/hrope/images)", resume=True)
-    workers: int = setting(0, Field("int", low=0),
-                           "real data: threads decoding the views of one example (0: the loading thread)", resume=True)
+    synthetic: dict | None = setting(
+        {},
+        Field("mapping", nullable=True),
+        "synthetic kinds: overrides of hrope.nvs.data.SyntheticConfig fields (e.g. {fov_deg: [40, 60]})",
+    )
+    depth: str = setting(
+        "none",
+        Field("str", choices=DEPTH_SOURCES),
+        "real folder kinds: none | points (COLMAP points3D.txt) | maps (depth_file_path per frame)",
+    )
+    depth_scale: float = setting(
+        0.001, Field("float", above=0), "scene units per count of a 16-bit PNG depth map (0.001: millimetres)"
+    )
+    image_factor: int | None = setting(
+        None,
+        Field("int", low=1, nullable=True),
+        "real folder kinds: read images_N/ (1: images/); null: images/, else the smallest N",
+    )
+    undistort: bool = setting(
+        True, Field("bool"), "real data: undistort lens-distorted captures to pinhole images (false: ignore, warn)"
+    )
+    cache_dir: str | None = setting(
+        None,
+        _OPTIONAL_PATH,
+        "real data, data.cache on: folder of decoded views (null: $XDG_CACHE_HOME/hrope/images)",
+        resume=True,
+    )
+    workers: int = setting(
+        0,
+        Field("int", low=0),
+        "real data: threads decoding the views of one example (0: the loading thread)",
+        resume=True,
+    )
 
 
 @dataclass(frozen=True)
 class TrainSettings:
     """The train section."""
 
-    out: str = setting("runs/default", Field("path"), "run folder (config, checkpoint, logs)", resume=True,
-                       shortcut="out")
+    out: str = setting(
+        "runs/default", Field("path"), "run folder (config, checkpoint, logs)", resume=True, shortcut="out"
+    )
     steps: int = setting(1000, _COUNT, "optimizer steps (the cosine schedule's length)", shortcut="steps")
     batch_size: int = setting(4, _COUNT, "examples per step (per rank)", shortcut="batch-size")
     lr: float = setting(4e-4, Field("float", above=0), "peak AdamW learning rate", shortcut="lr")
     min_lr_ratio: float = setting(0.1, Field("float", low=0, high=1), "final learning rate / lr (cosine decay)")
     warmup: int = setting(100, Field("int", low=0), "linear warm-up steps")
     weight_decay: float = setting(0.05, _NON_NEGATIVE, "AdamW weight decay")
-    grad_clip: float = setting(1.0, Field("float", above=0),
-                               "gradient-norm bound (clipping is always on; a large value is a no-op)")
+    grad_clip: float = setting(
+        1.0, Field("float", above=0), "gradient-norm bound (clipping is always on; a large value is a no-op)"
+    )
     bf16: bool = setting(False, Field("bool"), "bf16 autocast")
     seed: int = setting(0, _SEED, "seed of the weights and the batch order", shortcut="seed")
-    device: str = setting("auto", Field("str", choices=DEVICES), "auto (CUDA when available) | cpu | cuda",
-                          resume=True, shortcut="device")
+    device: str = setting(
+        "auto", Field("str", choices=DEVICES), "auto (CUDA when available) | cpu | cuda", resume=True, shortcut="device"
+    )
     log_every: int = setting(10, _COUNT, "steps between log lines", resume=True)
     image_every: int = setting(200, Field("int", low=0), "steps between image grids (0: none)", resume=True)
     checkpoint_every: int = setting(250, _COUNT, "steps between checkpoints", resume=True)
     perceptual_weight: float = setting(0.0, _NON_NEGATIVE, "LPIPS loss weight; > 0 needs eval.lpips_weights (local)")
-    parameter_lr_scale: float = setting(1.0, _NON_NEGATIVE,
-                                        "learning-rate multiplier of the parameter source's heads (planes, ...)")
+    parameter_lr_scale: float = setting(
+        1.0, _NON_NEGATIVE, "learning-rate multiplier of the parameter source's heads (planes, ...)"
+    )
     threads: int = setting(0, Field("int", low=0), "torch CPU threads; 0 keeps torch's default", resume=True)
-    max_nonfinite_steps: int = setting(20, _COUNT,
-                                       "stop with an error after this many consecutive non-finite steps", resume=True)
-    init_from: str | None = setting(None, _OPTIONAL_PATH, "fine-tune: start from this checkpoint's model weights "
-                                    "(fresh optimizer, step 0)")
+    max_nonfinite_steps: int = setting(
+        20, _COUNT, "stop with an error after this many consecutive non-finite steps", resume=True
+    )
+    init_from: str | None = setting(
+        None, _OPTIONAL_PATH, "fine-tune: start from this checkpoint's model weights (fresh optimizer, step 0)"
+    )
 
 
 @dataclass(frozen=True)
 class EvalSettings:
     """The eval section (it may change on resume, except ``lpips_weights`` under a perceptual loss)."""
 
-    num_scenes: int | None = setting(16, Field("int", low=1, nullable=True),
-                                     "held-out scenes (synthetic eval split; real data: the first N, null: all)",
-                                     resume=True)
+    num_scenes: int | None = setting(
+        16,
+        Field("int", low=1, nullable=True),
+        "held-out scenes (synthetic eval split; real data: the first N, null: all)",
+        resume=True,
+    )
     batch_size: int = setting(4, _COUNT, "examples per evaluation batch", resume=True)
-    lpips_weights: str | None = setting(None, _OPTIONAL_PATH,
-                                        "local safetensors with AlexNet + LPIPS heads; null: LPIPS unavailable",
-                                        resume=True)
+    lpips_weights: str | None = setting(
+        None, _OPTIONAL_PATH, "local safetensors with AlexNet + LPIPS heads; null: LPIPS unavailable", resume=True
+    )
     num_grid_scenes: int = setting(4, Field("int", low=0), "scenes in the evaluation image grid", resume=True)
 
 
@@ -224,18 +340,26 @@ SETTINGS: dict[str, dict[str, Setting]] = {
 }
 # sections that accept keys their resolved defaults do not show (model values are checked by ModelConfig)
 OPEN_SECTIONS = ("model",)
-SHORTCUTS = {s.shortcut: f"{section}.{s.name}" for section, entries in SETTINGS.items() for s in entries.values()
-             if s.shortcut}
+SHORTCUTS = {
+    s.shortcut: f"{section}.{s.name}" for section, entries in SETTINGS.items() for s in entries.values() if s.shortcut
+}
 # every source's options with their defaults
-SOURCE_OPTIONS = {name: {key: SOURCE_TARGETS[name][0] if key == "targets" else option.default
-                         for key, option in settings_of(PredictorOptions).items() if name in option.sources}
-                  for name in PREDICTORS}
+SOURCE_OPTIONS = {
+    name: {
+        key: SOURCE_TARGETS[name][0] if key == "targets" else option.default
+        for key, option in settings_of(PredictorOptions).items()
+        if name in option.sources
+    }
+    for name in PREDICTORS
+}
 
 
 def defaults() -> dict:
     """The default run config ``{section: {key: value}}`` (a fresh copy; model: the shown keys only)."""
-    return {section: {key: copy.deepcopy(s.default) for key, s in entries.items() if s.shown}
-            for section, entries in SETTINGS.items()}
+    return {
+        section: {key: copy.deepcopy(s.default) for key, s in entries.items() if s.shown}
+        for section, entries in SETTINGS.items()
+    }
 
 
 def source_options(name: str, options: dict | None, error: type[Exception] = ConfigError) -> dict:
@@ -247,18 +371,24 @@ def source_options(name: str, options: dict | None, error: type[Exception] = Con
     known = SOURCE_OPTIONS[name]
     unknown = sorted(set(options or {}) - set(known))
     if unknown:
-        raise error(f"unknown predictor_options {unknown} for predictor {name!r}; "
-                    f"{did_you_mean(unknown[0], known, 'predictor_options.')}known: {sorted(known)}")
+        raise error(
+            f"unknown predictor_options {unknown} for predictor {name!r}; "
+            f"{did_you_mean(unknown[0], known, 'predictor_options.')}known: {sorted(known)}"
+        )
     values = {**known, **(options or {})}
     if values["targets"] not in SOURCE_TARGETS[name]:
-        raise error(f"predictor_options.targets must be one of {list(SOURCE_TARGETS[name])} for predictor "
-                    f"{name!r}, got {values['targets']!r}")
+        raise error(
+            f"predictor_options.targets must be one of {list(SOURCE_TARGETS[name])} for predictor "
+            f"{name!r}, got {values['targets']!r}"
+        )
     for key, option in settings_of(PredictorOptions).items():
         if key in values:
             option.check.check(f"predictor_options.{key}", values[key], error)
     if values.get("scope") == "all" and "targets" in (options or {}):
         raise error("predictor_options.scope 'all' reads the target views' own geometry; it takes no targets option")
     if name == "external" and (values["module"] is not None) != (values["depth"] == "model"):
-        raise error("predictor_options.module is the depth model of depth: model (and it needs one); got "
-                    f"depth {values['depth']!r} with module {values['module']!r}")
+        raise error(
+            "predictor_options.module is the depth model of depth: model (and it needs one); got "
+            f"depth {values['depth']!r} with module {values['module']!r}"
+        )
     return values

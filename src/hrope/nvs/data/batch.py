@@ -42,8 +42,15 @@ class SceneBatch:
 
     def to(self, device) -> "SceneBatch":
         move = lambda x: None if x is None else x.to(device)  # noqa: E731
-        return SceneBatch(self.images.to(device), self.cameras.to(device), self.num_context, move(self.depth),
-                          move(self.normals), move(self.plane_m), list(self.names))
+        return SceneBatch(
+            self.images.to(device),
+            self.cameras.to(device),
+            self.num_context,
+            move(self.depth),
+            move(self.normals),
+            move(self.plane_m),
+            list(self.names),
+        )
 
 
 def collate_scenes(scenes: list[Scene], num_context: int) -> SceneBatch:
@@ -54,8 +61,10 @@ def collate_scenes(scenes: list[Scene], num_context: int) -> SceneBatch:
     first = scenes[0]
     for scene in scenes[1:]:
         if scene.num_views != first.num_views or scene.image_size != first.image_size:
-            raise SceneError(f"cannot batch {scene.name} ({scene.num_views} views of {scene.image_size}) with "
-                             f"{first.name} ({first.num_views} views of {first.image_size})")
+            raise SceneError(
+                f"cannot batch {scene.name} ({scene.num_views} views of {scene.image_size}) with "
+                f"{first.name} ({first.num_views} views of {first.image_size})"
+            )
     if not 1 <= num_context <= first.num_views:
         raise SceneError(f"num_context must be in 1..{first.num_views}, got {num_context}")
 
@@ -63,7 +72,18 @@ def collate_scenes(scenes: list[Scene], num_context: int) -> SceneBatch:
         values = [getattr(scene, field) for scene in scenes]
         return None if any(v is None for v in values) else torch.stack(values)
 
-    cameras = Cameras(torch.cat([s.cameras.K for s in scenes]), torch.cat([s.cameras.world_to_cam for s in scenes]),
-                      first.image_size, validate=False)
-    return SceneBatch(stack("images"), cameras, num_context, stack("depth"), stack("normals"), stack("plane_m"),
-                      [s.name for s in scenes])
+    cameras = Cameras(
+        torch.cat([s.cameras.K for s in scenes]),
+        torch.cat([s.cameras.world_to_cam for s in scenes]),
+        first.image_size,
+        validate=False,
+    )
+    return SceneBatch(
+        stack("images"),
+        cameras,
+        num_context,
+        stack("depth"),
+        stack("normals"),
+        stack("plane_m"),
+        [s.name for s in scenes],
+    )

@@ -21,8 +21,14 @@ from .rng import Rng, stream_seed
 from .scene import Scene, SceneError
 from .synthetic import KINDS, SyntheticConfig, make_scene
 
-__all__ = ["sample_views", "TooFewFramesError", "ViewSampling", "SceneDataset", "SyntheticDataset",
-           "DEFAULT_CONTEXT_GAP"]
+__all__ = [
+    "sample_views",
+    "TooFewFramesError",
+    "ViewSampling",
+    "SceneDataset",
+    "SyntheticDataset",
+    "DEFAULT_CONTEXT_GAP",
+]
 
 TARGET_MODES = ("interpolate", "extrapolate")
 DEFAULT_CONTEXT_GAP = {"room": (25, 100), "object": (15, 60)}  # frames between the outer context views
@@ -38,9 +44,16 @@ def _evenly(low: int, high: int, count: int) -> list[int]:
     return [round(low + (high - low) * (k + 1) / (count + 1)) for k in range(count)]
 
 
-def sample_views(num_frames: int, num_context: int, num_target: int, rng: Rng, *,
-                 context_gap: tuple[int, int] | None = None, targets: str = "interpolate",
-                 random_targets: bool = True) -> list[int]:
+def sample_views(
+    num_frames: int,
+    num_context: int,
+    num_target: int,
+    rng: Rng,
+    *,
+    context_gap: tuple[int, int] | None = None,
+    targets: str = "interpolate",
+    random_targets: bool = True,
+) -> list[int]:
     """Frame indices ``[context..., targets...]`` of one example from a video of ``num_frames``.
 
     ``context_gap`` (inclusive frame range of the first-to-last context distance) defaults to
@@ -52,14 +65,17 @@ def sample_views(num_frames: int, num_context: int, num_target: int, rng: Rng, *
     if targets not in TARGET_MODES:
         raise ValueError(f"targets must be one of {TARGET_MODES}, got {targets!r}")
     if context_gap is not None and not num_context - 1 <= context_gap[0] <= context_gap[1]:
-        raise ValueError(f"context_gap {context_gap} must satisfy {num_context - 1} <= low <= high "
-                         f"(distinct context frames)")
+        raise ValueError(
+            f"context_gap {context_gap} must satisfy {num_context - 1} <= low <= high (distinct context frames)"
+        )
     low, high = context_gap if context_gap is not None else (num_context - 1, num_frames - 1)
     margin = lambda gap: max(1, gap // 2) if targets == "extrapolate" else 0  # noqa: E731
     high = min(high, max((g for g in range(low, high + 1) if g + 2 * margin(g) < num_frames), default=-1))
     if high < low:
-        raise TooFewFramesError(f"impossible view sampling: a context gap of {low} frames with {targets} targets "
-                                f"needs {low + 2 * margin(low) + 1} frames, the video has {num_frames}")
+        raise TooFewFramesError(
+            f"impossible view sampling: a context gap of {low} frames with {targets} targets "
+            f"needs {low + 2 * margin(low) + 1} frames, the video has {num_frames}"
+        )
     gap = rng.integer(low, high)
     first = margin(gap) + rng.integer(0, num_frames - 1 - gap - 2 * margin(gap))
     last = first + gap
@@ -102,8 +118,15 @@ class ViewSampling:
     def frames(self, index: int, num_frames: int) -> list[int]:
         train = self.split == "train"
         key = ("views", self.seed, index, self.epoch) if train else ("eval-views", self.seed, index)
-        return sample_views(num_frames, self.num_context, self.num_target, Rng(*key),
-                            context_gap=self.context_gap, targets=self.targets, random_targets=train)
+        return sample_views(
+            num_frames,
+            self.num_context,
+            self.num_target,
+            Rng(*key),
+            context_gap=self.context_gap,
+            targets=self.targets,
+            random_targets=train,
+        )
 
     def normalized(self, scene: Scene) -> Scene:
         return normalize_scene(scene, list(range(self.num_context)))
@@ -123,8 +146,17 @@ class SceneDataset(ViewSampling, Dataset):
     the source has ``skip_errors=False``. ``context_gap=None`` allows any gap the scene's length allows.
     """
 
-    def __init__(self, source: Sequence[Scene], num_context: int = 2, num_target: int = 1, *, split: str = "train",
-                 seed: int = 0, context_gap: tuple[int, int] | None = None, targets: str = "interpolate") -> None:
+    def __init__(
+        self,
+        source: Sequence[Scene],
+        num_context: int = 2,
+        num_target: int = 1,
+        *,
+        split: str = "train",
+        seed: int = 0,
+        context_gap: tuple[int, int] | None = None,
+        targets: str = "interpolate",
+    ) -> None:
         super().__init__(num_context, num_target, split, seed, context_gap, targets)
         self.source = source
         self._bad: set[int] = set()
@@ -154,10 +186,21 @@ class SyntheticDataset(ViewSampling, Dataset):
     objects). ``patch_size`` (optional) is checked against ``image_size``.
     """
 
-    def __init__(self, kind: str = "room", num_scenes: int = 1000, seed: int = 0,
-                 image_size: tuple[int, int] = (64, 64), num_context: int = 2, num_target: int = 2, *, split: str = "train",
-                 context_gap: tuple[int, int] | None = None, targets: str = "interpolate",
-                 config: SyntheticConfig = SyntheticConfig(), patch_size: int | None = None) -> None:
+    def __init__(
+        self,
+        kind: str = "room",
+        num_scenes: int = 1000,
+        seed: int = 0,
+        image_size: tuple[int, int] = (64, 64),
+        num_context: int = 2,
+        num_target: int = 2,
+        *,
+        split: str = "train",
+        context_gap: tuple[int, int] | None = None,
+        targets: str = "interpolate",
+        config: SyntheticConfig = SyntheticConfig(),
+        patch_size: int | None = None,
+    ) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
         gap = DEFAULT_CONTEXT_GAP[kind] if context_gap is None else context_gap
@@ -177,6 +220,7 @@ class SyntheticDataset(ViewSampling, Dataset):
         if not 0 <= index < self.num_scenes:
             raise IndexError(f"scene index {index} out of range 0..{self.num_scenes - 1}")
         frames = self.frames(index, self.config.num_frames)
-        scene = make_scene(self.scene_seed, index, self.kind, len(frames), self.image_size, frames=frames,
-                           config=self.config)
+        scene = make_scene(
+            self.scene_seed, index, self.kind, len(frames), self.image_size, frames=frames, config=self.config
+        )
         return self.normalized(scene)

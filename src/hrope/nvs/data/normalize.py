@@ -36,8 +36,10 @@ def normalize_scene(scene: Scene, context_indices: Sequence[int]) -> Scene:
         raise SceneError(f"{scene.name}: normalize_scene needs at least one context view")
     baseline = context_baseline(scene, context_indices)
     if len(context_indices) > 1 and baseline < MIN_BASELINE:
-        raise SceneError(f"{scene.name}: context cameras {context_indices} coincide (baseline {baseline:g}); "
-                         "cannot scale the baseline to 1")
+        raise SceneError(
+            f"{scene.name}: context cameras {context_indices} coincide (baseline {baseline:g}); "
+            "cannot scale the baseline to 1"
+        )
     scale = 1.0 / baseline if len(context_indices) > 1 else 1.0
     E = scene.cameras.world_to_cam.double()
     # A generic float64 inverse: stored (float32) rotations are orthonormal only to ~1e-7, and this

@@ -69,18 +69,26 @@ class Scene:
         if isinstance(index, int):
             index = [index]
         pick = lambda x: None if x is None else x[index]  # noqa: E731
-        return replace(self, images=self.images[index], cameras=self.cameras.select_views(index),
-                       depth=pick(self.depth), normals=pick(self.normals), plane_m=pick(self.plane_m))
+        return replace(
+            self,
+            images=self.images[index],
+            cameras=self.cameras.select_views(index),
+            depth=pick(self.depth),
+            normals=pick(self.normals),
+            plane_m=pick(self.plane_m),
+        )
 
     def planes(self, patch_size: int) -> Planes | None:
         """Per-patch planes ``(1, V * H/p * W/p)`` for tokens of ``patch_size`` (see :func:`patch_planes`)."""
         add_batch = lambda x: None if x is None else x[None]  # noqa: E731
-        return patch_planes(self.cameras, patch_size, plane_m=add_batch(self.plane_m), depth=add_batch(self.depth),
-                            name=self.name)
+        return patch_planes(
+            self.cameras, patch_size, plane_m=add_batch(self.plane_m), depth=add_batch(self.depth), name=self.name
+        )
 
 
-def patch_planes(cameras: Cameras, patch_size: int, *, plane_m: Tensor | None = None, depth: Tensor | None = None,
-                 name: str = "") -> Planes | None:
+def patch_planes(
+    cameras: Cameras, patch_size: int, *, plane_m: Tensor | None = None, depth: Tensor | None = None, name: str = ""
+) -> Planes | None:
     """Per-patch planes ``(B, V * H/p * W/p)`` from batched maps ``plane_m (B, V, 3, H, W)`` / ``depth (B, V, H, W)``.
 
     Exact planes (``plane_m``) are read at the pixel just below-right of each patch centre;

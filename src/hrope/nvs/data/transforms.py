@@ -72,7 +72,7 @@ def resize_crop(images: Tensor, K: Tensor, to_size: tuple[int, int], mode: str =
     """
     (Hr, Wr), top, left = resize_crop_plan(tuple(images.shape[-2:]), to_size)
     resized = _resample(images, (Hr, Wr), mode)
-    out = resized[..., top:top + to_size[0], left:left + to_size[1]]
+    out = resized[..., top : top + to_size[0], left : left + to_size[1]]
     K_out = crop_intrinsics(scale_intrinsics(K, tuple(images.shape[-2:]), (Hr, Wr)), top, left)
     return out, K_out
 
@@ -96,5 +96,11 @@ def resize_crop_scene(scene: Scene, image_size: tuple[int, int]) -> Scene:
         out, _ = resize_crop(x if channels else x[:, None], scene.cameras.K[0], image_size, mode="nearest")
         return out if channels else out[:, 0]
 
-    return replace(scene, images=images.clamp(0, 1), cameras=cameras, depth=geometry(scene.depth, False),
-                   normals=geometry(scene.normals, True), plane_m=geometry(scene.plane_m, True))
+    return replace(
+        scene,
+        images=images.clamp(0, 1),
+        cameras=cameras,
+        depth=geometry(scene.depth, False),
+        normals=geometry(scene.normals, True),
+        plane_m=geometry(scene.plane_m, True),
+    )

@@ -37,13 +37,35 @@ from .known_planes import GeometrySource
 from .learned import LearnedSource
 from .options import build_parameter_source
 from .oracle import OracleSource
-from .specs import (ParameterSpec, axis_angle_to_matrix, default_plane_decoder, encoding_inputs,
-                    flatten_values, parameter_specs, token_rays)
+from .specs import (
+    ParameterSpec,
+    axis_angle_to_matrix,
+    default_plane_decoder,
+    encoding_inputs,
+    flatten_values,
+    parameter_specs,
+    token_rays,
+)
 from .user_modules import import_factory, load_backbone
 
 __all__ = [
-    "PredictorError", "ParameterSpec", "parameter_specs", "ParameterSource", "LearnedSource",
-    "BackboneSource", "GeometrySource", "ExternalSource", "OracleSource", "build_parameter_source",
-    "default_plane_decoder", "fold_heads", "unfold_heads", "encoding_inputs",
-    "flatten_values", "load_backbone", "axis_angle_to_matrix", "token_rays", "import_factory",
+    "PredictorError",
+    "ParameterSpec",
+    "parameter_specs",
+    "ParameterSource",
+    "LearnedSource",
+    "BackboneSource",
+    "GeometrySource",
+    "ExternalSource",
+    "OracleSource",
+    "build_parameter_source",
+    "default_plane_decoder",
+    "fold_heads",
+    "unfold_heads",
+    "encoding_inputs",
+    "flatten_values",
+    "load_backbone",
+    "axis_angle_to_matrix",
+    "token_rays",
+    "import_factory",
 ]

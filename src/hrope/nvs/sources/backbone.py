@@ -21,8 +21,9 @@ class BackboneSource(ParameterSource):
 
     frozen = ("backbone",)
 
-    def __init__(self, specs, module: nn.Module, feature_dim: int, hidden_dim: int = 64,
-                 targets: str = "neutral") -> None:
+    def __init__(
+        self, specs, module: nn.Module, feature_dim: int, hidden_dim: int = 64, targets: str = "neutral"
+    ) -> None:
         super().__init__(specs, targets)
         self.backbone = module.eval().requires_grad_(False)
         self.head = nn.Sequential(nn.Linear(feature_dim, hidden_dim), nn.GELU(), zero_linear(hidden_dim, self.raw_dim))
@@ -36,5 +37,6 @@ class BackboneSource(ParameterSource):
             raise PredictorError(f"backbone must return (B, C, h, w) feature maps, got {tuple(features.shape)}")
         features = F.interpolate(features.float(), size=grid, mode="bilinear", align_corners=False)
         tokens = features.flatten(2).transpose(1, 2).reshape(B, Vc * grid[0] * grid[1], -1)
-        return self.with_targets(self.decode(self.head(tokens), camera_views(cameras, 0, Vc), grid), cameras, grid,
-                                 num_context)
+        return self.with_targets(
+            self.decode(self.head(tokens), camera_views(cameras, 0, Vc), grid), cameras, grid, num_context
+        )

@@ -12,7 +12,6 @@ from .specs import ParameterSpec
 __all__ = ["ParameterSource", "fold_heads", "unfold_heads", "zero_linear", "camera_views"]
 
 
-
 class ParameterSource(nn.Module):
     """Base class. Sources with ``predicts_in_layers`` predict from the blocks' normalised inputs
     (in every block when ``per_layer``, else once from the first); the others give one set of values
@@ -47,8 +46,9 @@ class ParameterSource(nn.Module):
         """Values ``{name: (B, V*P, ...)}`` for all V views of the (unfolded) batch."""
         raise NotImplementedError
 
-    def layer(self, index: int, hidden: Tensor, cameras: Cameras, grid: tuple[int, int],
-              num_context: int) -> dict[str, Tensor]:
+    def layer(
+        self, index: int, hidden: Tensor, cameras: Cameras, grid: tuple[int, int], num_context: int
+    ) -> dict[str, Tensor]:
         """Values from ``hidden (B, N, dim)``, the normalised input of block ``index``."""
         raise NotImplementedError
 
@@ -58,8 +58,15 @@ class ParameterSource(nn.Module):
             return f"{name}, with target geometry"
         return name if self.targets == "hidden" else f"{name}, targets {self.targets}"
 
-    def with_targets(self, values: dict[str, Tensor], cameras: Cameras, grid: tuple[int, int], num_context: int,
-                     transferred: dict[str, Tensor] | None = None, hit: Tensor | None = None) -> dict[str, Tensor]:
+    def with_targets(
+        self,
+        values: dict[str, Tensor],
+        cameras: Cameras,
+        grid: tuple[int, int],
+        num_context: int,
+        transferred: dict[str, Tensor] | None = None,
+        hit: Tensor | None = None,
+    ) -> dict[str, Tensor]:
         """Values of all V views: the context rows of ``values`` (``(B, Vc*P or V*P, ...)``) and target
         rows per ``targets``: ``values``' own rows (``hidden``, or ``scope="all"``), the neutral
         values, or ``transferred`` values ``(B, Vt*P, ...)`` where ``hit (B, Vt*P)`` and neutral

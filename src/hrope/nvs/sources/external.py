@@ -27,8 +27,10 @@ def _median_scale(predicted: Tensor, reference: Tensor) -> Tensor:
     per_view = ratio.flatten(2).nanmedian(-1).values
     scale = torch.where(per_view.isnan(), ratio.flatten(1).nanmedian(-1).values[:, None], per_view)
     if scale.isnan().any():
-        raise PredictorError("predictor_options.align 'median': a scene has no pixel with both data depth and "
-                             "positive model depth to scale the depth model's output by")
+        raise PredictorError(
+            "predictor_options.align 'median': a scene has no pixel with both data depth and "
+            "positive model depth to scale the depth model's output by"
+        )
     return scale[..., None, None]
 
 
@@ -53,11 +55,23 @@ class ExternalSource(GeometrySource):
 
     frozen = ("depth_model",)
 
-    def __init__(self, specs, patch_size: int, use_normals: bool = True, depth_init: float = 1.0,
-                 targets: str = "neutral", scope: str = "context", *, fit: str = "least-squares",
-                 min_points: int = 5, inlier_threshold: float = 0.02, fallback: str = "median",
-                 depth_model: nn.Module | None = None, align: str = "median",
-                 max_inverse_distance: float | None = DEFAULT_MAX_INVERSE_DISTANCE) -> None:
+    def __init__(
+        self,
+        specs,
+        patch_size: int,
+        use_normals: bool = True,
+        depth_init: float = 1.0,
+        targets: str = "neutral",
+        scope: str = "context",
+        *,
+        fit: str = "least-squares",
+        min_points: int = 5,
+        inlier_threshold: float = 0.02,
+        fallback: str = "median",
+        depth_model: nn.Module | None = None,
+        align: str = "median",
+        max_inverse_distance: float | None = DEFAULT_MAX_INVERSE_DISTANCE,
+    ) -> None:
         super().__init__(specs, targets, scope, depth_init, max_inverse_distance)
         self.patch_size = patch_size
         self.use_normals = use_normals
@@ -66,9 +80,16 @@ class ExternalSource(GeometrySource):
         self.align = align
 
     def _fit(self, depth: Tensor, normals: Tensor | None, cameras: Cameras) -> Planes:
-        return fit_patch_planes(depth, cameras, self.patch_size, fit=self.fit,
-                                normals=normals if self.use_normals else None, min_points=self.min_points,
-                                threshold=self.inlier_threshold, fallback=self.fallback)
+        return fit_patch_planes(
+            depth,
+            cameras,
+            self.patch_size,
+            fit=self.fit,
+            normals=normals if self.use_normals else None,
+            min_points=self.min_points,
+            threshold=self.inlier_threshold,
+            fallback=self.fallback,
+        )
 
     def _depth(self, batch, views: int) -> Tensor:
         """Depth ``(B, views, H, W)`` of the first ``views`` views (class doc)."""
@@ -76,9 +97,11 @@ class ExternalSource(GeometrySource):
         reference = None if reference is None else reference[:, :views]
         if self.depth_model is None:
             if reference is None:
-                raise PredictorError("the 'external' predictor needs per-pixel depth in the batch (batch.depth): set "
-                                     "data.depth (points: COLMAP points3D.txt; maps: depth_file_path) or "
-                                     "predictor_options.depth: model")
+                raise PredictorError(
+                    "the 'external' predictor needs per-pixel depth in the batch (batch.depth): set "
+                    "data.depth (points: COLMAP points3D.txt; maps: depth_file_path) or "
+                    "predictor_options.depth: model"
+                )
             return reference
         images = batch.images[:, :views]
         B, V, _, H, W = images.shape
@@ -86,16 +109,21 @@ class ExternalSource(GeometrySource):
             predicted = self.depth_model(images.flatten(0, 1))
         predicted = predicted[:, 0] if predicted.ndim == 4 and predicted.shape[1] == 1 else predicted
         if predicted.ndim != 3 or len(predicted) != B * V:
-            raise PredictorError(f"the depth model must return (N, H, W) or (N, 1, H, W) depth for N = {B * V} "
-                                 f"images, got {tuple(predicted.shape)}")
-        predicted = F.interpolate(predicted[:, None].float(), size=(H, W), mode="bilinear",
-                                  align_corners=False).reshape(B, V, H, W)
+            raise PredictorError(
+                f"the depth model must return (N, H, W) or (N, 1, H, W) depth for N = {B * V} "
+                f"images, got {tuple(predicted.shape)}"
+            )
+        predicted = F.interpolate(
+            predicted[:, None].float(), size=(H, W), mode="bilinear", align_corners=False
+        ).reshape(B, V, H, W)
         if self.align == "none":
             return predicted
         if reference is None:
-            raise PredictorError("predictor_options.align 'median' scales the depth model's output to the data's "
-                                 "depth: set data.depth (points or maps), or align: none for a model that outputs "
-                                 "scene units")
+            raise PredictorError(
+                "predictor_options.align 'median' scales the depth model's output to the data's "
+                "depth: set data.depth (points or maps), or align: none for a model that outputs "
+                "scene units"
+            )
         return predicted * _median_scale(predicted, reference)
 
     def static(self, batch, cameras, grid, num_context):

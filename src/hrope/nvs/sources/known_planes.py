@@ -17,8 +17,7 @@ from .specs import FACING_NORMAL, token_rays
 __all__ = ["GeometrySource"]
 
 
-def _values_from_planes(specs, planes: Planes, cameras: Cameras, grid,
-                        depth_init: float = 1.0) -> dict[str, Tensor]:
+def _values_from_planes(specs, planes: Planes, cameras: Cameras, grid, depth_init: float = 1.0) -> dict[str, Tensor]:
     """Every supported encoding input derived from known planes.
 
     ``planes`` (m, as given); ``depth`` / ``log_depth``: where the plane crosses the patch-centre
@@ -63,8 +62,14 @@ class GeometrySource(ParameterSource):
     is derived from them; None leaves them to the encodings' own clamp (|m| <=
     :data:`hrope.planes.MAX_INVERSE_DISTANCE`, an overflow guard)."""
 
-    def __init__(self, specs, targets: str, scope: str, depth_init: float = 1.0,
-                 max_inverse_distance: float | None = DEFAULT_MAX_INVERSE_DISTANCE) -> None:
+    def __init__(
+        self,
+        specs,
+        targets: str,
+        scope: str,
+        depth_init: float = 1.0,
+        max_inverse_distance: float | None = DEFAULT_MAX_INVERSE_DISTANCE,
+    ) -> None:
         super().__init__(specs, targets, scope)
         self.depth_init, self.max_inverse_distance = depth_init, max_inverse_distance
 

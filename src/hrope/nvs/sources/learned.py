@@ -19,13 +19,21 @@ class LearnedSource(ParameterSource):
 
     predicts_in_layers = True
 
-    def __init__(self, specs, dim: int, num_layers: int, per_layer: bool = True, targets: str = "hidden",
-                 attention_heads: int = 1) -> None:
+    def __init__(
+        self,
+        specs,
+        dim: int,
+        num_layers: int,
+        per_layer: bool = True,
+        targets: str = "hidden",
+        attention_heads: int = 1,
+    ) -> None:
         super().__init__(specs, targets)
         self.per_layer = per_layer
         self.attention_heads = attention_heads
-        self.heads = nn.ModuleList(zero_linear(dim, attention_heads * self.raw_dim)
-                                   for _ in range(num_layers if per_layer else 1))
+        self.heads = nn.ModuleList(
+            zero_linear(dim, attention_heads * self.raw_dim) for _ in range(num_layers if per_layer else 1)
+        )
 
     def layer(self, index, hidden, cameras, grid, num_context):
         raw = self.heads[index if self.per_layer else 0](hidden)

@@ -16,9 +16,17 @@ from .user_modules import user_module
 __all__ = ["build_parameter_source"]
 
 
-def build_parameter_source(name: str, specs: list[ParameterSpec], *, dim: int, num_layers: int, patch_size: int,
-                           options: dict | None = None, depth_init: float = 1.0,
-                           attention_heads: int = 1) -> ParameterSource:
+def build_parameter_source(
+    name: str,
+    specs: list[ParameterSpec],
+    *,
+    dim: int,
+    num_layers: int,
+    patch_size: int,
+    options: dict | None = None,
+    depth_init: float = 1.0,
+    attention_heads: int = 1,
+) -> ParameterSource:
     """A parameter source by name with its ``options`` (:data:`hrope.nvs.config.SOURCE_OPTIONS`): ``targets`` and, for
     ``oracle`` / ``external``, ``scope`` (see :class:`ParameterSource`); for ``learned``
     ``per_layer`` and ``per_head`` (one set of values for each of the ``attention_heads``); for
@@ -33,21 +41,40 @@ def build_parameter_source(name: str, specs: list[ParameterSpec], *, dim: int, n
     takes_planes = "planes" in {s.name for s in specs}
     options = source_options(name, options, PredictorError)
     if options["targets"] == "transfer" and name in ("learned", "backbone") and not takes_planes:
-        raise PredictorError("predictor_options.targets 'transfer' carries planes over from the context views: it "
-                             "needs an encoding that takes planes")
+        raise PredictorError(
+            "predictor_options.targets 'transfer' carries planes over from the context views: it "
+            "needs an encoding that takes planes"
+        )
     if name == "learned":
-        return LearnedSource(specs, dim, num_layers, options["per_layer"], options["targets"],
-                             attention_heads if options["per_head"] else 1)
+        return LearnedSource(
+            specs,
+            dim,
+            num_layers,
+            options["per_layer"],
+            options["targets"],
+            attention_heads if options["per_head"] else 1,
+        )
     if name == "oracle":
-        return OracleSource(specs, patch_size, depth_init, options["targets"], options["scope"],
-                            options["max_inverse_distance"])
+        return OracleSource(
+            specs, patch_size, depth_init, options["targets"], options["scope"], options["max_inverse_distance"]
+        )
     if name == "external":
         depth_model = user_module(options, "predictor_options.depth 'model'") if options["depth"] == "model" else None
-        return ExternalSource(specs, patch_size, use_normals=options["use_normals"], depth_init=depth_init,
-                              targets=options["targets"], scope=options["scope"], fit=options["fit"],
-                              min_points=options["min_points"], inlier_threshold=options["inlier_threshold"],
-                              fallback=options["fallback"], depth_model=depth_model, align=options["align"],
-                              max_inverse_distance=options["max_inverse_distance"])
+        return ExternalSource(
+            specs,
+            patch_size,
+            use_normals=options["use_normals"],
+            depth_init=depth_init,
+            targets=options["targets"],
+            scope=options["scope"],
+            fit=options["fit"],
+            min_points=options["min_points"],
+            inlier_threshold=options["inlier_threshold"],
+            fallback=options["fallback"],
+            depth_model=depth_model,
+            align=options["align"],
+            max_inverse_distance=options["max_inverse_distance"],
+        )
     module = user_module(options, "the 'backbone' predictor")
     if options["feature_dim"] is None:
         raise PredictorError("the 'backbone' predictor needs predictor_options.feature_dim (channels C)")

@@ -21,9 +21,15 @@ class OracleSource(GeometrySource):
     target cameras, the fair upper bound for a method that predicts planes from images;
     ``scope="all"``: every view's own planes, an upper bound with target geometry."""
 
-    def __init__(self, specs, patch_size: int, depth_init: float = 1.0, targets: str = "neutral",
-                 scope: str = "context",
-                 max_inverse_distance: float | None = DEFAULT_MAX_INVERSE_DISTANCE) -> None:
+    def __init__(
+        self,
+        specs,
+        patch_size: int,
+        depth_init: float = 1.0,
+        targets: str = "neutral",
+        scope: str = "context",
+        max_inverse_distance: float | None = DEFAULT_MAX_INVERSE_DISTANCE,
+    ) -> None:
         super().__init__(specs, targets, scope, depth_init, max_inverse_distance)
         self.patch_size = patch_size
 
@@ -33,7 +39,7 @@ class OracleSource(GeometrySource):
             raise PredictorError("the 'oracle' predictor needs ground-truth planes (batch.planes(patch_size))")
         if self.scope == "all":
             return self.values_of(planes, cameras, grid)
-        context_m = planes.m(cameras, grid, torch.float32)[:, :num_context * grid[0] * grid[1]]
+        context_m = planes.m(cameras, grid, torch.float32)[:, : num_context * grid[0] * grid[1]]
         transferred = hit = None
         if self.targets == "transfer":
             target_m, hit = transfer_planes(context_m, cameras.to(dtype=torch.float32), grid, num_context)

@@ -22,8 +22,16 @@ from ...planes import Planes, plane_vectors
 from ..config import PLANE_DECODERS
 from .errors import PredictorError
 
-__all__ = ["ParameterSpec", "parameter_specs", "default_plane_decoder", "encoding_inputs",
-           "flatten_values", "axis_angle_to_matrix", "token_rays", "FACING_NORMAL"]
+__all__ = [
+    "ParameterSpec",
+    "parameter_specs",
+    "default_plane_decoder",
+    "encoding_inputs",
+    "flatten_values",
+    "axis_angle_to_matrix",
+    "token_rays",
+    "FACING_NORMAL",
+]
 
 # Learned-head values at zero output for the query-frame encodings' uncertainty parameters.
 RAYROPE_INIT_HALFWIDTH = 3.0  # RayRoPE's init_sigma (log-depth half-width)
@@ -65,8 +73,6 @@ class ParameterSpec:
     decode: Callable[[Tensor, Cameras, tuple[int, int]], Tensor]
 
 
-
-
 def _plane_decoder(kind: str, neutral: str, depth_init: float) -> tuple[int, Callable]:
     """``(raw_dim, decode)`` of a plane head. Zero output decodes to the encoding's neutral planes.
 
@@ -78,18 +84,23 @@ def _plane_decoder(kind: str, neutral: str, depth_init: float) -> tuple[int, Cal
     on the patch-centre ray (rank 3 at zero; every plane crosses every ray in front of the camera).
     """
     if kind == "direct":
+
         def direct(raw, cameras, grid):
             m = raw / depth_init
             return m if neutral == "infinity" else m + torch.tensor([0.0, 0.0, 1.0 / depth_init]).to(m)
+
         return 3, direct
     if neutral == "infinity":
+
         def signed_inverse_depth(raw, cameras, grid):
             return plane_vectors(_unit_normal(raw[..., :3]), raw[..., 3], token_rays(cameras, grid))
+
         return 4, signed_inverse_depth
 
     def positive_depth(raw, cameras, grid):
         inverse_depth = torch.exp(-raw[..., 3]) / depth_init
         return plane_vectors(_unit_normal(raw[..., :3]), inverse_depth, token_rays(cameras, grid))
+
     return 4, positive_depth
 
 
@@ -134,7 +145,9 @@ def default_plane_decoder(encoding: Encoding) -> str:
     return "direct" if encoding.neutral_planes == "infinity" else "normal-depth"
 
 
-def parameter_specs(encoding: Encoding, depth_init: float = 1.0, plane_decoder: str | None = None) -> list[ParameterSpec]:
+def parameter_specs(
+    encoding: Encoding, depth_init: float = 1.0, plane_decoder: str | None = None
+) -> list[ParameterSpec]:
     """The per-token inputs ``encoding`` needs, with their learned-head decoders.
 
     Planes decode with ``plane_decoder`` (:data:`PLANE_DECODERS`, default
@@ -150,8 +163,9 @@ def parameter_specs(encoding: Encoding, depth_init: float = 1.0, plane_decoder: 
         if kind not in PLANE_DECODERS:
             raise PredictorError(f"unknown plane_decoder {kind!r}; available: {', '.join(PLANE_DECODERS)}")
         if kind == "direct" and encoding.planes_in_front:
-            raise PredictorError(f"{encoding.name} needs planes in front of every camera: use plane_decoder "
-                                 "'normal-depth'")
+            raise PredictorError(
+                f"{encoding.name} needs planes in front of every camera: use plane_decoder 'normal-depth'"
+            )
         raw_dim, decode = _plane_decoder(kind, encoding.neutral_planes, depth_init)
         specs.append(ParameterSpec("planes", raw_dim, 3, decode))
     transform = _full if encoding.transform_kind == "invertible" else _rigid

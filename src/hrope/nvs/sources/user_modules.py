@@ -50,8 +50,10 @@ def user_module(options: dict, what: str) -> nn.Module:
     if isinstance(module, str):
         module = import_factory(module)(**options["module_kwargs"])
     if not isinstance(module, nn.Module):
-        raise PredictorError(f"{what} needs predictor_options.module: an nn.Module or an import path "
-                             "'package.module:factory' (called with predictor_options.module_kwargs)")
+        raise PredictorError(
+            f"{what} needs predictor_options.module: an nn.Module or an import path "
+            "'package.module:factory' (called with predictor_options.module_kwargs)"
+        )
     if options["checkpoint"]:
         load_backbone(module, options["checkpoint"])
     return module

@@ -86,8 +86,11 @@ def read_frame_annotations(path: str | Path) -> dict[str, list[dict]]:
         raise SceneError(f"{path}: expected a JSON list of frame annotations")
     sequences = defaultdict(list)
     for i, annotation in enumerate(annotations):
-        if not (isinstance(annotation, dict) and "sequence_name" in annotation
-                and type(annotation.get("frame_number")) is int):
+        if not (
+            isinstance(annotation, dict)
+            and "sequence_name" in annotation
+            and type(annotation.get("frame_number")) is int
+        ):
             raise SceneError(f"{path}: entry {i} needs fields sequence_name and frame_number (an integer)")
         sequences[str(annotation["sequence_name"])].append(annotation)
     return {name: sorted(frames, key=lambda a: a["frame_number"]) for name, frames in sequences.items()}
@@ -96,8 +99,14 @@ def read_frame_annotations(path: str | Path) -> dict[str, list[dict]]:
 def _warn_missing(root: Path, what: str, requested: list[str], found: set[str]) -> None:
     missing = sorted(set(requested) - found)
     if missing:
-        logger.warning("%s: %d of the %d requested %s not found (or unreadable): %s", root, len(missing),
-                       len(set(requested)), what, missing[:5])
+        logger.warning(
+            "%s: %d of the %d requested %s not found (or unreadable): %s",
+            root,
+            len(missing),
+            len(set(requested)),
+            what,
+            missing[:5],
+        )
 
 
 class CO3DSource(SceneSource):
@@ -111,8 +120,9 @@ class CO3DSource(SceneSource):
     warning).
     """
 
-    def __init__(self, root: str | Path, *, categories: list[str] | None = None, sequences: list[str] | None = None,
-                 **options) -> None:
+    def __init__(
+        self, root: str | Path, *, categories: list[str] | None = None, sequences: list[str] | None = None, **options
+    ) -> None:
         super().__init__(**options)
         self.root = Path(root)
         if not self.root.is_dir():
@@ -130,8 +140,9 @@ class CO3DSource(SceneSource):
                 broken += 1
                 logger.warning("skipping %s (%d annotation file(s) skipped so far): %s", path, broken, error)
                 continue
-            self.sequences += [(name, path, by_name[name]) for name in sorted(by_name)
-                               if sequences is None or name in sequences]
+            self.sequences += [
+                (name, path, by_name[name]) for name in sorted(by_name) if sequences is None or name in sequences
+            ]
         if sequences is not None:
             _warn_missing(self.root, "sequences", sequences, {name for name, _, _ in self.sequences})
         if not self.sequences:
@@ -149,5 +160,6 @@ class CO3DSource(SceneSource):
 
     def frames(self, i: int) -> list[Frame]:
         name, path, annotations = self.sequences[i]
-        return [co3d_frame(a, self.root, f"{path} sequence {name!r} frame_number {a['frame_number']}")
-                for a in annotations]
+        return [
+            co3d_frame(a, self.root, f"{path} sequence {name!r} frame_number {a['frame_number']}") for a in annotations
+        ]

@@ -33,17 +33,28 @@ from ..scene import Scene, SceneError
 from .frames import Frame, frames_to_scene, image_file_exists, image_folder, pinhole, positive_number, report_missing
 from .undistort import Distortion, finite_number, make_distortion
 
-__all__ = ["quaternion_to_rotation", "ColmapCamera", "read_colmap_cameras", "ColmapImage", "read_colmap_images",
-           "find_colmap_model", "read_colmap_frames", "load_colmap"]
+__all__ = [
+    "quaternion_to_rotation",
+    "ColmapCamera",
+    "read_colmap_cameras",
+    "ColmapImage",
+    "read_colmap_images",
+    "find_colmap_model",
+    "read_colmap_frames",
+    "load_colmap",
+]
 
 # model -> its PARAMS in COLMAP's order (f: one focal length for x and y; SIMPLE_RADIAL's k is k1)
 _MODELS = {
-    "SIMPLE_PINHOLE": ("f", "cx", "cy"), "PINHOLE": ("fx", "fy", "cx", "cy"),
-    "SIMPLE_RADIAL": ("f", "cx", "cy", "k1"), "RADIAL": ("f", "cx", "cy", "k1", "k2"),
+    "SIMPLE_PINHOLE": ("f", "cx", "cy"),
+    "PINHOLE": ("fx", "fy", "cx", "cy"),
+    "SIMPLE_RADIAL": ("f", "cx", "cy", "k1"),
+    "RADIAL": ("f", "cx", "cy", "k1", "k2"),
     "OPENCV": ("fx", "fy", "cx", "cy", "k1", "k2", "p1", "p2"),
     "FULL_OPENCV": ("fx", "fy", "cx", "cy", "k1", "k2", "p1", "p2", "k3", "k4", "k5", "k6"),
     "OPENCV_FISHEYE": ("fx", "fy", "cx", "cy", "k1", "k2", "k3", "k4"),
-    "SIMPLE_RADIAL_FISHEYE": ("f", "cx", "cy", "k1"), "RADIAL_FISHEYE": ("f", "cx", "cy", "k1", "k2"),
+    "SIMPLE_RADIAL_FISHEYE": ("f", "cx", "cy", "k1"),
+    "RADIAL_FISHEYE": ("f", "cx", "cy", "k1", "k2"),
 }
 _FISHEYE = {"OPENCV_FISHEYE", "SIMPLE_RADIAL_FISHEYE", "RADIAL_FISHEYE"}
 
@@ -125,8 +136,10 @@ def read_colmap_cameras(path: str | Path) -> dict[int, ColmapCamera]:
         fx, fy, cx, cy = (positive_number(named[name], where, f"PARAMS {name}") for name in (*focal, "cx", "cy"))
         lens = {name: finite_number(value, where, f"PARAMS {name}") for name, value in named.items() if name[0] in "kp"}
         distortion = make_distortion("fisheye" if model in _FISHEYE else "opencv", lens, model, where)
-        size = (positive_number(tokens[3], where, "HEIGHT", whole=True),
-                positive_number(tokens[2], where, "WIDTH", whole=True))
+        size = (
+            positive_number(tokens[3], where, "HEIGHT", whole=True),
+            positive_number(tokens[2], where, "WIDTH", whole=True),
+        )
         cameras[_integer(tokens[0], where, "CAMERA_ID")] = ColmapCamera(pinhole(fx, fy, cx, cy), size, distortion)
     _check_count(path, "cameras", declared, len(cameras))
     return cameras
@@ -168,8 +181,9 @@ def _parse_image(tokens: list[str], where: str) -> ColmapImage:
     if values[:4].norm() == 0:
         raise SceneError(f"{where}: field QW QX QY QZ is a zero quaternion")
     world_to_cam = make_se3(quaternion_to_rotation(values[:4]), values[4:])
-    return ColmapImage(_integer(tokens[0], where, "IMAGE_ID"), tokens[9], world_to_cam,
-                       _integer(tokens[8], where, "CAMERA_ID"), where)
+    return ColmapImage(
+        _integer(tokens[0], where, "IMAGE_ID"), tokens[9], world_to_cam, _integer(tokens[8], where, "CAMERA_ID"), where
+    )
 
 
 def read_colmap_images(path: str | Path) -> list[ColmapImage]:
@@ -188,8 +202,10 @@ def read_colmap_images(path: str | Path) -> list[ColmapImage]:
         elif tokens:
             previous = _parse_image(tokens, f"{path}:{n}")
             if previous.image_id in seen:
-                raise SceneError(f"{previous.where}: field IMAGE_ID {previous.image_id} repeats that of line "
-                                 f"{seen[previous.image_id]}")
+                raise SceneError(
+                    f"{previous.where}: field IMAGE_ID {previous.image_id} repeats that of line "
+                    f"{seen[previous.image_id]}"
+                )
             seen[previous.image_id] = n
             images.append(previous)
     _check_count(path, "images", declared, len(images))
@@ -206,8 +222,9 @@ def find_colmap_model(folder: str | Path) -> Path | None:
     return None
 
 
-def read_colmap_frames(folder: str | Path, image_dir: str | Path | None = None,
-                       image_factor: int | None = None) -> list[Frame]:
+def read_colmap_frames(
+    folder: str | Path, image_dir: str | Path | None = None, image_factor: int | None = None
+) -> list[Frame]:
     """Frames of the COLMAP text model in ``folder`` (see :func:`find_colmap_model`), by image name.
 
     Images are read from ``image_dir``; by default from :func:`hrope.nvs.data.real.frames.image_folder`
@@ -230,13 +247,27 @@ def read_colmap_frames(folder: str | Path, image_dir: str | Path | None = None,
         if not image_file_exists(path):
             missing.append(path)
             continue
-        frames.append(Frame(path, camera.K, image.world_to_cam, camera.size, image.where,
-                            tracks=(model / "points3D.txt", image.points2d), distortion=camera.distortion))
+        frames.append(
+            Frame(
+                path,
+                camera.K,
+                image.world_to_cam,
+                camera.size,
+                image.where,
+                tracks=(model / "points3D.txt", image.points2d),
+                distortion=camera.distortion,
+            )
+        )
     report_missing(str(model / "images.txt"), missing, len(images))
     return frames
 
 
-def load_colmap(folder: str | Path, image_size: tuple[int, int] | None = None, views: list[int] | None = None,
-                image_dir: str | Path | None = None, image_factor: int | None = None) -> Scene:
+def load_colmap(
+    folder: str | Path,
+    image_size: tuple[int, int] | None = None,
+    views: list[int] | None = None,
+    image_dir: str | Path | None = None,
+    image_factor: int | None = None,
+) -> Scene:
     """A :class:`Scene` from a COLMAP text model (:func:`read_colmap_frames`)."""
     return frames_to_scene(read_colmap_frames(folder, image_dir, image_factor), Path(folder).name, image_size, views)

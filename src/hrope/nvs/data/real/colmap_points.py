@@ -31,8 +31,15 @@ from ..scene import Scene, SceneError
 from .colmap import _check_count, _floats, _integer, _read_model_file
 from .frames import Frame
 
-__all__ = ["MIN_PLANE_POINTS", "read_points3d", "observed_points", "point_depth", "with_point_depth",
-           "rotation_to_quaternion", "write_colmap_model"]
+__all__ = [
+    "MIN_PLANE_POINTS",
+    "read_points3d",
+    "observed_points",
+    "point_depth",
+    "with_point_depth",
+    "rotation_to_quaternion",
+    "write_colmap_model",
+]
 
 MIN_PLANE_POINTS = 3  # a plane needs three points: a scene whose every view sees fewer is an error
 
@@ -43,8 +50,10 @@ def read_points3d(path: str | Path) -> tuple[Tensor, Tensor]:
     try:
         stat = path.stat()
     except OSError as error:
-        raise SceneError(f"{path}: cannot read the COLMAP points (data.depth 'points' needs points3D.txt next to "
-                         f"images.txt): {error}") from error
+        raise SceneError(
+            f"{path}: cannot read the COLMAP points (data.depth 'points' needs points3D.txt next to "
+            f"images.txt): {error}"
+        ) from error
     return _read_points3d(path, stat.st_mtime_ns, stat.st_size)
 
 
@@ -78,15 +87,18 @@ def observed_points(points3d: str | Path, points2d: str, label: str) -> Tensor:
     tokens = points2d.split()
     if len(tokens) % 3:
         raise SceneError(f"{label}: field POINTS2D must be 'x y POINT3D_ID' triples, got {len(tokens)} numbers")
-    wanted = torch.tensor([_integer(token, label, "POINTS2D POINT3D_ID") for token in tokens[2::3]],
-                          dtype=torch.int64).unique()
+    wanted = torch.tensor(
+        [_integer(token, label, "POINTS2D POINT3D_ID") for token in tokens[2::3]], dtype=torch.int64
+    ).unique()
     wanted = wanted[wanted != -1]
     ids, xyz = read_points3d(points3d)
     row = torch.searchsorted(ids, wanted).clamp_max(max(len(ids) - 1, 0))
     missing = wanted[(ids[row] != wanted) if len(ids) else torch.ones_like(wanted, dtype=torch.bool)]
     if len(missing):
-        raise SceneError(f"{label}: field POINTS2D refers to POINT3D_ID {int(missing[0])}, which {points3d} "
-                         f"does not hold ({len(missing)} such id(s))")
+        raise SceneError(
+            f"{label}: field POINTS2D refers to POINT3D_ID {int(missing[0])}, which {points3d} "
+            f"does not hold ({len(missing)} such id(s))"
+        )
     return xyz[row]
 
 
@@ -114,16 +126,19 @@ def with_point_depth(scene: Scene, frames: list[Frame]) -> Scene:
     depths = []
     for v, frame in enumerate(frames):
         if frame.tracks is None:
-            raise SceneError(f"{frame.label}: data.depth 'points' needs a COLMAP model (points3D.txt and the "
-                             "images' POINTS2D); this frame has none")
+            raise SceneError(
+                f"{frame.label}: data.depth 'points' needs a COLMAP model (points3D.txt and the "
+                "images' POINTS2D); this frame has none"
+            )
         points = observed_points(*frame.tracks, frame.label)
-        depths.append(point_depth(points, scene.cameras.K[0, v], scene.cameras.world_to_cam[0, v],
-                                  scene.image_size))
+        depths.append(point_depth(points, scene.cameras.K[0, v], scene.cameras.world_to_cam[0, v], scene.image_size))
     depth = torch.stack(depths)
     counts = torch.isfinite(depth).flatten(1).sum(1).tolist()
     if max(counts) < MIN_PLANE_POINTS:
-        raise SceneError(f"{scene.name}: too few SfM points for any plane: its {len(counts)} view(s) see {counts} "
-                         f"point(s) (a plane needs {MIN_PLANE_POINTS}; points from {frames[0].tracks[0]})")
+        raise SceneError(
+            f"{scene.name}: too few SfM points for any plane: its {len(counts)} view(s) see {counts} "
+            f"point(s) (a plane needs {MIN_PLANE_POINTS}; points from {frames[0].tracks[0]})"
+        )
     return replace(scene, depth=depth)
 
 
@@ -132,8 +147,9 @@ def rotation_to_quaternion(R: Tensor) -> Tensor:
     :func:`hrope.nvs.data.real.colmap.quaternion_to_rotation`."""
     R = R.double()
     w = (1 + R.trace()).clamp_min(0).sqrt() / 2
-    xyz = (1 + torch.stack([R[0, 0] - R[1, 1] - R[2, 2], R[1, 1] - R[0, 0] - R[2, 2],
-                            R[2, 2] - R[0, 0] - R[1, 1]])).clamp_min(0).sqrt() / 2
+    xyz = (
+        1 + torch.stack([R[0, 0] - R[1, 1] - R[2, 2], R[1, 1] - R[0, 0] - R[2, 2], R[2, 2] - R[0, 0] - R[1, 1]])
+    ).clamp_min(0).sqrt() / 2
     signs = torch.stack([R[2, 1] - R[1, 2], R[0, 2] - R[2, 0], R[1, 0] - R[0, 1]]).sign()
     return torch.cat([w[None], xyz * torch.where(signs == 0, 1.0, signs)])
 
@@ -173,8 +189,9 @@ def write_colmap_model(scene: Scene, folder: str | Path, points_per_view: int = 
         track = []
         for k, (point, colour) in enumerate(zip(world.tolist(), colours)):
             point_id = len(points) + 1
-            points.append(f"{point_id} {' '.join(f'{x:.17g}' for x in point)} {' '.join(map(str, colour))} 0 "
-                          f"{v + 1} {k}")
+            points.append(
+                f"{point_id} {' '.join(f'{x:.17g}' for x in point)} {' '.join(map(str, colour))} 0 {v + 1} {k}"
+            )
             track.append(f"{centre[k, 0]:g} {centre[k, 1]:g} {point_id}")
         images.append(" ".join(track))
     (model / "cameras.txt").write_text(f"# Number of cameras: {len(cameras)}\n" + "\n".join(cameras) + "\n")

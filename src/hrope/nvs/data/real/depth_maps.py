@@ -71,15 +71,19 @@ def read_depth_map(path: str | Path, depth_scale: float = PNG_DEPTH_SCALE, label
     array, unit = _read_array(path, label, "depth map")
     if path.suffix.lower() == ".png":
         if unit != 65535.0 or array.ndim != 2:
-            raise SceneError(f"{label}: depth map {path} must be a single-channel 16-bit PNG, got shape "
-                             f"{array.shape} of {'8' if unit == 255.0 else '16'}-bit values")
+            raise SceneError(
+                f"{label}: depth map {path} must be a single-channel 16-bit PNG, got shape "
+                f"{array.shape} of {'8' if unit == 255.0 else '16'}-bit values"
+            )
         array = array * depth_scale
     array = array.squeeze()
     if array.ndim != 2:
         raise SceneError(f"{label}: depth map {path} must be (H, W), got shape {array.shape}")
     if (array < 0).any():
-        raise SceneError(f"{label}: depth map {path} has negative values (min {float(np.nanmin(array)):g}); "
-                         "expected z-depth >= 0 (0 = no depth)")
+        raise SceneError(
+            f"{label}: depth map {path} has negative values (min {float(np.nanmin(array)):g}); "
+            "expected z-depth >= 0 (0 = no depth)"
+        )
     depth = torch.from_numpy(array)
     return torch.where(torch.isfinite(depth) & (depth > 0), depth, torch.full_like(depth, float("inf")))
 
@@ -115,8 +119,9 @@ def _to_view(x: Tensor, frame: Frame, image_size: tuple[int, int], path: Path) -
     h, w = x.shape[-2:]
     native = _decoded_size(frame)
     if abs(h * native[1] - w * native[0]) > max(native):  # more than a pixel of rounding apart
-        raise SceneError(f"{frame.label}: map {path} is {h}x{w}, its image {native[0]}x{native[1]}: the aspect "
-                         "ratios differ")
+        raise SceneError(
+            f"{frame.label}: map {path} is {h}x{w}, its image {native[0]}x{native[1]}: the aspect ratios differ"
+        )
     x = F.interpolate(x[None], size=native, mode="nearest-exact")[0] if (h, w) != tuple(native) else x
     if frame.distortion is not None:
         x = undistort_image(x, _intrinsics(frame, native), frame.distortion, mode="nearest")
@@ -130,14 +135,18 @@ def with_depth_maps(scene: Scene, frames: list[Frame], depth_scale: float = PNG_
     depths, normals = [], []
     for frame in frames:
         if frame.depth_map is None:
-            raise SceneError(f"{frame.label}: data.depth 'maps' needs a depth map per frame (transforms.json "
-                             "'depth_file_path'); this frame has none")
-        depth = _to_view(read_depth_map(frame.depth_map, depth_scale, frame.label)[None], frame, scene.image_size,
-                         frame.depth_map)[0]
+            raise SceneError(
+                f"{frame.label}: data.depth 'maps' needs a depth map per frame (transforms.json "
+                "'depth_file_path'); this frame has none"
+            )
+        depth = _to_view(
+            read_depth_map(frame.depth_map, depth_scale, frame.label)[None], frame, scene.image_size, frame.depth_map
+        )[0]
         depths.append(torch.where(depth > 0, depth, torch.full_like(depth, float("inf"))))  # 0: outside the lens
         if frame.normal_map is not None:
-            normals.append(_to_view(read_normal_map(frame.normal_map, frame.label), frame, scene.image_size,
-                                    frame.normal_map))
+            normals.append(
+                _to_view(read_normal_map(frame.normal_map, frame.label), frame, scene.image_size, frame.normal_map)
+            )
     if len(normals) < len(frames):
         return replace(scene, depth=torch.stack(depths))
     normals = torch.stack(normals)
@@ -146,9 +155,15 @@ def with_depth_maps(scene: Scene, frames: list[Frame], depth_scale: float = PNG_
     return replace(scene, depth=torch.stack(depths), normals=normals * facing)
 
 
-def load_frames(frames: list[Frame], name: str, image_size: tuple[int, int] | None = None,
-                views: list[int] | None = None, depth: str = "none", depth_scale: float = PNG_DEPTH_SCALE,
-                **decoding) -> Scene:
+def load_frames(
+    frames: list[Frame],
+    name: str,
+    image_size: tuple[int, int] | None = None,
+    views: list[int] | None = None,
+    depth: str = "none",
+    depth_scale: float = PNG_DEPTH_SCALE,
+    **decoding,
+) -> Scene:
     """:func:`hrope.nvs.data.real.frames.frames_to_scene` (``decoding``: its ``cache``, ``workers``) with
     ``depth`` from ``depth`` (:data:`DEPTH_SOURCES`)."""
     if depth not in DEPTH_SOURCES:

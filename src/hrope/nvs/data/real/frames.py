@@ -35,8 +35,20 @@ from ..transforms import crop_intrinsics, resize_crop, resize_crop_plan, scale_i
 from .image_cache import ImageCache
 from .undistort import Distortion, undistort_image
 
-__all__ = ["Frame", "positive_number", "number_array", "pinhole", "read_image", "load_view", "frames_to_scene",
-           "select_frames", "image_folders", "image_folder", "image_file_exists", "report_missing"]
+__all__ = [
+    "Frame",
+    "positive_number",
+    "number_array",
+    "pinhole",
+    "read_image",
+    "load_view",
+    "frames_to_scene",
+    "select_frames",
+    "image_folders",
+    "image_folder",
+    "image_file_exists",
+    "report_missing",
+]
 
 logger = logging.getLogger("hrope.nvs.data")
 
@@ -74,8 +86,9 @@ class Frame:
     background: tuple[float, float, float] | None = None
 
 
-def positive_number(value: object, where: str, field: str, *, whole: bool = False,
-                    below: float = math.inf) -> float | int:
+def positive_number(
+    value: object, where: str, field: str, *, whole: bool = False, below: float = math.inf
+) -> float | int:
     """``value`` as a number when it is finite and in ``(0, below)`` (an int when ``whole``), else a
     :class:`SceneError` naming ``where`` and ``field``: every reader checks its sizes and intrinsics here."""
     try:
@@ -112,8 +125,13 @@ def _draft_scale(size: tuple[int, int], target: tuple[int, int]) -> int:
     return 1
 
 
-def read_image(image: Path | bytes | Tensor, label: str = "", *, target: tuple[int, int] | None = None,
-               background: tuple[float, float, float] | None = None) -> Tensor:
+def read_image(
+    image: Path | bytes | Tensor,
+    label: str = "",
+    *,
+    target: tuple[int, int] | None = None,
+    background: tuple[float, float, float] | None = None,
+) -> Tensor:
     """Decode an image file or encoded bytes to ``(3, H, W)`` float32 RGB in [0, 1].
 
     ``target (H, W)``: the size the image is resized to next, which allows decoding a JPEG at a
@@ -153,8 +171,10 @@ def _intrinsics(frame: Frame, size: tuple[int, int]) -> Tensor:
         return frame.K
     (height, width), (h, w) = frame.intrinsics_size, size
     if (height, width) != (1, 1) and abs(h * width - w * height) > max(height, width):
-        raise SceneError(f"{frame.label}: the image is {h}x{w} but the camera is for {height}x{width}, another "
-                         f"aspect ratio (a rotated or cropped copy?)")
+        raise SceneError(
+            f"{frame.label}: the image is {h}x{w} but the camera is for {height}x{width}, another "
+            f"aspect ratio (a rotated or cropped copy?)"
+        )
     return scale_intrinsics(frame.K, frame.intrinsics_size, size)
 
 
@@ -168,12 +188,17 @@ def _lens(frame: Frame) -> list | None:
     """What the view cache keys a distorted frame's undistortion by; None for a pinhole frame."""
     if frame.distortion is None:
         return None
-    return [frame.distortion.kind, list(frame.distortion.coefficients), frame.K.tolist(),
-            frame.intrinsics_size and list(frame.intrinsics_size)]
+    return [
+        frame.distortion.kind,
+        list(frame.distortion.coefficients),
+        frame.K.tolist(),
+        frame.intrinsics_size and list(frame.intrinsics_size),
+    ]
 
 
-def load_view(frame: Frame, image_size: tuple[int, int] | None = None,
-              cache: ImageCache | None = None) -> tuple[Tensor, Tensor]:
+def load_view(
+    frame: Frame, image_size: tuple[int, int] | None = None, cache: ImageCache | None = None
+) -> tuple[Tensor, Tensor]:
     """``(image (3, H, W), K)`` of one frame: decoded, undistorted (K kept), and resized +
     centre-cropped to ``image_size`` when given, with K updated exactly (the camera is checked by
     :func:`frames_to_scene`).
@@ -203,8 +228,15 @@ def load_view(frame: Frame, image_size: tuple[int, int] | None = None,
     return image, (K if image_size is None else _resized_intrinsics(K, size, image_size))
 
 
-def frames_to_scene(frames: list[Frame], name: str, image_size: tuple[int, int] | None = None,
-                    views: list[int] | None = None, *, cache: ImageCache | None = None, workers: int = 0) -> Scene:
+def frames_to_scene(
+    frames: list[Frame],
+    name: str,
+    image_size: tuple[int, int] | None = None,
+    views: list[int] | None = None,
+    *,
+    cache: ImageCache | None = None,
+    workers: int = 0,
+) -> Scene:
     """Decode ``frames`` (or only ``frames[views]``, in that order) into a :class:`Scene`.
 
     Images are ``(V, 3, H, W)``, cameras float32. With ``image_size (H, W)`` every view is resized
@@ -238,8 +270,14 @@ def frames_to_scene(frames: list[Frame], name: str, image_size: tuple[int, int] 
     return Scene(images=torch.stack(images), cameras=cameras, name=name)
 
 
-def select_frames(num_frames: int, num_views: int | None, sampling: str = "even", *,
-                  max_span: int | None = None, generator: torch.Generator | None = None) -> list[int]:
+def select_frames(
+    num_frames: int,
+    num_views: int | None,
+    sampling: str = "even",
+    *,
+    max_span: int | None = None,
+    generator: torch.Generator | None = None,
+) -> list[int]:
     """Sorted indices of ``num_views`` of ``num_frames`` frames (all frames when None).
 
     ``sampling="even"`` is deterministic: evenly spaced over the whole sequence (evaluation).
@@ -279,13 +317,17 @@ def image_folder(folder: Path, image_factor: int | None = None, *, fallback: Pat
     if image_factor is None:
         if present or fallback is not None:
             return present[min(present)] if present else fallback
-        raise SceneError(f"{folder}: no image folder; looked for images/ and images_N/ (downsampled by N: "
-                         f"images_2/, images_4/, images_8/, ...)")
+        raise SceneError(
+            f"{folder}: no image folder; looked for images/ and images_N/ (downsampled by N: "
+            f"images_2/, images_4/, images_8/, ...)"
+        )
     image_factor = positive_number(image_factor, str(folder), "image_factor", whole=True)
     if image_factor not in present:
         wanted = "images" if image_factor == 1 else f"images_{image_factor}"
-        raise SceneError(f"{folder}: image_factor {image_factor} reads {wanted}/, which does not exist; image "
-                         f"folders present: {names}")
+        raise SceneError(
+            f"{folder}: image_factor {image_factor} reads {wanted}/, which does not exist; image "
+            f"folders present: {names}"
+        )
     return present[image_factor]
 
 
@@ -305,5 +347,10 @@ def report_missing(where: str, missing: list[Path], listed: int) -> None:
         return
     if len(missing) == listed:
         raise SceneError(f"{where}: none of the {listed} listed image files exists (the first: {missing[0]})")
-    logger.warning("%s: %d of %d listed frames have no image file and are skipped (first: %s)", where,
-                   len(missing), listed, missing[0])
+    logger.warning(
+        "%s: %d of %d listed frames have no image file and are skipped (first: %s)",
+        where,
+        len(missing),
+        listed,
+        missing[0],
+    )

@@ -69,8 +69,13 @@ class ImageCache:
         self.folder = Path(folder).expanduser()
         self.writable = True
 
-    def key(self, image: Path | bytes | Tensor, image_size: tuple[int, int] | None, lens: list | None = None,
-            background: tuple | None = None) -> str | None:
+    def key(
+        self,
+        image: Path | bytes | Tensor,
+        image_size: tuple[int, int] | None,
+        lens: list | None = None,
+        background: tuple | None = None,
+    ) -> str | None:
         """The key of ``image`` decoded for ``image_size``, undistorted by ``lens`` (JSON-able: model,
         coefficients, K, intrinsics size) and composited on ``background``; None when its file
         cannot be read."""

@@ -69,11 +69,17 @@ def read_llff_frames(folder: str | Path, image_factor: int | None = None) -> lis
     files = sorted(p for p in image_dir.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES)
     if len(files) != len(K):
         raise SceneError(f"{image_dir}: {len(files)} images but poses_bounds.npy has {len(K)} rows")
-    return [Frame(file, K[i], world_to_cam[i], size, f"{folder / 'poses_bounds.npy'} row {i} ({file.name})")
-            for i, file in enumerate(files)]
+    return [
+        Frame(file, K[i], world_to_cam[i], size, f"{folder / 'poses_bounds.npy'} row {i} ({file.name})")
+        for i, file in enumerate(files)
+    ]
 
 
-def load_llff(folder: str | Path, image_size: tuple[int, int] | None = None, views: list[int] | None = None,
-              image_factor: int | None = None) -> Scene:
+def load_llff(
+    folder: str | Path,
+    image_size: tuple[int, int] | None = None,
+    views: list[int] | None = None,
+    image_factor: int | None = None,
+) -> Scene:
     """A :class:`Scene` from an LLFF folder (:func:`read_llff_frames`)."""
     return frames_to_scene(read_llff_frames(folder, image_factor), Path(folder).name, image_size, views)

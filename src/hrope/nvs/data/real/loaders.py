@@ -29,8 +29,7 @@ from .re10k import RealEstate10KSource
 from .source import SceneSource
 from .undistort import without_distortion
 
-__all__ = ["Loader", "LOADERS", "detect_format", "scene_frames", "load_scene",
-           "SceneFolderSource", "make_source"]
+__all__ = ["Loader", "LOADERS", "detect_format", "scene_frames", "load_scene", "SceneFolderSource", "make_source"]
 
 logger = logging.getLogger("hrope.nvs.data")
 
@@ -102,16 +101,25 @@ def scene_frames(path: str | Path, *, image_factor: int | None = None, undistort
     loader = loader or _detected(path)
     if loader is None or loader.read_frames is None:
         found = sorted(p.name for p in path.iterdir())[:10]
-        raise SceneError(f"{path}: no known scene format; looked for {_looked_for()} "
-                         f"(COLMAP .bin models: convert with 'colmap model_converter --output_type TXT'); "
-                         f"the folder contains {found}")
+        raise SceneError(
+            f"{path}: no known scene format; looked for {_looked_for()} "
+            f"(COLMAP .bin models: convert with 'colmap model_converter --output_type TXT'); "
+            f"the folder contains {found}"
+        )
     frames = loader.read_frames(path, image_factor)
     return frames if undistort else without_distortion(frames, str(path))
 
 
-def load_scene(path: str | Path, image_size: tuple[int, int] | None = None, views: list[int] | None = None, *,
-               image_factor: int | None = None, undistort: bool = True, cache_dir: str | Path | None = None,
-               workers: int = 0) -> Scene:
+def load_scene(
+    path: str | Path,
+    image_size: tuple[int, int] | None = None,
+    views: list[int] | None = None,
+    *,
+    image_factor: int | None = None,
+    undistort: bool = True,
+    cache_dir: str | Path | None = None,
+    workers: int = 0,
+) -> Scene:
     """Every view (or ``views``, in that order) of the scene at ``path`` in the project's conventions.
 
     ``path``, ``image_factor`` and ``undistort`` as in :func:`scene_frames`. With ``image_size (H, W)``
@@ -132,8 +140,7 @@ class SceneFolderSource(SceneSource):
     ``undistort`` as in :func:`scene_frames`; ``options`` as in :class:`hrope.nvs.data.real.source.SceneSource`.
     Each scene's files are parsed once (the last 64 scenes' frames are kept)."""
 
-    def __init__(self, root: str | Path, *, image_factor: int | None = None, undistort: bool = True,
-                 **options) -> None:
+    def __init__(self, root: str | Path, *, image_factor: int | None = None, undistort: bool = True, **options) -> None:
         super().__init__(**options)
         self.root = Path(root)
         self.image_factor, self.undistort = image_factor, undistort
@@ -148,8 +155,12 @@ class SceneFolderSource(SceneSource):
             for folder in sorted(p for p in self.root.iterdir() if p.is_dir()):
                 (self.folders if detect_format(folder) else ignored).append(folder)
         if self.folders and ignored:
-            logger.warning("%s: %d sub-folder(s) in no known scene format left out: %s", self.root, len(ignored),
-                           [p.name for p in ignored[:5]])
+            logger.warning(
+                "%s: %d sub-folder(s) in no known scene format left out: %s",
+                self.root,
+                len(ignored),
+                [p.name for p in ignored[:5]],
+            )
         if not self.folders:
             raise SceneError(f"{self.root}: no scene folders; each needs one of {_looked_for()}")
 
@@ -170,22 +181,47 @@ class SceneFolderSource(SceneSource):
         return self._frames[i]
 
 
-LOADERS: dict[str, Loader] = {loader.name: loader for loader in (
-    Loader("nerfstudio", SceneFolderSource, detect=lambda folder: (folder / "transforms.json").is_file(),
-           read_frames=_transforms_json, looks_for=("transforms.json",)),
-    Loader("colmap", SceneFolderSource, detect=lambda folder: find_colmap_model(folder) is not None,
-           read_frames=lambda path, image_factor: read_colmap_frames(path, image_factor=image_factor),
-           looks_for=("sparse/0/cameras.txt + images.txt", "sparse/cameras.txt + images.txt",
-                      "cameras.txt + images.txt")),
-    Loader("llff", SceneFolderSource, detect=lambda folder: (folder / "poses_bounds.npy").is_file(),
-           read_frames=read_llff_frames, looks_for=("poses_bounds.npy",)),
-    Loader("objaverse", SceneFolderSource, detect=lambda folder: (folder / "000.npy").is_file(),
-           read_frames=_objaverse, looks_for=("000.npy + 000.png (Objaverse renderings)",)),
-    Loader("folder", SceneFolderSource),
-    Loader("dl3dv", SceneFolderSource),
-    Loader("re10k", RealEstate10KSource, evaluation_index=True),
-    Loader("co3d", CO3DSource),
-)}
+LOADERS: dict[str, Loader] = {
+    loader.name: loader
+    for loader in (
+        Loader(
+            "nerfstudio",
+            SceneFolderSource,
+            detect=lambda folder: (folder / "transforms.json").is_file(),
+            read_frames=_transforms_json,
+            looks_for=("transforms.json",),
+        ),
+        Loader(
+            "colmap",
+            SceneFolderSource,
+            detect=lambda folder: find_colmap_model(folder) is not None,
+            read_frames=lambda path, image_factor: read_colmap_frames(path, image_factor=image_factor),
+            looks_for=(
+                "sparse/0/cameras.txt + images.txt",
+                "sparse/cameras.txt + images.txt",
+                "cameras.txt + images.txt",
+            ),
+        ),
+        Loader(
+            "llff",
+            SceneFolderSource,
+            detect=lambda folder: (folder / "poses_bounds.npy").is_file(),
+            read_frames=read_llff_frames,
+            looks_for=("poses_bounds.npy",),
+        ),
+        Loader(
+            "objaverse",
+            SceneFolderSource,
+            detect=lambda folder: (folder / "000.npy").is_file(),
+            read_frames=_objaverse,
+            looks_for=("000.npy + 000.png (Objaverse renderings)",),
+        ),
+        Loader("folder", SceneFolderSource),
+        Loader("dl3dv", SceneFolderSource),
+        Loader("re10k", RealEstate10KSource, evaluation_index=True),
+        Loader("co3d", CO3DSource),
+    )
+}
 """Every real ``data.kind`` by name; the scene-folder formats first, in the order they are detected."""
 
 

@@ -36,8 +36,17 @@ from PIL import Image
 
 from ....geometry import invert_se3
 from ..scene import Scene, SceneError
-from .frames import Frame, frames_to_scene, image_file_exists, image_folder, image_folders, number_array, pinhole, \
-    positive_number, report_missing
+from .frames import (
+    Frame,
+    frames_to_scene,
+    image_file_exists,
+    image_folder,
+    image_folders,
+    number_array,
+    pinhole,
+    positive_number,
+    report_missing,
+)
 from .undistort import Distortion, finite_number, make_distortion
 
 __all__ = ["OPENGL_TO_OPENCV", "read_transforms_json", "load_transforms_json"]
@@ -81,16 +90,22 @@ def _distortion(fields: dict, label: str) -> Distortion | None:
     """The lens model of a frame's merged fields (module doc)."""
     model = fields.get("camera_model", "OPENCV")
     if model not in _CAMERA_MODELS:
-        raise SceneError(f"{label}: field 'camera_model' must be one of {', '.join(_CAMERA_MODELS)}, got "
-                         f"{reprlib.repr(model)}")
+        raise SceneError(
+            f"{label}: field 'camera_model' must be one of {', '.join(_CAMERA_MODELS)}, got {reprlib.repr(model)}"
+        )
     values = {key: finite_number(fields[key], label, repr(key)) for key in _DISTORTION if fields.get(key) is not None}
     fisheye = model == "OPENCV_FISHEYE" or fields.get("is_fisheye") is True
     name = "OPENCV_FISHEYE" if fisheye else model
-    unsupported, reason = ((("p1", "p2"), "the equidistant model has no tangential terms") if fisheye else
-                           (("k4",), "nerfstudio's r^8 term, which OpenCV's model has not"))
+    unsupported, reason = (
+        (("p1", "p2"), "the equidistant model has no tangential terms")
+        if fisheye
+        else (("k4",), "nerfstudio's r^8 term, which OpenCV's model has not")
+    )
     if any(values.get(key) for key in unsupported):
-        raise SceneError(f"{label}: field {' and '.join(map(repr, unsupported))} must be 0 for camera_model {name} "
-                         f"({reason}), got {[values.get(key, 0.0) for key in unsupported]}")
+        raise SceneError(
+            f"{label}: field {' and '.join(map(repr, unsupported))} must be 0 for camera_model {name} "
+            f"({reason}), got {[values.get(key, 0.0) for key in unsupported]}"
+        )
     values = {key: value for key, value in values.items() if key not in unsupported}
     return make_distortion("fisheye" if fisheye else "opencv", values, name, label)
 
@@ -106,8 +121,9 @@ def _image_path(folder: Path, file_path: str, image_factor: int | None, label: s
     under_images = len(parts) > 1 and parts[0] == "images"
     if image_factor not in (None, 1):
         if not under_images:
-            raise SceneError(f"{label}: image_factor {image_factor} needs a field 'file_path' under images/, "
-                             f"got {file_path!r}")
+            raise SceneError(
+                f"{label}: image_factor {image_factor} needs a field 'file_path' under images/, got {file_path!r}"
+            )
         return folder / f"images_{image_factor}" / Path(*parts[1:])
     if image_factor is None and under_images and not path.is_file():
         for _, downsampled in sorted(image_folders(folder).items()):
@@ -134,8 +150,9 @@ def read_transforms_json(path: str | Path, image_factor: int | None = None) -> l
         if not isinstance(entry, dict) or "file_path" not in entry or "transform_matrix" not in entry:
             raise SceneError(f"{label}: needs 'file_path' and 'transform_matrix'")
         if not isinstance(entry["file_path"], str) or not entry["file_path"]:
-            raise SceneError(f"{label}: field 'file_path' must be a non-empty string, "
-                             f"got {type(entry['file_path']).__name__}")
+            raise SceneError(
+                f"{label}: field 'file_path' must be a non-empty string, got {type(entry['file_path']).__name__}"
+            )
         fields = {**shared, **entry}
         image = _image_path(path.parent, entry["file_path"], image_factor, label)
         if not image_file_exists(image):
@@ -152,14 +169,19 @@ def read_transforms_json(path: str | Path, image_factor: int | None = None) -> l
         maps = [entry.get(key) for key in ("depth_file_path", "normal_file_path")]  # read on request (data.depth)
         if any(m is not None and not (isinstance(m, str) and m) for m in maps):
             raise SceneError(f"{label}: fields 'depth_file_path' and 'normal_file_path' must be non-empty strings")
-        frames.append(Frame(image, K, world_to_cam, size, label, *(m and path.parent / m for m in maps),
-                            distortion=distortion))
+        frames.append(
+            Frame(image, K, world_to_cam, size, label, *(m and path.parent / m for m in maps), distortion=distortion)
+        )
     report_missing(str(path), missing, len(meta["frames"]))
     return frames
 
 
-def load_transforms_json(path: str | Path, image_size: tuple[int, int] | None = None,
-                         views: list[int] | None = None, image_factor: int | None = None) -> Scene:
+def load_transforms_json(
+    path: str | Path,
+    image_size: tuple[int, int] | None = None,
+    views: list[int] | None = None,
+    image_factor: int | None = None,
+) -> Scene:
     """A :class:`Scene` from a ``transforms.json`` file or the folder holding it.
 
     ``views`` selects frames (in the file's order, after missing ones are skipped) before any image

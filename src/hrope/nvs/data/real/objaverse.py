@@ -49,13 +49,16 @@ def _read_matrix(path: Path) -> torch.Tensor:
     except (OSError, ValueError, EOFError) as error:
         raise SceneError(f"{path}: cannot read: {error}") from error
     if not isinstance(array, np.ndarray) or array.dtype.kind not in "iuf" or array.shape not in ((3, 4), (4, 4)):
-        raise SceneError(f"{path}: expected a numeric 3x4 [R | t] matrix, got {getattr(array, 'dtype', '?')} "
-                         f"{getattr(array, 'shape', '')}")
+        raise SceneError(
+            f"{path}: expected a numeric 3x4 [R | t] matrix, got {getattr(array, 'dtype', '?')} "
+            f"{getattr(array, 'shape', '')}"
+        )
     matrix = torch.eye(4, dtype=torch.float64)
     matrix[:3] = torch.from_numpy(array[:3].astype(np.float64))
     if not torch.isfinite(matrix).all() or (len(array) == 4 and array[3].tolist() != [0, 0, 0, 1]):
-        raise SceneError(f"{path}: expected a finite 3x4 [R | t] matrix (a 4x4 one ending in 0 0 0 1), got "
-                         f"{array.tolist()}")
+        raise SceneError(
+            f"{path}: expected a finite 3x4 [R | t] matrix (a 4x4 one ending in 0 0 0 1), got {array.tolist()}"
+        )
     return matrix
 
 
@@ -71,12 +74,19 @@ def _check_convention(frames: list[Frame], folder: Path) -> None:
         if not (0 <= u <= ZERO123_SIZE and 0 <= v <= ZERO123_SIZE):
             outside.append(frame.label)
     if behind:
-        raise SceneError(f"{folder}: {len(behind)} of {len(frames)} cameras have the object centre behind them (first: "
-                         f"{behind[0]}); expected Zero123's world-to-camera [R | t] in Blender camera axes (x right, "
-                         f"y up, z backward), not OpenCV axes or camera-to-world")
+        raise SceneError(
+            f"{folder}: {len(behind)} of {len(frames)} cameras have the object centre behind them (first: "
+            f"{behind[0]}); expected Zero123's world-to-camera [R | t] in Blender camera axes (x right, "
+            f"y up, z backward), not OpenCV axes or camera-to-world"
+        )
     if outside:
-        logger.warning("%s: the object centre projects outside %d of %d views (first: %s); Zero123 renderings "
-                       "always look at it", folder, len(outside), len(frames), outside[0])
+        logger.warning(
+            "%s: the object centre projects outside %d of %d views (first: %s); Zero123 renderings always look at it",
+            folder,
+            len(outside),
+            len(frames),
+            outside[0],
+        )
 
 
 def read_objaverse_frames(folder: str | Path) -> list[Frame]:

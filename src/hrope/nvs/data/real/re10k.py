@@ -118,11 +118,19 @@ class RealEstate10KSource(SceneSource):
             wanted = [key for key, entry in index.items() if entry is not None]
             self.keys = [key for key in wanted if key in self.chunk_of]
             if len(wanted) < len(index):
-                logger.info("%s: %d of %d entries are null (left out, as the index says)", evaluation_index,
-                            len(index) - len(wanted), len(index))
+                logger.info(
+                    "%s: %d of %d entries are null (left out, as the index says)",
+                    evaluation_index,
+                    len(index) - len(wanted),
+                    len(index),
+                )
             if len(self.keys) < len(wanted):
-                logger.warning("%s: %d of %d evaluation scenes are not in the chunks", self.root,
-                               len(wanted) - len(self.keys), len(wanted))
+                logger.warning(
+                    "%s: %d of %d evaluation scenes are not in the chunks",
+                    self.root,
+                    len(wanted) - len(self.keys),
+                    len(wanted),
+                )
             self.evaluation_views = {key: index[key] for key in self.keys}
 
     def _list_scenes(self) -> dict[str, Path]:
@@ -156,8 +164,11 @@ class RealEstate10KSource(SceneSource):
         if unnamed:
             logger.warning("%s: %d scene(s) without a string 'key' left out", self.root, unnamed)
         if repeated:
-            logger.warning("%s: %d scene(s) repeat an earlier scene's key and are left out (the first is used)",
-                           self.root, repeated)
+            logger.warning(
+                "%s: %d scene(s) repeat an earlier scene's key and are left out (the first is used)",
+                self.root,
+                repeated,
+            )
         if not chunk_of:
             raise SceneError(f"{self.root}: no readable *.torch chunks")
         return chunk_of

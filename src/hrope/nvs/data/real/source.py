@@ -40,9 +40,19 @@ class SceneSource:
         workers: threads decoding the views of one scene (0 or 1: the calling thread).
     """
 
-    def __init__(self, *, num_views: int | None = None, sampling: str = "even", max_span: int | None = None,
-                 image_size: tuple[int, int] | None = None, skip_errors: bool = True, depth: str = "none",
-                 depth_scale: float = PNG_DEPTH_SCALE, cache_dir: str | Path | None = None, workers: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        num_views: int | None = None,
+        sampling: str = "even",
+        max_span: int | None = None,
+        image_size: tuple[int, int] | None = None,
+        skip_errors: bool = True,
+        depth: str = "none",
+        depth_scale: float = PNG_DEPTH_SCALE,
+        cache_dir: str | Path | None = None,
+        workers: int = 0,
+    ) -> None:
         if sampling not in ("even", "random"):
             raise ValueError(f"sampling must be 'even' or 'random', got {sampling!r}")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
@@ -83,13 +93,29 @@ class SceneSource:
 
     def load_views(self, i: int, views: list[int]) -> Scene:
         """Scene ``i`` restricted to frames ``views`` (in that order); errors are raised."""
-        return load_frames(self.frames(i), self.scene_name(i), self.image_size, views, self.depth, self.depth_scale,
-                           cache=self.cache, workers=self.workers)
+        return load_frames(
+            self.frames(i),
+            self.scene_name(i),
+            self.image_size,
+            views,
+            self.depth,
+            self.depth_scale,
+            cache=self.cache,
+            workers=self.workers,
+        )
 
     def load(self, i: int) -> Scene:
         frames = self.frames(i)
-        return load_frames(frames, self.scene_name(i), self.image_size, self.views(i, len(frames)), self.depth,
-                           self.depth_scale, cache=self.cache, workers=self.workers)
+        return load_frames(
+            frames,
+            self.scene_name(i),
+            self.image_size,
+            self.views(i, len(frames)),
+            self.depth,
+            self.depth_scale,
+            cache=self.cache,
+            workers=self.workers,
+        )
 
     def __getitem__(self, i: int) -> Scene:
         return load_or_skip(self, i, self.load, self._bad, self.skip_errors)

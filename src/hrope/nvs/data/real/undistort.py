@@ -45,8 +45,15 @@ from torch import Tensor
 
 from ..scene import SceneError
 
-__all__ = ["COEFFICIENTS", "Distortion", "finite_number", "make_distortion", "distort_pixels", "undistort_image",
-           "without_distortion"]
+__all__ = [
+    "COEFFICIENTS",
+    "Distortion",
+    "finite_number",
+    "make_distortion",
+    "distort_pixels",
+    "undistort_image",
+    "without_distortion",
+]
 
 logger = logging.getLogger("hrope.nvs.data")
 
@@ -79,8 +86,9 @@ def make_distortion(kind: str, values: dict[str, object], model: str, where: str
     """The :class:`Distortion` of named coefficients (missing ones are 0, each one given must be a
     finite number, else a :class:`SceneError` naming ``where`` and the field); None for an
     ``opencv`` model whose coefficients are all 0 (a pinhole camera)."""
-    coefficients = tuple(finite_number(values[name], where, name) if name in values else 0.0
-                         for name in COEFFICIENTS[kind])
+    coefficients = tuple(
+        finite_number(values[name], where, name) if name in values else 0.0 for name in COEFFICIENTS[kind]
+    )
     if kind == "opencv" and not any(coefficients):
         return None
     return Distortion(kind, coefficients, model)
@@ -103,13 +111,13 @@ def undistort_image(image: Tensor, K: Tensor, distortion: Distortion, mode: str 
     distorted ``image``; black where the lens saw nothing (module doc). ``mode="nearest"`` for
     depth and normal maps."""
     height, width = image.shape[-2:]
-    rows, columns = torch.meshgrid(torch.arange(height, dtype=torch.float32) + 0.5,
-                                   torch.arange(width, dtype=torch.float32) + 0.5, indexing="ij")
+    rows, columns = torch.meshgrid(
+        torch.arange(height, dtype=torch.float32) + 0.5, torch.arange(width, dtype=torch.float32) + 0.5, indexing="ij"
+    )
     source = distort_pixels(torch.stack([columns, rows], -1), K, distortion)
     grid = source / torch.tensor([width, height], dtype=torch.float32) * 2 - 1
     grid = torch.nan_to_num(grid, nan=-2.0, posinf=-2.0, neginf=-2.0)  # outside the image: black
-    return F.grid_sample(image[None].float(), grid[None], mode=mode, padding_mode="zeros",
-                         align_corners=False)[0]
+    return F.grid_sample(image[None].float(), grid[None], mode=mode, padding_mode="zeros", align_corners=False)[0]
 
 
 def without_distortion(frames: list, where: str) -> list:
@@ -117,6 +125,10 @@ def without_distortion(frames: list, where: str) -> list:
     models ignored when there were any."""
     models = sorted({frame.distortion.model for frame in frames if frame.distortion is not None})
     if models:
-        logger.warning("%s: %s lens distortion ignored (undistort=False: treated as pinhole, so rays are wrong "
-                       "towards the image edges)", where, ", ".join(models))
+        logger.warning(
+            "%s: %s lens distortion ignored (undistort=False: treated as pinhole, so rays are wrong "
+            "towards the image edges)",
+            where,
+            ", ".join(models),
+        )
     return [replace(frame, distortion=None) for frame in frames]

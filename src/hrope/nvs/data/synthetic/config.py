@@ -39,27 +39,35 @@ class SyntheticConfig:
     room_speed: Range = setting((0.012, 0.03), _LENGTHS, "room walk speed (metres per frame)")
     room_turn_deg: float = setting(25.0, Field("float"), "largest heading oscillation of a room walk (degrees)")
     room_look_deg: float = setting(20.0, Field("float"), "largest look-around angle of a room walk (degrees)")
-    object_elevation_deg: Range = setting((10.0, 45.0), Field("pair", above=0, below=85),
-                                          "orbit elevation of object scenes (degrees)")
-    object_distance: Range = setting((1.6, 2.6), Field("pair", above=1.2),
-                                     "orbit distance in object radii (> 1.2: cameras stay outside the object)")
+    object_elevation_deg: Range = setting(
+        (10.0, 45.0), Field("pair", above=0, below=85), "orbit elevation of object scenes (degrees)"
+    )
+    object_distance: Range = setting(
+        (1.6, 2.6), Field("pair", above=1.2), "orbit distance in object radii (> 1.2: cameras stay outside the object)"
+    )
     object_boxes: tuple[int, int] = setting((2, 4), Field("range", low=1), "boxes per object (inclusive count range)")
     object_box_half_size: Range = setting((0.1, 0.35), _LENGTHS, "box half-sizes (metres)")
     object_tumble_probability: float = setting(0.4, _PROBABILITY, "probability that a box tumbles (a random rotation)")
     object_spread: float = setting(0.35, Field("float", low=0), "box centres within this distance of the origin")
     object_boards: tuple[int, int] = setting((0, 2), Field("range"), "slanted boards leaning into the cluster")
-    texture_size: int | None = setting(None, Field("int", low=8, nullable=True),
-                                       "texture side, a power of two (null: 2 x the larger image side, in 64..512)")
+    texture_size: int | None = setting(
+        None,
+        Field("int", low=8, nullable=True),
+        "texture side, a power of two (null: 2 x the larger image side, in 64..512)",
+    )
     photo_probability: float = setting(0.4, _PROBABILITY, "probability of a photograph instead of a pattern")
 
     def __post_init__(self) -> None:
         check_fields(self, "SyntheticConfig", ValueError)
         if self.room_width[0] / 2 - self.corridor < 1.0:
-            raise ValueError(f"SyntheticConfig.room_width {self.room_width} leaves no space beside the camera "
-                             f"corridor (half-width {self.corridor}); need width >= 2 * (corridor + 1)")
+            raise ValueError(
+                f"SyntheticConfig.room_width {self.room_width} leaves no space beside the camera "
+                f"corridor (half-width {self.corridor}); need width >= 2 * (corridor + 1)"
+            )
         if self.camera_height[1] >= self.room_height[0] - 0.2:
-            raise ValueError(f"SyntheticConfig.camera_height {self.camera_height} does not fit under the "
-                             f"ceiling {self.room_height}")
+            raise ValueError(
+                f"SyntheticConfig.camera_height {self.camera_height} does not fit under the ceiling {self.room_height}"
+            )
         size = self.texture_size
         if size is not None and size & (size - 1):
             raise ValueError(f"SyntheticConfig.texture_size must be a power of two >= 8, got {size}")

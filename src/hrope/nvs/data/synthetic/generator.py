@@ -83,8 +83,12 @@ def scene_setup(
     cameras = Cameras(K[None].float(), world_to_cam[None].float(), image_size)
     size = texture_size_for(image_size, config)
     texture_rng = rng.child("textures")
-    textures = torch.stack([make_texture(texture_rng, size, texture_kind, config.photo_probability)
-                            for texture_kind in layout.texture_kinds])
+    textures = torch.stack(
+        [
+            make_texture(texture_rng, size, texture_kind, config.photo_probability)
+            for texture_kind in layout.texture_kinds
+        ]
+    )
     return layout, cameras, MipTextures(textures)
 
 
@@ -112,8 +116,15 @@ def make_scene(
     unit camera-frame normals facing the camera and exact per-pixel plane vectors ``plane_m``.
     Bit-identical for the same arguments. Raises ValueError for an invalid request.
     """
-    layout, cameras, textures = scene_setup(seed, index, kind, num_views, image_size, frames=frames, config=config,
-                                            patch_size=patch_size)
+    layout, cameras, textures = scene_setup(
+        seed, index, kind, num_views, image_size, frames=frames, config=config, patch_size=patch_size
+    )
     rendering = render(layout.quads, textures, cameras)
-    return Scene(images=rendering.images, cameras=cameras, depth=rendering.depth, normals=rendering.normals,
-                 plane_m=rendering.plane_m, name=f"synthetic-{kind}-{seed}-{index}")
+    return Scene(
+        images=rendering.images,
+        cameras=cameras,
+        depth=rendering.depth,
+        normals=rendering.normals,
+        plane_m=rendering.plane_m,
+        name=f"synthetic-{kind}-{seed}-{index}",
+    )

@@ -50,11 +50,13 @@ def _yaw(angle: float) -> Tensor:
 def _random_rotation(rng: Rng) -> Tensor:
     q = torch.randn(4, generator=rng.generator, dtype=torch.float64)
     w, x, y, z = q / q.norm()
-    return torch.stack([
-        torch.stack([1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)]),
-        torch.stack([2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)]),
-        torch.stack([2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)]),
-    ])
+    return torch.stack(
+        [
+            torch.stack([1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)]),
+            torch.stack([2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)]),
+            torch.stack([2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)]),
+        ]
+    )
 
 
 class _QuadBuilder:
@@ -72,8 +74,17 @@ class _QuadBuilder:
         self.texture_kinds.append(kind)
         return len(self.texture_kinds) - 1
 
-    def add(self, centre: Tensor, axis_u: Tensor, axis_v: Tensor, texture: int, *, front: Tensor | None = None,
-            two_sided: bool = False, tile: float | None = None) -> None:
+    def add(
+        self,
+        centre: Tensor,
+        axis_u: Tensor,
+        axis_v: Tensor,
+        texture: int,
+        *,
+        front: Tensor | None = None,
+        two_sided: bool = False,
+        tile: float | None = None,
+    ) -> None:
         """Add a quad; ``front`` orients it, ``tile`` is the texture tile size in metres (None: the
         texture covers the quad exactly once)."""
         if front is not None and float(torch.linalg.cross(axis_u, axis_v) @ front) < 0:
@@ -93,14 +104,23 @@ class _QuadBuilder:
             j, k = (i + 1) % 3, (i + 2) % 3
             for sign in (1.0, -1.0):
                 normal = sign * rotation[:, i]
-                self.add(centre + half[i] * normal, half[j] * rotation[:, j], half[k] * rotation[:, k],
-                         texture, front=normal, tile=tile)
+                self.add(
+                    centre + half[i] * normal,
+                    half[j] * rotation[:, j],
+                    half[k] * rotation[:, k],
+                    texture,
+                    front=normal,
+                    tile=tile,
+                )
 
     def build(self) -> Quads:
         columns = list(zip(*self.rows))
         return Quads(
-            centre=torch.stack(columns[0]), axis_u=torch.stack(columns[1]), axis_v=torch.stack(columns[2]),
-            two_sided=torch.tensor(columns[3]), texture=torch.tensor(columns[4]),
+            centre=torch.stack(columns[0]),
+            axis_u=torch.stack(columns[1]),
+            axis_v=torch.stack(columns[2]),
+            two_sided=torch.tensor(columns[3]),
+            texture=torch.tensor(columns[4]),
             texture_scale=torch.tensor(columns[5], dtype=torch.float64),
             texture_offset=torch.tensor(columns[6], dtype=torch.float64),
             brightness=torch.tensor(columns[7], dtype=torch.float64),
@@ -112,20 +132,41 @@ def _box_room(b: _QuadBuilder, width: float, length: float, height: float, tile:
     rng = b.rng
     w, h, l = width / 2, height / 2, length / 2
     b.add(_vec(0, 0, 0), _vec(w, 0, 0), _vec(0, 0, l), b.texture(), front=_vec(*UP), tile=rng.scalar(*tile))
-    b.add(_vec(0, -height, 0), _vec(w, 0, 0), _vec(0, 0, l), b.texture("procedural"), front=_vec(0, 1, 0),
-          tile=rng.scalar(*tile))
+    b.add(
+        _vec(0, -height, 0),
+        _vec(w, 0, 0),
+        _vec(0, 0, l),
+        b.texture("procedural"),
+        front=_vec(0, 1, 0),
+        tile=rng.scalar(*tile),
+    )
     for sign in (1.0, -1.0):
-        b.add(_vec(sign * w, -h, 0), _vec(0, h, 0), _vec(0, 0, l), b.texture(), front=_vec(-sign, 0, 0),
-              tile=rng.scalar(*tile))
-        b.add(_vec(0, -h, sign * l), _vec(w, 0, 0), _vec(0, h, 0), b.texture(), front=_vec(0, 0, -sign),
-              tile=rng.scalar(*tile))
+        b.add(
+            _vec(sign * w, -h, 0),
+            _vec(0, h, 0),
+            _vec(0, 0, l),
+            b.texture(),
+            front=_vec(-sign, 0, 0),
+            tile=rng.scalar(*tile),
+        )
+        b.add(
+            _vec(0, -h, sign * l),
+            _vec(w, 0, 0),
+            _vec(0, h, 0),
+            b.texture(),
+            front=_vec(0, 0, -sign),
+            tile=rng.scalar(*tile),
+        )
 
 
 def room_layout(rng: Rng, config: SyntheticConfig) -> Layout:
     """A furnished room: boxes (some stacked), boards leaning on the side walls, pictures."""
     b = _QuadBuilder(rng)
-    width, length, height = (rng.scalar(*config.room_width), rng.scalar(*config.room_length),
-                             rng.scalar(*config.room_height))
+    width, length, height = (
+        rng.scalar(*config.room_width),
+        rng.scalar(*config.room_length),
+        rng.scalar(*config.room_height),
+    )
     _box_room(b, width, length, height, tile=(0.6, 1.8))
     free = width / 2 - config.corridor - 0.1  # room between the corridor and a side wall
     for _ in range(rng.integer(2, 4)):
@@ -146,8 +187,14 @@ def room_layout(rng: Rng, config: SyntheticConfig) -> Layout:
         half_len, tilt = rng.scalar(0.5, 1.0), math.radians(rng.scalar(10, 25))
         bottom = _vec(side * (width / 2 - 2 * half_len * math.sin(tilt)), 0, z)
         top = _vec(side * width / 2, -2 * half_len * math.cos(tilt), z)
-        b.add((bottom + top) / 2, (top - bottom) / 2, _vec(0, 0, rng.scalar(0.2, 0.5)), b.texture(),
-              two_sided=True, tile=rng.scalar(0.3, 1.0))
+        b.add(
+            (bottom + top) / 2,
+            (top - bottom) / 2,
+            _vec(0, 0, rng.scalar(0.2, 0.5)),
+            b.texture(),
+            two_sided=True,
+            tile=rng.scalar(0.3, 1.0),
+        )
     for _ in range(rng.integer(1, 3)):  # pictures hung on a wall
         half_w, half_h = rng.scalar(0.2, 0.6), rng.scalar(0.2, 0.45)
         y = -rng.scalar(1.2, min(1.8, height - half_h - 0.1))
@@ -174,8 +221,14 @@ def object_layout(rng: Rng, config: SyntheticConfig) -> Layout:
         rotation = _random_rotation(rng) if rng.scalar() < config.object_tumble_probability else _yaw(rng.angle(180))
         angle, dist = rng.scalar(0, 2 * math.pi), rng.scalar(0, config.object_spread)
         centre = _vec(dist * math.cos(angle), 0, dist * math.sin(angle))
-        box = centre + (torch.tensor([[sx, sy, sz] for sx in (-1, 1) for sy in (-1, 1) for sz in (-1, 1)],
-                                     dtype=torch.float64) * half) @ rotation.T
+        box = (
+            centre
+            + (
+                torch.tensor([[sx, sy, sz] for sx in (-1, 1) for sy in (-1, 1) for sz in (-1, 1)], dtype=torch.float64)
+                * half
+            )
+            @ rotation.T
+        )
         lift = float(box[:, 1].max())  # rest on the floor
         centre, box = centre - _vec(0, lift, 0), box - _vec(0, lift, 0)
         b.cuboid(centre, rotation, half, b.texture(), tile=rng.scalar(0.15, 0.6))

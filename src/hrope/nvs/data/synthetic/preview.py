@@ -33,8 +33,9 @@ def preview_grid(scenes: Sequence[Scene]) -> torch.Tensor:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m hrope.nvs.data.synthetic.preview",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m hrope.nvs.data.synthetic.preview", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("out", metavar="OUT.png", help="where to write the grid of views, depth and normals")
     parser.add_argument("--kind", choices=[*KINDS, "both"], default="both")
     parser.add_argument("--seed", type=int, default=0)
@@ -45,8 +46,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     from PIL import Image
 
     kinds = list(KINDS) if args.kind == "both" else [args.kind]
-    scenes = [make_scene(args.seed, i, kind, args.views, tuple(args.size))
-              for kind in kinds for i in range(args.scenes)]
+    scenes = [
+        make_scene(args.seed, i, kind, args.views, tuple(args.size)) for kind in kinds for i in range(args.scenes)
+    ]
     grid = (preview_grid(scenes).clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()
     Image.fromarray(grid).save(args.out)
     print(f"wrote {args.out}: {len(scenes)} scenes x {args.views} views (rows: images, inverse depth, normals)")

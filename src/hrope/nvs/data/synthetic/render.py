@@ -160,8 +160,9 @@ def render(quads: Quads, textures: MipTextures, cameras: Cameras, background: fl
     hit = plane_id >= 0
     index = plane_id.clamp_min(0)
 
-    per_quad = torch.cat([quads.texture_scale, quads.texture_offset, quads.brightness[:, None],
-                          quads.texture[:, None].double()], -1).expand(V, -1, -1)
+    per_quad = torch.cat(
+        [quads.texture_scale, quads.texture_offset, quads.brightness[:, None], quads.texture[:, None].double()], -1
+    ).expand(V, -1, -1)
     normal_table = -m / m.norm(dim=-1, keepdim=True).clamp_min(1e-30)  # faces the camera (n . X < 0)
     table = torch.cat([H_inv.flatten(2), per_quad, normal_table, m], -1).float()
     A, per_pixel, normals, plane_m = _gather(table, index).split([9, 6, 3, 3], 1)  # A: row-major 3x3

@@ -19,8 +19,19 @@ from ..rng import Rng
 __all__ = ["PHOTO_NAMES", "make_texture", "MipTextures"]
 
 PHOTO_NAMES = (
-    "astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry",
-    "camera", "brick", "grass", "gravel", "moon", "coins", "clock", "text",
+    "astronaut",
+    "chelsea",
+    "coffee",
+    "rocket",
+    "immunohistochemistry",
+    "camera",
+    "brick",
+    "grass",
+    "gravel",
+    "moon",
+    "coins",
+    "clock",
+    "text",
 )
 _PHOTO_MAX_SIDE = 512
 _MIN_LEVEL_SIZE = 4
@@ -101,7 +112,7 @@ def _photo(rng: Rng, size: int) -> Tensor:
     h, w = image.shape[-2:]
     side = int(min(h, w) * rng.scalar(0.4, 1.0))
     top, left = rng.integer(0, h - side), rng.integer(0, w - side)
-    crop = image[None, :, top:top + side, left:left + side]
+    crop = image[None, :, top : top + side, left : left + side]
     crop = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0]
     if float((crop.amax(0) - crop.amin(0)).mean()) < 0.02:  # grayscale photo: tint it
         crop = crop * (0.5 + 0.5 * _random_colour(rng))[:, None, None]

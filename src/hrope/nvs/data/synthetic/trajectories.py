@@ -82,13 +82,17 @@ def object_trajectory(rng: Rng, layout: Layout, config: SyntheticConfig) -> Tens
     elevation = (rng.scalar(low, high) + _wave(rng, frames, math.radians(8))).clamp(low, high)
     distance = layout.radius * rng.scalar(*config.object_distance) * (1 + _wave(rng, frames, 0.08))
     azimuth = rng.scalar(0, 2 * math.pi) + rng.sign() * 2 * math.pi * frames / F
-    offset = torch.stack([torch.cos(elevation) * torch.sin(azimuth), -torch.sin(elevation),
-                          torch.cos(elevation) * torch.cos(azimuth)], -1)
+    offset = torch.stack(
+        [torch.cos(elevation) * torch.sin(azimuth), -torch.sin(elevation), torch.cos(elevation) * torch.cos(azimuth)],
+        -1,
+    )
     centres = layout.target + distance[:, None] * offset
     too_far = float(centres[:, [0, 2]].abs().max()) > _OBJECT_ENCLOSURE - 0.3
     if too_far or float(centres[:, 1].min()) < -0.7 * _OBJECT_ENCLOSURE:
-        raise ValueError(f"impossible trajectory: the orbit (distance {config.object_distance} object radii) "
-                         "leaves the room the object stands in")
+        raise ValueError(
+            f"impossible trajectory: the orbit (distance {config.object_distance} object radii) "
+            "leaves the room the object stands in"
+        )
     jitter = torch.stack([_wave(rng, frames, 0.1 * layout.radius) for _ in range(3)], -1)
     roll = _wave(rng, frames, math.radians(3))
     return _world_to_cam(centres, layout.target + jitter - centres, roll)
