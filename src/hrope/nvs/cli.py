@@ -212,7 +212,7 @@ def run_eval(args, extra: list[str]) -> None:
     if args.protocol is None:
         if len(args.checkpoints) > 1 or args.factors or args.zoom_all:
             raise ConfigError("several checkpoints, --factors and --zoom-all need --protocol")
-        results = evaluate(
+        evaluation = evaluate(
             args.checkpoints[0],
             args.out,
             num_scenes=args.num_scenes,
@@ -220,7 +220,7 @@ def run_eval(args, extra: list[str]) -> None:
             lpips_weights=args.lpips_weights,
             data=data,
         )
-        print(_metrics_line(results["metrics"]))
+        print(_metrics_line(evaluation["metrics"]))
         return
     if args.out is None and len(args.checkpoints) > 1:
         raise ConfigError("--out DIR is required when evaluating several checkpoints")

@@ -163,8 +163,8 @@ def build_videos(config: dict, num_scenes: int | None):
     """The held-out videos of ``config["data"]`` (synthetic kinds or a real-data source)."""
     data = config["data"]
     if data["kind"] in SYNTHETIC_KINDS:
-        check_synthetic_data(config, num_scenes, "eval")
-        return SyntheticVideos(data["kind"], num_scenes, data["seed"], synthetic_config(config))
+        count = check_synthetic_data(config, num_scenes, "eval")
+        return SyntheticVideos(data["kind"], count, data["seed"], synthetic_config(config))
     return SourceVideos(build_scene_source(config, "eval"), num_scenes, data["context_gap"])
 
 
@@ -229,7 +229,9 @@ def _reserve(protocol: str, factors) -> float:
 def protocol_plans(videos, protocol: str, factors, seed: int) -> tuple[list[int], list[list[tuple]], int]:
     """``(scenes, plans, num_skipped)``: the usable scene indices and, per factor, their
     ``(context, targets)`` frames. A scene is usable when every factor's frames exist and are distinct."""
-    scenes, plans, skipped = [], [[] for _ in factors], 0
+    scenes: list[int] = []
+    plans: list[list[tuple]] = [[] for _ in factors]
+    skipped = 0
     for i in range(len(videos)):
         try:
             context, targets = base_plan(videos, i, seed, _reserve(protocol, factors))
@@ -264,7 +266,7 @@ def zoom_views(scene: Scene, factor: float, views: list[int]) -> Scene:
     views = list(views)
     H, W = scene.image_size
     theta = torch.tensor([[1 / factor, 0.0, 0.0], [0.0, 1 / factor, 0.0]]).expand(len(views), 2, 3)
-    grid = F.affine_grid(theta, (len(views), 1, H, W), align_corners=False)
+    grid = F.affine_grid(theta, [len(views), 1, H, W], align_corners=False)
 
     def warp(x, mode: str):
         if x is None:
