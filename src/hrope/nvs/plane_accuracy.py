@@ -112,10 +112,7 @@ def scene_errors(parameters: list[dict[str, Tensor]], batch, model) -> dict[tupl
         heads = model.source.attention_heads
         if heads > 1:
             head_cameras = cameras.repeat_batch(heads)
-            head_truth = (
-                true_planes[0].repeat_interleave(heads, dim=0),
-                true_planes[1].repeat_interleave(heads, dim=0),
-            )
+            head_truth = (true_planes[0].repeat_interleave(heads, 0), true_planes[1].repeat_interleave(heads, 0))
 
         def predicted_errors(m: Tensor) -> tuple[Tensor, Tensor]:  # per-head m (B', N, heads, 3): mean over heads
             if heads == 1:
@@ -123,9 +120,8 @@ def scene_errors(parameters: list[dict[str, Tensor]], batch, model) -> dict[tupl
             normal, depth = _plane_errors(fold_heads(m), head_truth, head_cameras, grid)
             return unfold_heads(normal, heads).mean(-1), unfold_heads(depth, heads).mean(-1)
 
-        layers = [
-            predicted_errors(values["planes"].detach().float()) for values in parameters
-        ]  # per entry: (normal error, depth error)
+        # per entry: (normal error, depth error)
+        layers = [predicted_errors(values["planes"].detach().float()) for values in parameters]
         neutral = _plane_errors(neutral_m, true_planes, cameras, grid)
         maps = {
             "normal_error_deg": layers[-1][0],
