@@ -28,7 +28,7 @@ import torch
 
 from hrope.encodings import fused_triton
 from hrope.encodings.banded import banded_operator, banded_product
-from hrope.encodings.base import HeadLayout, rope_tables
+from hrope.encodings.layout import HeadLayout, rope_tables
 from provenance import describe, provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import hrope
-from hrope.encodings.base import patch_index_rope_angles
+from hrope.encodings.layout import patch_index_rope_angles
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

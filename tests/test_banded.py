@@ -10,7 +10,7 @@ import torch
 import hrope
 from helpers import encoding_inputs, random_cameras, random_qkv
 from hrope.encodings.banded import banded_operator, banded_product, inverse_rope, rope_diagonals
-from hrope.encodings.base import HeadLayout, patch_index_rope_angles
+from hrope.encodings.layout import HeadLayout, patch_index_rope_angles
 
 GRID = (2, 3)
 

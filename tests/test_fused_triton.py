@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import hrope
 from hrope.encodings import fused_triton
 from hrope.encodings.banded import banded_product, inverse_rope, rope_diagonals
-from hrope.encodings.base import HeadLayout, patch_index_rope_angles
+from hrope.encodings.layout import HeadLayout, patch_index_rope_angles
 from hrope.encodings.fused_triton import fused_banded_product
 from test_banded import dense_transform
 

@@ -46,6 +46,7 @@ LAYERS = {
     "hrope.nvs.train": 15,
     "hrope.nvs.viz": 15,
     "hrope.nvs.evaluate": 16,
+    "hrope.nvs.protocol_report": 16,
     "hrope.nvs.protocols": 17,
     "hrope.nvs.demo": 17,
     "hrope.nvs.cli": 18,

@@ -25,6 +25,8 @@ from hrope.nvs.data.batch import collate_scenes
 from hrope.nvs.build_data import build_dataset
 from hrope.nvs.data.real.colmap import quaternion_to_rotation
 from hrope.nvs.data.real.colmap_points import rotation_to_quaternion, write_colmap_model
+from hrope.nvs.data.real.depth_maps import with_depth_maps
+from hrope.nvs.data.real.frames import Frame, pinhole
 from hrope.nvs.data.real.loaders import SceneFolderSource
 from hrope.nvs.plane_fitting import robust_patch_planes
 from hrope.nvs.sources import PredictorError, build_parameter_source, parameter_specs
@@ -275,6 +277,15 @@ def test_depth_maps_load_with_their_scale_and_corrupt_ones_name_the_file(tmp_pat
         build_dataset(resolve({"data": {"kind": "re10k", "root": str(tmp_path), "depth": "maps"}}))
     with pytest.raises(ConfigError, match="data.depth are for real data"):
         build_dataset(resolve({"data": {"depth": "points"}}))
+
+
+def test_a_depth_map_whose_image_bytes_do_not_decode_names_the_frame_not_the_bytes(tmp_path):
+    np.save(tmp_path / "depth.npy", np.ones((36, 48), np.float32))
+    K, world_to_cam = pinhole(40.0, 40.0, 24.0, 18.0), torch.eye(4, dtype=torch.float64)
+    frame = Frame(b"not an image file", K, world_to_cam, label="chunk[0]", depth_map=tmp_path / "depth.npy")
+    with pytest.raises(SceneError, match=r"^chunk\[0\]: cannot read image bytes: ") as error:
+        with_depth_maps(room((36, 48)).select_views([0]), [frame])
+    assert "not an image file" not in str(error.value)
 
 
 def test_depth_maps_are_undistorted_like_their_images(tmp_path):

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from .ablations import HRoPEDepth, HRoPEFull, HRoPEPF, HRoPESE3, HRoPESO3, tangent_frames
-from .base import Encoding, EncodingError, HeadLayout, Prepared, TokenTransform, patch_index_rope_angles
+from .base import Encoding, EncodingError, Prepared, TokenTransform
+from .layout import HeadLayout, patch_index_rope_angles
 from .camera import GTA, CaPE, NoEncoding, PRoPE, RoPE2D
 from .homography import HRoPE, HRoPELift
 from .query_frame import QueryFrameTransform

@@ -23,7 +23,8 @@ from torch import Tensor
 from ..cameras import Cameras
 from ..geometry import geometry_dtype, invert_intrinsics, invert_se3, lift, make_se3, patch_rays
 from ..planes import Planes, clamp_depth, clamp_inverse_depth, clamp_plane_vectors
-from .base import Encoding, EncodingError, HeadLayout, TokenTransform, per_token_param
+from .base import Encoding, EncodingError, TokenTransform, per_token_param
+from .layout import HeadLayout
 
 __all__ = ["PatchTransformEncoding", "HRoPEDepth", "HRoPESO3", "HRoPESE3", "HRoPEPF", "HRoPEFull", "tangent_frames"]
 

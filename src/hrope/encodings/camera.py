@@ -13,7 +13,8 @@ from torch import Tensor, nn
 from ..cameras import Cameras
 from ..geometry import geometry_dtype, invert_intrinsics, invert_se3, lift
 from ..planes import Planes
-from .base import ROPE_BASE, Encoding, HeadLayout, TokenTransform
+from .base import Encoding, TokenTransform
+from .layout import ROPE_BASE, HeadLayout
 
 __all__ = ["NoEncoding", "RoPE2D", "PRoPE", "GTA", "CaPE"]
 

@@ -101,12 +101,12 @@ def _interpreting() -> bool:
 
 
 # A plain function, jitted on first launch by _kernel() (triton is imported on first use).
-def _transform_kernel(
+def _transform_kernel(  # type: ignore[no-untyped-def]  # triton reads the annotations
     x_ptr,
     y_ptr,
     m_ptr,
     cos_ptr,
-    sin_ptr,  # type: ignore[no-untyped-def]  # triton reads the annotations
+    sin_ptr,
     num_tokens,
     patches,
     heads,

@@ -26,7 +26,8 @@ from ..cameras import Cameras
 from ..geometry import geometry_dtype, invert_intrinsics, lift
 from ..planes import MAX_INVERSE_DISTANCE, Planes, clamp_plane_vectors
 from .ablations import _check_rotations
-from .base import ROPE_BASE, Encoding, EncodingError, HeadLayout, TokenTransform, per_token_param
+from .base import Encoding, EncodingError, TokenTransform, per_token_param
+from .layout import ROPE_BASE, HeadLayout
 
 __all__ = ["HRoPE", "HRoPELift"]
 

@@ -99,7 +99,7 @@ def image_position_rope_freqs(
     Layout used by ``urope`` and ``worldrope``, over the whole head: pair p is channels
     (p, p + head_dim/2); pair f rotates by ``w_f * x``, pair F + f by ``w_f * y`` (x, y in patch
     units); pairs from 2F to head_dim/2 are identity. The relative encodings' RoPE uses the other
-    layout (:func:`hrope.encodings.base.patch_index_rope_angles`).
+    layout (:func:`hrope.encodings.layout.patch_index_rope_angles`).
     """
     num = head_dim // 4
     exponent = -torch.arange(num, device=device, dtype=torch.float64) / max(num, 1)

@@ -21,7 +21,8 @@ from torch import Tensor
 
 from ..cameras import Cameras
 from ..geometry import patch_rays
-from .base import ROPE_BASE, EncodingError
+from .base import EncodingError
+from .layout import ROPE_BASE
 from .query_frame import (
     QueryFrameEncoding,
     image_position_rope_freqs,

@@ -30,7 +30,8 @@ from torch import Tensor
 from ..cameras import Cameras
 from ..geometry import patch_rays
 from ..planes import MAX_DEPTH, clamp_depth
-from .base import ROPE_BASE, EncodingError
+from .base import EncodingError
+from .layout import ROPE_BASE
 from .query_frame import (
     MIN_DEPTH,
     QueryFrameEncoding,

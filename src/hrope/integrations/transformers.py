@@ -118,6 +118,23 @@ class Geometry:
         _ACTIVE.reset(self._tokens.pop())
 
 
+def _call_geometry(kwargs: dict[str, Any]) -> Geometry:
+    """The :class:`Geometry` of an attention call (its ``hrope_geometry`` keyword, else the innermost
+    ``with geometry:``); an :class:`EncodingError` without one, or for options it cannot apply."""
+    geometry = kwargs.get(KWARG)
+    geometry = _ACTIVE.get() if geometry is None else geometry
+    if not isinstance(geometry, Geometry):
+        got = "nothing" if geometry is None else type(geometry).__name__
+        raise EncodingError(
+            f"attn_implementation={NAME!r} needs {KWARG}=hrope.integrations.transformers.Geometry(...) "
+            f"in the model call (or `with geometry:` around it), got {got}"
+        )
+    for option in ("softcap", "position_bias"):
+        if kwargs.get(option) is not None:
+            raise EncodingError(f"attn_implementation={NAME!r} takes no {option} (use a model without it)")
+    return geometry
+
+
 def attention_forward(
     module: torch.nn.Module,
     query: Tensor,
@@ -138,17 +155,7 @@ def attention_forward(
     without a mask, as transformers' ``sdpa``) go to SDPA; grouped-query heads are encoded
     before SDPA groups them (``enable_gqa``).
     """
-    geometry = kwargs.get(KWARG)
-    geometry = _ACTIVE.get() if geometry is None else geometry
-    if not isinstance(geometry, Geometry):
-        got = "nothing" if geometry is None else type(geometry).__name__
-        raise EncodingError(
-            f"attn_implementation={NAME!r} needs {KWARG}=hrope.integrations.transformers.Geometry(...) "
-            f"in the model call (or `with geometry:` around it), got {got}"
-        )
-    for option in ("softcap", "position_bias"):
-        if kwargs.get(option) is not None:
-            raise EncodingError(f"attn_implementation={NAME!r} takes no {option} (use a model without it)")
+    geometry = _call_geometry(kwargs)
     L, T = query.shape[2], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     sdpa: dict[str, Any] = dict(

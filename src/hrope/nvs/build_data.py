@@ -8,6 +8,7 @@ of ``config["data"]`` at the model's resolution; ``build_scene_source(config, sp
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import Any
 
 import torch
 
@@ -158,10 +159,9 @@ def build_dataset(config: dict, split: str = "train"):
     num_scenes = data["num_scenes"] if split == "train" else config["eval"]["num_scenes"]
     gap = None if data["context_gap"] is None else tuple(data["context_gap"])
     if data["kind"] in KINDS:
-        check_synthetic_data(config, num_scenes, split)
         dataset = SyntheticDataset(
             kind=data["kind"],
-            num_scenes=num_scenes,
+            num_scenes=check_synthetic_data(config, num_scenes, split),
             seed=data["seed"],
             image_size=(image_size, image_size),
             num_context=data["num_context"],
@@ -171,10 +171,11 @@ def build_dataset(config: dict, split: str = "train"):
             config=synthetic_config(config),
         )
         return CachedDataset(dataset) if data["cache"] else dataset
+    scenes: IndexedViews | SceneDataset
     if split == "eval" and data["eval_index"]:
-        dataset = IndexedViews(build_scene_source(config, split), data["num_context"])
+        scenes = IndexedViews(build_scene_source(config, split), data["num_context"])
     else:
-        dataset = SceneDataset(
+        scenes = SceneDataset(
             build_scene_source(config, split),
             data["num_context"],
             data["num_target"],
@@ -182,9 +183,9 @@ def build_dataset(config: dict, split: str = "train"):
             seed=data["seed"],
             context_gap=gap,
         )
-    if num_scenes is not None and num_scenes < len(dataset):
-        dataset = FirstScenes(dataset, int(num_scenes))
-    return dataset  # never cached: real scenes are large, and training views change every step
+    if num_scenes is not None and num_scenes < len(scenes):
+        return FirstScenes(scenes, int(num_scenes))
+    return scenes  # never cached: real scenes are large, and training views change every step
 
 
 def synthetic_config(config: dict) -> SyntheticConfig:
@@ -198,13 +199,15 @@ def synthetic_config(config: dict) -> SyntheticConfig:
             f"known: {sorted(known)}"
         )
     try:
-        return SyntheticConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+        overrides: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+        return SyntheticConfig(**overrides)
     except ValueError as error:
         raise ConfigError(f"data.synthetic: {error}") from None
 
 
-def check_synthetic_data(config: dict, num_scenes, split: str) -> None:
-    """Clear errors for real-data keys or a missing scene count with a synthetic ``data.kind``."""
+def check_synthetic_data(config: dict, num_scenes: int | None, split: str) -> int:
+    """``num_scenes``, after clear errors for real-data keys or a missing scene count with a
+    synthetic ``data.kind``."""
     data = config["data"]
     if data["root"] or data["eval_root"] or data["eval_index"] or data["depth"] != "none":
         raise ConfigError(
@@ -213,6 +216,7 @@ def check_synthetic_data(config: dict, num_scenes, split: str) -> None:
         )
     if num_scenes is None:
         raise ConfigError(f"{'data' if split == 'train' else 'eval'}.num_scenes must be a number for synthetic data")
+    return num_scenes
 
 
 def collate(scenes, num_context: int, device: torch.device):

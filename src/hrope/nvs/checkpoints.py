@@ -66,7 +66,7 @@ def checksum(tensors: dict[str, Tensor], metadata: dict[str, str]) -> str:
     for key in sorted(tensors):
         tensor = tensors[key].contiguous()
         digest.update(f"{key}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)
     return digest.hexdigest()
 
 

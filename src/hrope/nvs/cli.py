@@ -47,7 +47,8 @@ from .config import (
 from .config_docs import describe_config
 from .evaluate import evaluate
 from .model import ModelConfig, count_parameters
-from .protocols import run_protocol, write_results
+from .protocol_report import write_results
+from .protocols import run_protocol
 from .train import train
 from .viz import plot_plane_accuracy, visualize_planes
 
@@ -88,9 +89,8 @@ def _check_out(path, key: str) -> None:
             return
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hrope", description="HRoPE / LVSM novel view synthesis")
-    commands = parser.add_subparsers(dest="command", required=True)
+def _add_train(commands) -> None:
+    """``hrope train CONFIG [overrides]``."""
     train = commands.add_parser(
         "train",
         help="train a model (overrides: --section.key value)",
@@ -98,6 +98,10 @@ def _parser() -> argparse.ArgumentParser:
         "see configs/tiny.yaml), after CONFIG; shortcuts: " + ", ".join("--" + s for s in SHORTCUTS),
     )
     train.add_argument("config", help="YAML config file (e.g. configs/tiny.yaml)")
+
+
+def _add_eval(commands) -> None:
+    """``hrope eval CHECKPOINT [CHECKPOINT ...] [options] [--data.key VALUE ...]``."""
     evaluate = commands.add_parser(
         "eval",
         help="evaluate a checkpoint on held-out scenes",
@@ -144,6 +148,10 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="local LPIPS (AlexNet) safetensors file (default: the run's eval.lpips_weights; none = LPIPS unavailable)",
     )
+
+
+def _add_viz(commands) -> None:
+    """``hrope viz planes CHECKPOINT`` and ``hrope viz plane-accuracy RUN``."""
     viz = commands.add_parser("viz", help="figures")
     viz_commands = viz.add_subparsers(dest="figure", required=True)
     planes = viz_commands.add_parser(
@@ -170,12 +178,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     accuracy.add_argument("run", help="run folder (or its checkpoint.safetensors)")
     accuracy.add_argument("--out", default=None, help="output folder for plane_accuracy.png (default: <run>/viz)")
+
+
+def _add_config(commands) -> None:
+    """``hrope config [CONFIG] [overrides]`` (its arguments are parsed by :func:`run_config`)."""
     commands.add_parser(
         "config",
         usage="hrope config [-h] [CONFIG] [--section.key VALUE ...]",
         help="print the resolved config with each key's doc (docs/config.md lists every setting)",
         description="CONFIG: a YAML config file (default: the defaults); overrides as for train",
     )
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The ``hrope`` parser: one sub-command per ``_add_*`` builder."""
+    parser = _Parser(prog="hrope", description="HRoPE / LVSM novel view synthesis")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_train, _add_eval, _add_viz, _add_config):
+        add(commands)
     return parser
 
 
@@ -212,7 +232,7 @@ def run_eval(args, extra: list[str]) -> None:
     if args.protocol is None:
         if len(args.checkpoints) > 1 or args.factors or args.zoom_all:
             raise ConfigError("several checkpoints, --factors and --zoom-all need --protocol")
-        results = evaluate(
+        evaluation = evaluate(
             args.checkpoints[0],
             args.out,
             num_scenes=args.num_scenes,
@@ -220,7 +240,7 @@ def run_eval(args, extra: list[str]) -> None:
             lpips_weights=args.lpips_weights,
             data=data,
         )
-        print(_metrics_line(results["metrics"]))
+        print(_metrics_line(evaluation["metrics"]))
         return
     if args.out is None and len(args.checkpoints) > 1:
         raise ConfigError("--out DIR is required when evaluating several checkpoints")

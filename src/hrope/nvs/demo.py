@@ -112,57 +112,43 @@ def reading(results: list[dict]) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m hrope.nvs.demo", description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=1000, help="training steps per model")
-    parser.add_argument("--out", default="runs/demo")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
-    out = Path(args.out)
-    results, predictions, reference_rows, normal_rows, normals_of = [], [], None, None, None
-    start = time.perf_counter()
-    # every run has the same data config: render the training and held-out scenes once
-    first = demo_config(DEMO_MODELS[0], out, args.steps)
-    train_scenes, eval_scenes = build_dataset(first, "train"), build_dataset(first, "eval")
-    for index, row in enumerate(DEMO_MODELS):
-        folder = row.name.replace(" ", "_").replace("(", "").replace(")", "").replace(",", "")
-        print(
-            f"[{index + 1}/{len(DEMO_MODELS)}] {row.name}: training {args.steps} steps "
-            f"(elapsed {time.perf_counter() - start:.0f} s)",
-            flush=True,
-        )
-        config = demo_config(row, out / folder, args.steps)
-        model = train(config, dataset=train_scenes).model.eval()
-        device = next(model.parameters()).device  # train.device "auto" picks CUDA when available
-        print(
-            f"[{index + 1}/{len(DEMO_MODELS)}] {row.name}: evaluating on {config['eval']['num_scenes']} held-out "
-            "scenes",
-            flush=True,
-        )
-        planes = PlaneAccuracy() if measures_planes(model) else None
-        metrics, _, rows = evaluate_model(
-            model,
-            eval_scenes,
-            config["data"]["num_context"],
-            device=device,
-            num_grid_scenes=config["eval"]["num_grid_scenes"],
-            planes=planes,
-        )
-        result = {"name": row.name, "metrics": metrics}
-        if planes is not None:
-            result["planes"] = planes.means()
-        results.append(result)
-        print(f"    PSNR {metrics['psnr']:.2f}  SSIM {metrics['ssim']:.3f}", flush=True)
-        predictions.append([r[-2] for r in rows])
-        reference_rows = rows
-        if planes is not None and normal_rows is None:
-            batch = collate([eval_scenes[i] for i in range(2)], config["data"]["num_context"], device)
-            normal_rows, normals_of = plane_normal_rows(model, batch), row.name
-    elapsed = time.perf_counter() - start
-    comparison = [[*row[:-2], row[-1], *(p[i] for p in predictions)] for i, row in enumerate(reference_rows)]
-    save_image_grid(comparison, out / "comparison.png")
-    if normal_rows is not None:
-        save_image_grid(normal_rows, out / "normals.png")
+def _train_and_score(row: DemoModel, index: int, out: Path, steps: int, scenes: tuple, start: float) -> tuple:
+    """Train demo row ``index`` (into ``out/<row name>``) on ``scenes = (train, eval)`` and score it on
+    the held-out ones: ``(result, grid rows, model, device)``, ``result`` its entry of ``results.json``;
+    ``start``: when the demo started (for the progress lines)."""
+    train_scenes, eval_scenes = scenes
+    folder = row.name.replace(" ", "_").replace("(", "").replace(")", "").replace(",", "")
+    print(
+        f"[{index + 1}/{len(DEMO_MODELS)}] {row.name}: training {steps} steps "
+        f"(elapsed {time.perf_counter() - start:.0f} s)",
+        flush=True,
+    )
+    config = demo_config(row, out / folder, steps)
+    model = train(config, dataset=train_scenes).model.eval()
+    device = next(model.parameters()).device  # train.device "auto" picks CUDA when available
+    print(
+        f"[{index + 1}/{len(DEMO_MODELS)}] {row.name}: evaluating on {config['eval']['num_scenes']} held-out scenes",
+        flush=True,
+    )
+    planes = PlaneAccuracy() if measures_planes(model) else None
+    metrics, _, rows = evaluate_model(
+        model,
+        eval_scenes,
+        config["data"]["num_context"],
+        device=device,
+        num_grid_scenes=config["eval"]["num_grid_scenes"],
+        planes=planes,
+    )
+    result = {"name": row.name, "metrics": metrics}
+    if planes is not None:
+        result["planes"] = planes.means()
+    print(f"    PSNR {metrics['psnr']:.2f}  SSIM {metrics['ssim']:.3f}", flush=True)
+    return result, rows, model, device
+
+
+def _report(steps: int, elapsed: float, device, results: list[dict], normals_of: str | None) -> str:
+    """The text of ``results.md``: the setup, the table and its reading, the plane accuracy of the
+    rows that predict planes and the figures' legend (``normals_of``: the row in ``normals.png``)."""
     columns = " | ".join(["context views", "ground truth", *(r["name"] for r in results)])
     accuracy = "".join(
         f"\nPlane accuracy of `{r['name']}` (held-out scenes, last layer; neutral = the planes at zero "
@@ -170,11 +156,12 @@ def main(argv: list[str] | None = None) -> None:
         for r in results
         if r.get("planes")
     )
-    text = (
+    return (
         "# Demo results\n\n"
-        f"Command: `make demo` (`python -m hrope.nvs.demo --steps {args.steps}`). Tiny LVSM (64x64, patch 8, d 128, "
-        f"4 layers), {args.steps} steps of batch {BATCH_SIZE} on {TRAIN_SCENES} synthetic room scenes (2 context + "
-        f"1 target views), evaluated on {EVAL_SCENES} held-out scenes. Total time {elapsed / 60:.1f} min on {device}.\n\n"
+        f"Command: `make demo` (`python -m hrope.nvs.demo --steps {steps}`). Tiny LVSM (64x64, patch 8, d 128, "
+        f"4 layers), {steps} steps of batch {BATCH_SIZE} on {TRAIN_SCENES} synthetic room scenes (2 context + "
+        f"1 target views), evaluated on {EVAL_SCENES} held-out scenes. "
+        f"Total time {elapsed / 60:.1f} min on {device}.\n\n"
         + markdown_table(results)
         + f"\nReading: {reading(results)}\n\n"
         "LPIPS is unavailable: no local LPIPS weights are configured. The context-depth row fits planes to the "
@@ -186,6 +173,37 @@ def main(argv: list[str] | None = None) -> None:
         + f"\n`comparison.png` columns: {columns}. `normals.png`: input | overlay | `{normals_of}` normals | "
         "ground-truth normals, per context view.\n"
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m hrope.nvs.demo", description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=1000, help="training steps per model")
+    parser.add_argument("--out", default="runs/demo")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    out = Path(args.out)
+    results: list[dict] = []
+    predictions: list[list] = []
+    reference_rows: list[list] = []
+    normal_rows, normals_of = None, None
+    start = time.perf_counter()
+    # every run has the same data config: render the training and held-out scenes once
+    first = demo_config(DEMO_MODELS[0], out, args.steps)
+    scenes = build_dataset(first, "train"), build_dataset(first, "eval")
+    for index, row in enumerate(DEMO_MODELS):
+        result, rows, model, device = _train_and_score(row, index, out, args.steps, scenes, start)
+        results.append(result)
+        predictions.append([r[-2] for r in rows])
+        reference_rows = rows
+        if "planes" in result and normal_rows is None:
+            batch = collate([scenes[1][i] for i in range(2)], first["data"]["num_context"], device)
+            normal_rows, normals_of = plane_normal_rows(model, batch), row.name
+    elapsed = time.perf_counter() - start
+    comparison = [[*row[:-2], row[-1], *(p[i] for p in predictions)] for i, row in enumerate(reference_rows)]
+    save_image_grid(comparison, out / "comparison.png")
+    if normal_rows is not None:
+        save_image_grid(normal_rows, out / "normals.png")
+    text = _report(args.steps, elapsed, device, results, normals_of)
     (out / "results.md").write_text(text)
     (out / "results.json").write_text(
         json.dumps({"steps": args.steps, "seconds": elapsed, "results": results}, indent=2)

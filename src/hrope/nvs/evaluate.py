@@ -99,7 +99,7 @@ def evaluate_scenes(
     """
     model.eval()
     per_scene: dict[str, list[float]] = {"psnr": [], "ssim": [], "lpips": []}
-    rows = []
+    rows: list[list[torch.Tensor]] = []
     scenes = iter(scenes)
     while chunk := list(islice(scenes, batch_size)):
         values, batch, prediction = batch_metrics(

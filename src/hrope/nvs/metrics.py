@@ -56,8 +56,16 @@ def ssim(pred: Tensor, target: Tensor) -> Tensor:
     return ssim_map.flatten(1).mean(1)
 
 
+def _unit(x: Tensor) -> Tensor:
+    """Features ``(B, C, h, w)`` scaled to unit length over channels."""
+    return x / (x.square().sum(1, keepdim=True).sqrt() + 1e-10)
+
+
 class LPIPS(nn.Module):
     """LPIPS with the AlexNet backbone, weights from a local safetensors file (see module doc)."""
+
+    shift: Tensor
+    scale: Tensor
 
     CHANNELS = (64, 192, 384, 256, 256)
     SHIFT = (-0.030, -0.088, -0.188)
@@ -108,12 +116,11 @@ class LPIPS(nn.Module):
     def forward(self, pred: Tensor, target: Tensor) -> Tensor:
         """Per-image LPIPS ``(B,)`` of images in [0, 1]."""
         _check(pred, target)
-        total = 0.0
-        for head, a, b in zip(self.heads, self._taps(pred.float()), self._taps(target.float())):
-            a = a / (a.square().sum(1, keepdim=True).sqrt() + 1e-10)
-            b = b / (b.square().sum(1, keepdim=True).sqrt() + 1e-10)
-            total = total + head((a - b).square()).mean((1, 2, 3))
-        return total
+        distances = [
+            head((_unit(a) - _unit(b)).square()).mean((1, 2, 3))
+            for head, a, b in zip(self.heads, self._taps(pred.float()), self._taps(target.float()))
+        ]
+        return sum(distances[1:], distances[0])
 
 
 def image_metrics(pred: Tensor, target: Tensor, lpips: LPIPS | None = None) -> dict[str, Tensor]:

@@ -16,6 +16,7 @@ and attends with no geometric encoding (``none``), with world-frame rays.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -100,7 +101,7 @@ class ModelConfig(ModelSettings):
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict) -> "ModelConfig":
+    def from_dict(cls, values: dict) -> ModelConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(values) - known - {"preset"}
         if unknown:
@@ -248,9 +249,9 @@ class LVSM(nn.Module):
         for module in (self.context_tokenizer, self.target_tokenizer, self.head):
             nn.init.normal_(module.weight, std=0.02)
         for index, block in enumerate(self.blocks):
-            for module in block.modules():
-                if isinstance(module, nn.Linear):
-                    nn.init.normal_(module.weight, std=0.02 / (2 * (index + 1)) ** 0.5)
+            for layer in block.modules():
+                if isinstance(layer, nn.Linear):
+                    nn.init.normal_(layer.weight, std=0.02 / (2 * (index + 1)) ** 0.5)
 
     # ------------------------------------------------------------------ folding
     @staticmethod
@@ -313,9 +314,9 @@ class LVSM(nn.Module):
         folded_cameras = self.fold_cameras(cameras, num_context)
         parameters: list[dict[str, Tensor]] = []
         source = self.source
-        in_layers = source is not None and source.predicts_in_layers
+        layer_source = source if source is not None and source.predicts_in_layers else None
         static_values: dict[str, Tensor] = {}
-        if source is not None and not in_layers:
+        if source is not None and layer_source is None:
             static_values = source.static(batch, cameras, grid, num_context)
             static_values = {k: self.fold_tokens(v, num_context, V) for k, v in static_values.items()}
             parameters.append(static_values)
@@ -323,20 +324,20 @@ class LVSM(nn.Module):
                 x = x + self.ape[0](flatten_values(static_values, source.specs).to(x.dtype))
         # One prepare per forward unless parameters change per layer (learned per layer, non-APE).
         shared = None
-        if not in_layers or self.ape is not None:  # APE variants attend with no per-token values
+        if layer_source is None or self.ape is not None:  # APE variants attend with no per-token values
             shared = self._prepare(folded_cameras, {} if self.ape is not None else static_values)
-        for index, block in enumerate(self.blocks):
+        for index, block in enumerate(cast("list[Block]", self.blocks)):
             prepared, normed = shared, None
-            if in_layers and (source.per_layer or index == 0):  # predict from this block's normalised input
+            if layer_source is not None and (layer_source.per_layer or index == 0):  # from the block's normed input
                 normed = block.norm1(x)
-                values = source.layer(index, normed, folded_cameras, grid, num_context)
+                values = layer_source.layer(index, normed, folded_cameras, grid, num_context)
                 parameters.append(values)
                 if self.ape is not None:  # x changes, so the block normalises it again
-                    x = x + self.ape[index](flatten_values(values, source.specs).to(x.dtype))
+                    x = x + self.ape[index](flatten_values(values, layer_source.specs).to(x.dtype))
                     normed = None
                 else:
                     prepared = self._prepare(folded_cameras, values)
-                    if not source.per_layer:  # predicted once: every later layer reuses it
+                    if not layer_source.per_layer:  # predicted once: every later layer reuses it
                         shared = prepared
             x = block(x, prepared, normed)
         Vt = V - num_context

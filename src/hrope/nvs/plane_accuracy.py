@@ -112,17 +112,16 @@ def scene_errors(parameters: list[dict[str, Tensor]], batch, model) -> dict[tupl
         heads = model.source.attention_heads
         if heads > 1:
             head_cameras = cameras.repeat_batch(heads)
-            head_truth = tuple(t.repeat_interleave(heads, dim=0) for t in true_planes)
+            head_truth = (true_planes[0].repeat_interleave(heads, 0), true_planes[1].repeat_interleave(heads, 0))
 
         def predicted_errors(m: Tensor) -> tuple[Tensor, Tensor]:  # per-head m (B', N, heads, 3): mean over heads
             if heads == 1:
                 return _plane_errors(m, true_planes, cameras, grid)
-            errors = _plane_errors(fold_heads(m), head_truth, head_cameras, grid)
-            return tuple(unfold_heads(e, heads).mean(-1) for e in errors)
+            normal, depth = _plane_errors(fold_heads(m), head_truth, head_cameras, grid)
+            return unfold_heads(normal, heads).mean(-1), unfold_heads(depth, heads).mean(-1)
 
-        layers = [
-            predicted_errors(values["planes"].detach().float()) for values in parameters
-        ]  # per entry: (normal error, depth error)
+        # per entry: (normal error, depth error)
+        layers = [predicted_errors(values["planes"].detach().float()) for values in parameters]
         neutral = _plane_errors(neutral_m, true_planes, cameras, grid)
         maps = {
             "normal_error_deg": layers[-1][0],
@@ -130,7 +129,9 @@ def scene_errors(parameters: list[dict[str, Tensor]], batch, model) -> dict[tupl
             "depth_rel_error": layers[-1][1],
             "depth_rel_error_neutral": neutral[1],
         }
-        errors = {(group, metric): value for metric, error in maps.items() for group, value in per_scene(error).items()}
+        errors: dict[tuple, Tensor] = {
+            (group, metric): value for metric, error in maps.items() for group, value in per_scene(error).items()
+        }
         if len(layers) > 1:
             for index, metric in enumerate(("normal_error_deg", "depth_rel_error")):
                 stacked = [per_scene(layer[index]) for layer in layers]
@@ -147,7 +148,7 @@ class PlaneAccuracy:
     def __init__(self) -> None:
         self._values: dict[tuple, list[Tensor]] = {}
 
-    def add(self, parameters: list[dict[str, Tensor]], batch, model) -> "PlaneAccuracy":
+    def add(self, parameters: list[dict[str, Tensor]], batch, model) -> PlaneAccuracy:
         """Add the scenes of one forward pass (nothing when :func:`scene_errors` gives None)."""
         for key, value in (scene_errors(parameters, batch, model) or {}).items():
             self._values.setdefault(key, []).append(value.cpu())

@@ -4,7 +4,8 @@ Public API::
 
     run_protocol(model_or_checkpoint, protocol, dataset_config=None, *, num_scenes=None,
                  device="cpu", batch_size=None, lpips_weights=None, **options) -> dict
-    write_results(results, out) -> dict[str, Path]
+
+(:func:`hrope.nvs.protocol_report.write_results` writes the tables and plots of the results.)
 
 ``model_or_checkpoint`` is an :class:`hrope.nvs.model.LVSM` or a checkpoint file / run folder (its
 saved config gives the data settings). ``dataset_config`` overrides keys of the ``data`` config
@@ -44,11 +45,9 @@ Returned dict::
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -74,7 +73,6 @@ __all__ = [
     "AXES",
     "NUM_TARGETS",
     "run_protocol",
-    "write_results",
     "zoom_views",
     "base_plan",
     "protocol_plans",
@@ -101,8 +99,6 @@ AXES = {
     "baseline": "context baseline (x gap)",
 }
 NUM_TARGETS = 3
-METRICS = ("psnr", "ssim", "lpips")
-METRIC_LABELS = {"psnr": "PSNR ↑", "ssim": "SSIM ↑", "lpips": "LPIPS ↓"}
 
 
 # ----------------------------------------------------------------------------- videos
@@ -163,8 +159,8 @@ def build_videos(config: dict, num_scenes: int | None):
     """The held-out videos of ``config["data"]`` (synthetic kinds or a real-data source)."""
     data = config["data"]
     if data["kind"] in SYNTHETIC_KINDS:
-        check_synthetic_data(config, num_scenes, "eval")
-        return SyntheticVideos(data["kind"], num_scenes, data["seed"], synthetic_config(config))
+        count = check_synthetic_data(config, num_scenes, "eval")
+        return SyntheticVideos(data["kind"], count, data["seed"], synthetic_config(config))
     return SourceVideos(build_scene_source(config, "eval"), num_scenes, data["context_gap"])
 
 
@@ -229,7 +225,9 @@ def _reserve(protocol: str, factors) -> float:
 def protocol_plans(videos, protocol: str, factors, seed: int) -> tuple[list[int], list[list[tuple]], int]:
     """``(scenes, plans, num_skipped)``: the usable scene indices and, per factor, their
     ``(context, targets)`` frames. A scene is usable when every factor's frames exist and are distinct."""
-    scenes, plans, skipped = [], [[] for _ in factors], 0
+    scenes: list[int] = []
+    plans: list[list[tuple]] = [[] for _ in factors]
+    skipped = 0
     for i in range(len(videos)):
         try:
             context, targets = base_plan(videos, i, seed, _reserve(protocol, factors))
@@ -264,7 +262,7 @@ def zoom_views(scene: Scene, factor: float, views: list[int]) -> Scene:
     views = list(views)
     H, W = scene.image_size
     theta = torch.tensor([[1 / factor, 0.0, 0.0], [0.0, 1 / factor, 0.0]]).expand(len(views), 2, 3)
-    grid = F.affine_grid(theta, (len(views), 1, H, W), align_corners=False)
+    grid = F.affine_grid(theta, [len(views), 1, H, W], align_corners=False)
 
     def warp(x, mode: str):
         if x is None:
@@ -324,23 +322,8 @@ def _point_metrics(
     return {"num_scenes": len(per_scene["psnr"]), "metrics": means}
 
 
-def run_protocol(
-    model_or_checkpoint,
-    protocol: str,
-    dataset_config: dict | None = None,
-    *,
-    num_scenes: int | None = None,
-    device: str = "cpu",
-    batch_size: int | None = None,
-    lpips_weights: str | None = None,
-    **options,
-) -> dict:
-    """Run ``protocol`` (one of :data:`PROTOCOLS`) and return its result dict (module doc).
-
-    ``num_scenes`` defaults to ``eval.num_scenes`` of the run's config (None there = every scene of
-    a real-data source); ``batch_size`` to ``eval.batch_size``; ``lpips_weights`` to
-    ``eval.lpips_weights`` (LPIPS is "unavailable" without local weights).
-    """
+def _protocol_options(protocol: str, options: dict) -> tuple[tuple, bool]:
+    """``(factors, zoom_all)`` of :func:`run_protocol`'s ``options`` (emptied), checked for ``protocol``."""
     if protocol not in PROTOCOLS:
         raise ConfigError(f"unknown protocol {protocol!r}; available: {', '.join(PROTOCOLS)}")
     zoom_all = bool(options.pop("zoom_all", False))
@@ -358,11 +341,30 @@ def run_protocol(
         raise ConfigError(f"{protocol}: factors must be >= 1, got {list(factors)}")
     if protocol == "extrapolate" and min(factors) <= 0:
         raise ConfigError(f"extrapolate: distances must be > 0, got {list(factors)}")
+    return factors, zoom_all
+
+
+def run_protocol(
+    model_or_checkpoint,
+    protocol: str,
+    dataset_config: dict | None = None,
+    *,
+    num_scenes: int | None = None,
+    device: str = "cpu",
+    batch_size: int | None = None,
+    lpips_weights: str | None = None,
+    **options,
+) -> dict:
+    """Run ``protocol`` (one of :data:`PROTOCOLS`) and return its result dict (module doc).
+
+    ``num_scenes`` defaults to ``eval.num_scenes`` of the run's config (None there = every scene of
+    a real-data source); ``batch_size`` to ``eval.batch_size``; ``lpips_weights`` to
+    ``eval.lpips_weights`` (LPIPS is "unavailable" without local weights).
+    """
+    factors, zoom_all = _protocol_options(protocol, options)
     model, config, checkpoint = _load_model(model_or_checkpoint, dataset_config, device)
-    evaluation = apply_eval_options(config, num_scenes=num_scenes, batch_size=batch_size, lpips_weights=lpips_weights)[
-        "eval"
-    ]
-    num_scenes, batch_size, weights = evaluation["num_scenes"], evaluation["batch_size"], evaluation["lpips_weights"]
+    evaluation = apply_eval_options(config, num_scenes=num_scenes, batch_size=batch_size, lpips_weights=lpips_weights)
+    num_scenes, batch_size, weights = (evaluation["eval"][k] for k in ("num_scenes", "batch_size", "lpips_weights"))
     lpips = LPIPS(weights).to(device) if weights else None
     videos = build_videos(config, num_scenes)
     scenes, plans, skipped = protocol_plans(videos, protocol, factors, config["data"]["seed"])
@@ -401,118 +403,3 @@ def run_protocol(
     if protocol == "zoom":
         results["zoom_all"] = zoom_all
     return results
-
-
-# ----------------------------------------------------------------------------- reporting
-def _has_lpips(results: list[dict]) -> bool:
-    return all(not isinstance(p["metrics"]["lpips"], str) for r in results for p in r["points"])
-
-
-def _labels(results: list[dict]) -> list[str]:
-    """Run names, with the run folder added where two runs share an encoding label."""
-    names = [r["name"] for r in results]
-    labels = []
-    for r in results:
-        path = Path(r["checkpoint"] or "model")
-        folder = path.parent.name if path.suffix == ".safetensors" else path.name
-        labels.append(f"{r['name']} [{folder}]" if names.count(r["name"]) > 1 else r["name"])
-    return labels
-
-
-def _format(value, metric: str) -> str:
-    return value if isinstance(value, str) else f"{value:.{2 if metric == 'psnr' else 3}f}"
-
-
-def markdown(results: list[dict]) -> str:
-    """One table per metric: a row per run, a column per protocol point."""
-    protocol = results[0]["protocol"]
-    values = [p["value"] for p in results[0]["points"]]
-    labels = _labels(results)
-    lines = [
-        f"# Protocol `{protocol}`",
-        "",
-        f"Columns: {results[0]['axis']}. Scenes: "
-        + ", ".join(f"{label} {r['num_scenes']} ({r['num_skipped']} skipped)" for label, r in zip(labels, results))
-        + ".",
-        "",
-    ]
-    for metric in METRICS:
-        lines += [
-            f"**{METRIC_LABELS[metric]}**",
-            "",
-            "| model | " + " | ".join(f"{v:g}" for v in values) + " |",
-            "|---|" + "---|" * len(values),
-        ]
-        for label, r in zip(labels, results):
-            lines.append(
-                f"| {label} | " + " | ".join(_format(p["metrics"][metric], metric) for p in r["points"]) + " |"
-            )
-        lines.append("")
-    if not _has_lpips(results):
-        lines.append("LPIPS unavailable (no local LPIPS weights): the PSNR–LPIPS trade-off plot is not drawn.")
-    return "\n".join(lines) + "\n"
-
-
-def _plot_metrics(results: list[dict], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    metrics = [m for m in METRICS if m != "lpips" or _has_lpips(results)]
-    figure, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
-    for axis, metric in zip(axes[0], metrics):
-        for label, r in zip(_labels(results), results):
-            xs = [p["value"] for p in r["points"]]
-            axis.plot(xs, [p["metrics"][metric] for p in r["points"]], marker="o", label=label)
-        axis.set_xlabel(results[0]["axis"])
-        axis.set_ylabel(METRIC_LABELS[metric])
-        axis.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    figure.suptitle(f"protocol: {results[0]['protocol']}")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
-
-
-def _plot_tradeoff(results: list[dict], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(4.5, 3.6))
-    for label, r in zip(_labels(results), results):
-        axis.plot(
-            [p["metrics"]["lpips"] for p in r["points"]],
-            [p["metrics"]["psnr"] for p in r["points"]],
-            marker="o",
-            label=label,
-        )
-    axis.set_xlabel(METRIC_LABELS["lpips"])
-    axis.set_ylabel(METRIC_LABELS["psnr"])
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
-
-
-def write_results(results: list[dict], out) -> dict[str, Path]:
-    """Write one protocol's results of one or more runs into ``out``: ``results.json`` (the list),
-    ``results.md`` (tables), ``metrics.png`` (each metric vs the protocol's axis, a line per run;
-    not for ``standard``) and ``psnr_lpips.png`` (only when LPIPS is available)."""
-    if not results or len({r["protocol"] for r in results}) != 1:
-        raise ValueError("write_results needs results of one protocol")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "results.json", "markdown": out / "results.md"}
-    paths["json"].write_text(json.dumps(results, indent=2))
-    paths["markdown"].write_text(markdown(results))
-    if len(results[0]["points"]) > 1:
-        paths["metrics_plot"] = _plot_metrics(results, out / "metrics.png")
-    if _has_lpips(results):
-        paths["tradeoff_plot"] = _plot_tradeoff(results, out / "psnr_lpips.png")
-    return paths

@@ -32,10 +32,13 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -141,12 +144,13 @@ class _Sigterm:
     previous handler comes back on exit."""
 
     def __init__(self) -> None:
-        self.requested, self._installed, self._previous = False, False, None
+        self.requested, self._installed = False, False
+        self._previous: Callable[[int, FrameType | None], Any] | int | None = None
 
     def _request(self, signum, frame) -> None:
         self.requested = True
 
-    def __enter__(self) -> "_Sigterm":
+    def __enter__(self) -> _Sigterm:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._request)
             self._installed = True
@@ -233,7 +237,7 @@ class Trainer:
                 counts["total"],
                 counts["trainable"],
             )
-        self.net = self.model
+        self.net: nn.Module = self.model
         if ctx.world_size > 1:
             device_ids = [ctx.device] if ctx.device.type == "cuda" else None
             self.net = nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids)
@@ -272,7 +276,7 @@ class Trainer:
         self.loss_value, self.streak = float(result.loss), 0
         if logged:
             self.log(done, result, batch)
-        if self.ctx.is_main and self.opts["image_every"] and done % self.opts["image_every"] == 0:
+        if self.writer is not None and self.opts["image_every"] and done % self.opts["image_every"] == 0:
             self.writer.add_image("train/context|prediction|target", _image_grid(batch, result.output.images), done)
         return result
 
@@ -300,6 +304,7 @@ class Trainer:
     def log(self, done: int, result: StepResult, batch) -> None:
         """Rank 0's record of step ``done``: loss and steps/s on the progress bar; loss, learning rate,
         gradient norms and steps/s in TensorBoard (``train/*``); the plane accuracy."""
+        assert self.writer is not None, "only rank 0 logs, and it has the writer"
         now = time.perf_counter()
         rate = (done - self.tick_step) / max(now - self.rate_tick, 1e-9)
         self.rate_tick, self.tick_step = now, done

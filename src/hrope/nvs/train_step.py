@@ -106,8 +106,8 @@ def train_step(
     lr = learning_rate(step, train)
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)  # checkpoints older than lr_scale: 1
-    distributed = isinstance(net, nn.parallel.DistributedDataParallel)
-    model = net.module if distributed else net
+    model: nn.Module = net.module if isinstance(net, nn.parallel.DistributedDataParallel) else net
+    distributed = model is not net
     num_context = int(batch.num_context)
     with torch.autocast(batch.images.device.type, dtype=torch.bfloat16, enabled=bool(train["bf16"])):
         output = net(batch)

@@ -53,7 +53,7 @@ def _per_target(x: Tensor) -> Tensor:
     return x.flatten(2, 3).flatten(0, 1)
 
 
-def _to_targets(points: Tensor, cameras: Cameras, num_context: int) -> tuple[Tensor, Tensor]:
+def _to_targets(points: Tensor, cameras: Cameras, num_context: int) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """Context-camera points ``(B, Vc, M, 3)`` in every target camera ``(B, Vt, Vc, M, 3)``, and the
     rotations R_tc ``(B, Vt, Vc, 3, 3)`` and translations t_tc ``(B, Vt, Vc, 3)`` of the moves."""
     E = cameras.world_to_cam.to(points.dtype)

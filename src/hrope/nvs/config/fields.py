@@ -23,8 +23,8 @@ class ConfigError(InputError):
     """A malformed config file or override (the message names the key)."""
 
 
-def one_line(text: str) -> str:
-    """``text`` with its line breaks (and runs of whitespace) collapsed to single spaces."""
+def one_line(text: object) -> str:
+    """``str(text)`` with its line breaks (and runs of whitespace) collapsed to single spaces."""
     return " ".join(str(text).split())
 
 
@@ -177,7 +177,7 @@ def settings_of(section) -> dict[str, Setting]:
     out = {}
     for entry in fields(section):
         check, doc, flags = entry.metadata["setting"]
-        default = entry.default_factory() if entry.default is MISSING else entry.default
+        default = entry.default if entry.default_factory is MISSING else entry.default_factory()
         out[entry.name] = Setting(entry.name, default, check, doc, **flags)
     return out
 

@@ -40,7 +40,7 @@ class SceneBatch:
         """Per-patch planes ``(B, V * gh * gw)``, the same rule as :meth:`Scene.planes`."""
         return patch_planes(self.cameras, patch_size, plane_m=self.plane_m, depth=self.depth, name="batch")
 
-    def to(self, device) -> "SceneBatch":
+    def to(self, device) -> SceneBatch:
         move = lambda x: None if x is None else x.to(device)  # noqa: E731
         return SceneBatch(
             self.images.to(device),
@@ -79,7 +79,7 @@ def collate_scenes(scenes: list[Scene], num_context: int) -> SceneBatch:
         validate=False,
     )
     return SceneBatch(
-        stack("images"),
+        torch.stack([s.images for s in scenes]),
         cameras,
         num_context,
         stack("depth"),

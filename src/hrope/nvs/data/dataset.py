@@ -209,7 +209,8 @@ class SyntheticDataset(ViewSampling, Dataset):
             raise ValueError(f"num_scenes must be >= 1, got {num_scenes}")
         if patch_size is not None and (image_size[0] % patch_size or image_size[1] % patch_size):
             raise ValueError(f"image size {tuple(image_size)} is not divisible by patch size {patch_size}")
-        self.kind, self.num_scenes, self.image_size, self.config = kind, num_scenes, tuple(image_size), config
+        height, width = image_size
+        self.kind, self.num_scenes, self.image_size, self.config = kind, num_scenes, (height, width), config
         self.scene_seed = seed if split == "train" else stream_seed("hrope.synthetic.eval", seed)
         self.frames(0, config.num_frames)  # fail now, not in a worker, if the sampling is impossible
 

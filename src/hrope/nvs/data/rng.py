@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -29,7 +29,7 @@ class Rng:
         self.key = key
         self.generator = torch.Generator().manual_seed(stream_seed(*key))
 
-    def child(self, *name) -> "Rng":
+    def child(self, *name) -> Rng:
         return Rng(*self.key, *name)
 
     def uniform(self, low: float = 0.0, high: float = 1.0, shape: Sequence[int] = ()) -> Tensor:

@@ -62,9 +62,9 @@ class Scene:
 
     @property
     def image_size(self) -> tuple[int, int]:
-        return tuple(self.images.shape[-2:])
+        return self.images.shape[-2], self.images.shape[-1]
 
-    def select_views(self, index) -> "Scene":
+    def select_views(self, index) -> Scene:
         """The scene restricted to views ``index`` (a list, slice or tensor), in that order."""
         if isinstance(index, int):
             index = [index]

@@ -70,10 +70,11 @@ def resize_crop(images: Tensor, K: Tensor, to_size: tuple[int, int], mode: str =
 
     ``mode`` is "bilinear" (colours) or "nearest" (depth, normals, plane maps).
     """
-    (Hr, Wr), top, left = resize_crop_plan(tuple(images.shape[-2:]), to_size)
+    size = (images.shape[-2], images.shape[-1])
+    (Hr, Wr), top, left = resize_crop_plan(size, to_size)
     resized = _resample(images, (Hr, Wr), mode)
     out = resized[..., top : top + to_size[0], left : left + to_size[1]]
-    K_out = crop_intrinsics(scale_intrinsics(K, tuple(images.shape[-2:]), (Hr, Wr)), top, left)
+    K_out = crop_intrinsics(scale_intrinsics(K, size, (Hr, Wr)), top, left)
     return out, K_out
 
 

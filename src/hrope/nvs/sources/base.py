@@ -64,13 +64,13 @@ class ParameterSource(nn.Module):
         cameras: Cameras,
         grid: tuple[int, int],
         num_context: int,
-        transferred: dict[str, Tensor] | None = None,
-        hit: Tensor | None = None,
+        transferred: tuple[dict[str, Tensor], Tensor] | None = None,
     ) -> dict[str, Tensor]:
         """Values of all V views: the context rows of ``values`` (``(B, Vc*P or V*P, ...)``) and target
         rows per ``targets``: ``values``' own rows (``hidden``, or ``scope="all"``), the neutral
-        values, or ``transferred`` values ``(B, Vt*P, ...)`` where ``hit (B, Vt*P)`` and neutral
-        elsewhere (default: planes transferred from the context rows of ``values["planes"]``)."""
+        values, or ``transferred = (values (B, Vt*P, ...), hit (B, Vt*P))``: those values where
+        ``hit`` and neutral elsewhere (default: planes transferred from the context rows of
+        ``values["planes"]``)."""
         if self.targets == "hidden" or self.scope == "all":
             return values
         B, start = cameras.batch_size, num_context * grid[0] * grid[1]
@@ -78,13 +78,14 @@ class ParameterSource(nn.Module):
         neutral = self.decode(some.new_zeros(B, cameras.num_views * grid[0] * grid[1], self.raw_dim), cameras, grid)
         if self.targets == "transfer" and transferred is None:
             planes, hit = transfer_planes(values["planes"][:, :start], cameras, grid, num_context)
-            transferred = {"planes": planes}
+            transferred = {"planes": planes}, hit
         out = {}
         for name, value in values.items():
             target = neutral[name][:, start:].to(value.dtype)
-            if transferred is not None and name in transferred:
+            if transferred is not None and name in transferred[0]:
+                moved, hit = transferred
                 shape = hit.shape + (1,) * (target.ndim - 2)
-                target = torch.where(hit.reshape(shape), transferred[name].to(value.dtype), target)
+                target = torch.where(hit.reshape(shape), moved[name].to(value.dtype), target)
             out[name] = torch.cat([value[:, :start], target], dim=1)
         return out
 

@@ -135,10 +135,11 @@ class ExternalSource(GeometrySource):
         depth = self._depth(batch, num_context)
         planes = self._fit(depth, None if normals is None else normals[:, :num_context], context)
         values = self.values_of(planes, context, grid)
-        transferred = hit = None
+        transferred = None
         if self.targets == "transfer":
             splatted = transfer_depth(depth.float(), cameras.to(dtype=torch.float32), num_context)
             fitted = self._fit(splatted, None, targets.to(dtype=torch.float32))
-            transferred = self.values_of(fitted, targets, grid)
+            moved = self.values_of(fitted, targets, grid)
             hit = patchify(torch.isfinite(splatted)[:, :, None].float(), self.patch_size).sum(-1).flatten(1) > 0
-        return self.with_targets(values, cameras, grid, num_context, transferred, hit)
+            transferred = moved, hit
+        return self.with_targets(values, cameras, grid, num_context, transferred)

@@ -59,22 +59,32 @@ def build_parameter_source(
             specs, patch_size, depth_init, options["targets"], options["scope"], options["max_inverse_distance"]
         )
     if name == "external":
-        depth_model = user_module(options, "predictor_options.depth 'model'") if options["depth"] == "model" else None
-        return ExternalSource(
-            specs,
-            patch_size,
-            use_normals=options["use_normals"],
-            depth_init=depth_init,
-            targets=options["targets"],
-            scope=options["scope"],
-            fit=options["fit"],
-            min_points=options["min_points"],
-            inlier_threshold=options["inlier_threshold"],
-            fallback=options["fallback"],
-            depth_model=depth_model,
-            align=options["align"],
-            max_inverse_distance=options["max_inverse_distance"],
-        )
+        return _external_source(specs, patch_size, depth_init, options)
+    return _backbone_source(specs, options)
+
+
+def _external_source(specs: list[ParameterSpec], patch_size: int, depth_init: float, options: dict) -> ExternalSource:
+    """The ``external`` source of checked ``options``."""
+    depth_model = user_module(options, "predictor_options.depth 'model'") if options["depth"] == "model" else None
+    return ExternalSource(
+        specs,
+        patch_size,
+        use_normals=options["use_normals"],
+        depth_init=depth_init,
+        targets=options["targets"],
+        scope=options["scope"],
+        fit=options["fit"],
+        min_points=options["min_points"],
+        inlier_threshold=options["inlier_threshold"],
+        fallback=options["fallback"],
+        depth_model=depth_model,
+        align=options["align"],
+        max_inverse_distance=options["max_inverse_distance"],
+    )
+
+
+def _backbone_source(specs: list[ParameterSpec], options: dict) -> BackboneSource:
+    """The ``backbone`` source of checked ``options`` (its module imported or given)."""
     module = user_module(options, "the 'backbone' predictor")
     if options["feature_dim"] is None:
         raise PredictorError("the 'backbone' predictor needs predictor_options.feature_dim (channels C)")

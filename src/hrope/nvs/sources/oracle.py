@@ -40,9 +40,9 @@ class OracleSource(GeometrySource):
         if self.scope == "all":
             return self.values_of(planes, cameras, grid)
         context_m = planes.m(cameras, grid, torch.float32)[:, : num_context * grid[0] * grid[1]]
-        transferred = hit = None
+        transferred = None
         if self.targets == "transfer":
             target_m, hit = transfer_planes(context_m, cameras.to(dtype=torch.float32), grid, num_context)
-            transferred = self.values_of(Planes.from_m(target_m), camera_views(cameras, num_context), grid)
+            transferred = self.values_of(Planes.from_m(target_m), camera_views(cameras, num_context), grid), hit
         values = self.values_of(Planes.from_m(context_m), camera_views(cameras, 0, num_context), grid)
-        return self.with_targets(values, cameras, grid, num_context, transferred, hit)
+        return self.with_targets(values, cameras, grid, num_context, transferred)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -73,7 +73,7 @@ class ParameterSpec:
     decode: Callable[[Tensor, Cameras, tuple[int, int]], Tensor]
 
 
-def _plane_decoder(kind: str, neutral: str, depth_init: float) -> tuple[int, Callable]:
+def _plane_decoder(kind: str, neutral: str | None, depth_init: float) -> tuple[int, Callable]:
     """``(raw_dim, decode)`` of a plane head. Zero output decodes to the encoding's neutral planes.
 
     ``direct``: m = m0 + raw / depth_init (3 outputs; Jacobian I / depth_init, full rank everywhere),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -36,9 +36,8 @@ def load_backbone(module: nn.Module, checkpoint: str | Path) -> nn.Module:
 
         state = load_file(str(path))
     else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if isinstance(state, dict) and "state_dict" in state:
-            state = state["state_dict"]
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+        state = loaded["state_dict"] if isinstance(loaded, dict) and "state_dict" in loaded else loaded
     module.load_state_dict(state)
     return module
 

@@ -194,7 +194,9 @@ def read_colmap_images(path: str | Path) -> list[ColmapImage]:
     """
     path = Path(path)
     lines, declared = _read_model_file(path, "images")
-    images, seen, previous = [], {}, None  # previous: the image whose POINTS2D line may come next
+    images: list[ColmapImage] = []
+    seen: dict[int, int] = {}  # image id: its line number
+    previous: ColmapImage | None = None  # the image whose POINTS2D line may come next
     for n, line in lines:
         tokens = line.split(maxsplit=9)
         if previous is not None and (not tokens or _reads_as_points(tokens)):

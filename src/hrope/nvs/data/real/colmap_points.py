@@ -60,21 +60,22 @@ def read_points3d(path: str | Path) -> tuple[Tensor, Tensor]:
 @functools.lru_cache(maxsize=8)
 def _read_points3d(path: Path, mtime_ns: int, size: int) -> tuple[Tensor, Tensor]:
     lines, declared = _read_model_file(path, "points")
-    ids, xyz = [], []
+    found: list[int] = []
+    rows: list[list[float]] = []
     for n, line in lines:
         if not line:
             continue
         tokens, where = line.split(), f"{path}:{n}"
         if len(tokens) < 8:
             raise SceneError(f"{where}: expected 'POINT3D_ID X Y Z R G B ERROR TRACK[]', got {line!r}")
-        ids.append(_integer(tokens[0], where, "POINT3D_ID"))
+        found.append(_integer(tokens[0], where, "POINT3D_ID"))
         point = _floats(tokens[1:4], where, "X Y Z")
         if not np.isfinite(point).all():
             raise SceneError(f"{where}: field X Y Z must be finite, got {' '.join(tokens[1:4])}")
-        xyz.append(point)
-    _check_count(path, "points", declared, len(ids))
-    ids = torch.tensor(ids, dtype=torch.int64)
-    xyz = torch.tensor(xyz, dtype=torch.float64).reshape(-1, 3)
+        rows.append(point)
+    _check_count(path, "points", declared, len(found))
+    ids = torch.tensor(found, dtype=torch.int64)
+    xyz = torch.tensor(rows, dtype=torch.float64).reshape(-1, 3)
     ids, order = ids.sort()
     if len(ids) > 1 and (ids[1:] == ids[:-1]).any():
         raise SceneError(f"{path}: field POINT3D_ID {int(ids[1:][ids[1:] == ids[:-1]][0])} repeats")
@@ -123,13 +124,14 @@ def with_point_depth(scene: Scene, frames: list[Frame]) -> Scene:
     """``scene`` with ``depth`` the sparse depth of each view's COLMAP points (module doc);
     ``frames`` are its views' frames, in order. A :class:`SceneError` when a frame has no COLMAP
     tracks, and when no view sees :data:`MIN_PLANE_POINTS` points (the message gives the counts)."""
-    depths = []
+    depths, sources = [], []
     for v, frame in enumerate(frames):
         if frame.tracks is None:
             raise SceneError(
                 f"{frame.label}: data.depth 'points' needs a COLMAP model (points3D.txt and the "
                 "images' POINTS2D); this frame has none"
             )
+        sources.append(frame.tracks[0])
         points = observed_points(*frame.tracks, frame.label)
         depths.append(point_depth(points, scene.cameras.K[0, v], scene.cameras.world_to_cam[0, v], scene.image_size))
     depth = torch.stack(depths)
@@ -137,7 +139,7 @@ def with_point_depth(scene: Scene, frames: list[Frame]) -> Scene:
     if max(counts) < MIN_PLANE_POINTS:
         raise SceneError(
             f"{scene.name}: too few SfM points for any plane: its {len(counts)} view(s) see {counts} "
-            f"point(s) (a plane needs {MIN_PLANE_POINTS}; points from {frames[0].tracks[0]})"
+            f"point(s) (a plane needs {MIN_PLANE_POINTS}; points from {sources[0]})"
         )
     return replace(scene, depth=depth)
 
@@ -170,7 +172,9 @@ def write_colmap_model(scene: Scene, folder: str | Path, points_per_view: int = 
     model.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(seed)
     H, W = scene.image_size
-    cameras, images, points = [], [], []
+    cameras: list[str] = []
+    images: list[str] = []
+    points: list[str] = []
     for v in range(scene.num_views):
         K, E = scene.cameras.K[0, v].double(), scene.cameras.world_to_cam[0, v].double()
         name = f"{v:03d}.png"

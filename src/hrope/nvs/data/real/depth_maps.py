@@ -110,7 +110,8 @@ def _decoded_size(frame: Frame) -> tuple[int, int]:
         with Image.open(io.BytesIO(image) if isinstance(image, bytes) else image) as pil:
             return pil.height, pil.width
     except OSError as error:
-        raise SceneError(f"{frame.label}: cannot read image {image}: {one_line(error)}") from error
+        what = "image bytes" if isinstance(image, bytes) else f"image {image}"
+        raise SceneError(f"{frame.label}: cannot read {what}: {one_line(error)}") from error
 
 
 def _to_view(x: Tensor, frame: Frame, image_size: tuple[int, int], path: Path) -> Tensor:
@@ -149,10 +150,10 @@ def with_depth_maps(scene: Scene, frames: list[Frame], depth_scale: float = PNG_
             )
     if len(normals) < len(frames):
         return replace(scene, depth=torch.stack(depths))
-    normals = torch.stack(normals)
+    stacked = torch.stack(normals)
     rays = pixel_rays(scene.cameras.K.float(), scene.image_size)[0].movedim(-1, 1)  # (V, 3, H, W)
-    facing = torch.where((normals * rays).sum(1, keepdim=True) > 0, -1.0, 1.0)  # towards the camera
-    return replace(scene, depth=torch.stack(depths), normals=normals * facing)
+    facing = torch.where((stacked * rays).sum(1, keepdim=True) > 0, -1.0, 1.0)  # towards the camera
+    return replace(scene, depth=torch.stack(depths), normals=stacked * facing)
 
 
 def load_frames(

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any, Literal, overload
 
 import numpy as np
 import torch
@@ -86,9 +87,17 @@ class Frame:
     background: tuple[float, float, float] | None = None
 
 
+@overload
+def positive_number(value: Any, where: str, field: str, *, whole: Literal[True], below: float = math.inf) -> int: ...
+@overload
 def positive_number(
-    value: object, where: str, field: str, *, whole: bool = False, below: float = math.inf
-) -> float | int:
+    value: Any, where: str, field: str, *, whole: Literal[False] = False, below: float = math.inf
+) -> float: ...
+@overload
+def positive_number(
+    value: Any, where: str, field: str, *, whole: bool = False, below: float = math.inf
+) -> float | int: ...
+def positive_number(value: Any, where: str, field: str, *, whole: bool = False, below: float = math.inf) -> float | int:
     """``value`` as a number when it is finite and in ``(0, below)`` (an int when ``whole``), else a
     :class:`SceneError` naming ``where`` and ``field``: every reader checks its sizes and intrinsics here."""
     try:
@@ -208,11 +217,11 @@ def load_view(
     """
     image_size = None if image_size is None else (int(image_size[0]), int(image_size[1]))
     key = None if cache is None else cache.key(frame.image, image_size, _lens(frame), frame.background)
-    stored = None if key is None else cache.get(key)
+    stored = None if cache is None or key is None else cache.get(key)
     if stored is None:  # a reduced JPEG scale only when K says which size it is for
         target = image_size if frame.intrinsics_size is not None else None
         image = read_image(frame.image, frame.label, target=target, background=frame.background)
-        size = tuple(image.shape[-2:])
+        size = (image.shape[-2], image.shape[-1])
     else:
         pixels, size = stored
     K = _intrinsics(frame, size)
@@ -222,7 +231,7 @@ def load_view(
         if image_size is not None:
             image = resize_crop(image[None], K[None], image_size)[0][0]
         pixels = (image.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
-        if key is not None:
+        if cache is not None and key is not None:
             cache.put(key, pixels, size)
     image = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1).float() / 255.0
     return image, (K if image_size is None else _resized_intrinsics(K, size, image_size))
@@ -315,8 +324,10 @@ def image_folder(folder: Path, image_factor: int | None = None, *, fallback: Pat
     present = image_folders(folder)
     names = ", ".join(f"{present[f].name}/" for f in sorted(present)) or "none"
     if image_factor is None:
-        if present or fallback is not None:
-            return present[min(present)] if present else fallback
+        if present:
+            return present[min(present)]
+        if fallback is not None:
+            return fallback
         raise SceneError(
             f"{folder}: no image folder; looked for images/ and images_N/ (downsampled by N: "
             f"images_2/, images_4/, images_8/, ...)"

@@ -69,8 +69,11 @@ def _image_size(path: Path, label: str) -> tuple[int, int]:
 
 def _intrinsics(fields: dict, image: Path, label: str) -> tuple[torch.Tensor, tuple[int, int]]:
     """``(K, (h, w))`` from the merged top-level and per-frame fields, each checked."""
-    number = lambda key, **bounds: positive_number(fields[key], label, repr(key), **bounds)  # noqa: E731
-    given = {key: number(key, whole=True) for key in ("h", "w") if key in fields}
+
+    def number(key: str, below: float = math.inf) -> float:
+        return positive_number(fields[key], label, repr(key), below=below)
+
+    given = {key: positive_number(fields[key], label, repr(key), whole=True) for key in ("h", "w") if key in fields}
     size = (given["h"], given["w"]) if len(given) == 2 else _image_size(image, label)
     if "fl_x" in fields:
         fx = number("fl_x")
@@ -169,9 +172,8 @@ def read_transforms_json(path: str | Path, image_factor: int | None = None) -> l
         maps = [entry.get(key) for key in ("depth_file_path", "normal_file_path")]  # read on request (data.depth)
         if any(m is not None and not (isinstance(m, str) and m) for m in maps):
             raise SceneError(f"{label}: fields 'depth_file_path' and 'normal_file_path' must be non-empty strings")
-        frames.append(
-            Frame(image, K, world_to_cam, size, label, *(m and path.parent / m for m in maps), distortion=distortion)
-        )
+        depth_map, normal_map = (m and path.parent / m for m in maps)
+        frames.append(Frame(image, K, world_to_cam, size, label, depth_map, normal_map, distortion=distortion))
     report_missing(str(path), missing, len(meta["frames"]))
     return frames
 

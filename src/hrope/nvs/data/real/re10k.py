@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import TypeGuard
 
 import torch
 
@@ -69,6 +70,11 @@ def re10k_frames(example: dict, where: str) -> list[Frame]:
     return frames
 
 
+def _is_indices(value: object) -> TypeGuard[list[int]]:
+    """Whether ``value`` is a list of frame indices (ints, not bools)."""
+    return isinstance(value, list) and all(type(i) is int for i in value)
+
+
 def read_evaluation_index(path: str | Path) -> dict[str, tuple[list[int], list[int]] | None]:
     """``key -> (context indices, target indices)`` or None, from an evaluation index JSON."""
     path = Path(path)
@@ -78,14 +84,14 @@ def read_evaluation_index(path: str | Path) -> dict[str, tuple[list[int], list[i
         raise SceneError(f"{path}: cannot read JSON: {error}") from error
     if not isinstance(raw, dict):
         raise SceneError(f"{path}: expected an object mapping scene keys to views")
-    index = {}
+    index: dict[str, tuple[list[int], list[int]] | None] = {}
     for key, entry in raw.items():
         if entry is None:
             index[key] = None
             continue
         views = entry if isinstance(entry, dict) else {}
         context, target = views.get("context"), views.get("target")
-        if not all(isinstance(v, list) and all(type(i) is int for i in v) for v in (context, target)):
+        if not (_is_indices(context) and _is_indices(target)):
             raise SceneError(f"{path}: entry {key!r} needs lists of frame indices 'context' and 'target'")
         index[key] = (context, target)
     return index
@@ -115,7 +121,8 @@ class RealEstate10KSource(SceneSource):
             self.keys = sorted(self.chunk_of)
         else:
             index = read_evaluation_index(evaluation_index)
-            wanted = [key for key, entry in index.items() if entry is not None]
+            listed = {key: entry for key, entry in index.items() if entry is not None}
+            wanted = list(listed)
             self.keys = [key for key in wanted if key in self.chunk_of]
             if len(wanted) < len(index):
                 logger.info(
@@ -131,7 +138,7 @@ class RealEstate10KSource(SceneSource):
                     len(wanted) - len(self.keys),
                     len(wanted),
                 )
-            self.evaluation_views = {key: index[key] for key in self.keys}
+            self.evaluation_views = {key: listed[key] for key in self.keys}
 
     def _list_scenes(self) -> dict[str, Path]:
         if not self.root.is_dir():

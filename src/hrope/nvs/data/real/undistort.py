@@ -35,7 +35,9 @@ from __future__ import annotations
 import logging
 import math
 import reprlib
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +73,7 @@ class Distortion:
     model: str
 
 
-def finite_number(value: object, where: str, field: str) -> float:
+def finite_number(value: Any, where: str, field: str) -> float:
     """``value`` as a finite float, else a :class:`SceneError` naming ``where`` and ``field``."""
     try:
         number = math.nan if isinstance(value, bool) else float(value)
@@ -82,7 +84,7 @@ def finite_number(value: object, where: str, field: str) -> float:
     return number
 
 
-def make_distortion(kind: str, values: dict[str, object], model: str, where: str) -> Distortion | None:
+def make_distortion(kind: str, values: Mapping[str, object], model: str, where: str) -> Distortion | None:
     """The :class:`Distortion` of named coefficients (missing ones are 0, each one given must be a
     finite number, else a :class:`SceneError` naming ``where`` and the field); None for an
     ``opencv`` model whose coefficients are all 0 (a pinhole camera)."""

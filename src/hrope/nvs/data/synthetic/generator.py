@@ -11,7 +11,7 @@ Preview: ``python -m hrope.nvs.data.synthetic.preview OUT.png``.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -130,29 +130,29 @@ class _QuadBuilder:
 def _box_room(b: _QuadBuilder, width: float, length: float, height: float, tile: tuple[float, float]) -> None:
     """Floor, ceiling and four walls of ``[-w/2, w/2] x [-h, 0] x [-l/2, l/2]``, facing inwards."""
     rng = b.rng
-    w, h, l = width / 2, height / 2, length / 2
-    b.add(_vec(0, 0, 0), _vec(w, 0, 0), _vec(0, 0, l), b.texture(), front=_vec(*UP), tile=rng.scalar(*tile))
+    half_w, half_h, half_l = width / 2, height / 2, length / 2
+    b.add(_vec(0, 0, 0), _vec(half_w, 0, 0), _vec(0, 0, half_l), b.texture(), front=_vec(*UP), tile=rng.scalar(*tile))
     b.add(
         _vec(0, -height, 0),
-        _vec(w, 0, 0),
-        _vec(0, 0, l),
+        _vec(half_w, 0, 0),
+        _vec(0, 0, half_l),
         b.texture("procedural"),
         front=_vec(0, 1, 0),
         tile=rng.scalar(*tile),
     )
     for sign in (1.0, -1.0):
         b.add(
-            _vec(sign * w, -h, 0),
-            _vec(0, h, 0),
-            _vec(0, 0, l),
+            _vec(sign * half_w, -half_h, 0),
+            _vec(0, half_h, 0),
+            _vec(0, 0, half_l),
             b.texture(),
             front=_vec(-sign, 0, 0),
             tile=rng.scalar(*tile),
         )
         b.add(
-            _vec(0, -h, sign * l),
-            _vec(w, 0, 0),
-            _vec(0, h, 0),
+            _vec(0, -half_h, sign * half_l),
+            _vec(half_w, 0, 0),
+            _vec(0, half_h, 0),
             b.texture(),
             front=_vec(0, 0, -sign),
             tile=rng.scalar(*tile),
@@ -216,7 +216,7 @@ def object_layout(rng: Rng, config: SyntheticConfig) -> Layout:
     e = _OBJECT_ENCLOSURE
     _box_room(b, 2 * e, 2 * e, 0.75 * e, tile=(0.8, 2.5))
     corners = []
-    for i in range(rng.integer(*config.object_boxes)):
+    for _ in range(rng.integer(*config.object_boxes)):
         half = rng.uniform(*config.object_box_half_size, (3,))
         rotation = _random_rotation(rng) if rng.scalar() < config.object_tumble_probability else _yaw(rng.angle(180))
         angle, dist = rng.scalar(0, 2 * math.pi), rng.scalar(0, config.object_spread)

@@ -24,11 +24,14 @@ def preview_grid(scenes: Sequence[Scene]) -> torch.Tensor:
     colormap = matplotlib.colormaps["turbo"]
     rows = []
     for scene in scenes:
+        depth, normals = scene.depth, scene.normals
+        if depth is None or normals is None:
+            raise ValueError(f"{scene.name}: preview_grid needs scenes with depth and normals")
         rows.append(torch.cat(list(scene.images), -1))
-        inverse = torch.where(torch.isfinite(scene.depth), 1.0 / scene.depth, torch.zeros_like(scene.depth))
+        inverse = torch.where(torch.isfinite(depth), 1.0 / depth, torch.zeros_like(depth))
         inverse = inverse / inverse.amax().clamp_min(1e-6)
         rows.append(torch.as_tensor(colormap(torch.cat(list(inverse), -1).numpy())[..., :3]).permute(2, 0, 1).float())
-        rows.append(torch.cat(list((scene.normals + 1) / 2 * (scene.normals.abs().sum(1, keepdim=True) > 0)), -1))
+        rows.append(torch.cat(list((normals + 1) / 2 * (normals.abs().sum(1, keepdim=True) > 0)), -1))
     return torch.cat(rows, -2)
 
 

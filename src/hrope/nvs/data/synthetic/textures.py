@@ -83,7 +83,8 @@ def _value_noise(rng: Rng, size: int, octaves: int = 5, base_cells: int = 4) -> 
 
 def _pixel_grid(size: int) -> tuple[Tensor, Tensor]:
     coords = (torch.arange(size, dtype=torch.float32) + 0.5) / size
-    return torch.meshgrid(coords, coords, indexing="ij")
+    rows, columns = torch.meshgrid(coords, coords, indexing="ij")
+    return rows, columns
 
 
 def _noise(rng: Rng, size: int) -> Tensor:

@@ -44,6 +44,8 @@ def _wave(rng: Rng, frames: Tensor, amplitude: float, cycles: tuple[float, float
 
 def room_trajectory(rng: Rng, layout: Layout, config: SyntheticConfig) -> Tensor:
     """A forward walk along the room's corridor with a turning heading and a looking-around gaze."""
+    if layout.room is None:
+        raise ValueError("room_trajectory needs a room layout (Layout.room)")
     F = config.num_frames
     needed = config.room_speed[0] * (F - 1) + 2 * ROOM_END_MARGIN
     if needed > config.room_length[0]:
@@ -76,26 +78,29 @@ def room_trajectory(rng: Rng, layout: Layout, config: SyntheticConfig) -> Tensor
 
 def object_trajectory(rng: Rng, layout: Layout, config: SyntheticConfig) -> Tensor:
     """One orbit around the object, cameras on a sphere cap looking (roughly) at its centre."""
+    if layout.target is None or layout.radius is None:
+        raise ValueError("object_trajectory needs an object layout (Layout.target and Layout.radius)")
+    target, radius = layout.target, layout.radius
     F = config.num_frames
     frames = torch.arange(F, dtype=torch.float64)
     low, high = (math.radians(a) for a in config.object_elevation_deg)
     elevation = (rng.scalar(low, high) + _wave(rng, frames, math.radians(8))).clamp(low, high)
-    distance = layout.radius * rng.scalar(*config.object_distance) * (1 + _wave(rng, frames, 0.08))
+    distance = radius * rng.scalar(*config.object_distance) * (1 + _wave(rng, frames, 0.08))
     azimuth = rng.scalar(0, 2 * math.pi) + rng.sign() * 2 * math.pi * frames / F
     offset = torch.stack(
         [torch.cos(elevation) * torch.sin(azimuth), -torch.sin(elevation), torch.cos(elevation) * torch.cos(azimuth)],
         -1,
     )
-    centres = layout.target + distance[:, None] * offset
+    centres = target + distance[:, None] * offset
     too_far = float(centres[:, [0, 2]].abs().max()) > _OBJECT_ENCLOSURE - 0.3
     if too_far or float(centres[:, 1].min()) < -0.7 * _OBJECT_ENCLOSURE:
         raise ValueError(
             f"impossible trajectory: the orbit (distance {config.object_distance} object radii) "
             "leaves the room the object stands in"
         )
-    jitter = torch.stack([_wave(rng, frames, 0.1 * layout.radius) for _ in range(3)], -1)
+    jitter = torch.stack([_wave(rng, frames, 0.1 * radius) for _ in range(3)], -1)
     roll = _wave(rng, frames, math.radians(3))
-    return _world_to_cam(centres, layout.target + jitter - centres, roll)
+    return _world_to_cam(centres, target + jitter - centres, roll)
 
 
 def sample_intrinsics(rng: Rng, config: SyntheticConfig, image_size: tuple[int, int], num_views: int) -> Tensor:
