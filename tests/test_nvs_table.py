@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import hrope
 from hrope.nvs.model import APE_ENCODINGS, encoding_names
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
