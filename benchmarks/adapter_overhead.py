@@ -151,7 +151,7 @@ def interleaved(calls: dict, reps: int) -> dict[str, list[float]]:
     return seconds
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--views", type=int, default=2)
@@ -162,10 +162,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--adapters", nargs="*", choices=sorted(ADAPTERS), default=sorted(ADAPTERS))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    x = inputs(args, torch.Generator().manual_seed(0))
+    return parser.parse_args(argv)
+
+
+def measure(args: argparse.Namespace, x: dict) -> dict[str, list[dict]]:
+    """Per adapter, one row per reported pair: the median per-repetition ratio and the call's median ms."""
     results = {}
     with torch.no_grad():
         for name in args.adapters:
@@ -180,25 +181,17 @@ def main(argv: list[str] | None = None) -> dict:
                 }
                 for call, ref in pairs
             ]
-    command = "python " + " ".join(["benchmarks/adapter_overhead.py", *(sys.argv[1:] if argv is None else argv)])
-    L = x["q"].shape[2]
-    meta = {
-        "command": command,
-        "torch": torch.__version__,
-        "threads": args.threads,
-        "reps": args.reps,
-        "shape": f"B=1, {args.heads} heads, {args.views} views x {args.grid}x{args.grid} patches + 1 cls token "
-        f"per view (L={L}), head_dim {args.head_dim}, fp32 cpu, forward",
-        "encoding": args.encoding,
-        "machine": platform.processor() or platform.machine(),
-        "provenance": provenance(),
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "adapter_overhead.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    return results
+
+
+def write_outputs(meta: dict, results: dict[str, list[dict]], out: Path) -> None:
+    """``adapter_overhead.{json,md}`` in ``out``; the table is also printed."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "adapter_overhead.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     lines = [
-        f"Adapter overhead, `{args.encoding}`: {meta['shape']}, {args.threads} thread(s), median over "
-        f"{args.reps} interleaved repetitions of the per-repetition ratio.",
-        f"Command: `{command}` (torch {torch.__version__}).  ",
+        f"Adapter overhead, `{meta['encoding']}`: {meta['shape']}, {meta['threads']} thread(s), median over "
+        f"{meta['reps']} interleaved repetitions of the per-repetition ratio.",
+        f"Command: `{meta['command']}` (torch {meta['torch']}).  ",
         f"Commit: `{describe(meta['provenance'])}`.",
         "",
         "| adapter | call | relative to | ratio |",
@@ -209,8 +202,29 @@ def main(argv: list[str] | None = None) -> dict:
         for name, rows in results.items()
         for r in rows
     ]
-    (args.out / "adapter_overhead.md").write_text("\n".join(lines) + "\n")
+    (out / "adapter_overhead.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    x = inputs(args, torch.Generator().manual_seed(0))
+    results = measure(args, x)
+    L = x["q"].shape[2]
+    meta = {
+        "command": "python " + " ".join(["benchmarks/adapter_overhead.py", *(sys.argv[1:] if argv is None else argv)]),
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "reps": args.reps,
+        "shape": f"B=1, {args.heads} heads, {args.views} views x {args.grid}x{args.grid} patches + 1 cls token "
+        f"per view (L={L}), head_dim {args.head_dim}, fp32 cpu, forward",
+        "encoding": args.encoding,
+        "machine": platform.processor() or platform.machine(),
+        "provenance": provenance(),
+    }
+    write_outputs(meta, results, args.out)
     return results
 
 

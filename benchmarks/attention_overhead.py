@@ -58,6 +58,7 @@ SDPA_BACKENDS = {
     "math": "MATH",
     "cudnn": "CUDNN_ATTENTION",
 }
+MODES = (("forward", False), ("forward_backward", True))  # (results key, backward pass)
 MALLOC_CACHE_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 
 
@@ -121,7 +122,7 @@ def saved_bytes(fn) -> int:
     return total
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--views", type=int, default=2)
@@ -163,114 +164,122 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--tag", default="", help="suffix of the output files (e.g. n8192)")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
-    if args.malloc_cache and any(os.environ.get(k) != v for k, v in MALLOC_CACHE_ENV.items()):
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_CACHE_ENV})
+    return parser.parse_args(argv)
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.warm_allocator:
-        torch.empty(args.warm_allocator << 18).fill_(0.0)  # MB of float32, freed at once
-    torch.manual_seed(0)
-    gen = torch.Generator().manual_seed(0)
-    grid = (args.grid, args.grid)
-    names = args.encodings or [*hrope.ENCODINGS, PEER]
-    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    cameras = make_cameras(1, args.views, (8 * args.grid, 8 * args.grid), gen).to(device=device)
-    N = args.views * args.grid * args.grid
-    q, k, v = (torch.randn(1, args.heads, N, args.head_dim, generator=gen).to(device, dtype) for _ in range(3))
 
-    def synchronize():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+class Rows:
+    """Plain SDPA and every encoding row on the same random cameras, q, k, v ``(1, heads, N, head_dim)``
+    and per-row planes / params; ``functions[name](q, k, v)`` is a row's attention (compiled with
+    ``--compile``, the compilation happening in the warm-up)."""
 
-    inputs = {name: example_inputs(name, cameras, grid, gen) for name in names if name != PEER}
-    encodings = {name: hrope.get_encoding(name) for name in inputs}
-    for encoding in encodings.values():
-        if not encoding.query_frame:
-            encoding.use_backend(args.transform_backend)
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        torch.manual_seed(0)
+        gen = torch.Generator().manual_seed(0)
+        self.grid = (args.grid, args.grid)
+        self.names = args.encodings or [*hrope.ENCODINGS, PEER]
+        self.device, self.dtype = torch.device(args.device), getattr(torch, args.dtype)
+        self.cameras = make_cameras(1, args.views, (8 * args.grid, 8 * args.grid), gen).to(device=self.device)
+        N = args.views * args.grid * args.grid
+        self.q, self.k, self.v = (
+            torch.randn(1, args.heads, N, args.head_dim, generator=gen).to(self.device, self.dtype) for _ in range(3)
+        )
+        self.inputs = {name: example_inputs(name, self.cameras, self.grid, gen) for name in self.names if name != PEER}
+        self.encodings = {name: hrope.get_encoding(name) for name in self.inputs}
+        for encoding in self.encodings.values():
+            if not encoding.query_frame:
+                encoding.use_backend(args.transform_backend)
+        self.functions = {
+            name: torch.compile(self.attend(name)) if args.compile else self.attend(name)
+            for name in ["sdpa", *self.names]
+        }
 
-    def attend(name):
+    def attend(self, name: str):
         """The row's attention as a function of (q, k, v)."""
+        args, cameras, grid = self.args, self.cameras, self.grid
         if name == "sdpa":
             return F.scaled_dot_product_attention
         if name == PEER and args.prepared_once:  # as the official module's cached closures
-            tables = prope_einsum_tables(cameras, grid, args.head_dim, dtype, device)
+            tables = prope_einsum_tables(cameras, grid, args.head_dim, self.dtype, self.device)
             return lambda q, k, v: prope_einsum_apply(q, k, v, tables)
         if name == PEER:
             return lambda q, k, v: prope_einsum_attention(q, k, v, cameras=cameras, grid=grid)
+        inputs, encoding = self.inputs[name], self.encodings[name]
         if args.prepared_once:
-            params = inputs[name]["params"]
-            return (
-                encodings[name].prepare(cameras, grid, args.head_dim, planes=inputs[name]["planes"], **params).attention
-            )
+            return encoding.prepare(cameras, grid, args.head_dim, planes=inputs["planes"], **inputs["params"]).attention
         return lambda q, k, v: hrope.multiview_attention(
-            q, k, v, encoding=encodings[name], cameras=cameras, grid=grid, **inputs[name]
+            q, k, v, encoding=encoding, cameras=cameras, grid=grid, **inputs
         )
 
-    # --compile: one compiled function per row, SDPA included (compilation happens in the warm-up)
-    functions = {name: torch.compile(attend(name)) if args.compile else attend(name) for name in ["sdpa", *names]}
-
-    def run(name, backward: bool):
-        qq, kk, vv = (x.detach().requires_grad_(backward) for x in (q, k, v))
-        out = functions[name](qq, kk, vv)
+    def run(self, name: str, backward: bool):
+        qq, kk, vv = (x.detach().requires_grad_(backward) for x in (self.q, self.k, self.v))
+        out = self.functions[name](qq, kk, vv)
         if backward:
             out.sum().backward()
         return out
 
-    def timed(name, backward):
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def timed(self, name: str, backward: bool) -> tuple[float, int]:
         """Seconds and minor page faults of one call."""
-        with sdpa_backend(args.sdpa_backend):
-            return timed_call(name, backward)
+        with sdpa_backend(self.args.sdpa_backend):
+            self.synchronize()
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            start = time.perf_counter()
+            if backward:
+                self.run(name, True)
+            else:
+                with torch.no_grad():
+                    self.run(name, False)
+            self.synchronize()
+            return time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 
-    def timed_call(name, backward):
-        synchronize()
-        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        start = time.perf_counter()
-        if backward:
-            run(name, True)
-        else:
-            with torch.no_grad():
-                run(name, False)
-        synchronize()
-        return time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 
-    results = {}
-    for mode, backward in (("forward", False), ("forward_backward", True)):
-        for name in ["sdpa", *names]:  # warm-up
-            timed(name, backward)
-        ratios = {name: [] for name in names}
-        faults = {name: [] for name in ["sdpa", *names]}
-        sdpa_times = []
-        for _ in range(args.reps):
-            base, faults_sdpa = timed("sdpa", backward)
-            sdpa_times.append(base)
-            faults["sdpa"].append(faults_sdpa)
-            for name in names:
-                seconds, row_faults = timed(name, backward)
-                ratios[name].append(seconds / base)
-                faults[name].append(row_faults)
-        results[mode] = {
-            "sdpa_ms": 1e3 * statistics.median(sdpa_times),
-            "ratio": {n: statistics.median(r) for n, r in ratios.items()},
-            "ratio_quartiles": {n: quartiles(r) for n, r in ratios.items()},
-            "ratios_per_repetition": ratios,
-            "page_faults_per_call": {n: statistics.median(f) for n, f in faults.items()},
-        }
+def time_mode(rows: Rows, backward: bool, reps: int) -> dict:
+    """One mode's results: after a warm-up call of each row, ``reps`` interleaved repetitions of
+    SDPA then every encoding; ratios to the SDPA time of the same repetition."""
+    names = rows.names
+    for name in ["sdpa", *names]:  # warm-up
+        rows.timed(name, backward)
+    ratios = {name: [] for name in names}
+    faults = {name: [] for name in ["sdpa", *names]}
+    sdpa_times = []
+    for _ in range(reps):
+        base, faults_sdpa = rows.timed("sdpa", backward)
+        sdpa_times.append(base)
+        faults["sdpa"].append(faults_sdpa)
+        for name in names:
+            seconds, row_faults = rows.timed(name, backward)
+            ratios[name].append(seconds / base)
+            faults[name].append(row_faults)
+    return {
+        "sdpa_ms": 1e3 * statistics.median(sdpa_times),
+        "ratio": {n: statistics.median(r) for n, r in ratios.items()},
+        "ratio_quartiles": {n: quartiles(r) for n, r in ratios.items()},
+        "ratios_per_repetition": ratios,
+        "page_faults_per_call": {n: statistics.median(f) for n, f in faults.items()},
+    }
 
-    with sdpa_backend(args.sdpa_backend):
-        sdpa_saved = saved_bytes(lambda: run("sdpa", True))
-        results["saved_for_backward_ratio"] = {n: saved_bytes(lambda n=n: run(n, True)) / sdpa_saved for n in names}
-    results["load_average"] = [round(x, 2) for x in os.getloadavg()]
-    results["provenance"] = provenance()
-    results["config"] = {
+
+def saved_ratios(rows: Rows) -> dict[str, float]:
+    """Bytes saved for backward by every encoding row relative to plain SDPA."""
+    with sdpa_backend(rows.args.sdpa_backend):
+        sdpa_saved = saved_bytes(lambda: rows.run("sdpa", True))
+        return {n: saved_bytes(lambda n=n: rows.run(n, True)) / sdpa_saved for n in rows.names}
+
+
+def run_config(args: argparse.Namespace, rows: Rows) -> dict:
+    """The ``config`` entry of the results: shape, dtype, device, threads and every timing option."""
+    return {
         "B": 1,
         "heads": args.heads,
         "views": args.views,
-        "grid": grid,
+        "grid": rows.grid,
         "head_dim": args.head_dim,
         "dtype": args.dtype,
-        "device": str(device),
+        "device": str(rows.device),
         "threads": torch.get_num_threads(),
         "reps": args.reps,
         "torch": torch.__version__,
@@ -282,7 +291,12 @@ def main(argv: list[str] | None = None) -> None:
         "transform_backend": args.transform_backend,
         "warm_allocator_mb": args.warm_allocator,
     }
-    stem = (
+
+
+def output_stem(args: argparse.Namespace) -> str:
+    """``attention_overhead`` with a suffix per non-default device, dtype and option."""
+    device = torch.device(args.device)
+    return (
         "attention_overhead"
         + ("" if device.type == "cpu" else f"_{device.type}")
         + ("" if args.dtype == "float32" else f"_{args.dtype}")
@@ -292,7 +306,23 @@ def main(argv: list[str] | None = None) -> None:
         + ("_prepared_once" if args.prepared_once else "")
         + (f"_{args.tag}" if args.tag else "")
     )
-    write(results, names, args.out, stem)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.malloc_cache and any(os.environ.get(k) != v for k, v in MALLOC_CACHE_ENV.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_CACHE_ENV})
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.warm_allocator:
+        torch.empty(args.warm_allocator << 18).fill_(0.0)  # MB of float32, freed at once
+    rows = Rows(args)
+    results = {mode: time_mode(rows, backward, args.reps) for mode, backward in MODES}
+    results["saved_for_backward_ratio"] = saved_ratios(rows)
+    results["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    results["provenance"] = provenance()
+    results["config"] = run_config(args, rows)
+    write(results, rows.names, args.out, output_stem(args))
 
 
 def sdpa_backend(name: str):
@@ -310,17 +340,9 @@ def quartiles(values: list[float]) -> list[float]:
     return [q1, q3]
 
 
-def write(results: dict, names, out: Path, stem: str = "attention_overhead") -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=2))
-    fwd, fb = results["forward"]["ratio"], results["forward_backward"]["ratio"]
-    per_rep = results["forward"]["ratios_per_repetition"]
-    spread = {n: "{:.2f}–{:.2f}".format(*results["forward"]["ratio_quartiles"][n]) for n in names}
-    peers = [n for n in names if not n.startswith("hrope") and n not in ("none", "rope2d")]  # geometric peers
-    faults = {n: f"{f:.0f}" for n, f in results["forward"].get("page_faults_per_call", {}).items()}
-    best_peer = min(peers, key=lambda n: fwd[n]) if peers else None
-    cfg = results["config"]
-    settings = [
+def _settings(cfg: dict) -> list[str]:
+    """The run's non-default options, as the table's heading names them."""
+    return [
         name
         for name, on in (
             (f"SDPA backend {cfg.get('sdpa_backend')}", cfg.get("sdpa_backend", "auto") != "auto"),
@@ -335,9 +357,23 @@ def write(results: dict, names, out: Path, stem: str = "attention_overhead") -> 
         )
         if on
     ]
+
+
+def write(results: dict, names, out: Path, stem: str = "attention_overhead") -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=2))
+    fwd, fb = results["forward"]["ratio"], results["forward_backward"]["ratio"]
+    per_rep = results["forward"]["ratios_per_repetition"]
+    spread = {n: "{:.2f}–{:.2f}".format(*results["forward"]["ratio_quartiles"][n]) for n in names}
+    peers = [n for n in names if not n.startswith("hrope") and n not in ("none", "rope2d")]  # geometric peers
+    faults = {n: f"{f:.0f}" for n, f in results["forward"].get("page_faults_per_call", {}).items()}
+    best_peer = min(peers, key=lambda n: fwd[n]) if peers else None
+    cfg = results["config"]
+    settings = _settings(cfg)
     lines = [
         f"Shape: B=1, {cfg['heads']} heads, {cfg['views']} views x {cfg['grid'][0]}x{cfg['grid'][1]} patches, "
-        f"head_dim {cfg['head_dim']}, {cfg.get('dtype', 'float32')} {cfg.get('device', 'cpu')}, {cfg['threads']} threads, "
+        f"head_dim {cfg['head_dim']}, {cfg.get('dtype', 'float32')} {cfg.get('device', 'cpu')}, "
+        f"{cfg['threads']} threads, "
         f"{''.join(s + ', ' for s in settings)}"
         f"{cfg['reps']} interleaved repetitions "
         "(median of per-repetition ratios, quartiles in brackets; ratios between two encodings are "

@@ -92,7 +92,7 @@ def timed(fn, x, blocks, backward: bool, device) -> float:
     return time.perf_counter() - start
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
@@ -106,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.views, args.grid, args.heads, args.head_dim, args.reps = 2, 2, 2, 16, 3
-    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    return args
+
+
+def measure(args: argparse.Namespace, device: torch.device, dtype) -> list[dict]:
+    """One row per (layout, mode, backend): the median milliseconds and the ratio to ``banded``."""
     grid = (args.grid, args.grid)
     generator = torch.Generator().manual_seed(0)
     rows = []
@@ -133,21 +137,16 @@ def main(argv: list[str] | None = None) -> int:
                         "ratio_to_banded": value / seconds["banded"],
                     }
                 )
-    meta = {
-        "command": "python benchmarks/banded_apply.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "dtype": args.dtype,
-        "shape": f"B=1, {args.heads} heads, {args.views} views x {grid[0]}x{grid[1]} patches, head_dim {args.head_dim}",
-        "reps": args.reps,
-        "torch": torch.__version__,
-        "provenance": provenance(),
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = "banded_apply" + ("" if device.type == "cpu" else f"_{device.type}")
-    (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    return rows
+
+
+def write_outputs(meta: dict, rows: list[dict], out: Path, stem: str) -> None:
+    """``<stem>.json`` and ``<stem>.md`` (one line per layout and mode, one column per backend) in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     backends = list(dict.fromkeys(r["backend"] for r in rows))
     lines = [
-        f"y = D x alone, {meta['shape']}, {args.dtype} on {meta['device']}, median of {args.reps} "
+        f"y = D x alone, {meta['shape']}, {meta['dtype']} on {meta['device']}, median of {meta['reps']} "
         f"synchronised calls; time / banded in the same layout and mode. Commit `{describe(meta['provenance'])}`.",
         "",
         "| layout | mode | " + " | ".join(f"{b} ms (/ banded)" for b in backends) + " |",
@@ -161,8 +160,25 @@ def main(argv: list[str] | None = None) -> int:
                 if r["layout"] == name and r["mode"] == mode
             }
             lines.append(f"| {name} | {mode} | " + " | ".join(cells.get(b, "n/a") for b in backends) + " |")
-    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    rows = measure(args, device, dtype)
+    meta = {
+        "command": "python benchmarks/banded_apply.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": args.dtype,
+        "shape": f"B=1, {args.heads} heads, {args.views} views x {args.grid}x{args.grid} patches, "
+        f"head_dim {args.head_dim}",
+        "reps": args.reps,
+        "torch": torch.__version__,
+        "provenance": provenance(),
+    }
+    write_outputs(meta, rows, args.out, "banded_apply" + ("" if device.type == "cpu" else f"_{device.type}"))
     return 0
 
 

@@ -7,8 +7,9 @@ For each registered encoding and each dtype (float32, bfloat16, float16), random
 planes and per-token parameters on the device: forward through ``hrope.multiview_attention``
 (outputs compared with ``hrope.reference.multiview_attention`` in float64), then a backward
 pass with a unit-scale random output gradient (all gradients finite). The largest error
-relative to the reference's largest output is checked against a tolerance per dtype. Writes ``device_check_<device>.json``; exits 1 if any
-check fails. ``--device cpu`` runs the same checks here (tests/test_benchmarks.py does).
+relative to the reference's largest output is checked against a tolerance per dtype. Writes
+``device_check_<device>.json``; exits 1 if any check fails. ``--device cpu`` runs the same checks
+here (tests/test_benchmarks.py does).
 """
 
 from __future__ import annotations

@@ -174,16 +174,13 @@ def _interval(d: dict) -> str:
     return f"**{text}**" if d["excludes_zero"] else text
 
 
-def write(report: dict, out: Path) -> None:
-    import matplotlib
+def _step_header(steps: list[int], first: str = "| row | ", rule: str = "|---|") -> list[str]:
+    return [first + " | ".join(f"step {s}" for s in steps) + " |", rule + "---|" * len(steps)]
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / REPORT_NAME).write_text(json.dumps(report, indent=2))
+def _main_table(report: dict, steps: list[int]) -> list[str]:
+    """The heading and the PSNR table (mean ± std over seeds, the paired difference to the first row)."""
     summary = report["summary"]
-    steps = [p["step"] for p in summary[0]["points"]]
     commits = sorted({describe(c["provenance"]) for c in report["curves"]})
     seeds = ", ".join(str(s) for s in report["seeds"])
     lines = [
@@ -196,10 +193,8 @@ def write(report: dict, out: Path) -> None:
         f"the paired difference to `{summary[0]['row']}` with its 95% bootstrap interval over seeds and scenes "
         "(bold where it excludes zero).",
         "",
-        "| row | " + " | ".join(f"step {s}" for s in steps) + " |",
-        "|---|" + "---|" * len(steps),
+        *_step_header(steps),
     ]
-    figure, axis = plt.subplots(figsize=(6, 4))
     for row in summary:
         cells = []
         for point in row["points"]:
@@ -209,42 +204,74 @@ def write(report: dict, out: Path) -> None:
                 text += "<br>" + _interval(point["vs_reference"])
             cells.append(text)
         lines.append(f"| {row['row']} | " + " | ".join(cells) + " |")
-        axis.plot(steps, [p["psnr"]["mean"] for p in row["points"]], marker="o", label=row["row"])
+    return lines
+
+
+def _reference_tables(summary: list[dict], steps: list[int]) -> list[str]:
+    """One table of paired differences per later reference row (``vs``)."""
+    lines = []
     for reference in sorted({r for row in summary for p in row["points"] for r in p.get("vs", {})}):
         lines += [
             "",
             f"Paired difference to `{reference}` (same seeds and scenes, 95% interval):",
             "",
-            "| row | " + " | ".join(f"step {s}" for s in steps) + " |",
-            "|---|" + "---|" * len(steps),
+            *_step_header(steps),
         ]
         for row in summary:
             if reference in row["points"][0].get("vs", {}):
                 lines.append(
                     f"| {row['row']} | " + " | ".join(_interval(p["vs"][reference]) for p in row["points"]) + " |"
                 )
+    return lines
+
+
+def _plane_table(summary: list[dict], steps: list[int]) -> list[str]:
+    """The learned plane errors per row, view group and step (none when no row learns planes)."""
     planes = [row for row in summary if "planes" in row["points"][-1]]
-    if planes:
-        lines += [
-            "",
-            "Learned plane errors (last layer, mean over seeds; neutral: 90° and 1.0), per step:",
-            "",
-            "| row | views | " + " | ".join(f"step {s}" for s in steps) + " |",
-            "|---|---|" + "---|" * len(steps),
-        ]
-        for row in planes:
-            for group in ("context", "target"):
-                values = [
-                    f"{p['planes'][group]['normal_error_deg']:.1f}° / {p['planes'][group]['depth_rel_error']:.3f}"
-                    for p in row["points"]
-                ]
-                lines.append(f"| {row['row']} | {group} | " + " | ".join(values) + " |")
+    if not planes:
+        return []
+    lines = [
+        "",
+        "Learned plane errors (last layer, mean over seeds; neutral: 90° and 1.0), per step:",
+        "",
+        *_step_header(steps, "| row | views | ", "|---|---|"),
+    ]
+    for row in planes:
+        for group in ("context", "target"):
+            values = [
+                f"{p['planes'][group]['normal_error_deg']:.1f}° / {p['planes'][group]['depth_rel_error']:.3f}"
+                for p in row["points"]
+            ]
+            lines.append(f"| {row['row']} | {group} | " + " | ".join(values) + " |")
+    return lines
+
+
+def _plot(summary: list[dict], steps: list[int], path: Path) -> None:
+    """Held-out PSNR (mean over seeds) against the training step, one line per row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for row in summary:
+        axis.plot(steps, [p["psnr"]["mean"] for p in row["points"]], marker="o", label=row["row"])
     axis.set_xlabel("training step")
     axis.set_ylabel("held-out PSNR (dB), mean over seeds")
     axis.legend(fontsize=7)
     figure.tight_layout()
-    figure.savefig(out / "learning_curve.png", dpi=120)
+    figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def write(report: dict, out: Path) -> None:
+    """``OUT/learning_curve.json`` (the report), ``.png`` (the curves) and ``.md`` (the tables)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / REPORT_NAME).write_text(json.dumps(report, indent=2))
+    summary = report["summary"]
+    steps = [p["step"] for p in summary[0]["points"]]
+    _plot(summary, steps, out / "learning_curve.png")
+    lines = _main_table(report, steps) + _reference_tables(summary, steps) + _plane_table(summary, steps)
     (out / "learning_curve.md").write_text("\n".join(lines) + "\n")
 
 

@@ -290,6 +290,25 @@ def _provenance_line(record: dict | None) -> str:
     )
 
 
+def _claims_markdown(claims: list[dict]) -> list[str]:
+    """The table of the paper's ordering claims and the count of each verdict."""
+    lines = [
+        "### The paper's ordering claims (PSNR)",
+        "",
+        "| table | dataset | claim | Δ PSNR | pooled std | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in claims:
+        delta = "—" if c["delta_psnr"] is None else f"{c['delta_psnr']:+.2f}"
+        pooled = "—" if c["pooled_std"] is None else f"{c['pooled_std']:.2f}"
+        mark = STALE_MARK if c.get("stale") else ""
+        lines.append(f"| {c['table']} | {c['dataset']} | {c['claim']}{mark} | {delta} | {pooled} | {c['verdict']} |")
+    counts = {
+        v: sum(c["verdict"] == v for c in claims) for v in ("holds", "reversed", "within noise", "1 seed", "pending")
+    }
+    return lines + ["", "Verdicts: " + ", ".join(f"{v} {n}" for v, n in counts.items()) + ".", ""]
+
+
 def markdown(report: dict) -> str:
     """The whole report as Markdown (generated from the report dict)."""
     budget = report["budget"]
@@ -330,24 +349,7 @@ def markdown(report: dict) -> str:
     if "fig6" in report:
         lines += _fig6_markdown(report["fig6"])
     if report["claims"]:
-        lines += [
-            "### The paper's ordering claims (PSNR)",
-            "",
-            "| table | dataset | claim | Δ PSNR | pooled std | verdict |",
-            "|---|---|---|---|---|---|",
-        ]
-        for c in report["claims"]:
-            delta = "—" if c["delta_psnr"] is None else f"{c['delta_psnr']:+.2f}"
-            pooled = "—" if c["pooled_std"] is None else f"{c['pooled_std']:.2f}"
-            mark = STALE_MARK if c.get("stale") else ""
-            lines.append(
-                f"| {c['table']} | {c['dataset']} | {c['claim']}{mark} | {delta} | {pooled} | {c['verdict']} |"
-            )
-        counts = {
-            v: sum(c["verdict"] == v for c in report["claims"])
-            for v in ("holds", "reversed", "within noise", "1 seed", "pending")
-        }
-        lines += ["", "Verdicts: " + ", ".join(f"{v} {n}" for v, n in counts.items()) + ".", ""]
+        lines += _claims_markdown(report["claims"])
     if report.get("plots"):
         lines += ["Plots: " + ", ".join(f"`{p}`" for p in report["plots"]), ""]
     return "\n".join(lines)
@@ -366,6 +368,64 @@ def _bars(ax, rows: list[dict], metric: str = "psnr") -> None:
         ax.set_ylim(min(finite) - spread - 0.1, max(finite) + spread + 0.1)
 
 
+def _context_curves(ax, rows: list[dict]) -> None:
+    """Table 2: PSNR (mean ± std over seeds) against the number of context views, per encoding."""
+    for encoding in ("none", "prope", "hrope"):
+        points = [
+            (r["num_context"], r["psnr"]) for r in rows if r["encoding"] == encoding and isinstance(r["psnr"], dict)
+        ]
+        if points:
+            ax.errorbar(
+                [p[0] for p in points],
+                [p[1]["mean"] for p in points],
+                yerr=[p[1]["std"] or 0.0 for p in points],
+                marker="o",
+                capsize=3,
+                label=encoding,
+            )
+    ax.set_xlabel("context views")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+
+
+def _table_figure(plt, name: str, table: dict, path: Path) -> None:
+    """One table's PNG: a panel per dataset (bars per row; Table 2: curves over context views)."""
+    datasets = table["datasets"]
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4), squeeze=False)
+    for ax, (dataset, rows) in zip(axes[0], datasets.items()):
+        if name == "table2":
+            _context_curves(ax, rows)
+        else:
+            _bars(ax, rows)
+        ax.set_title(f"{name}: {dataset}")
+        ax.set_ylabel("PSNR (dB), mean ± std over seeds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _fig6_figure(plt, dataset: str, protocols: dict, path: Path) -> None:
+    """One dataset's Fig. 6 PNG: a panel per protocol, PSNR against its axis, a line per row."""
+    fig, axes = plt.subplots(1, len(protocols), figsize=(5 * len(protocols), 4), squeeze=False)
+    for ax, (protocol, block) in zip(axes[0], protocols.items()):
+        for label, points in block["rows"].items():
+            points = [p for p in points if isinstance(p["psnr"], dict)]
+            ax.plot(
+                [p["value"] for p in points],
+                [p["psnr"]["mean"] for p in points],
+                marker="o",
+                label=label,
+                linestyle="-" if label in ("hrope", "hrope-lift") else "--",
+            )
+        ax.set_title(f"fig6 {dataset}: {protocol}")
+        ax.set_xlabel(block["axis"])
+        ax.set_ylabel("PSNR (dB), mean over seeds")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plots(report: dict, out: Path) -> list[str]:
     """One PNG per table (PSNR ± std per row and dataset) and per Fig. 6 protocol; returns file names."""
     import matplotlib
@@ -375,56 +435,11 @@ def plots(report: dict, out: Path) -> list[str]:
 
     written = []
     for name, table in report["tables"].items():
-        datasets = table["datasets"]
-        fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4), squeeze=False)
-        for ax, (dataset, rows) in zip(axes[0], datasets.items()):
-            if name == "table2":
-                for encoding in ("none", "prope", "hrope"):
-                    points = [
-                        (r["num_context"], r["psnr"])
-                        for r in rows
-                        if r["encoding"] == encoding and isinstance(r["psnr"], dict)
-                    ]
-                    if points:
-                        ax.errorbar(
-                            [p[0] for p in points],
-                            [p[1]["mean"] for p in points],
-                            yerr=[p[1]["std"] or 0.0 for p in points],
-                            marker="o",
-                            capsize=3,
-                            label=encoding,
-                        )
-                ax.set_xlabel("context views")
-                if ax.get_legend_handles_labels()[0]:
-                    ax.legend()
-            else:
-                _bars(ax, rows)
-            ax.set_title(f"{name}: {dataset}")
-            ax.set_ylabel("PSNR (dB), mean ± std over seeds")
-        fig.tight_layout()
-        fig.savefig(out / f"{name}.png", dpi=110)
-        plt.close(fig)
+        _table_figure(plt, name, table, out / f"{name}.png")
         written.append(f"{name}.png")
     fig6 = report.get("fig6", {})
     if fig6.get("status") == "ok":
         for dataset, protocols in fig6["datasets"].items():
-            fig, axes = plt.subplots(1, len(protocols), figsize=(5 * len(protocols), 4), squeeze=False)
-            for ax, (protocol, block) in zip(axes[0], protocols.items()):
-                for label, points in block["rows"].items():
-                    points = [p for p in points if isinstance(p["psnr"], dict)]
-                    ax.plot(
-                        [p["value"] for p in points],
-                        [p["psnr"]["mean"] for p in points],
-                        marker="o",
-                        label=label,
-                        linestyle="-" if label in ("hrope", "hrope-lift") else "--",
-                    )
-                ax.set_title(f"fig6 {dataset}: {protocol}")
-                ax.set_xlabel(block["axis"])
-                ax.set_ylabel("PSNR (dB), mean over seeds")
-            axes[0][-1].legend(fontsize=7)
-            fig.tight_layout()
-            fig.savefig(out / f"fig6_{dataset}.png", dpi=110)
-            plt.close(fig)
+            _fig6_figure(plt, dataset, protocols, out / f"fig6_{dataset}.png")
             written.append(f"fig6_{dataset}.png")
     return written

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 from hrope.nvs.config import resolve
 from hrope.nvs.model import APE_ENCODINGS

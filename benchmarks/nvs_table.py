@@ -176,6 +176,40 @@ def write_report(report: dict, out: Path) -> None:
     (out / "nvs_table.md").write_text(markdown(report))
 
 
+def _train_cells(runner: CellRunner, batch, cells, *, started: float, log, after_each) -> None:
+    """Train the cells of ``batch`` that are not finished yet, logging each one's position in
+    ``cells`` and its metrics, and calling ``after_each()`` after each."""
+    for cell in batch:
+        if runner.cached(cell) is not None:
+            continue
+        log(
+            f"[{cells.index(cell) + 1}/{len(cells)}] {cell.dataset} | {cell.row.label} | seed {cell.seed}: "
+            f"training (elapsed {time.perf_counter() - started:.0f} s)"
+        )
+        record = runner.run(cell)
+        seconds = "?" if record["train_seconds"] is None else f"{record['train_seconds']:.0f}"
+        log(f"    PSNR {record['metrics']['psnr']:.2f}  SSIM {record['metrics']['ssim']:.3f}  {seconds} s")
+        after_each()
+
+
+class _Reports:
+    """The report of a run so far (``now``), rewritten into ``out`` at most every ``REPORT_EVERY_S``
+    seconds while cells train (``when_due``); ``fig6`` is set once the Fig. 6 protocols ran."""
+
+    def __init__(self, runner: CellRunner, selected: dict, cells, out: Path, **details):
+        self.runner, self.selected, self.cells, self.out, self.details = runner, selected, cells, out, details
+        self.fig6: dict | None = None
+        self.last_written = time.perf_counter()
+
+    def now(self) -> dict:
+        return build_report(self.runner, self.selected, self.cells, self.fig6, **self.details)
+
+    def when_due(self) -> None:
+        if time.perf_counter() - self.last_written > REPORT_EVERY_S:
+            write_report(self.now(), self.out)
+            self.last_written = time.perf_counter()
+
+
 def run_benchmark(
     budget: Budget,
     out: Path,
@@ -210,33 +244,14 @@ def run_benchmark(
     runner.check_stale(cells, log=log)
     for folder, count in runner.obsolete().items():
         log(f"note: skipped {count} cached cell(s) in {folder}: the encoding no longer exists")
-    state = {"fig6": None, "last_report": time.perf_counter()}
-
-    def report_now() -> dict:
-        return build_report(
-            runner, selected, cells, state["fig6"], command=command, started=started, device=device, threads=threads
-        )
-
-    def train_cells(batch):
-        for cell in batch:
-            if report_only or runner.cached(cell) is not None:
-                continue
-            log(
-                f"[{cells.index(cell) + 1}/{len(cells)}] {cell.dataset} | {cell.row.label} | seed {cell.seed}: "
-                f"training (elapsed {time.perf_counter() - started:.0f} s)"
-            )
-            record = runner.run(cell)
-            seconds = "?" if record["train_seconds"] is None else f"{record['train_seconds']:.0f}"
-            log(f"    PSNR {record['metrics']['psnr']:.2f}  SSIM {record['metrics']['ssim']:.3f}  {seconds} s")
-            if time.perf_counter() - state["last_report"] > REPORT_EVERY_S:
-                write_report(report_now(), out)
-                state["last_report"] = time.perf_counter()
-
-    train_cells(first)
+    reports = _Reports(runner, selected, cells, out, command=command, started=started, device=device, threads=threads)
+    if not report_only:
+        _train_cells(runner, first, cells, started=started, log=log, after_each=reports.when_due)
     if "fig6" in table_names:
-        state["fig6"] = _run_fig6(runner, first, compute=not report_only, log=log)
-    train_cells(later)
-    report = report_now()
+        reports.fig6 = _run_fig6(runner, first, compute=not report_only, log=log)
+    if not report_only:
+        _train_cells(runner, later, cells, started=started, log=log, after_each=reports.when_due)
+    report = reports.now()
     runner.save()
     write_report(report, out)
     log(

@@ -197,6 +197,36 @@ def _fmt(value, digits=2) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
+def _plane_error(planes: dict | None, group: str, metric: str) -> str:
+    """A learned-plane error cell: the mean, and in brackets the neutral planes' mean."""
+    if not planes:
+        return "—"
+    value, neutral = planes[group][metric], planes[group][metric + "_neutral"]
+    digits = 1 if metric.startswith("normal") else 3
+    return f"{_fmt(value['mean'], digits)} ({_fmt(neutral['mean'], digits)})"
+
+
+def _row_line(row: dict, reference: str) -> str:
+    """One row of a dataset's table: PSNR, the paired difference to ``reference`` and plane errors."""
+    psnr = row["psnr"]
+    spread = f" ± {psnr['std']:.2f}" if psnr and psnr["std"] is not None else ""
+    delta = row.get("vs_reference")
+    if delta is None or row["row"] == reference:
+        delta_text = "—"
+    else:
+        delta_text = f"{delta['mean']:+.2f} [{delta['low']:+.2f}, {delta['high']:+.2f}]"
+        delta_text = f"**{delta_text}**" if delta["excludes_zero"] else delta_text
+    errors = " | ".join(
+        _plane_error(row.get("planes"), group, metric)
+        for group in ("target", "context")
+        for metric in ("normal_error_deg", "depth_rel_error")
+    )
+    label = row["row"] + (" †" if row["target_geometry"] else "") + (" ‡" if row["trained_at"] else "")
+    return (
+        f"| {label} | {_fmt(psnr['mean'] if psnr else None)}{spread} | {delta_text} | {errors} | {len(row['seeds'])} |"
+    )
+
+
 def markdown(report: dict) -> str:
     budget = report["budget"]
     lines = [
@@ -205,7 +235,8 @@ def markdown(report: dict) -> str:
         f"Command: `{report['command']}`  ",
         f"Commit: `{describe(report['provenance'])}`; generated {report['generated']}.  ",
         f"Budget `{budget['name']}`: model {budget['model']}, {budget['steps']} steps of batch {budget['batch_size']}, "
-        f"{budget['train_scenes']} training scenes, {budget['eval_scenes']} held-out scenes; seeds {report['seeds']}.  ",
+        f"{budget['train_scenes']} training scenes, {budget['eval_scenes']} held-out scenes; "
+        f"seeds {report['seeds']}.  ",
         f"Δ: mean paired PSNR difference to `{report.get('reference', 'prope')}` (same seed, same held-out scene), "
         "with a 95% two-level "
         "bootstrap interval over seeds and scenes; **bold** where it excludes zero. † uses the target views' own "
@@ -230,37 +261,12 @@ def markdown(report: dict) -> str:
             " context normal err ° (neutral) | context depth err (neutral) | seeds |",
             "|---|---|---|---|---|---|---|---|",
         ]
-        for row in rows:
-            psnr = row["psnr"]
-            spread = f" ± {psnr['std']:.2f}" if psnr and psnr["std"] is not None else ""
-            delta = row.get("vs_reference")
-            if delta is None or row["row"] == report.get("reference", "prope"):
-                delta_text = "—"
-            else:
-                delta_text = f"{delta['mean']:+.2f} [{delta['low']:+.2f}, {delta['high']:+.2f}]"
-                delta_text = f"**{delta_text}**" if delta["excludes_zero"] else delta_text
-            planes = row.get("planes")
-
-            def error(group, metric):
-                if not planes:
-                    return "—"
-                value, neutral = planes[group][metric], planes[group][metric + "_neutral"]
-                digits = 1 if metric.startswith("normal") else 3
-                return f"{_fmt(value['mean'], digits)} ({_fmt(neutral['mean'], digits)})"
-
-            label = row["row"] + (" †" if row["target_geometry"] else "") + (" ‡" if row["trained_at"] else "")
-            lines.append(
-                f"| {label} | {_fmt(psnr['mean'] if psnr else None)}{spread} | {delta_text} | "
-                f"{error('target', 'normal_error_deg')} | {error('target', 'depth_rel_error')} | "
-                f"{error('context', 'normal_error_deg')} | {error('context', 'depth_rel_error')} | "
-                f"{len(row['seeds'])} |"
-            )
+        lines += [_row_line(row, report.get("reference", "prope")) for row in rows]
         lines.append("")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else argv
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
     )
@@ -295,7 +301,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--report-only", action="store_true", help="report the finished cells; train nothing")
     parser.add_argument("--allow-stale", action="store_true", help="reuse cells trained by other code (marked)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _selected_rows(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[Row], Row]:
+    """The rows of ``--set`` named by ``--rows`` (all by default) and the ``--reference`` row (of any set)."""
     wanted = set(args.rows) if args.rows else None
     choices = SETS[args.set]
     unknown = sorted((wanted or set()) - {r.label for r in choices})
@@ -305,6 +315,14 @@ def main(argv: list[str] | None = None) -> dict:
     known = {r.label: r for rows_of_set in SETS.values() for r in rows_of_set}
     if args.reference not in known:
         parser.error(f"unknown reference {args.reference!r}; rows: {', '.join(known)}")
+    return rows, known[args.reference]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _parser()
+    args = parser.parse_args(argv)
+    rows, reference = _selected_rows(parser, args)
     suffix = "" if args.budget == "full" else f"_{args.budget}"
     name = {"planes": "plane_evidence", "query-frame": "query_frame_ablation", "gpu": "flagship"}[args.set]
     out = Path(args.out or f"benchmarks/results/{name}{suffix}")
@@ -323,7 +341,7 @@ def main(argv: list[str] | None = None) -> dict:
             command=shlex.join(["python", "benchmarks/plane_evidence.py", *argv]),
             title=TITLES[args.set],
             cache=cache,
-            reference=known[args.reference],
+            reference=reference,
             log=lambda text: print(text, flush=True),
         )
     except StaleCellsError as error:

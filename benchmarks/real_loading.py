@@ -103,7 +103,7 @@ def datasets(fixture: Path, cache: Path, workers: int) -> dict:
     return {kind: (sets[kind], configs[kind]) for kind in KINDS}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per data set per round")
@@ -113,35 +113,42 @@ def main() -> None:
     parser.add_argument("--size", type=int, nargs=2, default=(2128, 2832), metavar=("H", "W"))
     parser.add_argument("--work", default=None, help="folder for the fixture and the cache (default: a temporary one)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory() as temporary:
-        work = Path(args.work or temporary)
-        make_fixture(work / "capture", args.images, tuple(args.size))
-        photo_bytes = statistics.mean(p.stat().st_size for p in (work / "capture" / "images").iterdir())
-        sets = datasets(work / "capture", work / "cache", args.workers)
-        steps, loaders = {}, {}
-        for kind, (dataset, config) in sets.items():
-            steps[kind] = make_step(config)
-            loaders[kind] = StepLoader(dataset, 0, 0, BATCH_SIZE, prefetch=True)
-        rates = {kind: [] for kind in KINDS}
-        load_average = os.getloadavg()
-        try:
-            for round_ in range(args.rounds + 1):  # round 0 warms up
-                for kind in KINDS:
-                    start = time.perf_counter()
-                    for s in range(args.steps):
-                        step = round_ * args.steps + s
-                        scenes = loaders[kind].scenes(step, prefetch_next=s + 1 < args.steps)
-                        steps[kind](collate(scenes, 2, torch.device("cpu")))
-                    if round_:
-                        rates[kind].append(args.steps / (time.perf_counter() - start))
-        finally:
-            for loader in loaders.values():
-                loader.close()
+    return parser.parse_args()
+
+
+def step_runners(sets: dict) -> tuple[dict, dict]:
+    """Per data set its training step (:func:`make_step`) and its prefetching ``StepLoader``."""
+    steps, loaders = {}, {}
+    for kind, (dataset, config) in sets.items():
+        steps[kind] = make_step(config)
+        loaders[kind] = StepLoader(dataset, 0, 0, BATCH_SIZE, prefetch=True)
+    return steps, loaders
+
+
+def measure(steps: dict, loaders: dict, rounds: int, steps_per_round: int) -> dict[str, list[float]]:
+    """Steps/s of each data set in each of ``rounds`` interleaved rounds (after a warm-up round);
+    closes the loaders."""
+    rates = {kind: [] for kind in KINDS}
+    try:
+        for round_ in range(rounds + 1):  # round 0 warms up
+            for kind in KINDS:
+                start = time.perf_counter()
+                for s in range(steps_per_round):
+                    step = round_ * steps_per_round + s
+                    scenes = loaders[kind].scenes(step, prefetch_next=s + 1 < steps_per_round)
+                    steps[kind](collate(scenes, 2, torch.device("cpu")))
+                if round_:
+                    rates[kind].append(steps_per_round / (time.perf_counter() - start))
+    finally:
+        for loader in loaders.values():
+            loader.close()
+    return rates
+
+
+def result_rows(rates: dict[str, list[float]]) -> list[dict]:
+    """Per data set: median steps/s and the median step-time ratio to the synthetic step of the same round."""
     ratios = {kind: statistics.median(s / r for s, r in zip(rates["synthetic"], rates[kind])) for kind in KINDS}
-    rows = [
+    return [
         {
             "data": kind,
             "steps_per_s": statistics.median(rates[kind]),
@@ -150,13 +157,47 @@ def main() -> None:
         }
         for kind in KINDS
     ]
-    command = "python " + " ".join(["benchmarks/real_loading.py", *sys.argv[1:]])
+
+
+def write_outputs(meta: dict, rows: list[dict], out: Path) -> None:
+    """``real_loading.{json,md}`` in ``out``; the table is also printed."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "real_loading.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
+    load_average = meta["load_average_at_start"]
+    lines = [
+        f"Training steps/s, {meta['batch']}, fp32 CPU, {meta['threads']} torch thread(s), data.workers "
+        f"{meta['workers']}, median of {meta['rounds']} interleaved rounds of {meta['steps_per_round']} steps; "
+        f"load average at start {', '.join(f'{x:.2f}' for x in load_average)} ({meta['cpus']} CPUs). "
+        f"Real data: {meta['fixture']}.",
+        f"Command: `{meta['command']}` (torch {meta['torch']}).  ",
+        f"Commit: `{describe(meta['provenance'])}`.",
+        "",
+        "| data | steps/s | step time / synthetic step |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {r['data']} | {r['steps_per_s']:.2f} | {r['step_time_ratio_to_synthetic']:.2f} |" for r in rows]
+    (out / "real_loading.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main() -> None:
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as temporary:
+        work = Path(args.work or temporary)
+        make_fixture(work / "capture", args.images, tuple(args.size))
+        photo_bytes = statistics.mean(p.stat().st_size for p in (work / "capture" / "images").iterdir())
+        sets = datasets(work / "capture", work / "cache", args.workers)
+        steps, loaders = step_runners(sets)
+        load_average = os.getloadavg()
+        rates = measure(steps, loaders, args.rounds, args.steps)
     fixture = (
         f"{args.images} JPEGs of {args.size[1]}x{args.size[0]} (mean {photo_bytes / 1e6:.1f} MB, quality 90), "
         f"COLMAP SIMPLE_RADIAL camera"
     )
     meta = {
-        "command": command,
+        "command": "python " + " ".join(["benchmarks/real_loading.py", *sys.argv[1:]]),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "workers": args.workers,
@@ -169,22 +210,7 @@ def main() -> None:
         "machine": platform.processor() or platform.machine(),
         "provenance": provenance(),
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "real_loading.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
-    lines = [
-        f"Training steps/s, {meta['batch']}, fp32 CPU, {meta['threads']} torch thread(s), data.workers "
-        f"{args.workers}, median of {args.rounds} interleaved rounds of {args.steps} steps; load average at start "
-        f"{', '.join(f'{x:.2f}' for x in load_average)} ({meta['cpus']} CPUs). Real data: {fixture}.",
-        f"Command: `{command}` (torch {torch.__version__}).  ",
-        f"Commit: `{describe(meta['provenance'])}`.",
-        "",
-        "| data | steps/s | step time / synthetic step |",
-        "|---|---|---|",
-    ]
-    lines += [f"| {r['data']} | {r['steps_per_s']:.2f} | {r['step_time_ratio_to_synthetic']:.2f} |" for r in rows]
-    (out / "real_loading.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_outputs(meta, result_rows(rates), Path(args.out))
 
 
 if __name__ == "__main__":

@@ -41,33 +41,34 @@ def median_time(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    make_scene(0, 0, "room", 2, (32, 32))  # warm-up: loads the photographs
-    rows = []
-    for kind in ("room", "object"):
-        layout, cameras, textures = scene_setup(0, 1, kind, 64, (128, 128), frames=list(range(0, 192, 3)))
-        render_s = median_time(lambda: render(layout.quads, textures, cameras), args.reps)
-        scene_s = median_time(lambda: make_scene(0, 1, kind, 64, (128, 128), frames=list(range(0, 192, 3))), args.reps)
-        rows.append(
-            {
-                "what": f"{kind}: render 64 views 128x128 (+depth, normals, planes)",
-                "seconds": render_s,
-                "quads": layout.quads.count,
-            }
-        )
-        rows.append(
-            {
-                "what": f"{kind}: make_scene 64 views 128x128 (incl. textures)",
-                "seconds": scene_s,
-                "quads": layout.quads.count,
-            }
-        )
+    return parser.parse_args()
+
+
+def scene_rows(kind: str, reps: int) -> list[dict]:
+    """The ``render`` and ``make_scene`` rows of one scene ``kind``."""
+    layout, cameras, textures = scene_setup(0, 1, kind, 64, (128, 128), frames=list(range(0, 192, 3)))
+    render_s = median_time(lambda: render(layout.quads, textures, cameras), reps)
+    scene_s = median_time(lambda: make_scene(0, 1, kind, 64, (128, 128), frames=list(range(0, 192, 3))), reps)
+    return [
+        {
+            "what": f"{kind}: render 64 views 128x128 (+depth, normals, planes)",
+            "seconds": render_s,
+            "quads": layout.quads.count,
+        },
+        {
+            "what": f"{kind}: make_scene 64 views 128x128 (incl. textures)",
+            "seconds": scene_s,
+            "quads": layout.quads.count,
+        },
+    ]
+
+
+def batch_row(reps: int) -> dict:
+    """The training-batch row: 4 fresh room scenes per repetition, normalised and collated."""
     dataset = SyntheticDataset("room", 1000, seed=0, image_size=(64, 64), num_context=2, num_target=2)
     counter = iter(range(0, 1000, 4))
 
@@ -75,14 +76,43 @@ def main() -> None:
         start = next(counter)
         return collate_scenes([dataset[start + i] for i in range(4)], num_context=2)
 
-    batch_s = median_time(batch, args.reps)
-    rows.append(
-        {
-            "what": "training batch: 4 room scenes x (2 context + 2 target) 64x64, normalised + collated",
-            "seconds": batch_s,
-            "quads": None,
-        }
-    )
+    return {
+        "what": "training batch: 4 room scenes x (2 context + 2 target) 64x64, normalised + collated",
+        "seconds": median_time(batch, reps),
+        "quads": None,
+    }
+
+
+def write_outputs(info: dict) -> None:
+    """``render_speed.json`` and ``render_speed.md`` in RESULTS; the table is also printed."""
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "render_speed.json").write_text(json.dumps(info, indent=2) + "\n")
+    lines = [
+        "# Synthetic data speed",
+        "",
+        f"Command: `{info['command']}`  ",
+        f"Commit: `{describe(info['provenance'])}`",
+        "",
+        f"CPU, torch {info['torch']}, {info['threads']} threads, load average at start "
+        f"{info['load_average_at_start']}, median of {info['reps']} runs. Target: rendering 64 views of 128x128 "
+        f"with depth and normals in at most {TARGET_S} s.",
+        "",
+        "| what | quads | seconds |",
+        "|---|---|---|",
+    ]
+    rows = info["rows"]
+    lines += [f"| {r['what']} | {r['quads'] if r['quads'] is not None else '-'} | {r['seconds']:.3f} |" for r in rows]
+    (RESULTS / "render_speed.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main() -> None:
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    make_scene(0, 0, "room", 2, (32, 32))  # warm-up: loads the photographs
+    rows = [row for kind in ("room", "object") for row in scene_rows(kind, args.reps)]
+    rows.append(batch_row(args.reps))
     info = {
         "command": "python benchmarks/render_speed.py"
         + (f" --reps {args.reps}" if args.reps != 5 else "")
@@ -96,24 +126,7 @@ def main() -> None:
         "provenance": provenance(),
         "rows": rows,
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "render_speed.json").write_text(json.dumps(info, indent=2) + "\n")
-    lines = [
-        "# Synthetic data speed",
-        "",
-        f"Command: `{info['command']}`  ",
-        f"Commit: `{describe(info['provenance'])}`",
-        "",
-        f"CPU, torch {info['torch']}, {info['threads']} threads, load average at start "
-        f"{info['load_average_at_start']}, median of {args.reps} runs. Target: rendering 64 views of 128x128 "
-        f"with depth and normals in at most {TARGET_S} s.",
-        "",
-        "| what | quads | seconds |",
-        "|---|---|---|",
-    ]
-    lines += [f"| {r['what']} | {r['quads'] if r['quads'] is not None else '-'} | {r['seconds']:.3f} |" for r in rows]
-    (RESULTS / "render_speed.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_outputs(info)
 
 
 if __name__ == "__main__":

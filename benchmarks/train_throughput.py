@@ -54,7 +54,7 @@ def step_function(encoding: str, batch):
     return step, count_parameters(model)["total"]
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per encoding per round")
@@ -62,32 +62,30 @@ def main() -> None:
     parser.add_argument("--encodings", nargs="*", default=None)
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    args = parser.parse_args()
-    device = torch.device(args.device)
-    torch.set_num_threads(args.threads)
-    encodings = args.encodings or [e for e in encoding_names() if not e.endswith("-ape")] + ["hrope-ape"]
-    if "none" not in encodings:
-        encodings.insert(0, "none")
-    scenes = [make_scene(0, i, "room", num_views=3, image_size=(64, 64)) for i in range(BATCH_SIZE)]
-    batch = collate_scenes(scenes, 2).to(device)
+    return parser.parse_args()
+
+
+def measure(encodings: list[str], batch, device: torch.device, rounds: int, steps: int) -> list[dict]:
+    """One row per encoding: steps/s (median over interleaved rounds of ``steps`` steps, after one
+    warm-up step each), samples/s, the ratio to ``none`` and the parameter count."""
 
     def synchronize():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    steps, params = {}, {}
+    step_of, params = {}, {}
     for name in encodings:
-        steps[name], params[name] = step_function(name, batch)
-        steps[name]()  # warm-up
+        step_of[name], params[name] = step_function(name, batch)
+        step_of[name]()  # warm-up
     rates = {name: [] for name in encodings}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for name in encodings:
             synchronize()
             start = time.perf_counter()
-            for _ in range(args.steps):
-                steps[name]()
+            for _ in range(steps):
+                step_of[name]()
             synchronize()
-            rates[name].append(args.steps / (time.perf_counter() - start))
+            rates[name].append(steps / (time.perf_counter() - start))
     base = statistics.median(rates["none"])
     rows = []
     for name in encodings:
@@ -101,26 +99,20 @@ def main() -> None:
                 "parameters": params[name],
             }
         )
-    command = "python " + " ".join(["benchmarks/train_throughput.py", *sys.argv[1:]])
-    meta = {
-        "command": command,
-        "torch": torch.__version__,
-        "threads": args.threads,
-        "rounds": args.rounds,
-        "steps_per_round": args.steps,
-        "batch": f"{BATCH_SIZE} x (2 context + 1 target) at 64x64",
-        "machine": platform.processor() or platform.machine(),
-        "device": str(device),
-        "provenance": provenance(),
-    }
-    out = Path(args.out)
+    return rows
+
+
+def write_outputs(meta: dict, rows: list[dict], out: Path) -> None:
+    """``train_throughput[_<device type>].{json,md}`` in ``out``; the table is also printed."""
+    device = torch.device(meta["device"])
     out.mkdir(parents=True, exist_ok=True)
     stem = "train_throughput" + ("" if device.type == "cpu" else f"_{device.type}")
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
     lines = [
         f"Training throughput, `tiny` preset (64x64, patch 8, d 128, 4 layers), batch {meta['batch']}, "
-        f"fp32 {device}, {args.threads} thread(s), median of {args.rounds} interleaved rounds of {args.steps} steps.",
-        f"Command: `{command}` (torch {torch.__version__}).  ",
+        f"fp32 {meta['device']}, {meta['threads']} thread(s), median of {meta['rounds']} interleaved rounds of "
+        f"{meta['steps_per_round']} steps.",
+        f"Command: `{meta['command']}` (torch {meta['torch']}).  ",
         f"Commit: `{describe(meta['provenance'])}`.",
         "",
         "| encoding | steps/s | samples/s | ratio to none | parameters |",
@@ -133,6 +125,30 @@ def main() -> None:
         )
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def main() -> None:
+    args = parse_args()
+    device = torch.device(args.device)
+    torch.set_num_threads(args.threads)
+    encodings = args.encodings or [e for e in encoding_names() if not e.endswith("-ape")] + ["hrope-ape"]
+    if "none" not in encodings:
+        encodings.insert(0, "none")
+    scenes = [make_scene(0, i, "room", num_views=3, image_size=(64, 64)) for i in range(BATCH_SIZE)]
+    batch = collate_scenes(scenes, 2).to(device)
+    rows = measure(encodings, batch, device, args.rounds, args.steps)
+    meta = {
+        "command": "python " + " ".join(["benchmarks/train_throughput.py", *sys.argv[1:]]),
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "steps_per_round": args.steps,
+        "batch": f"{BATCH_SIZE} x (2 context + 1 target) at 64x64",
+        "machine": platform.processor() or platform.machine(),
+        "device": str(device),
+        "provenance": provenance(),
+    }
+    write_outputs(meta, rows, Path(args.out))
 
 
 if __name__ == "__main__":

@@ -130,16 +130,11 @@ def test_training_views_vary_with_epoch_and_eval_views_do_not():
 
 
 def test_synthetic_dataset_items_are_normalized_and_deterministic():
-    make = lambda split: SyntheticDataset(
-        "object",
-        3,
-        seed=5,
-        image_size=SIZE,
-        num_context=2,  # noqa: E731
-        num_target=1,
-        split=split,
-        patch_size=8,
-    )
+    def make(split):
+        return SyntheticDataset(
+            "object", 3, seed=5, image_size=SIZE, num_context=2, num_target=1, split=split, patch_size=8
+        )
+
     train, again, evaluation = make("train"), make("train"), make("eval")
     item = train[1]
     assert item.num_views == 3 and item.image_size == SIZE

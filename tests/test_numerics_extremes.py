@@ -278,18 +278,13 @@ def test_low_precision_cameras_validate_and_encode_like_their_float32_values(dty
     assert low.K.dtype == low.world_to_cam.dtype == dtype
     same = hrope.Cameras(low.K.float(), low.world_to_cam.float(), base.image_size, validate=False)  # off SO(3) in f32
     q, k, v = random_qkv(2, 2, 3 * 4, 48, seed=25, dtype=torch.float32)
+
+    def attend(cams, name, planes):
+        return hrope.multiview_attention(q, k, v, encoding=name, cameras=cams, grid=GRID, planes=planes)
+
     for name in ("prope", "hrope-lift", "urope"):
         planes = random_planes(2, 12, seed=25) if hrope.ENCODINGS[name].needs_planes else None
-        attend = lambda cams: hrope.multiview_attention(
-            q,
-            k,
-            v,
-            encoding=name,
-            cameras=cams,
-            grid=GRID,  # noqa: E731
-            planes=planes,
-        )
-        torch.testing.assert_close(attend(low), attend(same), rtol=0, atol=0)
+        torch.testing.assert_close(attend(low, name, planes), attend(same, name, planes), rtol=0, atol=0)
     E = base.world_to_cam.clone()
     E[0, 1, :3, :3] *= 1.1
     with pytest.raises(hrope.CameraError, match=r"world_to_cam\[b=0, v=1\] is not a rotation"):

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import hrope
 from hrope.nvs.model import APE_ENCODINGS, encoding_names
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -43,11 +42,9 @@ def _finite(value) -> bool:
     return isinstance(value, dict) and math.isfinite(value["mean"]) and math.isfinite(value["std"])
 
 
-@pytest.mark.slow
-def test_toy_benchmark_every_row_finite_and_cache_resumes(tmp_path):
-    first = run_benchmark(TOY, tmp_path, table_names=TOY_TABLES, row_filter=TOY_ROWS, command="toy", log=lambda _: None)
-    # table1: none, hrope on room + object; table3 (room): hrope learned (shared) + 5 plane sources; 2 seeds.
-    assert first["progress"] == {"finished": 18, "planned": 18, "trained_this_invocation": 18}
+def _check_first_run(first: dict, out: Path) -> None:
+    """Every row of the toy run has finite metrics for both seeds; cells, Fig. 6 results and the
+    written report record the current code."""
     labels = set()
     for table in first["tables"].values():
         for rows in table["datasets"].values():
@@ -70,17 +67,42 @@ def test_toy_benchmark_every_row_finite_and_cache_resumes(tmp_path):
     # Every cell and Fig. 6 result records the code that computed it: the current code, so none is stale.
     assert all(cell["provenance"] == first["provenance"] and not cell["stale"] for cell in first["cells"])
     assert first["stale_cells"]["count"] == 0 and first["obsolete_cells"] == {}
-    protocols = [json.loads(p.read_text()) for p in tmp_path.glob("cache/*/*/*/protocols.json")]
+    protocols = [json.loads(p.read_text()) for p in out.glob("cache/*/*/*/protocols.json")]
     assert len(protocols) == 8 and all(r["provenance"] == first["provenance"] for p in protocols for r in p.values())
-    assert not list(tmp_path.glob(f"cache/**/{TRAINING_NAME}"))  # only present while a cell trains
+    assert not list(out.glob(f"cache/**/{TRAINING_NAME}"))  # only present while a cell trains
     assert first["fig6"]["status"] == "ok", first["fig6"]
     zoom = first["fig6"]["datasets"]["room"]["zoom"]["rows"]["hrope"]
     assert [p["value"] for p in zoom] == list(TOY.zoom_factors) and all(_finite(p["psnr"]) for p in zoom)
 
-    markdown = (tmp_path / "nvs_table.md").read_text()
+    markdown = (out / "nvs_table.md").read_text()
     assert "Table 1 analogue" in markdown and "| hrope (oracle) |" in markdown and "`toy`" in markdown
-    assert json.loads((tmp_path / "nvs_table.json").read_text())["tables"] == first["tables"]
-    assert (tmp_path / "table1.png").stat().st_size > 0 and (tmp_path / "fig6_object.png").stat().st_size > 0
+    assert json.loads((out / "nvs_table.json").read_text())["tables"] == first["tables"]
+    assert (out / "table1.png").stat().st_size > 0 and (out / "fig6_object.png").stat().st_size > 0
+
+
+def _check_unfinished_cell_resumes(first: dict, out: Path) -> None:
+    """An unfinished cell (no record in the cache or the store) resumes its checkpoint only when the
+    current code started it."""
+    folder = next(out.glob("cache/room/none.learned.ctx2/seed0-*"))
+    record = json.loads((folder / "metrics.json").read_text())
+    for started, resumed_from in ((first["provenance"], TOY.steps), ({"source_fingerprint": "other"}, 0)):
+        (folder / "metrics.json").unlink()
+        cell = folder.relative_to(out / "cache").as_posix()
+        lines = (out / CELLS_NAME).read_text().splitlines(keepends=True)
+        (out / CELLS_NAME).write_text("".join(line for line in lines if json.loads(line)["cell"] != cell))
+        (folder / TRAINING_NAME).write_text(json.dumps(started))
+        again = run_benchmark(TOY, out, table_names=["table1"], row_filter={"none"}, command="toy", log=lambda _: None)
+        assert again["progress"]["trained_this_invocation"] == 1
+        redone = json.loads((folder / "metrics.json").read_text())
+        assert redone["resumed_from_step"] == resumed_from and redone["metrics"] == record["metrics"]
+
+
+@pytest.mark.slow
+def test_toy_benchmark_every_row_finite_and_cache_resumes(tmp_path):
+    first = run_benchmark(TOY, tmp_path, table_names=TOY_TABLES, row_filter=TOY_ROWS, command="toy", log=lambda _: None)
+    # table1: none, hrope on room + object; table3 (room): hrope learned (shared) + 5 plane sources; 2 seeds.
+    assert first["progress"] == {"finished": 18, "planned": 18, "trained_this_invocation": 18}
+    _check_first_run(first, tmp_path)
 
     second = run_benchmark(
         TOY, tmp_path, table_names=TOY_TABLES, row_filter=TOY_ROWS, command="toy", log=lambda _: None
@@ -114,22 +136,7 @@ def test_toy_benchmark_every_row_finite_and_cache_resumes(tmp_path):
     assert fourth["fig6"] == first["fig6"] and fourth["tables"] == first["tables"]
     assert all(CellStore(tmp_path / CELLS_NAME).protocols(cell) for cell in store.ids() if "/hrope.learned." in cell)
 
-    # An unfinished cell (no record in the cache or the store) resumes its checkpoint only when the
-    # current code started it.
-    folder = next(tmp_path.glob("cache/room/none.learned.ctx2/seed0-*"))
-    record = json.loads((folder / "metrics.json").read_text())
-    for started, resumed_from in ((first["provenance"], TOY.steps), ({"source_fingerprint": "other"}, 0)):
-        (folder / "metrics.json").unlink()
-        cell = folder.relative_to(tmp_path / "cache").as_posix()
-        lines = (tmp_path / CELLS_NAME).read_text().splitlines(keepends=True)
-        (tmp_path / CELLS_NAME).write_text("".join(line for line in lines if json.loads(line)["cell"] != cell))
-        (folder / TRAINING_NAME).write_text(json.dumps(started))
-        again = run_benchmark(
-            TOY, tmp_path, table_names=["table1"], row_filter={"none"}, command="toy", log=lambda _: None
-        )
-        assert again["progress"]["trained_this_invocation"] == 1
-        redone = json.loads((folder / "metrics.json").read_text())
-        assert redone["resumed_from_step"] == resumed_from and redone["metrics"] == record["metrics"]
+    _check_unfinished_cell_resumes(first, tmp_path)
 
     # A changed budget is a different cell (no stale reuse): it trains again.
     third = run_benchmark(

@@ -369,33 +369,17 @@ def figure_columns(path: Path, cell: int = 32, pad: int = 2) -> int:
     return (Image.open(path).width - pad) // (cell + pad)
 
 
+def hrope_lift_training(out: Path, steps: int, *predictor: str) -> list[str]:
+    """The ``hrope train`` arguments of the tiny hrope-lift model (``predictor``: its source flags)."""
+    return ["train", TINY, "--encoding", "hrope-lift", *predictor, "--steps", str(steps), "--out", str(out), *SMALL]
+
+
 def test_external_planes_train_on_a_colmap_folder_and_viz_planes_draws_real_runs(colmap_root, tmp_path, capsys):
     root, _ = colmap_root
     data = ["--data.kind", "folder", "--data.root", str(root), "--data.cache", "false"]  # nothing outside tmp
     external = tmp_path / "external"
-    assert (
-        run(
-            [
-                "train",
-                TINY,
-                "--encoding",
-                "hrope-lift",
-                "--predictor",
-                "external",
-                "--steps",
-                "2",
-                "--out",
-                str(external),
-                *SMALL,
-                *data,
-                "--data.depth",
-                "points",
-                "--model.predictor_options",
-                "{fit: robust, targets: transfer}",
-            ]
-        )
-        == 0
-    )
+    depth = ["--data.depth", "points", "--model.predictor_options", "{fit: robust, targets: transfer}"]
+    assert run([*hrope_lift_training(external, 2, "--predictor", "external"), *data, *depth]) == 0
     assert "trained 2 steps" in capsys.readouterr().out
     assert run(["eval", str(external)]) == 0
     assert 0 < json.loads((external / "eval" / "results.json").read_text())["metrics"]["psnr"] < 60
@@ -406,27 +390,9 @@ def test_external_planes_train_on_a_colmap_folder_and_viz_planes_draws_real_runs
     assert figure_columns(external / "viz" / "planes.png") == 4  # the sparse depth's own fit as the last column
 
     learned = tmp_path / "learned"  # no depth at all: no ground-truth column
-    assert run(["train", TINY, "--encoding", "hrope-lift", "--steps", "1", "--out", str(learned), *SMALL, *data]) == 0
+    assert run([*hrope_lift_training(learned, 1), *data]) == 0
     assert run(["viz", "planes", str(learned), "--num-scenes", "1"]) == 0
     assert figure_columns(learned / "viz" / "planes.png") == 3
     capsys.readouterr()
-    assert (
-        run(
-            [
-                "train",
-                TINY,
-                "--encoding",
-                "hrope-lift",
-                "--predictor",
-                "external",
-                "--steps",
-                "1",
-                "--out",
-                str(tmp_path / "no_depth"),
-                *SMALL,
-                *data,
-            ]
-        )
-        == 2
-    )
+    assert run([*hrope_lift_training(tmp_path / "no_depth", 1, "--predictor", "external"), *data]) == 2
     assert "set data.depth (points: COLMAP points3D.txt" in capsys.readouterr().err
