@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks examples
+	$(PY) -m ruff format --check src tests benchmarks examples
+	$(PY) -m mypy
 	$(PY) -m pytest -n 2 -q
 
 demo: $(STAMP)
