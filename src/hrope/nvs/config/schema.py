@@ -216,7 +216,7 @@ class DataSettings:
     """The data section (``data.kind`` is checked where the dataset is built, :mod:`hrope.nvs.build_data`)."""
 
     kind: str = setting(
-        "room", Field("str"), "synthetic: room | object; real (hrope.nvs.data.SOURCE_KINDS): re10k | co3d | dl3dv | ..."
+        "room", Field("str"), "synthetic: room | object; real (hrope.nvs.data.LOADERS): re10k | co3d | dl3dv | ..."
     )
     root: str | None = setting(None, _OPTIONAL_PATH, "real data: the dataset folder (required for real kinds)")
     eval_root: str | None = setting(
