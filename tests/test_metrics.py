@@ -15,7 +15,7 @@ from skimage.metrics import structural_similarity
 
 from _lvsm_helpers import random_lpips_weights
 
-from hrope.nvs.evaluate import markdown_table
+from hrope.nvs.evaluate import available_st_lpips, markdown_table
 from hrope.nvs.metrics import LPIPS, STLPIPS, MetricError, image_metrics, psnr, ssim, st_lpips_weights
 
 
@@ -122,6 +122,8 @@ def test_st_lpips_input_errors(tmp_path):
     st_lpips = STLPIPS(st_lpips_weights())
     with pytest.raises(MetricError, match="at least 24x24"):
         st_lpips(torch.rand(1, 3, 23, 64), torch.rand(1, 3, 23, 64))
+    assert available_st_lpips(image_size=23) is None  # too small: hrope eval reports it unavailable
+    assert isinstance(available_st_lpips(image_size=24), STLPIPS)
     with pytest.raises(MetricError, match="not found"):
         STLPIPS(tmp_path / "missing.pth")
     torch.save({"lin0.model.1.weight": torch.zeros(1, 64, 1, 1)}, tmp_path / "partial.pth")

@@ -146,7 +146,7 @@ def _train_and_score(index: int, out: Path, steps: int, scenes: tuple, progress:
         device=device,
         num_grid_scenes=config["eval"]["num_grid_scenes"],
         planes=planes,
-        st_lpips=available_st_lpips(device),
+        st_lpips=available_st_lpips(device, model.config.image_size),
     )
     result = {"name": row.name, "metrics": metrics}
     normals = None

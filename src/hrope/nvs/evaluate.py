@@ -4,8 +4,9 @@ Metrics per target image (:mod:`hrope.nvs.metrics`), averaged per scene, then ov
 protocol). LPIPS is computed only when ``eval.lpips_weights`` names a local weights file;
 otherwise it is reported as ``"unavailable"``. ST-LPIPS (alex), a different perceptual distance
 whose weights ship with the ``stlpips-pytorch`` package (the ``perceptual`` extra), is computed by
-:func:`evaluate` whenever that package is installed (``"unavailable"`` otherwise) and has its own
-column (``metrics["st_lpips"]``); the lower-level functions compute it only when given a module.
+:func:`evaluate` whenever that package is installed and the images are at least 24 pixels a
+side (``"unavailable"`` otherwise) and has its own column (``metrics["st_lpips"]``); the
+lower-level functions compute it only when given a module.
 For predicted planes (a plane encoding with a learned or backbone source) on data with
 ground-truth planes, ``results["planes"]`` holds their accuracy (:mod:`hrope.nvs.plane_accuracy`:
 context and target views, scene-weighted means).
@@ -152,9 +153,12 @@ def evaluate_model(
     )
 
 
-def available_st_lpips(device: str | torch.device = "cpu") -> STLPIPS | None:
-    """ST-LPIPS (alex) on ``device`` when the ``stlpips-pytorch`` package is installed, else None."""
-    return STLPIPS().to(device) if st_lpips_weights() is not None else None
+def available_st_lpips(device: str | torch.device = "cpu", image_size: int | None = None) -> STLPIPS | None:
+    """ST-LPIPS (alex) on ``device`` when the ``stlpips-pytorch`` package is installed and the images
+    (``image_size`` pixels a side, when given) are large enough for it, else None."""
+    if st_lpips_weights() is None or (image_size is not None and image_size < STLPIPS.MIN_SIZE):
+        return None
+    return STLPIPS().to(device)
 
 
 def run_name(config: dict, model) -> str:
@@ -220,7 +224,7 @@ def evaluate(
     config = apply_eval_options(apply_data_overrides(config, data), num_scenes=num_scenes, lpips_weights=lpips_weights)
     weights = config["eval"]["lpips_weights"]
     lpips = LPIPS(weights).to(device) if weights else None
-    st_lpips = available_st_lpips(device)
+    st_lpips = available_st_lpips(device, model.config.image_size)
     dataset = build_dataset(config, "eval")
     num_context = config["data"]["num_context"]
     accuracy = PlaneAccuracy()
