@@ -123,7 +123,7 @@ def reading(results: list[dict]) -> str:
 
 # the order rows start in with several jobs: the costliest first (CPU seconds per training step, measured:
 # docs/results.md), so that no job is left with a long row at the end
-COST_ORDER = (3, 4, 1, 2, 0)
+COST_ORDER = (3, 4, 1, 2, 0)  # hrope-lift (learned), hrope-lift (context depth), prope, prope (world rays), none
 _SCENES: tuple = ()  # a worker process's (train, eval) scenes, set once by _init_worker
 
 
@@ -192,9 +192,13 @@ def _run_rows(out: Path, steps: int, scenes: tuple, jobs: int, start: float) -> 
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker, initargs=(scenes,)) as pool:
         futures = {pool.submit(_score_in_worker, index, out, steps): index for index in COST_ORDER}
-        for future in as_completed(futures):
-            outputs[futures[future]] = future.result()
-            done(futures[future], outputs[futures[future]])
+        try:
+            for future in as_completed(futures):
+                outputs[futures[future]] = future.result()
+                done(futures[future], outputs[futures[future]])
+        except BaseException:  # a failed row (or Ctrl-C): start no further rows
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     return [outputs[i] for i in range(count)]
 
 
