@@ -19,9 +19,10 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m ruff check src tests benchmarks examples
-	$(PY) -m ruff format --check src tests benchmarks examples
+	$(PY) -m ruff check src tests benchmarks examples mkdocs_hooks.py
+	$(PY) -m ruff format --check src tests benchmarks examples mkdocs_hooks.py
 	$(PY) -m mypy
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 	$(PY) -m pytest -n 2 -q
 
 demo: $(STAMP)
@@ -45,4 +46,4 @@ bench-gpu: $(STAMP)  # on a CUDA machine, with a CUDA build of torch (TORCH_SPEC
 	$(PY) benchmarks/gpu_suite.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site

@@ -49,9 +49,14 @@ def test_train_eval_viz_smoke(tmp_path, capsys):
 
     assert run(["eval", str(out)]) == 0
     results = json.loads((out / "eval" / "results.json").read_text())
-    assert set(results["metrics"]) == {"psnr", "ssim", "lpips"}
+    assert set(results["metrics"]) == {"psnr", "ssim", "lpips", "st_lpips"}
     assert 0 < results["metrics"]["psnr"] < 60 and results["metrics"]["lpips"] == "unavailable"
-    assert (out / "eval" / "results.md").read_text().startswith("| model |")
+    assert 0 < results["metrics"]["st_lpips"] < 1  # the dev extra installs stlpips-pytorch
+    assert (
+        (out / "eval" / "results.md")
+        .read_text()
+        .startswith("| model | PSNR ↑ | SSIM ↑ | LPIPS ↓ | ST-LPIPS (alex) ↓ |")
+    )
     assert (out / "eval" / "grid.png").is_file() and (out / "eval" / "config.yaml").is_file()
 
     assert run(["viz", "planes", str(out / "checkpoint.safetensors"), "--num-scenes", "1"]) == 0

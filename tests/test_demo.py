@@ -6,23 +6,61 @@ import json
 import math
 
 import pytest
+import torch
+from PIL import Image
 
-from hrope.nvs.demo import DEMO_MODELS, main, reading
+from hrope.nvs.build_data import build_dataset
+from hrope.nvs.demo import COST_ORDER, DEMO_MODELS, _train_and_score, default_jobs, demo_config, main, reading
+from hrope.nvs.demo_figures import save_comparison, save_results_bar
 
 
 @pytest.mark.slow
-def test_demo_runs_end_to_end(tmp_path):
-    main(["--steps", "2", "--out", str(tmp_path)])
-    results = json.loads((tmp_path / "results.json").read_text())["results"]
-    assert len(results) == len(DEMO_MODELS)
+def test_demo_runs_end_to_end_in_parallel_with_the_results_of_one_process(tmp_path):
+    main(["--steps", "2", "--jobs", "2", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "results.json").read_text())
+    results = report["results"]
+    assert report["jobs"] == 2 and [r["name"] for r in results] == [m.name for m in DEMO_MODELS]
     assert all(math.isfinite(r["metrics"]["psnr"]) and math.isfinite(r["metrics"]["ssim"]) for r in results)
-    for name in ("results.md", "comparison.png", "normals.png"):
+    assert all(0 < r["metrics"]["st_lpips"] < 1 and r["cpu_seconds"] > 0 for r in results)
+    for name in ("results.md", "comparison.png", "normals.png", "results_bar.png"):
         assert (tmp_path / name).stat().st_size > 0
+    with Image.open(tmp_path / "comparison.png") as image:  # 4 scenes x 8 columns of 200-pixel cells + labels
+        assert image.size[0] >= 8 * 200 and image.size[1] >= 4 * 200
     learned = next(r for r in results if r["name"] == "hrope-lift (learned planes, transferred, world rays)")
     assert set(learned["planes"]) >= {"context", "target"}  # the learned planes' accuracy is reported
     text = (tmp_path / "results.md").read_text()
     assert "Reading: " in text and "Plane accuracy of `hrope-lift (learned planes, transferred, world rays)`" in text
+    assert "| model | PSNR ↑ | SSIM ↑ | LPIPS ↓ | ST-LPIPS (alex) ↓ |" in text
     assert not any(DEMO_MODELS[i].options.get("scope") == "all" for i in range(len(DEMO_MODELS)))  # no target geometry
+
+    # the same row trained in this process (its own scenes, rendered lazily) gives the same numbers
+    config = demo_config(DEMO_MODELS[0], tmp_path, 2)
+    scenes = build_dataset(config, "train"), build_dataset(config, "eval")
+    alone = _train_and_score(0, tmp_path / "alone", 2, scenes, progress=False)["result"]
+    assert alone["metrics"] == results[0]["metrics"]
+
+
+def test_demo_figures(tmp_path):
+    images = [[torch.rand(3, 16, 16) for _ in range(3)] for _ in range(2)]
+    save_comparison(images, ["a", "b", "a long label that wraps over lines"], tmp_path / "c.png", cell_inches=1.0)
+    with Image.open(tmp_path / "c.png") as image:
+        assert image.size[0] == 300 and image.size[1] > 200  # 100 pixels per cell, labels above
+    with pytest.raises(ValueError, match="one image per label"):
+        save_comparison(images, ["a", "b"], tmp_path / "c.png")
+    rows = [{"name": "x", "metrics": {"psnr": 20.0, "ssim": 0.5, "lpips": "unavailable"}}]
+    rows.append({"name": "y", "metrics": {"psnr": 21.0, "ssim": 0.6, "lpips": "unavailable"}})
+    assert save_results_bar(rows, tmp_path / "bar.png").stat().st_size > 0
+    assert not list(tmp_path.glob(".*.tmp"))  # written atomically
+    with pytest.raises(ValueError, match="no metric"):
+        save_results_bar([{"name": "x", "metrics": {"lpips": "unavailable"}}], tmp_path / "bar.png")
+
+
+def test_demo_jobs_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        main(["--jobs", "0"])
+    assert "--jobs must be >= 1" in capsys.readouterr().err
+    assert 1 <= default_jobs() <= len(DEMO_MODELS)
+    assert sorted(COST_ORDER) == list(range(len(DEMO_MODELS)))
 
 
 def test_reading_names_the_best_row_against_prope():

@@ -49,6 +49,7 @@ LAYERS = {
     "hrope.nvs.protocol_report": 16,
     "hrope.nvs.protocols": 17,
     "hrope.nvs.demo": 17,
+    "hrope.nvs.demo_figures": 16,
     "hrope.nvs.cli": 18,
     "hrope.nvs": 19,
     "hrope.nvs.distributed": 11,

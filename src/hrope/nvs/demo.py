@@ -6,12 +6,17 @@ rows the 3-seed evidence in docs/results.md supports: ``none`` (LVSM baseline), 
 be), and ``hrope-lift`` with the same rays and planes from the context views only, carried into
 the target camera — learned, or fitted to the context views' depth (what a model with a depth
 estimator has at test time). No row sees the target view's geometry. Each is evaluated on
-held-out scenes; ``runs/demo`` gets ``results.md`` / ``results.json`` (PSNR, SSIM, LPIPS
-unavailable without local weights, the learned planes' accuracy against the neutral planes, and a
-one-sentence reading), ``comparison.png`` (per scene: context views | ground truth | each model's
-prediction) and ``normals.png`` (the learned plane normals next to the ground truth). Re-running
-resumes or reuses finished runs. Single-threaded torch per run (fast and predictable on a shared
-2-core box).
+held-out scenes; ``runs/demo`` gets ``results.md`` / ``results.json`` (PSNR, SSIM, ST-LPIPS (alex)
+when ``stlpips-pytorch`` is installed, LPIPS unavailable without local weights, the learned planes'
+accuracy against the neutral planes, and a one-sentence reading), ``comparison.png`` (per scene:
+context views | ground truth | each model's prediction, a label over every column),
+``results_bar.png`` (the table as bars) and ``normals.png`` (the learned plane normals next to the
+ground truth). Re-running resumes or reuses finished runs.
+
+The scenes are rendered once, then the rows train in ``--jobs`` worker processes (default: one per
+available CPU core, at most one per row), each with one torch thread, the costliest rows first; a
+row's result does not depend on the number of jobs (``--jobs 1`` trains them one after another in
+this process).
 """
 
 from __future__ import annotations
@@ -19,13 +24,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .build_data import build_dataset, collate
 from .config import resolve
-from .evaluate import evaluate_model, markdown_table, planes_table
+from .demo_figures import save_comparison, save_results_bar
+from .evaluate import available_st_lpips, evaluate_model, markdown_table, planes_table
 from .plane_accuracy import PlaneAccuracy, measures_planes
 from .train import train
 from .viz import plane_normal_rows, save_image_grid
@@ -112,24 +121,23 @@ def reading(results: list[dict]) -> str:
     )
 
 
-def _train_and_score(row: DemoModel, index: int, out: Path, steps: int, scenes: tuple, start: float) -> tuple:
+# the order rows start in with several jobs: the costliest first (CPU seconds per training step, measured:
+# docs/results.md), so that no job is left with a long row at the end
+COST_ORDER = (3, 4, 1, 2, 0)  # hrope-lift (learned), hrope-lift (context depth), prope, prope (world rays), none
+_SCENES: tuple = ()  # a worker process's (train, eval) scenes, set once by _init_worker
+
+
+def _train_and_score(index: int, out: Path, steps: int, scenes: tuple, progress: bool) -> dict:
     """Train demo row ``index`` (into ``out/<row name>``) on ``scenes = (train, eval)`` and score it on
-    the held-out ones: ``(result, grid rows, model, device)``, ``result`` its entry of ``results.json``;
-    ``start``: when the demo started (for the progress lines)."""
+    the held-out ones. Returns ``{"result": its entry of results.json, "rows": comparison grid rows,
+    "normals": plane-normal rows (rows that measure planes) or None, "device"}``; the result records
+    the row's wall and CPU seconds."""
+    row, started, cpu = DEMO_MODELS[index], time.perf_counter(), time.process_time()
     train_scenes, eval_scenes = scenes
     folder = row.name.replace(" ", "_").replace("(", "").replace(")", "").replace(",", "")
-    print(
-        f"[{index + 1}/{len(DEMO_MODELS)}] {row.name}: training {steps} steps "
-        f"(elapsed {time.perf_counter() - start:.0f} s)",
-        flush=True,
-    )
     config = demo_config(row, out / folder, steps)
-    model = train(config, dataset=train_scenes).model.eval()
+    model = train(config, dataset=train_scenes, progress=progress).model.eval()
     device = next(model.parameters()).device  # train.device "auto" picks CUDA when available
-    print(
-        f"[{index + 1}/{len(DEMO_MODELS)}] {row.name}: evaluating on {config['eval']['num_scenes']} held-out scenes",
-        flush=True,
-    )
     planes = PlaneAccuracy() if measures_planes(model) else None
     metrics, _, rows = evaluate_model(
         model,
@@ -138,15 +146,63 @@ def _train_and_score(row: DemoModel, index: int, out: Path, steps: int, scenes: 
         device=device,
         num_grid_scenes=config["eval"]["num_grid_scenes"],
         planes=planes,
+        st_lpips=available_st_lpips(device, model.config.image_size),
     )
     result = {"name": row.name, "metrics": metrics}
+    normals = None
     if planes is not None:
         result["planes"] = planes.means()
-    print(f"    PSNR {metrics['psnr']:.2f}  SSIM {metrics['ssim']:.3f}", flush=True)
-    return result, rows, model, device
+        batch = collate([eval_scenes[i] for i in range(2)], config["data"]["num_context"], device)
+        normals = plane_normal_rows(model, batch)
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    result["cpu_seconds"] = round(time.process_time() - cpu, 1)
+    return {"result": result, "rows": rows, "normals": normals, "device": str(device)}
 
 
-def _report(steps: int, elapsed: float, device, results: list[dict], normals_of: str | None) -> str:
+def _init_worker(scenes: tuple) -> None:
+    global _SCENES
+    _SCENES = scenes
+
+
+def _score_in_worker(index: int, out: Path, steps: int) -> dict:
+    return _train_and_score(index, out, steps, _SCENES, progress=False)
+
+
+def _run_rows(out: Path, steps: int, scenes: tuple, jobs: int, start: float) -> list[dict]:
+    """Every demo row's :func:`_train_and_score` output, in ``DEMO_MODELS`` order: in this process
+    (``jobs`` 1) or in ``jobs`` spawned worker processes that receive the scenes once."""
+    count = len(DEMO_MODELS)
+
+    def done(index: int, output: dict) -> None:
+        metrics = output["result"]["metrics"]
+        print(
+            f"[{index + 1}/{count}] {DEMO_MODELS[index].name}: PSNR {metrics['psnr']:.2f}  SSIM {metrics['ssim']:.3f} "
+            f"(elapsed {time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
+
+    outputs: dict[int, dict] = {}
+    if jobs == 1:
+        for index in range(count):
+            print(f"[{index + 1}/{count}] {DEMO_MODELS[index].name}: training {steps} steps", flush=True)
+            outputs[index] = _train_and_score(index, out, steps, scenes, progress=True)
+            done(index, outputs[index])
+        return [outputs[i] for i in range(count)]
+    print(f"training {count} rows, {jobs} at a time (one process each, one torch thread each)", flush=True)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker, initargs=(scenes,)) as pool:
+        futures = {pool.submit(_score_in_worker, index, out, steps): index for index in COST_ORDER}
+        try:
+            for future in as_completed(futures):
+                outputs[futures[future]] = future.result()
+                done(futures[future], outputs[futures[future]])
+        except BaseException:  # a failed row (or Ctrl-C): start no further rows
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+    return [outputs[i] for i in range(count)]
+
+
+def _report(steps: int, elapsed: float, device, results: list[dict], normals_of: str | None, jobs: int = 1) -> str:
     """The text of ``results.md``: the setup, the table and its reading, the plane accuracy of the
     rows that predict planes and the figures' legend (``normals_of``: the row in ``normals.png``)."""
     columns = " | ".join(["context views", "ground truth", *(r["name"] for r in results)])
@@ -161,52 +217,81 @@ def _report(steps: int, elapsed: float, device, results: list[dict], normals_of:
         f"Command: `make demo` (`python -m hrope.nvs.demo --steps {steps}`). Tiny LVSM (64x64, patch 8, d 128, "
         f"4 layers), {steps} steps of batch {BATCH_SIZE} on {TRAIN_SCENES} synthetic room scenes (2 context + "
         f"1 target views), evaluated on {EVAL_SCENES} held-out scenes. "
-        f"Total time {elapsed / 60:.1f} min on {device}.\n\n"
+        f"Total time {elapsed / 60:.1f} min on {device} ({jobs} parallel job{'s' if jobs > 1 else ''}; "
+        f"{sum(r['cpu_seconds'] for r in results) / 60:.1f} CPU min of training and evaluation).\n\n"
         + markdown_table(results)
         + f"\nReading: {reading(results)}\n\n"
-        "LPIPS is unavailable: no local LPIPS weights are configured. The context-depth row fits planes to the "
+        "LPIPS is unavailable: no local LPIPS weights are configured; ST-LPIPS (alex) is a different perceptual "
+        "distance (shift-tolerant, its weights ship with the stlpips-pytorch package; docs/model.md). "
+        "The context-depth row fits planes to the "
         "renderer's depth of the context views only (a stand-in for a depth estimator) and carries them into the "
         "target camera; the learned row carries its context planes over the same way; no row sees the target "
         'view\'s geometry. "world rays": the Plücker rays in the tokens are in the world frame (scene '
         "normalised to the first context camera) instead of each token's camera frame.\n"
         + accuracy
-        + f"\n`comparison.png` columns: {columns}. `normals.png`: input | overlay | `{normals_of}` normals | "
+        + f"\n`comparison.png` columns: {columns}. `results_bar.png`: the table as bars. "
+        f"`normals.png`: input | overlay | `{normals_of}` normals | "
         "ground-truth normals, per context view.\n"
     )
+
+
+def default_jobs() -> int:
+    """One job per CPU core this process may use, at most one per row."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cores, len(DEMO_MODELS)))
+
+
+def _figures(out: Path, outputs: list[dict], results: list[dict], steps: int) -> str | None:
+    """Write comparison.png, results_bar.png and normals.png; returns the row shown in normals.png."""
+    reference = outputs[-1]["rows"]  # per scene: context views | a prediction | ground truth
+    comparison = [[*row[:-2], row[-1], *(o["rows"][i][-2] for o in outputs)] for i, row in enumerate(reference)]
+    labels = [
+        *(f"context view {v + 1}" for v in range(len(reference[0]) - 2)),
+        "ground truth",
+        *(r["name"] for r in results),
+    ]
+    save_comparison(comparison, labels, out / "comparison.png")
+    save_results_bar(results, out / "results_bar.png", title=f"demo: {steps} steps, {EVAL_SCENES} held-out scenes")
+    shown = next((o for o in outputs if o["normals"] is not None), None)
+    if shown is None:
+        return None
+    save_image_grid(shown["normals"], out / "normals.png")
+    return shown["result"]["name"]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m hrope.nvs.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=1000, help="training steps per model")
     parser.add_argument("--out", default="runs/demo")
+    parser.add_argument(
+        "--jobs", type=int, default=None, help="rows trained at the same time (default: one per CPU core, at most 5)"
+    )
     args = parser.parse_args(argv)
+    if args.jobs is not None and args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    jobs = min(args.jobs or default_jobs(), len(DEMO_MODELS))
     logging.basicConfig(level=logging.WARNING)
     out = Path(args.out)
-    results: list[dict] = []
-    predictions: list[list] = []
-    reference_rows: list[list] = []
-    normal_rows, normals_of = None, None
     start = time.perf_counter()
-    # every run has the same data config: render the training and held-out scenes once
+    # every run has the same data config: render the training and held-out scenes once, here
     first = demo_config(DEMO_MODELS[0], out, args.steps)
-    scenes = build_dataset(first, "train"), build_dataset(first, "eval")
-    for index, row in enumerate(DEMO_MODELS):
-        result, rows, model, device = _train_and_score(row, index, out, args.steps, scenes, start)
-        results.append(result)
-        predictions.append([r[-2] for r in rows])
-        reference_rows = rows
-        if "planes" in result and normal_rows is None:
-            batch = collate([scenes[1][i] for i in range(2)], first["data"]["num_context"], device)
-            normal_rows, normals_of = plane_normal_rows(model, batch), row.name
+    scenes = tuple(
+        [dataset[i] for i in range(len(dataset))]
+        for dataset in (build_dataset(first, split) for split in ("train", "eval"))
+    )
+    print(
+        f"rendered {len(scenes[0])} training and {len(scenes[1])} held-out scenes "
+        f"({time.perf_counter() - start:.0f} s)",
+        flush=True,
+    )
+    outputs = _run_rows(out, args.steps, scenes, jobs, start)
+    results = [o["result"] for o in outputs]
     elapsed = time.perf_counter() - start
-    comparison = [[*row[:-2], row[-1], *(p[i] for p in predictions)] for i, row in enumerate(reference_rows)]
-    save_image_grid(comparison, out / "comparison.png")
-    if normal_rows is not None:
-        save_image_grid(normal_rows, out / "normals.png")
-    text = _report(args.steps, elapsed, device, results, normals_of)
+    normals_of = _figures(out, outputs, results, args.steps)
+    text = _report(args.steps, elapsed, outputs[0]["device"], results, normals_of, jobs)
     (out / "results.md").write_text(text)
     (out / "results.json").write_text(
-        json.dumps({"steps": args.steps, "seconds": elapsed, "results": results}, indent=2)
+        json.dumps({"steps": args.steps, "seconds": elapsed, "jobs": jobs, "results": results}, indent=2)
     )
     print(text)
 

@@ -2,9 +2,14 @@
 
 Metrics per target image (:mod:`hrope.nvs.metrics`), averaged per scene, then over scenes (LVSM's
 protocol). LPIPS is computed only when ``eval.lpips_weights`` names a local weights file;
-otherwise it is reported as ``"unavailable"``. For predicted planes (a plane encoding with a learned
-or backbone source) on data with ground-truth planes, ``results["planes"]`` holds their accuracy
-(:mod:`hrope.nvs.plane_accuracy`: context and target views, scene-weighted means).
+otherwise it is reported as ``"unavailable"``. ST-LPIPS (alex), a different perceptual distance
+whose weights ship with the ``stlpips-pytorch`` package (the ``perceptual`` extra), is computed by
+:func:`evaluate` whenever that package is installed and the images are at least 24 pixels a
+side (``"unavailable"`` otherwise) and has its own column (``metrics["st_lpips"]``); the
+lower-level functions compute it only when given a module.
+For predicted planes (a plane encoding with a learned or backbone source) on data with
+ground-truth planes, ``results["planes"]`` holds their accuracy (:mod:`hrope.nvs.plane_accuracy`:
+context and target views, scene-weighted means).
 
 Outputs in ``out`` (default: ``<run folder>/eval``): ``results.json``, ``results.md``,
 ``grid.png`` (one row per scene: context views | prediction | ground truth) and ``config.yaml``.
@@ -23,7 +28,7 @@ import torch
 from .build_data import build_dataset, collate
 from .checkpoints import load_model, run_folder
 from .config import save_config, update_config
-from .metrics import LPIPS, image_metrics
+from .metrics import LPIPS, ST_LPIPS_NAME, STLPIPS, image_metrics, st_lpips_weights
 from .plane_accuracy import GROUPS, METRICS, PlaneAccuracy
 from .viz import save_image_grid
 
@@ -38,6 +43,7 @@ __all__ = [
     "apply_eval_options",
     "markdown_table",
     "planes_table",
+    "available_st_lpips",
     "UNAVAILABLE",
 ]
 
@@ -63,9 +69,11 @@ def batch_metrics(
     *,
     return_prediction: bool = False,
     planes: PlaneAccuracy | None = None,
+    st_lpips: STLPIPS | None = None,
 ):
     """Per-scene metric means ``{metric: [value per scene]}`` of one batch of ``scenes`` (each target
-    image scored, then averaged per scene); LPIPS only with ``lpips``; the batch's plane errors are
+    image scored, then averaged per scene); LPIPS only with ``lpips``, ST-LPIPS only with
+    ``st_lpips``; the batch's plane errors are
     added to ``planes`` when given. With ``return_prediction`` also returns ``(batch, prediction
     (B, Vt, 3, H, W))``."""
     batch = collate(scenes, num_context, torch.device(device))
@@ -74,7 +82,7 @@ def batch_metrics(
         prediction = output.images.float()
         target = batch.images[:, num_context:].float()
         B, Vt = target.shape[:2]
-        values = image_metrics(prediction.flatten(0, 1), target.flatten(0, 1), lpips)
+        values = image_metrics(prediction.flatten(0, 1), target.flatten(0, 1), lpips, st_lpips)
     if planes is not None:
         planes.add(output.parameters, batch, model)
     per_scene = {name: value.reshape(B, Vt).mean(1).tolist() for name, value in values.items()}
@@ -91,6 +99,7 @@ def evaluate_scenes(
     device: str | torch.device = "cpu",
     num_grid_scenes: int = 0,
     planes: PlaneAccuracy | None = None,
+    st_lpips: STLPIPS | None = None,
 ):
     """Score ``scenes`` (any iterable of :class:`hrope.nvs.data.Scene`, read ``batch_size`` at a time);
     with ``planes``, also accumulate the accuracy of predicted planes there.
@@ -99,11 +108,13 @@ def evaluate_scenes(
     """
     model.eval()
     per_scene: dict[str, list[float]] = {"psnr": [], "ssim": [], "lpips": []}
+    if st_lpips is not None:
+        per_scene["st_lpips"] = []
     rows: list[list[torch.Tensor]] = []
     scenes = iter(scenes)
     while chunk := list(islice(scenes, batch_size)):
         values, batch, prediction = batch_metrics(
-            model, chunk, num_context, device, lpips, return_prediction=True, planes=planes
+            model, chunk, num_context, device, lpips, return_prediction=True, planes=planes, st_lpips=st_lpips
         )
         for name, value in values.items():
             per_scene[name] += value
@@ -124,6 +135,7 @@ def evaluate_model(
     device: str | torch.device = "cpu",
     num_grid_scenes: int = 0,
     planes: PlaneAccuracy | None = None,
+    st_lpips: STLPIPS | None = None,
 ):
     """:func:`evaluate_scenes` over the scenes of ``dataset``; with ``planes``, the accuracy of
     predicted planes is accumulated there (``planes.means()``). Returns an :class:`Evaluation`."""
@@ -137,7 +149,16 @@ def evaluate_model(
         device=device,
         num_grid_scenes=num_grid_scenes,
         planes=planes,
+        st_lpips=st_lpips,
     )
+
+
+def available_st_lpips(device: str | torch.device = "cpu", image_size: int | None = None) -> STLPIPS | None:
+    """ST-LPIPS (alex) on ``device`` when the ``stlpips-pytorch`` package is installed and the images
+    (``image_size`` pixels a side, when given) are large enough for it, else None."""
+    if st_lpips_weights() is None or (image_size is not None and image_size < STLPIPS.MIN_SIZE):
+        return None
+    return STLPIPS().to(device)
 
 
 def run_name(config: dict, model) -> str:
@@ -150,11 +171,15 @@ def run_name(config: dict, model) -> str:
 
 
 def markdown_table(results: list[dict]) -> str:
-    """A Markdown table of result dicts (``name`` + ``metrics``)."""
-    lines = ["| model | PSNR ↑ | SSIM ↑ | LPIPS ↓ |", "|---|---|---|---|"]
+    """A Markdown table of result dicts (``name`` + ``metrics``); an ST-LPIPS column when every
+    result has ``metrics["st_lpips"]`` (a value or ``"unavailable"``)."""
+    columns = [("psnr", 2, "PSNR ↑"), ("ssim", 3, "SSIM ↑"), ("lpips", 3, "LPIPS ↓")]
+    if results and all("st_lpips" in r["metrics"] for r in results):
+        columns.append(("st_lpips", 3, f"{ST_LPIPS_NAME} ↓"))
+    lines = ["| model | " + " | ".join(c[2] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for r in results:
         cells = []
-        for name, digits in (("psnr", 2), ("ssim", 3), ("lpips", 3)):
+        for name, digits, _ in columns:
             value = r["metrics"][name]
             cells.append(value if isinstance(value, str) else f"{value:.{digits}f}")
         lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
@@ -199,6 +224,7 @@ def evaluate(
     config = apply_eval_options(apply_data_overrides(config, data), num_scenes=num_scenes, lpips_weights=lpips_weights)
     weights = config["eval"]["lpips_weights"]
     lpips = LPIPS(weights).to(device) if weights else None
+    st_lpips = available_st_lpips(device, model.config.image_size)
     dataset = build_dataset(config, "eval")
     num_context = config["data"]["num_context"]
     accuracy = PlaneAccuracy()
@@ -211,7 +237,9 @@ def evaluate(
         device=device,
         num_grid_scenes=config["eval"]["num_grid_scenes"],
         planes=accuracy,
+        st_lpips=st_lpips,
     )
+    means.setdefault("st_lpips", UNAVAILABLE)
     checkpoint = Path(checkpoint)
     out = Path(out) if out is not None else run_folder(checkpoint) / "eval"
     results = {
