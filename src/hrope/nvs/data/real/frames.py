@@ -8,14 +8,12 @@ resizes + centre-crops, and validates each camera. Readers share :func:`image_fo
 ``images/``, ``images_2/``, ... to read) and :func:`report_missing` (listed frames whose image file
 is absent are skipped with one warning, as instant-ngp's loader does).
 
-With a target size, a JPEG is decoded at a reduced scale (libjpeg's DCT scaling by 1/2, 1/4 or
-1/8, PIL's ``draft``) when that scale divides both sides exactly (so K scales exactly) and still
-leaves at least twice the resolution the resize needs; the antialiased resize does the rest.
+Images are decoded by :func:`hrope.nvs.data.real.images.read_image` (every mode, alpha, EXIF
+orientation, reduced decoding of large files).
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import math
 import reprlib
@@ -27,13 +25,13 @@ from typing import Any, Literal, overload
 
 import numpy as np
 import torch
-from PIL import Image
 from torch import Tensor
 
 from ....cameras import CameraError, Cameras
 from ..scene import Scene, SceneError
 from ..transforms import crop_intrinsics, resize_crop, resize_crop_plan, scale_intrinsics
 from .image_cache import ImageCache
+from .images import WHITE, read_image
 from .undistort import Distortion, undistort_image
 
 __all__ = [
@@ -71,8 +69,8 @@ class Frame:
             ``(points3D.txt, POINTS2D line)`` of a COLMAP image; read only on request
             (``data.depth``, :mod:`hrope.nvs.data.real.depth_maps`).
         distortion: the lens model of the image file (None: pinhole); removed when decoded.
-        background: the RGB colour in [0, 1] an image with alpha is composited over (None: alpha
-            is dropped).
+        background: the RGB colour in [0, 1] an image with alpha is composited over (default
+            white; None: alpha is dropped).
     """
 
     image: Path | bytes | Tensor
@@ -84,7 +82,7 @@ class Frame:
     normal_map: Path | None = None
     tracks: tuple[Path, str] | None = None
     distortion: Distortion | None = None
-    background: tuple[float, float, float] | None = None
+    background: tuple[float, float, float] | None = WHITE
 
 
 @overload
@@ -122,47 +120,6 @@ def number_array(value: object, where: str, field: str) -> Tensor:
 def pinhole(fx: float, fy: float, cx: float, cy: float) -> Tensor:
     """The float64 intrinsics ``[[fx, 0, cx], [0, fy, cy], [0, 0, 1]]``."""
     return torch.tensor([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]], dtype=torch.float64)
-
-
-def _draft_scale(size: tuple[int, int], target: tuple[int, int]) -> int:
-    """The largest JPEG decoding scale ``1/s`` (``s`` in 8, 4, 2) that divides ``size (H, W)`` exactly
-    and leaves at least twice the size that resizing to ``target`` needs; 1 when there is none."""
-    (height, width), _, _ = resize_crop_plan(size, target)
-    for scale in (8, 4, 2):
-        if not (size[0] % scale or size[1] % scale) and size[0] >= 2 * scale * height and size[1] >= 2 * scale * width:
-            return scale
-    return 1
-
-
-def read_image(
-    image: Path | bytes | Tensor,
-    label: str = "",
-    *,
-    target: tuple[int, int] | None = None,
-    background: tuple[float, float, float] | None = None,
-) -> Tensor:
-    """Decode an image file or encoded bytes to ``(3, H, W)`` float32 RGB in [0, 1].
-
-    ``target (H, W)``: the size the image is resized to next, which allows decoding a JPEG at a
-    reduced scale (module doc). ``background``: an RGB colour in [0, 1] that an image with alpha is
-    composited over (without one, alpha is dropped).
-    """
-    if isinstance(image, Tensor):
-        image = image.numpy().tobytes()
-    try:
-        with Image.open(io.BytesIO(image) if isinstance(image, bytes) else image) as pil:
-            if target is not None and (scale := _draft_scale((pil.height, pil.width), target)) > 1:
-                pil.draft("RGB", (pil.width // scale, pil.height // scale))
-            alpha = background is not None and ("A" in pil.getbands() or "transparency" in pil.info)
-            array = np.asarray(pil.convert("RGBA" if alpha else "RGB"))
-    except (OSError, ValueError, Image.DecompressionBombError) as error:
-        what = "image bytes" if isinstance(image, bytes) else f"image {image}"
-        raise SceneError(f"{label}: cannot read {what}: {error}") from error
-    pixels = torch.from_numpy(array.copy()).permute(2, 0, 1).float() / 255.0
-    if alpha:
-        colour = torch.tensor(background, dtype=torch.float32).view(3, 1, 1)
-        pixels = pixels[:3] * pixels[3:] + colour * (1 - pixels[3:])
-    return pixels
 
 
 def _check_camera(K: Tensor, world_to_cam: Tensor, image_size: tuple[int, int], label: str) -> None:
