@@ -15,6 +15,7 @@ orientation, reduced decoding of large files).
 from __future__ import annotations
 
 import logging
+import os
 import math
 import reprlib
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +48,7 @@ __all__ = [
     "image_folder",
     "image_file_exists",
     "report_missing",
+    "drop_repeated_frames",
 ]
 
 logger = logging.getLogger("hrope.nvs.data")
@@ -126,8 +128,8 @@ def _check_camera(K: Tensor, world_to_cam: Tensor, image_size: tuple[int, int], 
     """A :class:`SceneError` unless the camera is valid as the scene stores it (float32)."""
     try:
         Cameras(K[None, None].float(), world_to_cam[None, None].float(), image_size)
-    except CameraError as error:
-        raise SceneError(f"{label}: invalid camera: {error}") from error
+    except CameraError as error:  # one camera: the batch and view index say nothing
+        raise SceneError(f"{label}: invalid camera: {str(error).replace('[b=0, v=0]', '', 1)}") from error
 
 
 def _intrinsics(frame: Frame, size: tuple[int, int]) -> Tensor:
@@ -306,6 +308,45 @@ def image_file_exists(path: Path) -> bool:
         return path.is_file()
     except (OSError, ValueError):
         return False
+
+
+def _same_camera(a: Frame, b: Frame) -> bool:
+    return (
+        a.intrinsics_size == b.intrinsics_size
+        and torch.allclose(a.K, b.K, rtol=1e-6, atol=1e-9)
+        and torch.allclose(a.world_to_cam, b.world_to_cam, rtol=1e-6, atol=1e-9)
+    )
+
+
+def drop_repeated_frames(frames: list[Frame], where: str) -> list[Frame]:
+    """``frames`` without those that list an earlier frame's image file again with the same camera
+    (one warning counts them: a repeated view would be both a context and a target); the same
+    image with another camera is a :class:`SceneError` naming both frames."""
+    first: dict[str, Frame] = {}
+    kept, repeats = [], []
+    for frame in frames:
+        if not isinstance(frame.image, Path):
+            kept.append(frame)
+            continue
+        name = os.path.normpath(frame.image)
+        if name not in first:
+            first[name] = frame
+            kept.append(frame)
+        elif _same_camera(first[name], frame):
+            repeats.append(frame)
+        else:
+            raise SceneError(
+                f"{frame.label}: lists image {frame.image} again (first in {first[name].label}) with "
+                "another camera; one image has one camera"
+            )
+    if repeats:
+        logger.warning(
+            "%s: %d frame(s) repeat an earlier frame's image and camera and are left out (first: %s)",
+            where,
+            len(repeats),
+            repeats[0].label,
+        )
+    return kept
 
 
 def report_missing(where: str, missing: list[Path], listed: int) -> None:
