@@ -112,5 +112,5 @@ def test_a_text_file_under_an_image_name_names_the_frame_and_file(tmp_path):
     K[:] = K[0]
     write_nerfstudio(tmp_path / "scene", K, E, view_images(5))
     (tmp_path / "scene" / "images" / "frame_00002.png").write_text("version https://git-lfs.github.com/spec/v1\n")
-    with pytest.raises(SceneError, match=r"frames\[2\]: image .*frame_00002\.png is not an image file PIL can read"):
+    with pytest.raises(SceneError, match=r"frames\[2\]: image .*frame_00002\.png is in no image format PIL can read"):
         load_scene(tmp_path / "scene")

@@ -121,8 +121,8 @@ def test_exif_orientation_is_ignored_as_colmap_and_nerfstudio_do():
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        (b"name,x,y\n1,2,3\n", r"is not an image file PIL can read \(it starts with b'name,x,y"),
-        (b"", r"is not an image file PIL can read \(it starts with b''\)"),
+        (b"name,x,y\n1,2,3\n", r"is in no image format PIL can read \(it starts with b'name,x,y"),
+        (b"", r"is in no image format PIL can read \(it starts with b''\)"),
         (encode(Image.fromarray(RGB))[:120], r"cannot read image .*: image file is truncated"),
         (encode(Image.fromarray(RGB.astype(np.float32)[..., 0]), "TIFF"), r"floating-point image \(mode F\)"),
     ],
@@ -198,3 +198,25 @@ def test_images_read_through_a_path_or_bytes_agree(tmp_path):
     path = Path(tmp_path / "été.png")
     path.write_bytes(encode(Image.fromarray(np.dstack([RGB, ALPHA]))))
     torch.testing.assert_close(read_image(path), read_image(path.read_bytes()), atol=0, rtol=0)
+
+
+def test_a_header_read_for_the_size_fails_like_a_decode(tmp_path, monkeypatch):
+    """transforms.json without w/h reads each image's size from its header: the same one-line errors."""
+    K, E, _ = truth(10)
+    K[:] = K[0]
+    write_nerfstudio(tmp_path, K, E, view_images(10))
+    meta = json.loads((tmp_path / "transforms.json").read_text())
+    del meta["w"], meta["h"]
+    (tmp_path / "transforms.json").write_text(json.dumps(meta))
+    assert load_scene(tmp_path).image_size == (H, W)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", H * W // 4)
+    with pytest.raises(
+        SceneError, match=r"frames\[0\] \(no 'w'/'h'\): image .*frame_00000\.png is too large to decode"
+    ):
+        load_scene(tmp_path)
+    monkeypatch.undo()
+    (tmp_path / "images" / "frame_00001.png").write_text("<html>404</html>")
+    with pytest.raises(
+        SceneError, match=r"frames\[1\] \(no 'w'/'h'\): image .* PIL can read \(it starts with b'<html>"
+    ):
+        load_scene(tmp_path)

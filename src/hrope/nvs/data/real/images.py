@@ -27,6 +27,8 @@ Every image becomes ``(3, H, W)`` float32 RGB in [0, 1], whatever its file holds
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -34,10 +36,11 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
+from ...config import one_line
 from ..scene import SceneError
 from ..transforms import resize_crop_plan
 
-__all__ = ["WHITE", "read_image", "decoding_scale"]
+__all__ = ["WHITE", "read_image", "read_image_size", "decoding_scale"]
 
 WHITE = (1.0, 1.0, 1.0)
 """The default colour images with alpha are composited over."""
@@ -86,15 +89,15 @@ def _what(image: Path | bytes) -> str:
     return "the encoded image" if isinstance(image, bytes) else f"image {image}"
 
 
-def _start(image: Path | bytes) -> bytes:
-    """The first bytes of an image, for an error message."""
+def _start(image: Path | bytes) -> str:
+    """What an image file starts with, for an error message ('' for bytes held in memory)."""
     if isinstance(image, bytes):
-        return image[:16]
+        return ""
     try:
         with open(image, "rb") as file:
-            return file.read(16)
+            return f" (it starts with {file.read(16)!r})"
     except OSError:
-        return b""
+        return ""
 
 
 def read_image(
@@ -110,23 +113,38 @@ def read_image(
     reduced scale. ``background``: the RGB colour in [0, 1] an image with alpha is composited
     over (None: alpha is dropped). A :class:`SceneError` naming ``label`` and the file otherwise.
     """
-    if isinstance(image, Tensor):
-        image = image.numpy().tobytes()
+    image = _encoded(image)
+    with _decoding(image, label), Image.open(io.BytesIO(image) if isinstance(image, bytes) else image) as pil:
+        scale = 1 if target is None else decoding_scale((pil.height, pil.width), target)
+        if scale > 1 and pil.format == "JPEG":
+            pil.draft("RGB", (pil.width // scale, pil.height // scale))
+            scale = 1
+        return _pixels(pil, scale, background)
+
+
+def read_image_size(image: Path | bytes | Tensor, label: str = "") -> tuple[int, int]:
+    """``(H, W)`` of an image file or encoded bytes, from its header (nothing is decoded); the
+    errors of :func:`read_image`."""
+    image = _encoded(image)
+    with _decoding(image, label), Image.open(io.BytesIO(image) if isinstance(image, bytes) else image) as pil:
+        return pil.height, pil.width
+
+
+def _encoded(image: Path | bytes | Tensor) -> Path | bytes:
+    return image.numpy().tobytes() if isinstance(image, Tensor) else image
+
+
+@contextmanager
+def _decoding(image: Path | bytes, label: str) -> Iterator[None]:
+    """PIL's errors while reading ``image`` as one-line :class:`SceneError` naming ``label`` and the file."""
     try:
-        with Image.open(io.BytesIO(image) if isinstance(image, bytes) else image) as pil:
-            scale = 1 if target is None else decoding_scale((pil.height, pil.width), target)
-            if scale > 1 and pil.format == "JPEG":
-                pil.draft("RGB", (pil.width // scale, pil.height // scale))
-                scale = 1
-            return _pixels(pil, scale, background)
+        yield
     except UnidentifiedImageError:
-        raise SceneError(
-            f"{label}: {_what(image)} is not an image file PIL can read (it starts with {_start(image)!r})"
-        ) from None
+        raise SceneError(f"{label}: {_what(image)} is in no image format PIL can read{_start(image)}") from None
     except Image.DecompressionBombError as error:
         raise SceneError(
-            f"{label}: {_what(image)} is too large to decode ({error}); use a downsampled copy "
+            f"{label}: {_what(image)} is too large to decode ({one_line(error)}); use a downsampled copy "
             f"(images_N/) or raise PIL.Image.MAX_IMAGE_PIXELS"
         ) from None
     except (OSError, ValueError, SyntaxError) as error:
-        raise SceneError(f"{label}: cannot read {_what(image)}: {error}") from None
+        raise SceneError(f"{label}: cannot read {_what(image)}: {one_line(error)}") from None

@@ -34,7 +34,6 @@ import reprlib
 from pathlib import Path
 
 import torch
-from PIL import Image
 
 from ....geometry import invert_se3
 from ..scene import Scene, SceneError
@@ -49,6 +48,7 @@ from .frames import (
     positive_number,
     report_missing,
 )
+from .images import read_image_size
 from .undistort import Distortion, finite_number, make_distortion
 
 __all__ = ["OPENGL_TO_OPENCV", "read_transforms_json", "load_transforms_json"]
@@ -61,15 +61,6 @@ _DISTORTION = ("k1", "k2", "k3", "k4", "p1", "p2")
 _CAMERA_MODELS = ("OPENCV", "PINHOLE", "SIMPLE_PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV_FISHEYE")
 
 
-def _image_size(path: Path, label: str) -> tuple[int, int]:
-    """``(H, W)`` from an image file's header (used when the JSON gives no ``w``/``h``)."""
-    try:
-        with Image.open(path) as image:
-            return image.height, image.width
-    except OSError as error:
-        raise SceneError(f"{label}: no 'w'/'h' and cannot read image {path}: {error}") from error
-
-
 def _intrinsics(fields: dict, image: Path, label: str) -> tuple[torch.Tensor, tuple[int, int]]:
     """``(K, (h, w))`` from the merged top-level and per-frame fields, each checked."""
 
@@ -77,7 +68,7 @@ def _intrinsics(fields: dict, image: Path, label: str) -> tuple[torch.Tensor, tu
         return positive_number(fields[key], label, repr(key), below=below)
 
     given = {key: positive_number(fields[key], label, repr(key), whole=True) for key in ("h", "w") if key in fields}
-    size = (given["h"], given["w"]) if len(given) == 2 else _image_size(image, label)
+    size = (given["h"], given["w"]) if len(given) == 2 else read_image_size(image, f"{label} (no 'w'/'h')")
     if "fl_x" in fields:
         fx = number("fl_x")
         fy = number("fl_y") if "fl_y" in fields else fx
