@@ -251,9 +251,9 @@ class Cameras:
         ):
             shape = tuple(G.shape) if isinstance(G, Tensor) else type(G).__name__
             raise CameraError(f"world_from_new must have shape (4, 4) or ({self.batch_size}, 4, 4), got {shape}")
+        if validate and not G.is_floating_point():
+            raise CameraError(f"world_from_new must be a floating point tensor, got {G.dtype}")
         if validate and checking_values():
-            if not G.is_floating_point():
-                raise CameraError(f"world_from_new must be a floating point tensor, got {G.dtype}")
             bad = ~torch.isfinite(G).flatten(-2).all(-1)
             if bad.any():
                 raise CameraError(f"world_from_new{_first_bad(bad)} has a non-finite entry (NaN or inf)")

@@ -1,9 +1,9 @@
-"""Decoding image files as users have them: `read_image`.
+"""Decoding image files as users have them: `read_image` (and `read_image_size`, from the header).
 
 Every image becomes ``(3, H, W)`` float32 RGB in [0, 1], whatever its file holds:
 
 - **Modes.** RGB as it is; greyscale (``L``, 1-bit) repeated over the three channels; palette
-  images through their palette; CMYK JPEGs (Adobe's inverted ones included) converted by PIL;
+  images through their palette; CMYK JPEGs converted by PIL;
   16-bit greyscale PNGs (``I;16``) and 32-bit integer images (``I``) divided by 65535 (values
   above are clipped to 1). PIL reads 16-bit RGB(A) PNGs as 8-bit RGB(A). Floating-point images
   (mode ``F``: HDR or depth TIFFs, not photographs) are refused.
