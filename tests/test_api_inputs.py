@@ -160,6 +160,7 @@ def test_shape_checks_still_run_while_compiling():
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")  # the cached tables
 def test_cameras_and_prepare_compile_without_graph_breaks():
     cams = cameras()
     q = torch.randn(B, 2, N, HEAD_DIM)
