@@ -164,7 +164,9 @@ def test_nerfstudio_downsampled_folder_and_malformed_frame(tmp_path):
     (tmp_path / "transforms.json").write_text(json.dumps(meta))
     with pytest.raises(SceneError, match=r"transforms\.json frames\[2\]: needs 'file_path' and 'transform_matrix'"):
         load_scene(tmp_path)
-    meta["frames"][2]["transform_matrix"] = (2 * torch.eye(4)).tolist()  # a scaled "rotation"
+    meta["frames"][2]["transform_matrix"] = torch.diag(
+        torch.tensor([2.0, 2.0, 2.0, 1.0])
+    ).tolist()  # a scaled "rotation"
     (tmp_path / "transforms.json").write_text(json.dumps(meta))
     with pytest.raises(SceneError, match=r"transforms\.json frames\[2\]: invalid camera.*not a rotation"):
         load_scene(tmp_path)

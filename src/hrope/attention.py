@@ -47,6 +47,11 @@ def check_qkv(
             "q, k, v must share one shape (B, heads, N, head_dim) (with enable_gqa=True, k and v may have "
             f"a divisor of q's heads); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
+    if not (q.dtype == k.dtype == v.dtype and q.device == k.device == v.device):
+        raise EncodingError(
+            f"q, k, v must share one dtype and device; got {q.dtype} on {q.device}, {k.dtype} on {k.device}, "
+            f"{v.dtype} on {v.device}"
+        )
     B, _, N, _ = q.shape
     expected = cameras.num_views * grid[0] * grid[1]
     if N != expected and camera_tokens is None:

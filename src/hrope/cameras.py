@@ -13,10 +13,17 @@ import torch
 from torch import Tensor
 from torch.types import Device
 
-from .errors import InputError
+from .errors import InputError, checking_values
 from .geometry import geometry_dtype, invert_se3, normalize_intrinsics
 
-__all__ = ["Cameras", "CameraError"]
+__all__ = ["Cameras", "CameraError", "MAX_TRANSLATION", "FOCAL_RANGE", "MAX_PRINCIPAL_OFFSET"]
+
+# The range of camera values every encoding is tested finite in (float32, forward and backward;
+# docs/errors.md): focal lengths from 1e-4 to 1e6 image sizes (fx / W, fy / H), principal points
+# within 1e4 image sizes of the origin, translations up to 1e10 scene units.
+FOCAL_RANGE = (1e-4, 1e6)
+MAX_PRINCIPAL_OFFSET = 1e4
+MAX_TRANSLATION = 1e10
 
 
 class CameraError(InputError):
@@ -71,12 +78,16 @@ class Cameras:
         K: ``(B, V, 3, 3)`` intrinsics in pixels (positive focal lengths, zero skew).
         world_to_cam: ``(B, V, 4, 4)`` rigid world-to-camera transforms, OpenCV axes.
         image_size: ``(H, W)`` in pixels, the image the intrinsics refer to.
-        validate: check finiteness, proper rotations and focal lengths (default True).
+        validate: check devices, finiteness, proper rotations and the value ranges below (default
+            True; a data pass over these small tensors, skipped while ``torch.compile`` traces).
         rotation_atol: tolerance on ``|R^T R - I|`` and ``|det R - 1|``; at least twice the machine
             epsilon of world_to_cam's dtype, so bf16 and fp16 poses pass.
 
-    Any floating dtype is accepted and kept; low-precision inputs are checked in float32 (a cast
-    for the checks only), float64 ones in float64.
+    Any floating dtype is accepted and kept (K and world_to_cam may differ); low-precision inputs
+    are checked in float32 (a cast for the checks only), float64 ones in float64. Value ranges, in
+    which every encoding is finite: focal lengths ``fx / W``, ``fy / H`` in :data:`FOCAL_RANGE`,
+    principal points ``|cx / W|``, ``|cy / H|`` up to :data:`MAX_PRINCIPAL_OFFSET`, translations
+    ``|t|`` up to :data:`MAX_TRANSLATION`.
     """
 
     def __init__(
@@ -107,14 +118,19 @@ class Cameras:
             raise CameraError(f"K has (B, V) = {tuple(K.shape[:2])} but world_to_cam has {tuple(E.shape[:2])}")
         if not (K.is_floating_point() and E.is_floating_point()):
             raise CameraError("K and world_to_cam must be floating point tensors")
+        if K.device != E.device:
+            raise CameraError(f"K is on {K.device} but world_to_cam is on {E.device}; put them on one device")
         height, width = self.image_size
         if height <= 0 or width <= 0:
             raise CameraError(f"image_size must be positive (H, W), got {self.image_size}")
+        if not checking_values():
+            return
         for name, x in (("K", K), ("world_to_cam", E)):
             bad = ~torch.isfinite(x).flatten(2).all(-1)
             if bad.any():
                 raise CameraError(f"{name}{_first_bad(bad)} has a non-finite entry (NaN or inf)")
         self._validate_intrinsics(K)
+        self._validate_ranges(K, E)
         _check_rigid(E, atol, "world_to_cam")
 
     @staticmethod
@@ -132,6 +148,34 @@ class Cameras:
         bad = (K[..., 1, 0] != 0) | (K[..., 2, :] != last_row).any(-1)
         if bad.any():
             raise CameraError(f"K{_first_bad(bad)} must have the form [[fx,0,cx],[0,fy,cy],[0,0,1]]")
+
+    def _validate_ranges(self, K: Tensor, E: Tensor) -> None:
+        """The value ranges of the class doc, each a :class:`CameraError` naming the view."""
+        height, width = self.image_size
+        size = torch.tensor([width, height], dtype=geometry_dtype(K.dtype), device=K.device)
+        focal = torch.stack([K[..., 0, 0], K[..., 1, 1]], -1).to(size.dtype) / size
+        low, high = FOCAL_RANGE
+        bad = ((focal < low) | (focal > high)).any(-1)
+        if bad.any():
+            fx, fy = (float(f) for f in focal[bad][0])
+            raise CameraError(
+                f"K{_first_bad(bad)} has focal lengths fx / W = {fx:.3g}, fy / H = {fy:.3g}, outside "
+                f"[{low:g}, {high:g}] (in image sizes)"
+            )
+        centre = (K[..., :2, 2].to(size.dtype) / size).abs().amax(-1)
+        bad = centre > MAX_PRINCIPAL_OFFSET
+        if bad.any():
+            raise CameraError(
+                f"K{_first_bad(bad)} has its principal point {float(centre[bad][0]):.3g} image sizes off "
+                f"the image, beyond {MAX_PRINCIPAL_OFFSET:g}"
+            )
+        distance = E[..., :3, 3].to(geometry_dtype(E.dtype)).abs().amax(-1)
+        bad = distance > MAX_TRANSLATION
+        if bad.any():
+            raise CameraError(
+                f"world_to_cam{_first_bad(bad)} has a translation of {float(distance[bad][0]):.3g}, beyond "
+                f"{MAX_TRANSLATION:g}: express the scene in smaller units or nearer the origin"
+            )
 
     # ------------------------------------------------------------------ accessors
     @property
@@ -207,9 +251,9 @@ class Cameras:
         ):
             shape = tuple(G.shape) if isinstance(G, Tensor) else type(G).__name__
             raise CameraError(f"world_from_new must have shape (4, 4) or ({self.batch_size}, 4, 4), got {shape}")
-        if validate:
-            if not G.is_floating_point():
-                raise CameraError(f"world_from_new must be a floating point tensor, got {G.dtype}")
+        if validate and not G.is_floating_point():
+            raise CameraError(f"world_from_new must be a floating point tensor, got {G.dtype}")
+        if validate and checking_values():
             bad = ~torch.isfinite(G).flatten(-2).all(-1)
             if bad.any():
                 raise CameraError(f"world_from_new{_first_bad(bad)} has a non-finite entry (NaN or inf)")

@@ -7,7 +7,9 @@ as one line on stderr and exits with status 2; any other exception is a bug and 
 
 from __future__ import annotations
 
-__all__ = ["InputError", "EncodingError"]
+import torch
+
+__all__ = ["InputError", "EncodingError", "checking_values"]
 
 
 class InputError(ValueError):
@@ -16,3 +18,10 @@ class InputError(ValueError):
 
 class EncodingError(InputError):
     """Invalid input to an encoding (shapes, missing or malformed parameters)."""
+
+
+def checking_values() -> bool:
+    """Whether the checks that read tensor values (finiteness, rotations, ranges) run: always, except
+    while ``torch.compile`` traces, where a Python ``if`` on a tensor would break the graph (shape,
+    dtype and device checks run there too). Validate once outside the compiled region."""
+    return not torch.compiler.is_compiling()

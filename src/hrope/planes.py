@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from .cameras import Cameras
-from .errors import InputError
+from .errors import InputError, checking_values
 from .geometry import patch_rays, patchify, pixel_rays
 
 __all__ = [
@@ -83,6 +83,11 @@ class PlaneError(InputError):
     """Invalid plane input."""
 
 
+def _check_floating(x: Tensor, name: str) -> None:
+    if not x.is_floating_point():
+        raise PlaneError(f"{name} must be a floating-point tensor, got {x.dtype}")
+
+
 def check_depth_maps(depth: Tensor, cameras: Cameras, patch_size: int) -> None:
     """A clear :class:`PlaneError` unless ``depth`` is ``(B, V, H, W)`` for ``cameras`` (same B, V and
     image size) with H and W divisible by ``patch_size``."""
@@ -114,23 +119,33 @@ class Planes:
             raise PlaneError(f"normal must have shape (B, N, 3), got {tuple(normal.shape)}")
         if depth.shape != normal.shape[:2]:
             raise PlaneError(f"depth must have shape {tuple(normal.shape[:2])}, got {tuple(depth.shape)}")
+        _check_floating(normal, "normal")
+        _check_floating(depth, "depth")
+        if normal.device != depth.device:
+            raise PlaneError(f"normal is on {normal.device} but depth is on {depth.device}")
+        self._check_values(normal, depth)
+        self.normal: Tensor | None = normal / normal.norm(dim=-1, keepdim=True)
+        self.depth: Tensor | None = depth
+        self._m: Tensor | None = None
+
+    @staticmethod
+    def _check_values(normal: Tensor, depth: Tensor) -> None:
+        if not checking_values():
+            return
         if not (torch.isfinite(normal).all() and torch.isfinite(depth).all()):
             raise PlaneError("normal and depth must be finite (found NaN or inf)")
         if (depth <= 0).any():
             raise PlaneError(f"depth must be positive, min is {float(depth.min()):g}")
-        length = normal.norm(dim=-1, keepdim=True)
-        if (length < 1e-6).any():
+        if (normal.norm(dim=-1) < 1e-6).any():
             raise PlaneError("normal has (near) zero length; a plane needs a direction")
-        self.normal: Tensor | None = normal / length
-        self.depth: Tensor | None = depth
-        self._m: Tensor | None = None
 
     @classmethod
     def from_m(cls, m: Tensor) -> Planes:
         """Planes from the plane vector ``m = n / d`` ``(B, N, 3)`` in each token's camera frame."""
         if m.ndim != 3 or m.shape[-1] != 3:
             raise PlaneError(f"m must have shape (B, N, 3), got {tuple(m.shape)}")
-        if not torch.isfinite(m).all():
+        _check_floating(m, "m")
+        if checking_values() and not torch.isfinite(m).all():
             raise PlaneError("m must be finite (found NaN or inf)")
         planes = cls.__new__(cls)
         planes.normal = planes.depth = None
@@ -222,10 +237,18 @@ class Planes:
         m = torch.where(count > 0, normal / offset, torch.zeros_like(normal))
         return cls.from_m(m)
 
+    @property
+    def device(self) -> torch.device:
+        ref = self._m if self._m is not None else self.depth
+        assert ref is not None  # depth is set whenever m is not
+        return ref.device
+
     def _check_tokens(self, cameras: Cameras, grid: tuple[int, int]) -> None:
         expected = (cameras.batch_size, cameras.num_views * grid[0] * grid[1])
         if self.shape != expected:
             raise PlaneError(f"planes have (B, N) = {self.shape}, but cameras and grid {tuple(grid)} imply {expected}")
+        if self.device != cameras.device:
+            raise PlaneError(f"planes are on {self.device} but the cameras are on {cameras.device}")
 
     @staticmethod
     def _per_token(cameras: Cameras, grid: tuple[int, int]) -> tuple[Tensor, Tensor]:

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from ..cameras import Cameras
 from . import fused_triton
 from .banded import BandedOperator, RopeTables, banded_operator, banded_product, inverse_rope, is_small
-from ..errors import EncodingError
+from ..errors import EncodingError, checking_values
 from ..planes import Planes
 from .layout import ROPE_BASE, HeadLayout, rope_tables
 
@@ -46,7 +46,8 @@ def per_token_param(
     x: Tensor, cameras: Cameras, grid: tuple[int, int], trailing: tuple[int, ...], what: str, dtype: torch.dtype
 ) -> Tensor:
     """A per-token input ``x (B, N, *trailing)`` on the cameras' device, cast to ``dtype``, checked
-    finite, reshaped to ``(B, V, P, *trailing)``."""
+    finite (unless ``torch.compile`` traces: :func:`hrope.errors.checking_values`), reshaped to
+    ``(B, V, P, *trailing)``."""
     B, V, P = cameras.batch_size, cameras.num_views, grid[0] * grid[1]
     expected = (B, V * P, *trailing)
     if not isinstance(x, Tensor):
@@ -55,8 +56,10 @@ def per_token_param(
         raise EncodingError(f"{what} must have shape {expected}, got {tuple(x.shape)}")
     if x.device != cameras.device:
         raise EncodingError(f"{what} is on {x.device} but the cameras are on {cameras.device}")
+    if not x.is_floating_point():
+        raise EncodingError(f"{what} must be a floating-point tensor, got {x.dtype}")
     x = x.to(dtype)
-    if not torch.isfinite(x).all():
+    if checking_values() and not torch.isfinite(x).all():
         raise EncodingError(f"{what} must be finite in {dtype} (found NaN or inf)")
     return x.reshape(B, V, P, *trailing)
 
@@ -419,6 +422,10 @@ class Encoding(nn.Module):
         """Clear errors for missing planes and missing or unknown per-token parameters."""
         if self.needs_planes and planes is None:
             raise EncodingError(f"encoding {self.name!r} needs planes=hrope.Planes(...)")
+        if planes is not None and not isinstance(planes, Planes):
+            raise EncodingError(
+                f"planes must be hrope.Planes (Planes(normal, depth) or Planes.from_m(m)), got {type(planes).__name__}"
+            )
         unknown = set(params) - set(self.param_names)
         if unknown:
             accepted = ", ".join(self.param_names) or "none"

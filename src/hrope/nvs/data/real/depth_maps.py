@@ -22,7 +22,6 @@ raises :class:`SceneError` naming the file.
 
 from __future__ import annotations
 
-import io
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from ..scene import Scene, SceneError
 from ..transforms import resize_crop
 from .colmap_points import with_point_depth
 from .frames import Frame, _intrinsics, frames_to_scene
+from .images import read_image_size
 from .undistort import undistort_image
 
 __all__ = ["DEPTH_SOURCES", "PNG_DEPTH_SCALE", "read_depth_map", "read_normal_map", "with_depth_maps", "load_frames"]
@@ -103,22 +103,11 @@ def read_normal_map(path: str | Path, label: str = "") -> Tensor:
     return torch.where(good, normals / torch.where(good, length, torch.ones_like(length)), torch.zeros_like(normals))
 
 
-def _decoded_size(frame: Frame) -> tuple[int, int]:
-    """``(H, W)`` of the frame's image as decoded (its file header)."""
-    image = frame.image.numpy().tobytes() if isinstance(frame.image, Tensor) else frame.image
-    try:
-        with Image.open(io.BytesIO(image) if isinstance(image, bytes) else image) as pil:
-            return pil.height, pil.width
-    except OSError as error:
-        what = "image bytes" if isinstance(image, bytes) else f"image {image}"
-        raise SceneError(f"{frame.label}: cannot read {what}: {one_line(error)}") from error
-
-
 def _to_view(x: Tensor, frame: Frame, image_size: tuple[int, int], path: Path) -> Tensor:
     """A map ``(C, h, w)`` of ``frame`` moved like its image: resampled (nearest) to the decoded size,
     undistorted (nearest; 0 where the lens saw nothing), resized + centre-cropped to ``image_size``."""
     h, w = x.shape[-2:]
-    native = _decoded_size(frame)
+    native = read_image_size(frame.image, frame.label)
     if abs(h * native[1] - w * native[0]) > max(native):  # more than a pixel of rounding apart
         raise SceneError(
             f"{frame.label}: map {path} is {h}x{w}, its image {native[0]}x{native[1]}: the aspect ratios differ"

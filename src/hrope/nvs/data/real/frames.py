@@ -8,15 +8,14 @@ resizes + centre-crops, and validates each camera. Readers share :func:`image_fo
 ``images/``, ``images_2/``, ... to read) and :func:`report_missing` (listed frames whose image file
 is absent are skipped with one warning, as instant-ngp's loader does).
 
-With a target size, a JPEG is decoded at a reduced scale (libjpeg's DCT scaling by 1/2, 1/4 or
-1/8, PIL's ``draft``) when that scale divides both sides exactly (so K scales exactly) and still
-leaves at least twice the resolution the resize needs; the antialiased resize does the rest.
+Images are decoded by :func:`hrope.nvs.data.real.images.read_image` (every mode, alpha, EXIF
+orientation, reduced decoding of large files).
 """
 
 from __future__ import annotations
 
-import io
 import logging
+import os
 import math
 import reprlib
 from concurrent.futures import ThreadPoolExecutor
@@ -27,13 +26,13 @@ from typing import Any, Literal, overload
 
 import numpy as np
 import torch
-from PIL import Image
 from torch import Tensor
 
 from ....cameras import CameraError, Cameras
 from ..scene import Scene, SceneError
 from ..transforms import crop_intrinsics, resize_crop, resize_crop_plan, scale_intrinsics
 from .image_cache import ImageCache
+from .images import WHITE, read_image
 from .undistort import Distortion, undistort_image
 
 __all__ = [
@@ -49,6 +48,7 @@ __all__ = [
     "image_folder",
     "image_file_exists",
     "report_missing",
+    "drop_repeated_frames",
 ]
 
 logger = logging.getLogger("hrope.nvs.data")
@@ -71,8 +71,8 @@ class Frame:
             ``(points3D.txt, POINTS2D line)`` of a COLMAP image; read only on request
             (``data.depth``, :mod:`hrope.nvs.data.real.depth_maps`).
         distortion: the lens model of the image file (None: pinhole); removed when decoded.
-        background: the RGB colour in [0, 1] an image with alpha is composited over (None: alpha
-            is dropped).
+        background: the RGB colour in [0, 1] an image with alpha is composited over (default
+            white; None: alpha is dropped).
     """
 
     image: Path | bytes | Tensor
@@ -84,7 +84,7 @@ class Frame:
     normal_map: Path | None = None
     tracks: tuple[Path, str] | None = None
     distortion: Distortion | None = None
-    background: tuple[float, float, float] | None = None
+    background: tuple[float, float, float] | None = WHITE
 
 
 @overload
@@ -124,53 +124,12 @@ def pinhole(fx: float, fy: float, cx: float, cy: float) -> Tensor:
     return torch.tensor([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]], dtype=torch.float64)
 
 
-def _draft_scale(size: tuple[int, int], target: tuple[int, int]) -> int:
-    """The largest JPEG decoding scale ``1/s`` (``s`` in 8, 4, 2) that divides ``size (H, W)`` exactly
-    and leaves at least twice the size that resizing to ``target`` needs; 1 when there is none."""
-    (height, width), _, _ = resize_crop_plan(size, target)
-    for scale in (8, 4, 2):
-        if not (size[0] % scale or size[1] % scale) and size[0] >= 2 * scale * height and size[1] >= 2 * scale * width:
-            return scale
-    return 1
-
-
-def read_image(
-    image: Path | bytes | Tensor,
-    label: str = "",
-    *,
-    target: tuple[int, int] | None = None,
-    background: tuple[float, float, float] | None = None,
-) -> Tensor:
-    """Decode an image file or encoded bytes to ``(3, H, W)`` float32 RGB in [0, 1].
-
-    ``target (H, W)``: the size the image is resized to next, which allows decoding a JPEG at a
-    reduced scale (module doc). ``background``: an RGB colour in [0, 1] that an image with alpha is
-    composited over (without one, alpha is dropped).
-    """
-    if isinstance(image, Tensor):
-        image = image.numpy().tobytes()
-    try:
-        with Image.open(io.BytesIO(image) if isinstance(image, bytes) else image) as pil:
-            if target is not None and (scale := _draft_scale((pil.height, pil.width), target)) > 1:
-                pil.draft("RGB", (pil.width // scale, pil.height // scale))
-            alpha = background is not None and ("A" in pil.getbands() or "transparency" in pil.info)
-            array = np.asarray(pil.convert("RGBA" if alpha else "RGB"))
-    except (OSError, ValueError, Image.DecompressionBombError) as error:
-        what = "image bytes" if isinstance(image, bytes) else f"image {image}"
-        raise SceneError(f"{label}: cannot read {what}: {error}") from error
-    pixels = torch.from_numpy(array.copy()).permute(2, 0, 1).float() / 255.0
-    if alpha:
-        colour = torch.tensor(background, dtype=torch.float32).view(3, 1, 1)
-        pixels = pixels[:3] * pixels[3:] + colour * (1 - pixels[3:])
-    return pixels
-
-
 def _check_camera(K: Tensor, world_to_cam: Tensor, image_size: tuple[int, int], label: str) -> None:
     """A :class:`SceneError` unless the camera is valid as the scene stores it (float32)."""
     try:
         Cameras(K[None, None].float(), world_to_cam[None, None].float(), image_size)
-    except CameraError as error:
-        raise SceneError(f"{label}: invalid camera: {error}") from error
+    except CameraError as error:  # one camera: the batch and view index say nothing
+        raise SceneError(f"{label}: invalid camera: {str(error).replace('[b=0, v=0]', '', 1)}") from error
 
 
 def _intrinsics(frame: Frame, size: tuple[int, int]) -> Tensor:
@@ -349,6 +308,45 @@ def image_file_exists(path: Path) -> bool:
         return path.is_file()
     except (OSError, ValueError):
         return False
+
+
+def _same_camera(a: Frame, b: Frame) -> bool:
+    return (
+        a.intrinsics_size == b.intrinsics_size
+        and torch.allclose(a.K, b.K, rtol=1e-6, atol=1e-9)
+        and torch.allclose(a.world_to_cam, b.world_to_cam, rtol=1e-6, atol=1e-9)
+    )
+
+
+def drop_repeated_frames(frames: list[Frame], where: str) -> list[Frame]:
+    """``frames`` without those that list an earlier frame's image file again with the same camera
+    (one warning counts them: a repeated view would be both a context and a target); the same
+    image with another camera is a :class:`SceneError` naming both frames."""
+    first: dict[str, Frame] = {}
+    kept, repeats = [], []
+    for frame in frames:
+        if not isinstance(frame.image, Path):
+            kept.append(frame)
+            continue
+        name = os.path.normpath(frame.image)
+        if name not in first:
+            first[name] = frame
+            kept.append(frame)
+        elif _same_camera(first[name], frame):
+            repeats.append(frame)
+        else:
+            raise SceneError(
+                f"{frame.label}: lists image {frame.image} again (first in {first[name].label}) with "
+                "another camera; one image has one camera"
+            )
+    if repeats:
+        logger.warning(
+            "%s: %d frame(s) repeat an earlier frame's image and camera and are left out (first: %s)",
+            where,
+            len(repeats),
+            repeats[0].label,
+        )
+    return kept
 
 
 def report_missing(where: str, missing: list[Path], listed: int) -> None:

@@ -39,7 +39,7 @@ __all__ = ["FORMAT_VERSION", "default_cache_dir", "ImageCache"]
 
 logger = logging.getLogger("hrope.nvs.data")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 def default_cache_dir() -> Path:

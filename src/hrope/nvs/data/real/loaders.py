@@ -20,7 +20,7 @@ from pathlib import Path
 from ..scene import Scene, SceneError
 from .co3d import CO3DSource
 from .colmap import find_colmap_model, read_colmap_frames
-from .frames import Frame, frames_to_scene
+from .frames import Frame, drop_repeated_frames, frames_to_scene
 from .image_cache import ImageCache
 from .llff import read_llff_frames
 from .nerfstudio import read_transforms_json
@@ -92,7 +92,9 @@ def scene_frames(path: str | Path, *, image_factor: int | None = None, undistort
 
     ``path`` is a scene folder (format detected, see the module doc) or a ``transforms.json``.
     ``image_factor`` N reads ``images_N/`` (``images/`` for 1; default: ``images/`` if present, else
-    the smallest ``images_N/``). ``undistort=False`` drops the lens models with a warning.
+    the smallest ``images_N/``). ``undistort=False`` drops the lens models with a warning. Frames that
+    repeat an earlier frame's image and camera are left out with a warning
+    (:func:`~hrope.nvs.data.real.frames.drop_repeated_frames`).
     """
     path = Path(path)
     loader = LOADERS["nerfstudio"] if path.is_file() and path.suffix == ".json" else None
@@ -106,7 +108,7 @@ def scene_frames(path: str | Path, *, image_factor: int | None = None, undistort
             f"(COLMAP .bin models: convert with 'colmap model_converter --output_type TXT'); "
             f"the folder contains {found}"
         )
-    frames = loader.read_frames(path, image_factor)
+    frames = drop_repeated_frames(loader.read_frames(path, image_factor), str(path))
     return frames if undistort else without_distortion(frames, str(path))
 
 

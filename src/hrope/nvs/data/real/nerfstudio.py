@@ -15,13 +15,15 @@ models ``OPENCV``, ``PINHOLE``, ``SIMPLE_PINHOLE``, ``SIMPLE_RADIAL``, ``RADIAL`
 (equirectangular, ...) are an error. The images are undistorted to pinhole
 (:mod:`hrope.nvs.data.real.undistort`).
 
-Conversion: ``cam_to_world_cv = transform_matrix @ diag(1, -1, -1, 1)`` (flip y and z) and
-``world_to_cam = inverse(cam_to_world_cv)``. ``file_path`` is relative to the JSON's folder; a
-path without extension (Blender synthetic) gets ``.png``. With ``image_factor`` N, ``images/NAME``
-is read from ``images_N/NAME``; without one, when ``images/NAME`` is missing, the smallest
-downsampled ``images_N/NAME`` that exists (nerfstudio, DL3DV) is read; K is rescaled from
-``(h, w)`` to the decoded size. Frames whose image file is absent are skipped with one warning
-that counts them (the instant-ngp sample scenes list frames they do not ship).
+``transform_matrix`` is 4x4 with the bottom row ``[0, 0, 0, 1]`` (a 3x4 matrix gets that row) and a
+proper rotation (checked with the camera). Conversion: ``cam_to_world_cv = transform_matrix @
+diag(1, -1, -1, 1)`` (flip y and z) and ``world_to_cam = inverse(cam_to_world_cv)``.
+``file_path`` is relative to the JSON's folder; a path without extension (Blender synthetic) gets
+``.png``. With ``image_factor`` N, ``images/NAME`` is read from ``images_N/NAME``; without one, when
+``images/NAME`` is missing, the smallest downsampled ``images_N/NAME`` that exists (nerfstudio,
+DL3DV) is read; K is rescaled from ``(h, w)`` to the decoded size. Frames whose image file is
+absent are skipped with one warning that counts them (the instant-ngp sample scenes list frames
+they do not ship).
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import reprlib
 from pathlib import Path
 
 import torch
-from PIL import Image
 
 from ....geometry import invert_se3
 from ..scene import Scene, SceneError
@@ -47,6 +48,7 @@ from .frames import (
     positive_number,
     report_missing,
 )
+from .images import read_image_size
 from .undistort import Distortion, finite_number, make_distortion
 
 __all__ = ["OPENGL_TO_OPENCV", "read_transforms_json", "load_transforms_json"]
@@ -54,17 +56,9 @@ __all__ = ["OPENGL_TO_OPENCV", "read_transforms_json", "load_transforms_json"]
 OPENGL_TO_OPENCV = torch.diag(torch.tensor([1.0, -1.0, -1.0, 1.0], dtype=torch.float64))
 """Right-multiplying an OpenGL camera-to-world matrix by this gives the OpenCV one (and back)."""
 
+_BOTTOM_ROW = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=torch.float64)
 _DISTORTION = ("k1", "k2", "k3", "k4", "p1", "p2")
 _CAMERA_MODELS = ("OPENCV", "PINHOLE", "SIMPLE_PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV_FISHEYE")
-
-
-def _image_size(path: Path, label: str) -> tuple[int, int]:
-    """``(H, W)`` from an image file's header (used when the JSON gives no ``w``/``h``)."""
-    try:
-        with Image.open(path) as image:
-            return image.height, image.width
-    except OSError as error:
-        raise SceneError(f"{label}: no 'w'/'h' and cannot read image {path}: {error}") from error
 
 
 def _intrinsics(fields: dict, image: Path, label: str) -> tuple[torch.Tensor, tuple[int, int]]:
@@ -74,7 +68,7 @@ def _intrinsics(fields: dict, image: Path, label: str) -> tuple[torch.Tensor, tu
         return positive_number(fields[key], label, repr(key), below=below)
 
     given = {key: positive_number(fields[key], label, repr(key), whole=True) for key in ("h", "w") if key in fields}
-    size = (given["h"], given["w"]) if len(given) == 2 else _image_size(image, label)
+    size = (given["h"], given["w"]) if len(given) == 2 else read_image_size(image, f"{label} (no 'w'/'h')")
     if "fl_x" in fields:
         fx = number("fl_x")
         fy = number("fl_y") if "fl_y" in fields else fx
@@ -141,9 +135,12 @@ def read_transforms_json(path: str | Path, image_factor: int | None = None) -> l
     if image_factor is not None:
         image_folder(path.parent, image_factor)  # an error naming the folders present when it is missing
     try:
-        meta = json.loads(path.read_text())
+        text = path.read_text()
+        meta = json.loads(text) if text.strip() else None
     except (OSError, ValueError) as error:
         raise SceneError(f"{path}: cannot read JSON: {error}") from error
+    if meta is None and not text.strip():
+        raise SceneError(f"{path}: the file is empty; expected a JSON object with a list 'frames'")
     if not isinstance(meta, dict) or not isinstance(meta.get("frames"), list):
         raise SceneError(f"{path}: field 'frames' must be a list")
     shared = {k: v for k, v in meta.items() if k != "frames"}
@@ -165,9 +162,13 @@ def read_transforms_json(path: str | Path, image_factor: int | None = None) -> l
         distortion = _distortion(fields, label)
         c2w = number_array(entry["transform_matrix"], label, "'transform_matrix'")
         if c2w.shape == (3, 4):
-            c2w = torch.cat([c2w, torch.tensor([[0.0, 0.0, 0.0, 1.0]], dtype=torch.float64)])
+            c2w = torch.cat([c2w, _BOTTOM_ROW[None]])
         if c2w.shape != (4, 4):
             raise SceneError(f"{label}: field 'transform_matrix' must be 4x4, got {tuple(c2w.shape)}")
+        if (c2w[3] - _BOTTOM_ROW).abs().max() > 1e-6:
+            raise SceneError(
+                f"{label}: field 'transform_matrix' must end in the row [0, 0, 0, 1], got {c2w[3].tolist()}"
+            )
         world_to_cam = invert_se3(c2w @ OPENGL_TO_OPENCV)
         maps = [entry.get(key) for key in ("depth_file_path", "normal_file_path")]  # read on request (data.depth)
         if any(m is not None and not (isinstance(m, str) and m) for m in maps):

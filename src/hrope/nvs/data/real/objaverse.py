@@ -30,6 +30,7 @@ import torch
 
 from ..scene import SceneError
 from .frames import Frame, image_file_exists, pinhole, report_missing
+from .images import WHITE
 
 __all__ = ["ZERO123_SIZE", "ZERO123_FOCAL", "BLENDER_TO_OPENCV", "read_objaverse_frames"]
 
@@ -39,7 +40,6 @@ ZERO123_SIZE = 512
 ZERO123_FOCAL = 35 / 32 * ZERO123_SIZE  # 560 pixels
 BLENDER_TO_OPENCV = torch.diag(torch.tensor([1.0, -1.0, -1.0, 1.0], dtype=torch.float64))
 """Left-multiplying a world-to-camera matrix in Blender camera axes by this gives the OpenCV one."""
-_WHITE = (1.0, 1.0, 1.0)
 
 
 def _read_matrix(path: Path) -> torch.Tensor:
@@ -103,7 +103,7 @@ def read_objaverse_frames(folder: str | Path) -> list[Frame]:
             missing.append(image)
             continue
         world_to_cam = BLENDER_TO_OPENCV @ _read_matrix(path)
-        frames.append(Frame(image, K, world_to_cam, (ZERO123_SIZE, ZERO123_SIZE), str(path), background=_WHITE))
+        frames.append(Frame(image, K, world_to_cam, (ZERO123_SIZE, ZERO123_SIZE), str(path), background=WHITE))
     report_missing(str(folder), missing, len(cameras))
     _check_convention(frames, folder)
     return frames
