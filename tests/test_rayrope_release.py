@@ -14,6 +14,7 @@ import hrope
 import hrope.reference
 from hrope.encodings import EncodingError
 from hrope.encodings.ray_segments import sample_ray_depths
+from hrope.nvs.sources.specs import parameter_specs
 from hrope.testing import random_cameras, random_qkv
 
 VECTORS = Path(__file__).resolve().parent / "data" / "rayrope_official_vectors.npz"
@@ -190,6 +191,13 @@ def test_known_depth_is_a_deterministic_predicted_depth():
         torch.testing.assert_close(
             run("known+halfwidth", with_known), run("predicted", halfwidth), rtol=1e-12, atol=1e-12
         )
+
+
+def test_known_depth_is_data_not_a_learned_head():
+    specs = parameter_specs(hrope.get_encoding("rayrope", depth="known"))
+    assert [spec.name for spec in specs] == ["log_depth", "log_depth_halfwidth"]
+    assert hrope.get_encoding("rayrope", depth="known").data_param_names == ("known_depth",)
+    assert hrope.get_encoding("rayrope").param_names == ("log_depth", "log_depth_halfwidth")
 
 
 def test_sample_ray_depths_reads_the_pixel_nearest_each_corner():

@@ -111,7 +111,8 @@ class RayRoPE(QueryFrameEncoding):
         self.depth = depth
         self.depth_coordinate = depth_coordinate
         if depth != "predicted":
-            self.param_names = (*self.param_names, "known_depth")  # a fact of this instance
+            self.param_names = (*self.param_names, "known_depth")  # facts of this instance
+            self.data_param_names = ("known_depth",)
 
     def frequencies(self, head_dim: int, device: Device = None, dtype: torch.dtype = torch.float32) -> Tensor:
         """``(F, 12)`` angular frequencies, F = head_dim // 24 (at least 1 required)."""
