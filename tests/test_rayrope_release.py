@@ -9,13 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hrope
 import hrope.reference
 from hrope.encodings import EncodingError
 from hrope.encodings.ray_segments import sample_ray_depths
 from hrope.nvs.sources.specs import parameter_specs
-from hrope.testing import random_cameras, random_qkv
+from hrope.testing import random_cameras, random_qkv, random_se3
 
 VECTORS = Path(__file__).resolve().parent / "data" / "rayrope_official_vectors.npz"
 VECTOR_GRID = (4, 6)
@@ -296,3 +298,30 @@ def test_clear_errors():
     with pytest.raises(EncodingError, match="same one as query= and key="):
         hrope.cross_attention(q, q, q, query=t, key=None)
     assert math.isfinite(hrope.cross_attention(q, q, q, query=t, key=t).sum().item())
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    numerics=st.sampled_from(["exact", "official"]),
+    depth=st.sampled_from(["predicted", "known", "known+halfwidth"]),
+    depth_coordinate=st.sampled_from(["depth", "inverse", "asinh"]),
+    rotate_values=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_every_option_set_is_world_frame_invariant(numerics, depth, depth_coordinate, rotate_values, seed):
+    """Only relative poses enter: moving the world frame leaves self- and cross-attention unchanged."""
+    options = {"numerics": numerics, "depth": depth, "depth_coordinate": depth_coordinate}
+    encoding = hrope.get_encoding("rayrope", rotate_values=rotate_values, **options)
+    cameras, params, known = geometry(seed=seed)
+    if depth != "predicted":
+        params = {**params, "known_depth": known}
+    q, k, v = random_qkv(B, 2, N, HEAD_DIM, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    G = random_se3(B, generator=gen, dtype=torch.float64)
+    results = []
+    for frame in (cameras, cameras.transform_world(G)):
+        t = encoding.prepare_cross(frame, frame, GRID, HEAD_DIM, query_params=params, key_params=params)
+        self_attention = encoding.prepare(frame, GRID, HEAD_DIM, **params).attention(q, k, v)
+        results.append((hrope.cross_attention(q, k, v, query=t, key=t), self_attention))
+    for got, want in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
