@@ -169,6 +169,20 @@ def test_rotate_values_off_leaves_values_and_output_alone():
         assert not torch.allclose(on.apply_o(q[:, :, rows], c), q[:, :, rows])
 
 
+@pytest.mark.parametrize("numerics", ["exact", "official"])
+def test_rotate_values_off_with_identity_tokens_matches_reference(numerics):
+    """Camera tokens mixed with identity tokens (registers): an identity query sees the camera
+    values unrotated too."""
+    cameras, params, _ = geometry(seed=16)
+    encoding = hrope.get_encoding("rayrope", numerics=numerics, rotate_values=False)
+    camera_tokens = torch.ones(N + 3, dtype=torch.bool)
+    camera_tokens[[0, 7, N + 2]] = False
+    q, k, v = random_qkv(B, 2, N + 3, HEAD_DIM, seed=17)
+    args = {"encoding": encoding, "cameras": cameras, "grid": GRID, "params": params, "camera_tokens": camera_tokens}
+    got = hrope.multiview_attention(q, k, v, **args)
+    torch.testing.assert_close(got, hrope.reference.multiview_attention(q, k, v, **args), rtol=1e-10, atol=1e-11)
+
+
 # ----------------------------------------------------------------------------------- known depth
 def test_known_depth_is_a_deterministic_predicted_depth():
     """A ray with a known depth d encodes as a predicted depth μ = log d with zero width, whatever
