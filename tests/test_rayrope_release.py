@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import hrope
 import hrope.reference
 from hrope.encodings import EncodingError
-from hrope.encodings.ray_segments import sample_ray_depths
+from hrope.encodings import sample_ray_depths
 from hrope.nvs.sources.specs import parameter_specs
 from hrope.testing import random_cameras, random_qkv, random_se3
 

@@ -19,6 +19,7 @@ from .layout import HeadLayout, patch_index_rope_angles
 from .camera import GTA, CaPE, NoEncoding, PRoPE, RoPE2D
 from .homography import HRoPE, HRoPELift
 from .query_frame import QueryFrameTransform
+from .ray_segments import sample_ray_depths
 from .rayrope import RayRoPE
 from .urope import URoPE
 from .worldrope import WorldRoPE
@@ -82,6 +83,7 @@ __all__ = [
     "HRoPEPF",
     "HRoPEFull",
     "RayRoPE",
+    "sample_ray_depths",
     "URoPE",
     "WorldRoPE",
 ]

@@ -63,7 +63,7 @@ class RayRoPE(QueryFrameEncoding):
             its sign matters only to ``numerics="official"``, whose shortcut reads the μ - s end).
         ``known_depth`` ``(B, N, 3)`` (known-depth modes only): z-depth of each of the token's
             three corner rays; a value <= 0 marks it missing (that ray uses μ). Clamped to
-            [MIN_DEPTH, MAX_DEPTH]. :func:`~hrope.encodings.ray_segments.sample_ray_depths` reads
+            [MIN_DEPTH, MAX_DEPTH]. :func:`~hrope.encodings.sample_ray_depths` reads
             it off depth maps.
 
     Args:
