@@ -99,11 +99,11 @@ def query_frame_coordinates(
 def expected_phase(coords: Tensor, freqs: Tensor, numerics: str) -> tuple[Tensor, Tensor]:
     """``(re, im)`` of E[exp(iθ)] ``(..., F * 12)`` (frequency-major) for θ = w·x uniform between
     the two ends of ``coords (..., 2, 12)``; ``freqs (F, 12)``."""
-    lo, hi = ((coords[..., end, None, :] * freqs).flatten(-2) for end in (0, 1))
     if numerics == "exact":
-        amp = sinc((hi - lo) / 2)
-        mid = (lo + hi) / 2
+        mid = (coords.mean(-2)[..., None, :] * freqs).flatten(-2)
+        amp = sinc(((coords[..., 1, :] - coords[..., 0, :]) / 2)[..., None, :].mul(freqs).flatten(-2))
         return amp * mid.cos(), amp * mid.sin()
+    lo, hi = ((coords[..., end, None, :] * freqs).flatten(-2) for end in (0, 1))
     delta = hi - lo
     flat = delta.abs() <= SHORTCUT_SPREAD
     safe = torch.where(flat, torch.ones_like(delta), delta)
