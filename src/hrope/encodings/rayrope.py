@@ -213,5 +213,5 @@ class RayRoPE(QueryFrameEncoding):
     def extra_repr(self) -> str:
         return (
             f"{super().extra_repr()}, freq_base={self.freq_base}, numerics={self.numerics!r}, depth={self.depth!r}, "
-            f"depth_coordinate={self.depth_coordinate!r}, rotate_values={self.rotate_values}"
+            f"depth_coordinate={self.depth_coordinate!r}"
         )
