@@ -19,10 +19,10 @@ from .layout import HeadLayout, patch_index_rope_angles
 from .camera import GTA, CaPE, NoEncoding, PRoPE, RoPE2D
 from .homography import HRoPE, HRoPELift
 from .query_frame import QueryFrameTransform
-from .ray_segments import sample_ray_depths
 from .rayrope import RayRoPE
 from .urope import URoPE
 from .worldrope import WorldRoPE
+from .ray_segments import sample_ray_depths
 
 ENCODINGS: dict[str, type[Encoding]] = {
     cls.name: cls
@@ -68,6 +68,7 @@ __all__ = [
     "Prepared",
     "TokenTransform",
     "QueryFrameTransform",
+    "sample_ray_depths",
     "patch_index_rope_angles",
     "tangent_frames",
     "NoEncoding",
@@ -83,7 +84,6 @@ __all__ = [
     "HRoPEPF",
     "HRoPEFull",
     "RayRoPE",
-    "sample_ray_depths",
     "URoPE",
     "WorldRoPE",
 ]
