@@ -135,8 +135,20 @@ def cross_attention(
 
     q ``(B, heads, Lq, d)``, k and v ``(B, heads_kv, Lk, d)`` (each checked by its transform);
     returns ``(B, heads, Lq, d)``. ``sdpa_kwargs`` go to SDPA (``attn_mask`` ``(..., Lq, Lk)``, ...).
-    Query-frame encodings are refused (EncodingError).
+
+    A query-frame encoding's keys depend on the query camera, so its cross transform binds both
+    sets at once (``rayrope``'s ``prepare_cross``): pass that one transform as both ``query`` and
+    ``key`` (one SDPA call per query view).
     """
+    if any(isinstance(t, Prepared) and t.query_frame for t in (query, key)):
+        if query is not key:
+            raise EncodingError(
+                "cross_attention: got a query-frame transform that is not both query= and key=; its keys "
+                "depend on the query camera, so one transform binds both token sets (rayrope's prepare_cross): "
+                "pass the same one as query= and key="
+            )
+        check_mask_options(sdpa_kwargs)
+        return cast(Prepared, query).attention(q, k, v, **sdpa_kwargs)
     query, key = _relative(query, "cross_attention: query"), _relative(key, "cross_attention: key")
     if query is not None and key is not None:
         shapes = [(t.batch_size, t.head_dim) for t in (query, key)]

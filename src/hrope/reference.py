@@ -50,9 +50,9 @@ from .encodings import (
 # Documented constants only (docs/encodings.md, docs/encodings_query_frame.md): the grazing clamp
 # |n·r̂|/|r̂| >= 0.05 of Planes(normal, depth), the clamp policy's MAX_INVERSE_DISTANCE = 100,
 # MIN_DEPTH = 0.01 and MAX_DEPTH = 100, POSITION_MARGIN = 2, RayRoPE's ray offsets (0, 0), (1, 0),
-# (0, 1) and coordinate periods 4 / 8 / 80.
+# (0, 1) and coordinate periods 4 / 8 / 80 (8 asinh(10) for its asinh coordinate).
 from .encodings.query_frame import POSITION_MARGIN
-from .encodings.rayrope import COORDINATE_PERIODS, RAY_OFFSETS
+from .encodings.rayrope import RAY_OFFSETS
 from .planes import MAX_DEPTH, MAX_INVERSE_DISTANCE, MIN_DEPTH, MIN_GRAZING_COS
 
 if TYPE_CHECKING:  # annotations only: the reference uses no fast-path helper
@@ -65,6 +65,7 @@ __all__ = [
     "dense_attention",
     "query_frame_matrices",
     "query_frame_attention",
+    "query_frame_cross_attention",
     "Layout",
     "camera_token_positions",
     "with_identity_tokens",
@@ -638,7 +639,7 @@ def _worldrope_blocks(
             mean = _in_camera(cams["E"][:, view], world)
             cov = sigma[..., m, None, None] ** 2 * ray[..., :, None] * ray[..., None, :]
             if encoding.footprint:
-                fx, fy = cams["K"][:, key_view, 0, 0, None], cams["K"][:, key_view, 1, 1, None]
+                fx, fy = cams["K_key"][:, key_view, 0, 0, None], cams["K_key"][:, key_view, 1, 1, None]
                 cov = cov + torch.diag_embed(
                     torch.stack(
                         [(z / (grid[1] * fx)) ** 2 / 12, (z / (grid[0] * fy)) ** 2 / 12, torch.zeros_like(z)], -1
@@ -659,40 +660,106 @@ def _worldrope_blocks(
     return torch.cat(blocks, 1)
 
 
+# RayRoPE's released arithmetic (docs/encodings_query_frame.md §2): direction eps 1e-6 on the
+# homogeneous point, |z| as sqrt(z^2 + 1e-9) floored at 1e-4, w floored at 1e-4, no spread below 0.01.
+_OFFICIAL_EPS = {"direction": 1e-6, "z_square": 1e-9, "floor": 1e-4, "flat": 1e-2}
+_RAYROPE_DEPTH_PERIOD = {"depth": 80.0, "inverse": 80.0, "asinh": 8.0 * math.asinh(10.0)}
+_RAYROPE_MAX_DISPARITY = 20.0
+
+
+def _rayrope_end_depths(encoding: RayRoPE, mu: Tensor, s: Tensor, known: Tensor | None) -> list[Tensor]:
+    """z-depths ``(B, P, 3 rays)`` of the two segment ends (μ - s first)."""
+    ends = []
+    for sign in (-1.0, 1.0):
+        predicted = (
+            (mu + sign * s).clamp(math.log(MIN_DEPTH), encoding.max_log_depth).exp()[..., None].expand(-1, -1, 3)
+        )
+        if known is None:
+            ends.append(predicted)
+            continue
+        d = known.clamp(MIN_DEPTH, MAX_DEPTH)
+        if encoding.depth == "known+halfwidth":
+            d = (d.log() + sign * s[..., None]).clamp(math.log(MIN_DEPTH), math.log(MAX_DEPTH)).exp()
+        ends.append(torch.where(known > 0, d, predicted))
+    return ends
+
+
+def _rayrope_depth_coordinate(encoding: RayRoPE, z: Tensor) -> Tensor:
+    """The depth coordinate of a (signed, or already mirrored) query-frame z-depth."""
+    m = encoding.max_depth_coordinate
+    if encoding.depth_coordinate == "depth":
+        return torch.minimum(torch.maximum(z, torch.full_like(z, -m)), torch.full_like(z, m))
+    if encoding.depth_coordinate == "asinh":
+        a = torch.asinh(z)
+        return torch.minimum(torch.maximum(a, torch.full_like(a, -math.asinh(m))), torch.full_like(a, math.asinh(m)))
+    return torch.minimum(1.0 / z.abs(), torch.full_like(z, _RAYROPE_MAX_DISPARITY))
+
+
+def _rayrope_ray_coords(
+    encoding: RayRoPE, cams: dict[str, Any], view: int, key_view: int, uv: Tensor, depth: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Direction ``(B, P, 2)`` and depth coordinate ``(B, P)`` of the points at ``depth (B, P)`` on
+    the rays through ``uv`` of key view ``key_view``, in query view ``view``."""
+    if encoding.numerics == "exact":
+        world = _world_points(cams["K_inv"][:, key_view], cams["C2W"][:, key_view], uv, depth)
+        X = _in_camera(cams["E"][:, view], world)
+        y = (cams["K"][:, view, None] @ X[..., None]).squeeze(-1)
+        return y[..., :2] / y.norm(dim=-1, keepdim=True).clamp_min(1e-6), _rayrope_depth_coordinate(encoding, X[..., 2])
+    # homogeneous point [K^-1 (u, v, 1), 1/d] in the key camera, to world, through lift(K_q) E_q
+    eps = _OFFICIAL_EPS
+    pix = torch.cat([uv, torch.ones_like(uv[:, :1])], -1)
+    cam = (cams["K_inv"][:, key_view, None] @ pix[..., None]).squeeze(-1)  # (B, P, 3)
+    hom = torch.cat([cam, 1.0 / depth[..., None]], -1)
+    lift_K = torch.zeros(cams["B"], 4, 4, dtype=torch.float64)
+    lift_K[:, :3, :3] = cams["K"][:, view]
+    lift_K[:, 3, 3] = 1.0
+    P_q = lift_K @ cams["E"][:, view] @ cams["C2W"][:, key_view]
+    p = (P_q[:, None] @ hom[..., None]).squeeze(-1)
+    direction = p[..., :2] / (p[..., :3].norm(dim=-1, keepdim=True) + eps["direction"])
+    z = torch.sqrt(p[..., 2] ** 2 + eps["z_square"]).clamp_min(eps["floor"])
+    w = p[..., 3].clamp_min(eps["floor"])
+    if encoding.depth_coordinate == "inverse":
+        return direction, (w / z).clamp(0.0, _RAYROPE_MAX_DISPARITY)
+    return direction, _rayrope_depth_coordinate(encoding, z / w)
+
+
+def _expected_rotation_block(encoding: RayRoPE, lo: Tensor, hi: Tensor) -> Tensor:
+    """E[R(θ)] ``(..., 2, 2)`` for θ uniform on [lo, hi] (official numerics: R(lo) when |hi - lo| <= 0.01)."""
+    delta = hi - lo
+    official = encoding.numerics == "official"
+    flat = delta.abs() <= _OFFICIAL_EPS["flat"] if official else delta.abs() < 1e-6
+    safe = torch.where(flat, torch.ones_like(delta), delta)
+    at = lo if official else (lo + hi) / 2
+    e_cos = torch.where(flat, at.cos(), (hi.sin() - lo.sin()) / safe)
+    e_sin = torch.where(flat, at.sin(), (lo.cos() - hi.cos()) / safe)
+    return torch.stack([torch.stack([e_cos, -e_sin], -1), torch.stack([e_sin, e_cos], -1)], -2)
+
+
 def _rayrope_blocks(
     encoding: RayRoPE, cams: dict[str, Any], grid: tuple[int, int], head_dim: int, view: int, params: dict[str, Tensor]
 ) -> Tensor:
     num_freqs = head_dim // 24
     P = grid[0] * grid[1]
+    periods = [4.0] * 3 + [8.0] * 6 + [_RAYROPE_DEPTH_PERIOD[encoding.depth_coordinate]] * 3
     blocks = []
     for key_view in range(cams["V"]):
         rows = slice(key_view * P, (key_view + 1) * P)
         mu, s = params["log_depth"][:, rows].double(), params["log_depth_halfwidth"][:, rows].double()
+        known = params["known_depth"][:, rows].double() if "known_depth" in params else None
         centre = _in_camera(cams["E"][:, view], cams["C2W"][:, key_view, None, :3, 3])  # (B, 1, 3)
-        coords = []  # per endpoint: (B, P, 12)
-        for log_d in (mu - s, mu + s):
-            depth = log_d.clamp(math.log(MIN_DEPTH), encoding.max_log_depth).exp()
-            dirs, depths = [], []
-            for offset in RAY_OFFSETS:
-                uv = _uv_grid(grid, offset)
-                world = _world_points(cams["K_inv"][:, key_view], cams["C2W"][:, key_view], uv, depth)
-                X = _in_camera(cams["E"][:, view], world)
-                y = (cams["K"][:, view, None] @ X[..., None]).squeeze(-1)
-                dirs.append(y[..., :2] / y.norm(dim=-1, keepdim=True).clamp_min(1e-6))
-                depths.append(X[..., 2].clamp(-encoding.max_depth_coordinate, encoding.max_depth_coordinate))
-            coords.append(torch.cat([centre.expand(-1, P, -1)] + dirs + [torch.stack(depths, -1)], -1))
+        coords = []  # per end: (B, P, 12)
+        for depth in _rayrope_end_depths(encoding, mu, s, known):
+            per_ray = [
+                _rayrope_ray_coords(encoding, cams, view, key_view, _uv_grid(grid, offset), depth[..., r])
+                for r, offset in enumerate(RAY_OFFSETS)
+            ]
+            dirs = [direction for direction, _ in per_ray]
+            coords.append(torch.cat([centre.expand(-1, P, -1), *dirs, torch.stack([z for _, z in per_ray], -1)], -1))
         per_pair = []
         for f in range(num_freqs):
-            for c, period in enumerate(COORDINATE_PERIODS):
+            for c, period in enumerate(periods):
                 w = 2 * math.pi / period * encoding.freq_base**f
-                lo, hi = w * coords[0][..., c], w * coords[1][..., c]
-                delta = hi - lo
-                small = delta.abs() < 1e-6
-                safe = torch.where(small, torch.ones_like(delta), delta)
-                mid = (lo + hi) / 2
-                e_cos = torch.where(small, mid.cos(), (hi.sin() - lo.sin()) / safe)
-                e_sin = torch.where(small, mid.sin(), (lo.cos() - hi.cos()) / safe)
-                per_pair.append(torch.stack([torch.stack([e_cos, -e_sin], -1), torch.stack([e_sin, e_cos], -1)], -2))
+                per_pair.append(_expected_rotation_block(encoding, w * coords[0][..., c], w * coords[1][..., c]))
         blocks.append(torch.stack(per_pair, -3))
     return torch.cat(blocks, 1)
 
@@ -710,29 +777,81 @@ def query_frame_matrices(
     grid: tuple[int, int],
     head_dim: int,
     params: dict[str, Tensor] | None = None,
+    key_cameras: Cameras | None = None,
+    key_grid: tuple[int, int] | None = None,
 ) -> Tensor:
-    """Key matrices ``(B, Vq, N, d, d)`` of a query-frame encoding: token j's expected rotation in
+    """Key matrices ``(B, Vq, Nk, d, d)`` of a query-frame encoding: token j's expected rotation in
     query view c's frame (2x2 blocks E[R(θ)] on the split pairs). Query token i uses entry
-    ``[:, view(i), i]``."""
+    ``[:, view(i), i]``. The keys are ``cameras``' own tokens, or (cross-attention) the
+    ``key_grid`` tokens of ``key_cameras`` with ``params`` theirs."""
     encoding = get_encoding(encoding)
-    E = cameras.world_to_cam.double()
-    K = _normalized_K(cameras.K, cameras.image_size)
+    key_cameras = cameras if key_cameras is None else key_cameras
+    E_key = key_cameras.world_to_cam.double()
+    K_key = _normalized_K(key_cameras.K, key_cameras.image_size)
     cams: dict[str, Any] = {
         "B": cameras.batch_size,
-        "V": cameras.num_views,
-        "E": E,
-        "K": K,
-        "K_inv": torch.linalg.inv(K),
-        "C2W": torch.linalg.inv(E),
+        "V": key_cameras.num_views,
+        "E": cameras.world_to_cam.double(),
+        "K": _normalized_K(cameras.K, cameras.image_size),
+        "K_key": K_key,
+        "K_inv": torch.linalg.inv(K_key),
+        "C2W": torch.linalg.inv(E_key),
     }
     build = _for_class(_QUERY_FRAME_BLOCKS, encoding)
+    key_grid = tuple(grid if key_grid is None else key_grid)  # type: ignore[assignment]
     return torch.stack(
         [
-            _blocks_to_matrix(build(encoding, cams, tuple(grid), head_dim, view, params or {}), head_dim)
+            _blocks_to_matrix(build(encoding, cams, key_grid, head_dim, view, params or {}), head_dim)
             for view in range(cameras.num_views)
         ],
         1,
     )
+
+
+def _rotates_values(encoding: Encoding) -> bool:
+    return bool(getattr(encoding, "rotate_values", True))
+
+
+def query_frame_cross_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    encoding: str | Encoding,
+    query_cameras: Cameras,
+    key_cameras: Cameras,
+    grid: tuple[int, int],
+    key_grid: tuple[int, int] | None = None,
+    query_params: dict[str, Tensor] | None = None,
+    key_params: dict[str, Tensor] | None = None,
+    attn_mask: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """Dense reference of a query-frame cross-attention: query i (view c of ``query_cameras``) with
+    its own matrix M_i (its own frame, ``query_params``), key j of ``key_cameras`` with M_j^(c)
+    (``key_params``):
+
+        a_ij = softmax_j((M_i^T q_i)·(M_j^(c)T k_j) * scale),   o_i = M_i Σ_j a_ij M_j^(c)T v_j
+
+    (without the M on v and o when the encoding does not rotate values). q ``(B, heads, Nq, d)``,
+    k, v ``(B, heads, Nk, d)``; returns float64 ``(B, heads, Nq, d)``; ``attn_mask`` ``(..., Nq, Nk)``.
+    """
+    encoding = get_encoding(encoding)
+    q, k, v = q.double(), k.double(), v.double()
+    d = q.shape[-1]
+    M_k = query_frame_matrices(encoding, query_cameras, grid, d, key_params, key_cameras, key_grid)  # (B, Vq, Nk, d, d)
+    M_own = query_frame_matrices(encoding, query_cameras, grid, d, query_params)  # (B, Vq, Nq, d, d)
+    Vq, Nq = M_own.shape[1:3]
+    view_of = torch.arange(Nq) // (Nq // Vq)
+    M_q = M_own[:, view_of, torch.arange(Nq)]  # (B, Nq, d, d)
+    M_kq = M_k[:, view_of]  # (B, Nq, Nk, d, d)
+    q_t = (M_q.transpose(-1, -2)[:, None] @ q[..., None]).squeeze(-1)
+    k_t = (M_kq.transpose(-1, -2)[:, None] @ k[:, :, None, :, :, None]).squeeze(-1)  # (B, H, Nq, Nk, d)
+    values = _rotates_values(encoding)
+    v_t = (M_kq.transpose(-1, -2)[:, None] @ v[:, :, None, :, :, None]).squeeze(-1) if values else v[:, :, None]
+    logits = (q_t[:, :, :, None, :] * k_t).sum(-1) * (scale if scale is not None else 1.0 / math.sqrt(d))
+    out = (_softmax(logits, attn_mask)[..., None] * v_t).sum(-2)
+    return (M_q[:, None] @ out[..., None]).squeeze(-1) if values else out
 
 
 def query_frame_attention(
@@ -755,7 +874,8 @@ def query_frame_attention(
 
         a_ij = softmax_j((M_i^T q_i)·(M_j^(c)T k_j) * scale),   o_i = M_i Σ_j a_ij M_j^(c)T v_j,
 
-    c the view of query i and M_i = M_i^(c) (the transpose, not the inverse, on the key side).
+    c the view of query i and M_i = M_i^(c) (the transpose, not the inverse, on the key side);
+    without the M on v and o when the encoding does not rotate values (``rotate_values=False``).
     q, k, v ``(B, heads, N, head_dim)``; returns float64 ``(B, heads, N, head_dim)``. SDPA's
     options as in :func:`multiview_attention` (``is_causal`` is causal over the whole sequence).
 
@@ -780,7 +900,8 @@ def query_frame_attention(
     M_k[:, cam[:, None], cam[None, :]] = M[:, view_of]
     M_k[:, identity[:, None], cam[None, :]] = own[:, None]
     k_t = (M_k.transpose(-1, -2)[:, None] @ k[:, :, None, :, :, None]).squeeze(-1)  # (B, H, Lq, Lk, d)
-    v_t = (M_k.transpose(-1, -2)[:, None] @ v[:, :, None, :, :, None]).squeeze(-1)
+    values = _rotates_values(get_encoding(encoding))
+    v_t = (M_k.transpose(-1, -2)[:, None] @ v[:, :, None, :, :, None]).squeeze(-1) if values else v[:, :, None]
     logits = (q_t[:, :, :, None, :] * k_t).sum(-1) * (scale if scale is not None else 1.0 / math.sqrt(d))
     out = (_softmax(logits, attn_mask)[..., None] * v_t).sum(-2)
-    return (M_q[:, None] @ out[..., None]).squeeze(-1)
+    return (M_q[:, None] @ out[..., None]).squeeze(-1) if values else out

@@ -216,8 +216,9 @@ class MixedTokens(Prepared):
     ) -> Tensor:
         """SDPA of some queries over all L keys: the camera keys in query view ``view``'s frame, or
         (``view`` None, identity queries) each in its own view's frame; identity keys as they are."""
-        if view is None:
-            k_enc, v_enc = self.prepared.apply_q(k_cam), self.prepared.apply_q(v_cam)  # conj(z_j) x_j: own frame
+        if view is None:  # conj(z_j) x_j: own frame (v as it is when values are not rotated)
+            k_enc = self.prepared.apply_q(k_cam)
+            v_enc = self.prepared.apply_q(v_cam) if self.transform_values else v_cam
         else:
             k_enc, v_enc = cast(QueryFrameTransform, self.prepared).apply_kv(k_cam, v_cam, view)
         k_all, v_all = k.index_copy(2, self._index, k_enc), v.index_copy(2, self._index, v_enc)

@@ -22,6 +22,7 @@ from .query_frame import QueryFrameTransform
 from .rayrope import RayRoPE
 from .urope import URoPE
 from .worldrope import WorldRoPE
+from .ray_segments import sample_ray_depths
 
 ENCODINGS: dict[str, type[Encoding]] = {
     cls.name: cls
@@ -67,6 +68,7 @@ __all__ = [
     "Prepared",
     "TokenTransform",
     "QueryFrameTransform",
+    "sample_ray_depths",
     "patch_index_rope_angles",
     "tangent_frames",
     "NoEncoding",

@@ -346,6 +346,7 @@ class Encoding(nn.Module):
     name: ClassVar[str] = ""
     needs_planes: ClassVar[bool] = False  # prepare needs planes=hrope.Planes(...)
     param_names: tuple[str, ...] = ()  # the per-token params prepare needs (hrope's depend on its options)
+    data_param_names: tuple[str, ...] = ()  # those of param_names fed from data (e.g. known depth), not predicted
     query_frame: ClassVar[bool] = False  # keys re-encoded per query view (QueryFrameTransform)
     encodes_pose: ClassVar[bool] = True  # attention sees the relative camera pose (else tokens need world rays)
     transform_values: ClassVar[bool] = True  # v and the output are transformed too (False: q and k only)

@@ -57,10 +57,12 @@ EXECUTIONS = ("loop", "fold")
 
 
 # ----------------------------------------------------------------------------------- geometry
-def relative_poses(cameras: Cameras, dtype: torch.dtype) -> Tensor:
-    """Key-camera-to-query-camera transforms ``(B, Vq, Vk, 4, 4)`` = E_q E_k^-1 (world cancels)."""
+def relative_poses(cameras: Cameras, dtype: torch.dtype, key_cameras: Cameras | None = None) -> Tensor:
+    """Key-camera-to-query-camera transforms ``(B, Vq, Vk, 4, 4)`` = E_q E_k^-1 (world cancels);
+    the keys' cameras are ``cameras`` too unless ``key_cameras`` is given."""
     E = cameras.world_to_cam.to(dtype)
-    return E[:, :, None] @ invert_se3(E)[:, None]
+    E_key = E if key_cameras is None else key_cameras.world_to_cam.to(dtype)
+    return E[:, :, None] @ invert_se3(E_key)[:, None]
 
 
 def to_query_frames(points: Tensor, rel: Tensor) -> Tensor:
@@ -119,13 +121,17 @@ class QueryFrameTransform(Prepared):
     """Per-query-view coefficient tables; the precompute-then-apply object.
 
     Args:
-        re, im: ``(B, Vq, N, head_dim/2)`` real and imaginary parts of the key coefficients
+        re, im: ``(B, Vq, Nk, head_dim/2)`` real and imaginary parts of the key coefficients
             z_j^(c) in every query frame c (geometry dtype).
-        grid: ``(grid_h, grid_w)``; N = Vq * grid_h * grid_w.
+        grid: ``(grid_h, grid_w)`` of the query views; N = Vq * grid_h * grid_w queries.
         execution: ``"loop"`` (one SDPA call per query view) or ``"fold"`` (query views folded
             into the batch, K and V replicated per query view, one SDPA call).
         recompute: loop only; checkpoint each query view's rotation + SDPA so backward recomputes
             them instead of keeping V rotated copies of K and V (one more SDPA forward per view).
+        rotate_values: rotate v and the output too (``transform_values``); False: q and k only.
+        query: cross-attention only: the queries' own coefficients ``(re, im)`` each
+            ``(B, N, head_dim/2)``, for a query set other than the keys' (then ``num_keys`` = Nk
+            may differ from N). Self-attention (None) takes them from the diagonal of re, im.
 
     Precompute-then-apply for custom attention (e.g. cross-attention): for each query view c,
     ``sdpa(apply_q(q_c, c), *apply_kv(k, v, c))`` then ``apply_o(o_c, c)``, where ``q_c`` holds
@@ -139,7 +145,14 @@ class QueryFrameTransform(Prepared):
     head_dim: int
 
     def __init__(
-        self, re: Tensor, im: Tensor, grid: tuple[int, int], execution: str = "loop", recompute: bool = False
+        self,
+        re: Tensor,
+        im: Tensor,
+        grid: tuple[int, int],
+        execution: str = "loop",
+        recompute: bool = False,
+        rotate_values: bool = True,
+        query: tuple[Tensor, Tensor] | None = None,
     ) -> None:
         if execution not in EXECUTIONS:
             raise EncodingError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
@@ -148,14 +161,20 @@ class QueryFrameTransform(Prepared):
         self.device = re.device
         self.grid: tuple[int, ...] = tuple(grid)
         self.num_views = V
+        self.num_keys = N
         self.head_dim = 2 * pairs
         self.execution = execution
         self.recompute = recompute
-        P = N // V
-        diag = torch.arange(V, device=re.device)
+        self.transform_values = rotate_values
         self._key = (re, im)
-        query_re, query_im = (t.reshape(B, V, V, P, pairs)[:, diag, diag].reshape(B, N, pairs) for t in (re, im))
-        self._query = query_re, query_im
+        if query is None:
+            P = N // V
+            diag = torch.arange(V, device=re.device)
+            query = cast(
+                "tuple[Tensor, Tensor]",
+                tuple(t.reshape(B, V, V, P, pairs)[:, diag, diag].reshape(B, N, pairs) for t in (re, im)),
+            )
+        self._query = query
         self._cache: dict[tuple[str, torch.dtype], tuple[Tensor, Tensor]] = {}
 
     @property
@@ -167,8 +186,8 @@ class QueryFrameTransform(Prepared):
         return self.num_views * self.tokens_per_view
 
     def coefficients(self, query_view: int | None = None) -> tuple[Tensor, Tensor]:
-        """``(re, im)`` each ``(B, N, head_dim/2)``: the keys' coefficients z_j^(c) in query view
-        c's frame, or (``query_view=None``) every token's own query coefficient z_i."""
+        """``(re, im)``: the keys' coefficients z_j^(c) ``(B, Nk, head_dim/2)`` in query view c's
+        frame, or (``query_view=None``) every query token's own coefficient z_i ``(B, N, head_dim/2)``."""
         if query_view is None:
             return self._query
         self._rows(query_view)
@@ -219,14 +238,19 @@ class QueryFrameTransform(Prepared):
         return self._rotate_q(q, query_view, conjugate=True)
 
     def apply_o(self, o: Tensor, query_view: int | None = None) -> Tensor:
-        """``z_i o_i``; o shaped like :meth:`apply_q`'s input."""
+        """``z_i o_i`` (o itself when values are not rotated); o shaped like :meth:`apply_q`'s input."""
+        if not self.transform_values:
+            self._rows(query_view)
+            self._check(o, self.num_tokens if query_view is None else self.tokens_per_view)
+            return o
         return self._rotate_q(o, query_view, conjugate=False)
 
     def apply_kv(self, k: Tensor, v: Tensor, query_view: int) -> tuple[Tensor, Tensor]:
-        """``conj(z_j^(c)) k_j`` and ``conj(z_j^(c)) v_j`` for query view c; k, v ``(B, heads, N, d)``."""
+        """``conj(z_j^(c)) k_j`` and ``conj(z_j^(c)) v_j`` (v itself when values are not rotated)
+        for query view c; k, v ``(B, heads, Nk, d)``."""
         self._rows(query_view)
-        self._check(k, self.num_tokens)
-        self._check(v, self.num_tokens)
+        self._check(k, self.num_keys)
+        self._check(v, self.num_keys)
         return self._kv_in_frame(k, self._swap(k), v, self._swap(v), query_view)
 
     def _kv_in_frame(
@@ -235,24 +259,28 @@ class QueryFrameTransform(Prepared):
         with torch.autocast(k.device.type, enabled=False):
             C, S = self._full_width("k", k)
             C, S = C[:, query_view], S[:, query_view]
-            return torch.addcmul(k * C, k_swapped, S), torch.addcmul(v * C, v_swapped, S)
+            k_c = torch.addcmul(k * C, k_swapped, S)
+            return k_c, (torch.addcmul(v * C, v_swapped, S) if self.transform_values else v)
 
     def _apply_kv_all(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values in every query frame, ``(B * Vq, heads, N, d)``."""
         with torch.autocast(k.device.type, enabled=False):
             C, S = self._full_width("k", k)
-            outs = [torch.addcmul(x[:, None] * C, self._swap(x)[:, None], S).flatten(0, 1) for x in (k, v)]
-        return outs[0], outs[1]
+            k_all = torch.addcmul(k[:, None] * C, self._swap(k)[:, None], S).flatten(0, 1)
+            if not self.transform_values:
+                return k_all, v.repeat_interleave(self.num_views, dim=0)
+            return k_all, torch.addcmul(v[:, None] * C, self._swap(v)[:, None], S).flatten(0, 1)
 
     # --------------------------------------------------------------------------- attention
     def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs: Any) -> Tensor:
-        """Self-attention over all N tokens, ``(B, heads, N, d)`` like SDPA.
+        """Attention of the N queries over the Nk keys (self-attention: Nk = N), ``(B, heads, N, d)`` like SDPA.
 
-        ``attn_mask`` must broadcast to ``(B, heads, N, N)``; ``is_causal=True`` is turned into
-        the equivalent global ``(N, N)`` mask (causal over the whole sequence).
+        ``attn_mask`` must broadcast to ``(B, heads, N, Nk)``; ``is_causal=True`` is turned into
+        the equivalent global ``(N, Nk)`` mask (causal over the whole sequence, top-left aligned).
         """
-        for x in (q, k, v):
-            self._check(x, self.num_tokens)
+        self._check(q, self.num_tokens)
+        for x in (k, v):
+            self._check(x, self.num_keys)
         mask = self._global_mask(q, sdpa_kwargs)
         q_rot = self.apply_q(q)
         if self.execution == "loop":
@@ -272,7 +300,7 @@ class QueryFrameTransform(Prepared):
             k_all, v_all = self._apply_kv_all(k, v)
             q_fold = q_rot.reshape(B, H, V, P, d).transpose(1, 2).reshape(B * V, H, P, d)
             out = F.scaled_dot_product_attention(
-                q_fold, k_all, v_all, attn_mask=self._fold_mask(mask, B, N), **sdpa_kwargs
+                q_fold, k_all, v_all, attn_mask=self._fold_mask(mask, B), **sdpa_kwargs
             )
             out = out.reshape(B, V, H, P, d).transpose(1, 2).reshape(B, H, N, d)
         return self.apply_o(out)
@@ -296,19 +324,18 @@ class QueryFrameTransform(Prepared):
         if sdpa_kwargs.pop("is_causal", False):
             if mask is not None:
                 raise EncodingError("pass either attn_mask or is_causal, not both")
-            N = self.num_tokens
-            mask = torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
+            mask = torch.ones(self.num_tokens, self.num_keys, dtype=torch.bool, device=q.device).tril()
         return mask
 
-    def _fold_mask(self, mask: Tensor | None, B: int, N: int) -> Tensor | None:
-        """A mask broadcastable to ``(B, h, N, N)`` -> ``(B * Vq, h, P, N)``."""
+    def _fold_mask(self, mask: Tensor | None, B: int) -> Tensor | None:
+        """A mask broadcastable to ``(B, h, N, Nk)`` -> ``(B * Vq, h, P, Nk)``."""
         if mask is None:
             return None
         while mask.ndim < 4:
             mask = mask[None]
-        V, P = self.num_views, self.tokens_per_view
-        mask = mask.expand(B, mask.shape[1], N, N)
-        return mask.reshape(B, -1, V, P, N).transpose(1, 2).reshape(B * V, -1, P, N)
+        V, P, N, Nk = self.num_views, self.tokens_per_view, self.num_tokens, self.num_keys
+        mask = mask.expand(B, mask.shape[1], N, Nk)
+        return mask.reshape(B, -1, V, P, Nk).transpose(1, 2).reshape(B * V, -1, P, Nk)
 
 
 # ----------------------------------------------------------------------------------- encoding
@@ -321,12 +348,13 @@ class QueryFrameEncoding(Encoding):
         recompute: with ``"loop"``, recompute each view's rotated K, V and SDPA in backward
             instead of saving them (saved memory no longer grows with V; costs one more SDPA
             forward).
+        rotate_values: rotate v and the output too (default); False: q and k only.
     """
 
     query_frame = True
     param_shapes: ClassVar[dict[str, tuple[int, ...]]] = {}  # trailing shapes of params that are not (B, N)
 
-    def __init__(self, execution: str = "loop", recompute: bool = False) -> None:
+    def __init__(self, execution: str = "loop", recompute: bool = False, rotate_values: bool = True) -> None:
         super().__init__()
         if execution not in EXECUTIONS:
             raise EncodingError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
@@ -334,6 +362,7 @@ class QueryFrameEncoding(Encoding):
             raise EncodingError("recompute=True needs execution='loop'")
         self.execution = execution
         self.recompute = recompute
+        self.rotate_values = rotate_values
 
     def key_coefficients(
         self, cameras: Cameras, grid: tuple[int, int], head_dim: int, dtype: torch.dtype, *args: Any, **params: Any
@@ -345,23 +374,33 @@ class QueryFrameEncoding(Encoding):
     def prepare(
         self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None, **params: Tensor
     ) -> QueryFrameTransform:
-        """The subclass's params: rayrope ``log_depth``, ``log_depth_halfwidth`` ``(B, N)``; urope none;
-        worldrope ``depth``, ``depth_split`` ``(B, N)`` and ``depth_sigma (B, N, 2)``. No planes."""
+        """The subclass's params: rayrope ``log_depth``, ``log_depth_halfwidth`` ``(B, N)`` (and
+        ``known_depth (B, N, 3)`` in its known-depth modes); urope none; worldrope ``depth``,
+        ``depth_split`` ``(B, N)`` and ``depth_sigma (B, N, 2)``. No planes."""
         self.check_inputs(planes, params)
         if head_dim % 2:
             raise EncodingError(f"encoding {self.name!r} needs an even head_dim, got {head_dim}")
         grid = cast("tuple[int, int]", tuple(grid))  # a list is accepted too
         dtype = geometry_dtype(cameras.K.dtype)
-        params = {
-            name: per_token_param(value, cameras, grid, self.param_shapes.get(name, ()), name, dtype)
-            for name, value in params.items()
-        }
+        params = self.token_params(cameras, grid, params, dtype)
         re, im = self.key_coefficients(cameras, grid, head_dim, dtype, **params)
         re, im = pad_pairs(re, im, head_dim // 2)
-        return QueryFrameTransform(re, im, grid, self.execution, self.recompute)
+        return QueryFrameTransform(re, im, grid, self.execution, self.recompute, self.rotate_values)
+
+    def token_params(
+        self, cameras: Cameras, grid: tuple[int, int], params: dict[str, Tensor], dtype: torch.dtype, what: str = ""
+    ) -> dict[str, Tensor]:
+        """Checked per-token params ``(B, N, ...)`` -> ``(B, V, P, ...)`` in ``dtype`` (``what`` names the set)."""
+        self.check_inputs(None, params)
+        prefix = f"{what}: " if what else ""
+        return {
+            name: per_token_param(value, cameras, grid, self.param_shapes.get(name, ()), prefix + name, dtype)
+            for name, value in params.items()
+        }
 
     def extra_repr(self) -> str:
-        return f"name={self.name!r}, execution={self.execution!r}, recompute={self.recompute}"
+        values = "" if self.rotate_values else ", rotate_values=False"
+        return f"name={self.name!r}, execution={self.execution!r}, recompute={self.recompute}{values}"
 
 
 def sinc(x: Tensor) -> Tensor:

@@ -148,7 +148,8 @@ def default_plane_decoder(encoding: Encoding) -> str:
 def parameter_specs(
     encoding: Encoding, depth_init: float = 1.0, plane_decoder: str | None = None
 ) -> list[ParameterSpec]:
-    """The per-token inputs ``encoding`` needs, with their learned-head decoders.
+    """The per-token inputs ``encoding`` needs, with their learned-head decoders (those it reads from
+    data, ``data_param_names``, are left to the caller).
 
     Planes decode with ``plane_decoder`` (:data:`PLANE_DECODERS`, default
     :func:`default_plane_decoder`); zero output gives the encoding's ``neutral_planes``:
@@ -184,6 +185,8 @@ def parameter_specs(
         "patch_translation": ParameterSpec("patch_translation", 3, 3, _offset),
     }
     for name in encoding.param_names:
+        if name in encoding.data_param_names:  # fed from data (e.g. a depth source), not a learned head
+            continue
         if name not in table:
             raise PredictorError(
                 f"no learned decoder for parameter {name!r} of encoding {encoding.name!r}; "
