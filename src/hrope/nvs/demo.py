@@ -17,12 +17,12 @@ resumes or reuses finished runs. Single-threaded torch per run (fast and predict
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .atomic import write_json, write_text
 from .build_data import build_dataset, collate
 from .config import resolve
 from .evaluate import evaluate_model, markdown_table, planes_table
@@ -204,10 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     if normal_rows is not None:
         save_image_grid(normal_rows, out / "normals.png")
     text = _report(args.steps, elapsed, device, results, normals_of)
-    (out / "results.md").write_text(text)
-    (out / "results.json").write_text(
-        json.dumps({"steps": args.steps, "seconds": elapsed, "results": results}, indent=2)
-    )
+    write_text(out / "results.md", text)
+    write_json(out / "results.json", {"steps": args.steps, "seconds": elapsed, "results": results})
     print(text)
 
 
