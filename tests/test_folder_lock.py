@@ -65,10 +65,11 @@ def test_a_second_train_into_a_held_folder_is_refused_then_taken_over_when_its_h
         holder.wait()
     assert holder_of(out)["pid"] == holder.pid
     (out / ".checkpoint.safetensors.1a2b3c4d.tmp").write_bytes(b"half a checkpoint")  # what a kill leaves
+    (out / "notes.tmp").write_text("the user's")
     with caplog.at_level(logging.WARNING, logger="hrope.nvs.folder_lock"):
         assert train(tiny_config(out), progress=False).step == 2
     assert f"taking over from process {holder.pid}" in caplog.text
-    assert not list(out.glob("*.tmp")) and load_checkpoint(out)["step"] == 2
+    assert [p.name for p in out.glob("*.tmp")] == ["notes.tmp"] and load_checkpoint(out)["step"] == 2
     assert holder_of(out) is None  # released at the end of the run: the record is emptied
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,10 +35,15 @@ __all__ = [
     "save_figure",
     "save_image",
     "append_line",
-    "TEMPORARY_SUFFIX",
+    "is_temporary",
 ]
 
-TEMPORARY_SUFFIX = ".tmp"
+_TEMPORARY = re.compile(r"\..+\.[0-9a-f]{8}\.tmp")
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a file name is one of this module's temporary files (``.<name>.<8 hex>.tmp``)."""
+    return _TEMPORARY.fullmatch(name) is not None
 
 
 def _fsync_folder(folder: Path) -> None:
@@ -66,7 +72,7 @@ def atomic_path(path: str | Path, *, durable: bool = True) -> Iterator[Path]:
     as it was. The parent folder is created when missing."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}{TEMPORARY_SUFFIX}")
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
         yield temporary
         if durable:

@@ -7,8 +7,8 @@ naming that holder, at once (the lock is never waited for). The operating system
 lock when its process ends in any way (exit, exception, SIGKILL, a crash); after a power loss
 there is no lock at all. So a folder a killed process left is taken over by the next process
 without any cleanup by hand: the record it finds there (a holder that never released) is logged
-as a warning, and the temporary files (``*.tmp``, :mod:`hrope.nvs.atomic`) the killed writer may
-have left in the folder are removed. On a clean release the record is emptied.
+as a warning, and the temporary files (:func:`hrope.nvs.atomic.is_temporary`) the killed writer
+may have left in the folder are removed (no other file). On a clean release the record is emptied.
 
 Platforms: Linux and macOS lock with ``flock(2)``. Locks are per open file, so two locks in one
 process exclude each other too; a child made by ``fork`` shares its parent's lock. On NFS,
@@ -29,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ..errors import InputError
-from .atomic import TEMPORARY_SUFFIX
+from .atomic import is_temporary
 
 try:
     import fcntl
@@ -107,8 +107,9 @@ class FolderLock:
         stale = _read(descriptor)
         if stale is not None:
             logger.warning("%s: taking over from %s, which ended without releasing it", self.folder, _describe(stale))
-        for leftover in self.folder.glob("*" + TEMPORARY_SUFFIX):
-            leftover.unlink(missing_ok=True)
+        for leftover in self.folder.iterdir():
+            if is_temporary(leftover.name):
+                leftover.unlink(missing_ok=True)
         record = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
