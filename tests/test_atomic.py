@@ -144,7 +144,7 @@ def test_every_writer_goes_through_the_atomic_module():
 APPENDER = """
 import sys
 from hrope.nvs.atomic import append_line
-for i in range(150):
+for i in range(60):
     append_line(sys.argv[1], '{"step": %d, "writer": "%s", "pad": "%s"}' % (i, sys.argv[2], "x" * 2000))
 """
 
@@ -155,7 +155,7 @@ def test_concurrent_appenders_never_interleave_within_a_line(tmp_path):
     writers = [subprocess.Popen([sys.executable, "-c", APPENDER, str(log), name], env=env_path) for name in ("a", "b")]
     assert [w.wait(timeout=60) for w in writers] == [0, 0]
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    assert sorted((r["writer"], r["step"]) for r in records) == sorted((w, i) for w in "ab" for i in range(150))
+    assert sorted((r["writer"], r["step"]) for r in records) == sorted((w, i) for w in "ab" for i in range(60))
 
 
 def test_a_log_line_cut_short_by_a_kill_is_left_out(tmp_path):
