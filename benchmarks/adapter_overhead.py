@@ -13,7 +13,6 @@ Writes benchmarks/results/adapter_overhead.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from hrope.nvs.atomic import write_json, write_text
 import hrope
 from provenance import describe, provenance
 
@@ -187,7 +187,7 @@ def measure(args: argparse.Namespace, x: dict) -> dict[str, list[dict]]:
 def write_outputs(meta: dict, results: dict[str, list[dict]], out: Path) -> None:
     """``adapter_overhead.{json,md}`` in ``out``; the table is also printed."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "adapter_overhead.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    write_json(out / "adapter_overhead.json", {"meta": meta, "results": results})
     lines = [
         f"Adapter overhead, `{meta['encoding']}`: {meta['shape']}, {meta['threads']} thread(s), median over "
         f"{meta['reps']} interleaved repetitions of the per-repetition ratio.",
@@ -202,7 +202,7 @@ def write_outputs(meta: dict, results: dict[str, list[dict]], out: Path) -> None
         for name, rows in results.items()
         for r in rows
     ]
-    (out / "adapter_overhead.md").write_text("\n".join(lines) + "\n")
+    write_text(out / "adapter_overhead.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

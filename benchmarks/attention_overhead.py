@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import resource
@@ -45,6 +44,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from hrope.nvs.atomic import write_json, write_text
 import hrope
 from prope_einsum import prope_einsum_apply, prope_einsum_attention, prope_einsum_tables
 from provenance import describe, provenance
@@ -361,7 +361,7 @@ def _settings(cfg: dict) -> list[str]:
 
 def write(results: dict, names, out: Path, stem: str = "attention_overhead") -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=2))
+    write_json(out / f"{stem}.json", results)
     fwd, fb = results["forward"]["ratio"], results["forward_backward"]["ratio"]
     per_rep = results["forward"]["ratios_per_repetition"]
     spread = {n: "{:.2f}–{:.2f}".format(*results["forward"]["ratio_quartiles"][n]) for n in names}
@@ -397,7 +397,7 @@ def write(results: dict, names, out: Path, stem: str = "attention_overhead") -> 
             f"| {ratio_to(n, best_peer)} | {results['saved_for_backward_ratio'][n]:.3f} "
             f"| {faults.get(n, 'n/a')} |"
         )
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    write_text(out / f"{stem}.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -18,7 +18,6 @@ the same layout and mode. Writes ``banded_apply[_<device>].{json,md}``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from hrope.nvs.atomic import write_json, write_text
 from hrope.encodings import fused_triton
 from hrope.encodings.banded import banded_operator, banded_product
 from hrope.encodings.layout import HeadLayout, rope_tables
@@ -143,7 +143,7 @@ def measure(args: argparse.Namespace, device: torch.device, dtype) -> list[dict]
 def write_outputs(meta: dict, rows: list[dict], out: Path, stem: str) -> None:
     """``<stem>.json`` and ``<stem>.md`` (one line per layout and mode, one column per backend) in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    write_json(out / f"{stem}.json", {"meta": meta, "rows": rows})
     backends = list(dict.fromkeys(r["backend"] for r in rows))
     lines = [
         f"y = D x alone, {meta['shape']}, {meta['dtype']} on {meta['device']}, median of {meta['reps']} "
@@ -160,7 +160,7 @@ def write_outputs(meta: dict, rows: list[dict], out: Path, stem: str) -> None:
                 if r["layout"] == name and r["mode"] == mode
             }
             lines.append(f"| {name} | {mode} | " + " | ".join(cells.get(b, "n/a") for b in backends) + " |")
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    write_text(out / f"{stem}.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

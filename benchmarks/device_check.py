@@ -15,12 +15,12 @@ here (tests/test_benchmarks.py does).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
+from hrope.nvs.atomic import write_json
 import hrope
 import hrope.reference
 from hrope.testing import encoding_inputs, random_cameras, random_qkv
@@ -97,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     args.out.mkdir(parents=True, exist_ok=True)
     suffix = "" if args.transform_backend == "torch" else f"_{args.transform_backend}"
-    (args.out / f"device_check_{device.type}{suffix}.json").write_text(
-        json.dumps({"device": name, "torch": torch.__version__, "provenance": provenance(), "checks": rows}, indent=2)
+    write_json(
+        args.out / f"device_check_{device.type}{suffix}.json",
+        {"device": name, "torch": torch.__version__, "provenance": provenance(), "checks": rows},
     )
     for row in rows:
         print(

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from provenance import describe, provenance
+from hrope.nvs.atomic import write_json, write_text
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "gpu"
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {"TRITON_INTERPRET": "1"} if args.device == "cpu" else None
     records = run_steps(steps(args.device, args.out.resolve(), args.quick), args.budget_s, env)
     summary = {"device": args.device, "quick": args.quick, "provenance": provenance(), "steps": records}
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_json(args.out / "summary.json", summary)
     lines = [
         f"GPU suite on `{args.device}`{' (quick shapes)' if args.quick else ''}, commit "
         f"`{describe(summary['provenance'])}`.",
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         *overhead_table(args.out, args.device),
     ]
-    (args.out / "summary.md").write_text("\n".join(lines) + "\n")
+    write_text(args.out / "summary.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if all(r["status"] == "ok" for r in records) else 1
 

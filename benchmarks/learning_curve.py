@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling nvs_* modules
 
+from hrope.nvs.atomic import save_figure, write_json, write_text  # noqa: E402
 from hrope.nvs.build_data import build_dataset  # noqa: E402
 from hrope.nvs.evaluate import evaluate_model  # noqa: E402
 from hrope.nvs.plane_accuracy import PlaneAccuracy, measures_planes  # noqa: E402
@@ -117,7 +118,7 @@ def run(
                 curve, finished = kept[(row.label, seed)], report
             else:
                 curve = train_curve(steps, every, dataset_kind, seed, row, finished.parent, datasets, log)
-                finished.write_text(json.dumps(curve, indent=2))
+                write_json(finished, curve)
             if [p["step"] for p in curve["points"]] != list(range(every, steps + 1, every)):
                 raise SystemExit(f"learning_curve.py: error: {finished} has other evaluation steps; use another --out")
             curves.append(curve)
@@ -260,19 +261,19 @@ def _plot(summary: list[dict], steps: list[int], path: Path) -> None:
     axis.set_ylabel("held-out PSNR (dB), mean over seeds")
     axis.legend(fontsize=7)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    save_figure(figure, path, dpi=120)
     plt.close(figure)
 
 
 def write(report: dict, out: Path) -> None:
     """``OUT/learning_curve.json`` (the report), ``.png`` (the curves) and ``.md`` (the tables)."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / REPORT_NAME).write_text(json.dumps(report, indent=2))
+    write_json(out / REPORT_NAME, report)
     summary = report["summary"]
     steps = [p["step"] for p in summary[0]["points"]]
     _plot(summary, steps, out / "learning_curve.png")
     lines = _main_table(report, steps) + _reference_tables(summary, steps) + _plane_table(summary, steps)
-    (out / "learning_curve.md").write_text("\n".join(lines) + "\n")
+    write_text(out / "learning_curve.md", "\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -30,6 +30,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from hrope.nvs.atomic import write_json
 from hrope.nvs.checkpoints import CHECKPOINT_NAME, load_checkpoint
 from hrope.nvs.build_data import build_dataset
 from hrope.nvs.evaluate import evaluate_model
@@ -63,12 +64,6 @@ def code_provenance() -> dict:
 def trained_at(record: dict) -> str:
     """The code version of a cell record in words: ``"commit 1a2b3c4d5e"`` / ``"commit not recorded"``."""
     return "commit " + describe(record.get("provenance"), short=True)
-
-
-def _write_json(path: Path, value) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(value, indent=2))
-    temporary.replace(path)
 
 
 class CellRunner:
@@ -199,7 +194,7 @@ class CellRunner:
                 checkpoint.unlink()  # partial run of other code (or of unknown code): start again
         if not checkpoint.is_file():
             folder.mkdir(parents=True, exist_ok=True)
-            _write_json(marker, self.provenance)
+            write_json(marker, self.provenance)
         start = load_checkpoint(checkpoint)["step"] if checkpoint.is_file() else 0
         dataset = self.dataset(config, "train")
         tick = time.perf_counter()
@@ -254,7 +249,7 @@ class CellRunner:
             "planes": planes.means() if planes is not None else None,
             "provenance": self.provenance,
         }
-        _write_json(folder / METRICS_NAME, record)
+        write_json(folder / METRICS_NAME, record)
         if self.store is not None:
             self.store.put(self.cell_id(cell), record)
         self.save()
@@ -288,7 +283,7 @@ class CellRunner:
                 **options,
             )
             stored[key] = {**result, "provenance": self.provenance}
-            _write_json(path, stored)
+            write_json(path, stored)
         if self.store is not None and record is not None:
             self.store.put(self.cell_id(cell), record, stored)
             self.save()

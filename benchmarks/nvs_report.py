@@ -23,6 +23,7 @@ import torch
 
 from nvs_rows import ABLATIONS, APE_ABLATIONS, VIEW_COUNTS, Row, Table
 from provenance import describe
+from hrope.nvs.atomic import save_figure
 
 __all__ = ["stat", "compare", "table_report", "fig6_report", "claims", "markdown", "plots", "NOISE_RULE", "NOISE_FLOOR"]
 
@@ -400,7 +401,7 @@ def _table_figure(plt, name: str, table: dict, path: Path) -> None:
         ax.set_title(f"{name}: {dataset}")
         ax.set_ylabel("PSNR (dB), mean ± std over seeds")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -422,7 +423,7 @@ def _fig6_figure(plt, dataset: str, protocols: dict, path: Path) -> None:
         ax.set_ylabel("PSNR (dB), mean over seeds")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 

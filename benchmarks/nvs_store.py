@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from hrope.nvs.atomic import write_text
 
 __all__ = ["CellStore", "CELLS_NAME"]
 
@@ -61,8 +62,5 @@ class CellStore:
         """Write the file (atomically) when a cell changed since it was read or last written."""
         if not self._changed:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        temporary.write_text("".join(json.dumps({"cell": cell, **self._cells[cell]}) + "\n" for cell in self.ids()))
-        temporary.replace(self.path)
+        write_text(self.path, "".join(json.dumps({"cell": cell, **self._cells[cell]}) + "\n" for cell in self.ids()))
         self._changed = False

@@ -24,7 +24,6 @@ marked in the report). Writes ``OUT/nvs_table.{json,md}`` and one PNG per table.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import shlex
 import sys
@@ -41,6 +40,7 @@ from nvs_cells import CellRunner, StaleCellsError, trained_at  # noqa: E402
 from nvs_report import claims, fig6_report, markdown, plots, table_report  # noqa: E402
 from nvs_rows import BUDGETS, Budget, Cell, tables  # noqa: E402
 from nvs_store import CELLS_NAME  # noqa: E402
+from hrope.nvs.atomic import write_json, write_text
 
 __all__ = ["run_benchmark", "plan", "main", "TABLE_NAMES", "FIG6_PROTOCOLS"]
 
@@ -172,8 +172,8 @@ def write_report(report: dict, out: Path) -> None:
     """``out/nvs_table.json``, ``out/nvs_table.md`` and the PNG plots."""
     out.mkdir(parents=True, exist_ok=True)
     report["plots"] = plots(report, out)
-    (out / "nvs_table.json").write_text(json.dumps(report, indent=2))
-    (out / "nvs_table.md").write_text(markdown(report))
+    write_json(out / "nvs_table.json", report)
+    write_text(out / "nvs_table.md", markdown(report))
 
 
 def _train_cells(runner: CellRunner, batch, cells, *, started: float, log, after_each) -> None:

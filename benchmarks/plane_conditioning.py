@@ -17,11 +17,11 @@ Writes benchmarks/results/plane_conditioning.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
+from hrope.nvs.atomic import write_json, write_text
 from hrope.encodings import get_encoding
 from hrope.nvs.config import resolve
 from hrope.nvs.build_data import build_dataset, collate
@@ -126,8 +126,8 @@ def main(argv: list[str] | None = None) -> dict:
         "datasets": [measure(kind) for kind in ("room", "object")],
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "plane_conditioning.json").write_text(json.dumps(report, indent=2))
-    (args.out / "plane_conditioning.md").write_text(markdown(report))
+    write_json(args.out / "plane_conditioning.json", report)
+    write_text(args.out / "plane_conditioning.md", markdown(report))
     print(markdown(report))
     return report
 

@@ -18,7 +18,6 @@ target geometry": no NVS model has that at test time.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from dataclasses import replace
@@ -32,6 +31,7 @@ from nvs_report import paired_bootstrap, stat  # noqa: E402
 from nvs_rows import BUDGETS, Cell, Row  # noqa: E402
 from nvs_store import CELLS_NAME  # noqa: E402
 from provenance import describe  # noqa: E402
+from hrope.nvs.atomic import write_json, write_text
 
 __all__ = ["ROWS", "REFERENCE", "run", "main"]
 
@@ -188,8 +188,8 @@ def run(
         ]
     out.mkdir(parents=True, exist_ok=True)
     runner.save()
-    (out / f"{out.name}.json").write_text(json.dumps(report, indent=2))
-    (out / f"{out.name}.md").write_text(markdown(report))
+    write_json(out / f"{out.name}.json", report)
+    write_text(out / f"{out.name}.md", markdown(report))
     return report
 
 

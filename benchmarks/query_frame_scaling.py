@@ -17,7 +17,6 @@ Writes benchmarks/results/query_frame_scaling.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -29,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from hrope.nvs.atomic import write_json, write_text
 import hrope
 from provenance import describe, provenance
 
@@ -237,8 +237,8 @@ def main() -> None:
         report["results"] += bench_views(views, reps, args.variants, args.seed)
     report["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(report))
+    write_json(args.out.with_suffix(".json"), report, newline=True)
+    write_text(args.out.with_suffix(".md"), markdown(report))
     print(f"wrote {args.out.with_suffix('.json')} and {args.out.with_suffix('.md')}")
 
 

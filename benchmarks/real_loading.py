@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import os
 import platform
@@ -39,6 +38,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from hrope.nvs.atomic import save_image, write_json, write_text
 from hrope.nvs.config import resolve
 from hrope.nvs.build_data import build_dataset, collate
 from hrope.nvs.model import build_model
@@ -62,13 +62,14 @@ def make_fixture(folder: Path, count: int, size: tuple[int, int], seed: int = 0)
         coarse = Image.fromarray(rng.integers(0, 256, (height // 64 + 2, width // 64 + 2, 3), dtype=np.uint8))
         smooth = np.asarray(coarse.resize((width, height), Image.BICUBIC), dtype=np.float32)
         noisy = np.clip(smooth + rng.normal(0, 8, smooth.shape), 0, 255).astype(np.uint8)
-        Image.fromarray(noisy).save(folder / "images" / f"img_{i:03d}.jpg", quality=90)
+        save_image(Image.fromarray(noisy), folder / "images" / f"img_{i:03d}.jpg", quality=90)
         angle = math.radians(2 * (i - count / 2))  # a yaw about y: quaternion (cos a/2, 0, sin a/2, 0)
         lines.append(f"{i + 1} {math.cos(angle / 2)} 0 {math.sin(angle / 2)} 0 {0.1 * i} 0 0 1 img_{i:03d}.jpg\n")
-    (folder / "sparse" / "0" / "cameras.txt").write_text(
-        f"1 SIMPLE_RADIAL {width} {height} {0.8 * width} {width / 2} {height / 2} -0.05\n"
+    write_text(
+        folder / "sparse" / "0" / "cameras.txt",
+        f"1 SIMPLE_RADIAL {width} {height} {0.8 * width} {width / 2} {height / 2} -0.05\n",
     )
-    (folder / "sparse" / "0" / "images.txt").write_text("\n".join(lines) + "\n")
+    write_text(folder / "sparse" / "0" / "images.txt", "\n".join(lines) + "\n")
 
 
 def make_step(config: dict):
@@ -162,7 +163,7 @@ def result_rows(rates: dict[str, list[float]]) -> list[dict]:
 def write_outputs(meta: dict, rows: list[dict], out: Path) -> None:
     """``real_loading.{json,md}`` in ``out``; the table is also printed."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "real_loading.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
+    write_json(out / "real_loading.json", {"meta": meta, "results": rows})
     load_average = meta["load_average_at_start"]
     lines = [
         f"Training steps/s, {meta['batch']}, fp32 CPU, {meta['threads']} torch thread(s), data.workers "
@@ -176,7 +177,7 @@ def write_outputs(meta: dict, rows: list[dict], out: Path) -> None:
         "|---|---|---|",
     ]
     lines += [f"| {r['data']} | {r['steps_per_s']:.2f} | {r['step_time_ratio_to_synthetic']:.2f} |" for r in rows]
-    (out / "real_loading.md").write_text("\n".join(lines) + "\n")
+    write_text(out / "real_loading.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -14,7 +14,6 @@ Writes benchmarks/results/render_speed.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from hrope.nvs.atomic import write_json, write_text
 from hrope.nvs.data import SyntheticDataset, collate_scenes, make_scene
 from hrope.nvs.data.synthetic import scene_setup
 from hrope.nvs.data.synthetic.render import render
@@ -86,7 +86,7 @@ def batch_row(reps: int) -> dict:
 def write_outputs(info: dict) -> None:
     """``render_speed.json`` and ``render_speed.md`` in RESULTS; the table is also printed."""
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "render_speed.json").write_text(json.dumps(info, indent=2) + "\n")
+    write_json(RESULTS / "render_speed.json", info, newline=True)
     lines = [
         "# Synthetic data speed",
         "",
@@ -102,7 +102,7 @@ def write_outputs(info: dict) -> None:
     ]
     rows = info["rows"]
     lines += [f"| {r['what']} | {r['quads'] if r['quads'] is not None else '-'} | {r['seconds']:.3f} |" for r in rows]
-    (RESULTS / "render_speed.md").write_text("\n".join(lines) + "\n")
+    write_text(RESULTS / "render_speed.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import platform
 import statistics
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from hrope.nvs.atomic import write_json, write_text
 from hrope.nvs.data.batch import collate_scenes
 from hrope.nvs.data.synthetic import make_scene
 from hrope.nvs.config import resolve
@@ -107,7 +107,7 @@ def write_outputs(meta: dict, rows: list[dict], out: Path) -> None:
     device = torch.device(meta["device"])
     out.mkdir(parents=True, exist_ok=True)
     stem = "train_throughput" + ("" if device.type == "cpu" else f"_{device.type}")
-    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
+    write_json(out / f"{stem}.json", {"meta": meta, "results": rows})
     lines = [
         f"Training throughput, `tiny` preset (64x64, patch 8, d 128, 4 layers), batch {meta['batch']}, "
         f"fp32 {meta['device']}, {meta['threads']} thread(s), median of {meta['rounds']} interleaved rounds of "
@@ -123,7 +123,7 @@ def write_outputs(meta: dict, rows: list[dict], out: Path) -> None:
             f"| {r['encoding']} | {r['steps_per_s']:.2f} | {r['samples_per_s']:.1f} | "
             f"{r['ratio_to_none']:.2f} | {r['parameters']:,} |"
         )
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    write_text(out / f"{stem}.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

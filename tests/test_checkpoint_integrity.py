@@ -175,11 +175,12 @@ def test_a_failed_write_leaves_the_previous_checkpoint(run_copy, monkeypatch):
 
 
 def test_a_stray_temporary_file_is_never_a_checkpoint(run_copy, tmp_path):
-    (run_copy / (CHECKPOINT_NAME + ".tmp")).write_bytes(b"half a checkpoint")
+    (run_copy / (CHECKPOINT_NAME + ".tmp")).write_bytes(b"half a checkpoint")  # an older version's name
+    (run_copy / f".{CHECKPOINT_NAME}.0123abcd.tmp").write_bytes(b"half a checkpoint")
     config = small_config(encoding="prope")
     config["train"]["out"] = str(run_copy)
-    assert train(config, stop_at=3, progress=False).step == 3  # resumed from step 2, not from the .tmp
-    assert not (run_copy / (CHECKPOINT_NAME + ".tmp")).exists()  # replaced by the next write
+    assert train(config, stop_at=3, progress=False).step == 3  # resumed from step 2, not from a .tmp
+    assert not (run_copy / f".{CHECKPOINT_NAME}.0123abcd.tmp").exists()  # removed when the folder is taken
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     (fresh / (CHECKPOINT_NAME + ".tmp")).write_bytes(b"half a checkpoint")

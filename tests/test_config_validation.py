@@ -84,6 +84,7 @@ RESOLVED_DEFAULTS = {
         "parameter_lr_scale": 1.0,
         "threads": 0,
         "max_nonfinite_steps": 20,
+        "dist_timeout": 600,
         "init_from": None,
     },
     "eval": {"num_scenes": 16, "batch_size": 4, "lpips_weights": None, "num_grid_scenes": 4},

@@ -32,6 +32,8 @@ LAYERS = {
     "hrope": 6,
     "hrope.integrations.": 7,
     "hrope.nvs.plane_fitting": 9,
+    "hrope.nvs.atomic": 9,
+    "hrope.nvs.folder_lock": 10,
     "hrope.nvs.config.": 10,
     "hrope.nvs.metrics": 10,
     "hrope.nvs.transfer": 10,

@@ -1,7 +1,8 @@
 """The novel-view-synthesis toolkit on top of the encoding library (``pip install 'hrope[nvs]'``).
 
 Modules, each importing only the ones listed before it (and the library, :mod:`hrope`):
-``config`` (run configs), ``metrics``, ``data`` (scenes, synthetic generator, real-data loaders),
+``atomic`` (files written whole), ``folder_lock`` (one process per run folder), ``config`` (run configs),
+``metrics``, ``data`` (scenes, synthetic generator, real-data loaders),
 ``plane_fitting`` (per-patch planes fitted to depth), ``sources`` (per-patch parameter sources),
 ``model`` (LVSM), ``build_data`` (the datasets of a run config), ``checkpoints``, ``distributed``,
 ``train_step`` (one training step), ``train`` (the loop),

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 
 import torch
@@ -22,6 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from .atomic import atomic_path
 from .config import ConfigError, resolve
 from ..errors import InputError
 from .model import LVSM, ModelError, build_model
@@ -113,15 +113,8 @@ def save_checkpoint(
     if torch.cuda.is_initialized():  # only a process that used CUDA; its current device only
         tensors["rng.cuda"] = torch.cuda.get_rng_state()
     metadata["checksum"] = checksum(tensors, metadata)
-    temporary = path.with_name(path.name + ".tmp")
-    try:
+    with atomic_path(path) as temporary:  # fsynced before it replaces the previous checkpoint
         save_file(tensors, str(temporary), metadata=metadata)
-        with open(temporary, "rb") as handle:  # on disk before it replaces the previous checkpoint
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
     return path
 
 

@@ -5,10 +5,10 @@ of every setting (docs/config.md), both read from the schema (:data:`hrope.nvs.c
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import yaml
 
+from .atomic import write_text
 from .config import SETTINGS, SHORTCUTS, SOURCE_OPTIONS, PredictorOptions, Setting, settings_of
 from .data.synthetic import SyntheticConfig
 
@@ -117,4 +117,4 @@ def config_reference() -> str:
 
 
 if __name__ == "__main__":
-    Path(REFERENCE_PATH).write_text(config_reference())
+    write_text(REFERENCE_PATH, config_reference())

@@ -22,7 +22,6 @@ this process).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import multiprocessing
 import os
@@ -31,6 +30,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .atomic import write_json, write_text
 from .build_data import build_dataset, collate
 from .config import resolve
 from .demo_figures import save_comparison, save_results_bar
@@ -289,10 +289,8 @@ def main(argv: list[str] | None = None) -> None:
     elapsed = time.perf_counter() - start
     normals_of = _figures(out, outputs, results, args.steps)
     text = _report(args.steps, elapsed, outputs[0]["device"], results, normals_of, jobs)
-    (out / "results.md").write_text(text)
-    (out / "results.json").write_text(
-        json.dumps({"steps": args.steps, "seconds": elapsed, "jobs": jobs, "results": results}, indent=2)
-    )
+    write_text(out / "results.md", text)
+    write_json(out / "results.json", {"steps": args.steps, "seconds": elapsed, "jobs": jobs, "results": results})
     print(text)
 
 

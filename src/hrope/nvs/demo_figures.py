@@ -7,12 +7,12 @@ Both are drawn with matplotlib (Agg, its bundled font: nothing is fetched) and w
 
 from __future__ import annotations
 
-import os
 import textwrap
 from pathlib import Path
 
 from torch import Tensor
 
+from .atomic import save_figure
 from .metrics import ST_LPIPS_NAME
 
 __all__ = ["save_comparison", "save_results_bar", "BAR_METRICS"]
@@ -35,15 +35,6 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def _save(figure, path: str | Path, dpi: int) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    figure.savefig(temporary, dpi=dpi, format="png")
-    os.replace(temporary, path)
-    return path
 
 
 def save_comparison(rows: list[list[Tensor]], labels: list[str], path: str | Path, cell_inches: float = 2.0) -> Path:
@@ -72,7 +63,7 @@ def save_comparison(rows: list[list[Tensor]], labels: list[str], path: str | Pat
     height = cell_inches * len(rows) + title
     figure.subplots_adjust(left=0.005, right=0.995, bottom=0.005, top=1 - (title + 0.05) / height)
     try:
-        return _save(figure, path, dpi=100)
+        return save_figure(figure, path, dpi=100)
     finally:
         plt.close(figure)
 
@@ -114,6 +105,6 @@ def save_results_bar(results: list[dict], path: str | Path, title: str = "") -> 
         figure.suptitle(title, fontsize=10)
     figure.tight_layout()
     try:
-        return _save(figure, path, dpi=120)
+        return save_figure(figure, path, dpi=120)
     finally:
         plt.close(figure)

@@ -17,7 +17,6 @@ Outputs in ``out`` (default: ``<run folder>/eval``): ``results.json``, ``results
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import NamedTuple
 from itertools import islice
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from .atomic import write_json, write_text
 from .build_data import build_dataset, collate
 from .checkpoints import load_model, run_folder
 from .config import save_config, update_config
@@ -256,8 +256,8 @@ def evaluate(
         results["planes"] = planes
         table += "\nPredicted planes (neutral: the planes a zero head output decodes to):\n\n" + planes_table(planes)
     save_config(config, out)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    (out / "results.md").write_text(table)
+    write_json(out / "results.json", results)
+    write_text(out / "results.md", table)
     if rows:
         save_image_grid(rows, out / "grid.png")
     return results

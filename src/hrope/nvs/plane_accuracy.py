@@ -37,6 +37,7 @@ from torch import Tensor
 
 from ..cameras import Cameras
 from ..planes import Planes
+from .atomic import append_line
 from .sources import fold_heads, unfold_heads
 
 __all__ = [
@@ -177,15 +178,16 @@ def plane_accuracy(parameters: list[dict[str, Tensor]], batch, model) -> dict | 
 
 def append_log(path: str | Path, step: int, accuracy: dict) -> None:
     """Append ``{"step": step, **accuracy}`` as one JSON line to ``path``."""
-    with open(path, "a") as file:
-        file.write(json.dumps({"step": step, **accuracy}) + "\n")
+    append_line(path, json.dumps({"step": step, **accuracy}))
 
 
 def read_log(path: str | Path) -> list[dict]:
     """The records of a :func:`append_log` file by step; a step logged twice (a run resumed from
-    an earlier checkpoint logs it again) keeps its last record."""
+    an earlier checkpoint logs it again) keeps its last record; a last line without its newline (the
+    writer was killed during it) is left out."""
     records = {}
-    for line in Path(path).read_text().splitlines():
+    lines = Path(path).read_text().split("\n")[:-1]  # a killed writer's last line has no newline
+    for line in lines:
         if line.strip():
             record = json.loads(line)
             records[record["step"]] = record

@@ -9,8 +9,9 @@ Public API::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from .atomic import save_figure, write_json, write_text
 
 __all__ = ["METRICS", "METRIC_LABELS", "markdown", "write_results"]
 
@@ -85,7 +86,7 @@ def _plot_metrics(results: list[dict], path: Path) -> Path:
     axes[0][0].legend(fontsize=8)
     figure.suptitle(f"protocol: {results[0]['protocol']}")
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    save_figure(figure, path, dpi=120)
     plt.close(figure)
     return path
 
@@ -109,7 +110,7 @@ def _plot_tradeoff(results: list[dict], path: Path) -> Path:
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    save_figure(figure, path, dpi=120)
     plt.close(figure)
     return path
 
@@ -123,8 +124,8 @@ def write_results(results: list[dict], out) -> dict[str, Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "results.json", "markdown": out / "results.md"}
-    paths["json"].write_text(json.dumps(results, indent=2))
-    paths["markdown"].write_text(markdown(results))
+    write_json(paths["json"], results)
+    write_text(paths["markdown"], markdown(results))
     if len(results[0]["points"]) > 1:
         paths["metrics_plot"] = _plot_metrics(results, out / "metrics.png")
     if _has_lpips(results):

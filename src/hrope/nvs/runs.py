@@ -15,6 +15,7 @@ import json
 import subprocess
 from pathlib import Path
 
+from .atomic import append_line
 from .config import SETTINGS
 from .model import ModelConfig
 
@@ -93,7 +94,6 @@ def config_hash(config: dict) -> str:
 
 
 def append_segment(out: Path, record: dict) -> None:
-    """One JSON line per training segment in ``out/segments.jsonl``."""
+    """One JSON line per training segment in ``out/segments.jsonl`` (:func:`hrope.nvs.atomic.append_line`)."""
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / SEGMENTS_NAME, "a") as handle:
-        handle.write(json.dumps(record) + "\n")
+    append_line(out / SEGMENTS_NAME, json.dumps(record))

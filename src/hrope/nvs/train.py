@@ -29,11 +29,13 @@ train ...``. Each rank draws its own batch; gradients are averaged; rank 0 write
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,11 +48,20 @@ from torch import Tensor, nn
 
 from .. import __version__
 from ..errors import InputError
-from .checkpoints import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from .checkpoints import CHECKPOINT_NAME, CheckpointError, load_checkpoint, save_checkpoint
 from .config import ConfigError, check_config, save_config
 from .data.rng import stream_seed
 from .build_data import build_dataset, collate
-from .distributed import DistContext, any_rank, setup_distributed
+from .distributed import (
+    DistContext,
+    RankFailedError,
+    any_rank,
+    from_main,
+    is_communication_error,
+    publish_failure,
+    setup_distributed,
+)
+from .folder_lock import FolderInUseError, FolderLock
 from .model import LVSM, build_model, count_parameters
 from .plane_accuracy import GROUPS, LOG_NAME, METRICS, append_log, plane_accuracy
 from .runs import append_segment, code_provenance, config_hash, resume_differences
@@ -326,10 +337,11 @@ class Trainer:
             save_checkpoint(self.checkpoint, self.model, self.optimizer, step, self.origin.config, state)
         self.saved = step
 
-    def run(self, dataset=None, progress: bool = True) -> TrainResult:
+    def run(self, dataset=None, progress: bool = True, sigterm: _Sigterm | None = None) -> TrainResult:
         """Set up (:meth:`setup`) and train to ``end``: a checkpoint every ``train.checkpoint_every``
         steps and at the end; on SIGTERM (on any rank) after the current step; the segment is recorded
-        whatever happens once set up."""
+        whatever happens once set up. ``sigterm``: an entered :class:`_Sigterm` of the caller (else
+        SIGTERM is caught while the loop runs)."""
         if self.start >= self.end:
             logger.info(
                 "%s is already at step %d (train.steps %d); nothing to train",
@@ -340,7 +352,7 @@ class Trainer:
             return self.result("already trained")
         self.setup(dataset, progress)
         try:
-            with _Sigterm() as sigterm:
+            with nullcontext(sigterm) if sigterm is not None else _Sigterm() as sigterm:
                 for step in self.bar:
                     self.step(step)
                     if self.reached % self.opts["checkpoint_every"] == 0:
@@ -399,20 +411,78 @@ class Trainer:
         return TrainResult(self.model, self.reached, self.skipped, self.loss_value, self.out, outcome)
 
 
+@contextmanager
+def _locked_run_folder(out: Path, ctx: DistContext) -> Iterator[None]:
+    """Rank 0 holds ``out``'s :class:`FolderLock` while the block runs; when another process holds
+    it, every rank raises the same :class:`FolderInUseError` (rank 0's message)."""
+    lock, refusal = FolderLock(out, "train.out"), None
+    if ctx.is_main:
+        try:
+            lock.acquire()
+        except FolderInUseError as error:
+            refusal = str(error)
+    refusal = from_main(refusal, ctx)
+    if refusal is not None:
+        raise FolderInUseError(refusal)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _first_sentence(error: Exception) -> str:
+    """The first sentence of ``error``'s message, without a leading ``[source:line]`` (gloo's)."""
+    line = re.sub(r"^\[[^\]]*\]\s*", "", str(error).strip().split("\n")[0])
+    return re.split(r"(?<=\.)\s", line)[0][:200] or type(error).__name__
+
+
+def _fail_together(error: Exception, ctx: DistContext, checkpoint: Path) -> None:
+    """Under DDP: publish this rank's failure (:func:`hrope.nvs.distributed.publish_failure`); a
+    collective that failed because another rank failed or cannot be reached becomes a
+    :class:`RankFailedError` naming that rank's error and the last checkpoint (any other error
+    is left to propagate)."""
+    first = publish_failure(error, ctx)
+    if not is_communication_error(error):
+        return
+    try:
+        last = f"last checkpoint: step {load_checkpoint(checkpoint)['step']} in {checkpoint}"
+    except CheckpointError:
+        last = "no checkpoint was written"
+    if first is not None and not first.startswith(f"rank {ctx.rank}: "):
+        raise RankFailedError(f"{first}; rank {ctx.rank} stopped too ({last})") from error
+    reason = _first_sentence(error)
+    raise RankFailedError(
+        f"rank {ctx.rank} lost contact with the other ranks: one was killed (SIGKILL, out of memory) or did not "
+        f"answer within train.dist_timeout = {ctx.timeout:g} s ({reason}); {last}"
+    ) from error
+
+
 def train(config: dict, *, stop_at: int | None = None, progress: bool = True, dataset=None) -> TrainResult:
     """Train (resuming from ``out/checkpoint.safetensors`` when present; docs/model.md, "Training").
 
     ``stop_at``: save a checkpoint and return after this step (as if the run were killed there).
     ``dataset``: the training dataset to use instead of ``build_dataset(config, "train")`` (e.g.
     one :class:`CachedDataset` shared by several runs, so its scenes are rendered once).
+    The run folder is locked for the run (:class:`hrope.nvs.folder_lock.FolderLock`, rank 0):
+    another process training into it raises :class:`FolderInUseError` naming the holder.
+    Under torchrun a rank whose peers failed raises :class:`RankFailedError`
+    (:mod:`hrope.nvs.distributed`, "Failure").
     Raises :class:`ConfigError` for a resume under a config that changes the trajectory and
     :class:`TrainingError` after ``train.max_nonfinite_steps`` consecutive non-finite steps; on
     SIGTERM it saves the step reached and returns (``outcome == "terminated"``).
     """
     check_config(config)  # also a config dict edited after resolve()
-    ctx = setup_distributed(config["train"]["device"])
-    try:
-        return Trainer(config, ctx, stop_at).run(dataset, progress)
-    finally:
-        if ctx.owns_group:
-            dist.destroy_process_group()
+    ctx = setup_distributed(config["train"]["device"], config["train"]["dist_timeout"])
+    # SIGTERM is caught from here to the end, so that torchrun, stopping the other ranks after one
+    # failed, never kills this rank before it has raised its error
+    with _Sigterm() as sigterm:
+        try:
+            with _locked_run_folder(Path(config["train"]["out"]), ctx):
+                return Trainer(config, ctx, stop_at).run(dataset, progress, sigterm)
+        except Exception as error:
+            if ctx.world_size > 1:
+                _fail_together(error, ctx, Path(config["train"]["out"]) / CHECKPOINT_NAME)
+            raise
+        finally:
+            if ctx.owns_group:
+                dist.destroy_process_group()

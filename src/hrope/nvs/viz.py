@@ -25,6 +25,7 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..planes import Planes
+from .atomic import save_figure, save_image
 from .build_data import build_dataset, collate
 from .checkpoints import load_model, run_folder
 from .config import Field
@@ -61,7 +62,7 @@ def save_image_grid(rows: list[list[Tensor]], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     array = (canvas.permute(1, 2, 0).numpy() * 255 + 0.5).astype(np.uint8)
-    Image.fromarray(array).save(path)
+    save_image(Image.fromarray(array), path)
     return path
 
 
@@ -178,7 +179,6 @@ def plot_plane_accuracy(run: str | Path, out: str | Path | None = None) -> Path:
     figure.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=8)
     figure.tight_layout(rect=(0, 0.08, 1, 1))
     path = Path(out) if out is not None else run_folder(run) / "viz"
-    path.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path / "plane_accuracy.png", dpi=120)
+    save_figure(figure, path / "plane_accuracy.png", dpi=120)
     plt.close(figure)
     return path / "plane_accuracy.png"

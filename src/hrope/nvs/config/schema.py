@@ -310,6 +310,9 @@ class TrainSettings:
     max_nonfinite_steps: int = setting(
         20, _COUNT, "stop with an error after this many consecutive non-finite steps", resume=True
     )
+    dist_timeout: int = setting(
+        600, _COUNT, "torchrun: seconds a rank waits for the others at a collective, then stops", resume=True
+    )
     init_from: str | None = setting(
         None, _OPTIONAL_PATH, "fine-tune: start from this checkpoint's model weights (fresh optimizer, step 0)"
     )

@@ -27,6 +27,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from ...atomic import save_image, write_text
 from ..scene import Scene, SceneError
 from .colmap import _check_count, _floats, _integer, _read_model_file
 from .frames import Frame
@@ -179,7 +180,7 @@ def write_colmap_model(scene: Scene, folder: str | Path, points_per_view: int = 
         K, E = scene.cameras.K[0, v].double(), scene.cameras.world_to_cam[0, v].double()
         name = f"{v:03d}.png"
         array = (scene.images[v].permute(1, 2, 0) * 255).round().byte().numpy()
-        Image.fromarray(array).save(folder / "images" / name)
+        save_image(Image.fromarray(array), folder / "images" / name)
         cameras.append(f"{v + 1} PINHOLE {W} {H} {K[0, 0]:.17g} {K[1, 1]:.17g} {K[0, 2]:.17g} {K[1, 2]:.17g}")
         q, t = rotation_to_quaternion(E[:3, :3]).tolist(), E[:3, 3].tolist()
         images.append(f"{v + 1} {' '.join(f'{x:.17g}' for x in q + t)} {v + 1} {name}")
@@ -198,7 +199,7 @@ def write_colmap_model(scene: Scene, folder: str | Path, points_per_view: int = 
             )
             track.append(f"{centre[k, 0]:g} {centre[k, 1]:g} {point_id}")
         images.append(" ".join(track))
-    (model / "cameras.txt").write_text(f"# Number of cameras: {len(cameras)}\n" + "\n".join(cameras) + "\n")
-    (model / "images.txt").write_text(f"# Number of images: {scene.num_views}\n" + "\n".join(images) + "\n")
-    (model / "points3D.txt").write_text(f"# Number of points: {len(points)}\n" + "\n".join(points) + "\n")
+    write_text(model / "cameras.txt", f"# Number of cameras: {len(cameras)}\n" + "\n".join(cameras) + "\n")
+    write_text(model / "images.txt", f"# Number of images: {scene.num_views}\n" + "\n".join(images) + "\n")
+    write_text(model / "points3D.txt", f"# Number of points: {len(points)}\n" + "\n".join(points) + "\n")
     return folder

@@ -28,12 +28,12 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from torch import Tensor
 
+from ...atomic import atomic_open
 
 __all__ = ["FORMAT_VERSION", "default_cache_dir", "ImageCache"]
 
@@ -106,17 +106,11 @@ class ImageCache:
         """Store ``pixels`` (uint8 ``(H, W, 3)``) decoded from a ``source_size`` image, atomically."""
         if not self.writable:
             return
-        path, temporary = self.path(key), None
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-            entry = np.zeros((), dtype=[("source_size", np.int64, (2,)), ("image", np.uint8, pixels.shape)])
-            entry["source_size"], entry["image"] = source_size, pixels
-            with os.fdopen(handle, "wb") as file:
+        entry = np.zeros((), dtype=[("source_size", np.int64, (2,)), ("image", np.uint8, pixels.shape)])
+        entry["source_size"], entry["image"] = source_size, pixels
+        try:  # not fsynced: an entry a power loss empties reads as a miss
+            with atomic_open(self.path(key), "wb", durable=False) as file:
                 np.save(file, entry, allow_pickle=False)
-            os.replace(temporary, path)
         except OSError as error:
-            if temporary is not None:
-                Path(temporary).unlink(missing_ok=True)
             self.writable = False
             logger.warning("image cache %s cannot be written (%s); views are decoded every time", self.folder, error)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ...atomic import save_image
 from ..scene import Scene
 from .generator import KINDS, make_scene
 
@@ -53,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         make_scene(args.seed, i, kind, args.views, tuple(args.size)) for kind in kinds for i in range(args.scenes)
     ]
     grid = (preview_grid(scenes).clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()
-    Image.fromarray(grid).save(args.out)
+    save_image(Image.fromarray(grid), args.out)
     print(f"wrote {args.out}: {len(scenes)} scenes x {args.views} views (rows: images, inverse depth, normals)")
 
 

@@ -1,0 +1,157 @@
+"""Files written whole: every output of the toolkit and the benchmarks goes through this module.
+
+A file is written to a temporary file in its own folder (``.<name>.<random>.tmp``: unique, so
+concurrent writers never share one), flushed and fsynced, then moved over ``path`` with
+``os.replace`` (atomic on POSIX and Windows within one file system), and the folder is fsynced
+(POSIX; best effort). A reader therefore sees the previous file or the new one, never a part of
+either; a write that fails or is interrupted (an exception, SIGTERM, a full disk) removes its
+temporary file and leaves the previous file as it was. A process killed outright (SIGKILL, power
+loss) can leave a ``.tmp`` file behind, never a partial ``path``.
+
+:func:`atomic_path` is the general form (the caller writes the temporary path it is given, e.g.
+safetensors' ``save_file``); :func:`atomic_open` yields an open file; :func:`write_text`,
+:func:`write_json`, :func:`write_bytes`, :func:`save_figure` (matplotlib) and :func:`save_image`
+(PIL) cover the common outputs. :func:`append_line` adds one line to a log (``segments.jsonl``,
+``plane_accuracy.jsonl``) in a single ``write`` call on an ``O_APPEND`` descriptor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = [
+    "atomic_path",
+    "atomic_open",
+    "write_text",
+    "write_json",
+    "write_bytes",
+    "save_figure",
+    "save_image",
+    "append_line",
+    "is_temporary",
+]
+
+_TEMPORARY = re.compile(r"\..+\.[0-9a-f]{8}\.tmp")
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a file name is one of this module's temporary files (``.<name>.<8 hex>.tmp``)."""
+    return _TEMPORARY.fullmatch(name) is not None
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (POSIX); a no-op where folders cannot be opened (Windows)."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+@contextmanager
+def atomic_path(path: str | Path, *, durable: bool = True) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` for the caller to write; on a clean exit it replaces
+    ``path`` (fsynced first when ``durable``), on any exception it is removed and ``path`` is left
+    as it was. The parent folder is created when missing."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        yield temporary
+        if durable:
+            _fsync_file(temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    if durable:
+        _fsync_folder(path.parent)
+
+
+@contextmanager
+def atomic_open(path: str | Path, mode: str = "w", *, durable: bool = True, **options: Any) -> Iterator[IO[Any]]:
+    """``open(temporary, mode, **options)`` (``mode`` ``"w"`` or ``"wb"``; text is UTF-8 unless
+    ``encoding`` is given) whose file replaces ``path`` when the block ends without an error."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_open writes a whole file: mode must be 'w' or 'wb', got {mode!r}")
+    if mode == "w":
+        options.setdefault("encoding", "utf-8")
+    with atomic_path(path, durable=durable) as temporary:
+        with open(temporary, mode, **options) as handle:
+            yield handle
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` whole."""
+    with atomic_open(path, "w") as handle:
+        handle.write(text)
+    return Path(path)
+
+
+def write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` whole."""
+    with atomic_open(path, "wb") as handle:
+        handle.write(data)
+    return Path(path)
+
+
+def write_json(path: str | Path, value: Any, *, indent: int | None = 2, newline: bool = False) -> Path:
+    """Write ``json.dumps(value, indent=indent)`` to ``path`` whole (encoded before the file is
+    touched, so a value that is not JSON-able leaves no file); ``newline`` adds a final newline."""
+    return write_text(path, json.dumps(value, indent=indent) + ("\n" if newline else ""))
+
+
+def _format(path: Path) -> str:
+    """The image format named by ``path``'s suffix (``png``, ``jpeg``, ``pdf``, ...)."""
+    suffix = path.suffix.lower().lstrip(".")
+    if not suffix:
+        raise ValueError(f"{path}: no suffix to tell the image format by")
+    return {"jpg": "jpeg", "tif": "tiff"}.get(suffix, suffix)
+
+
+def save_figure(figure: Any, path: str | Path, **options: Any) -> Path:
+    """``figure.savefig`` (a matplotlib figure) to ``path`` whole, in the format of its suffix."""
+    path = Path(path)
+    with atomic_open(path, "wb") as handle:
+        figure.savefig(handle, format=_format(path), **options)
+    return path
+
+
+def save_image(image: Any, path: str | Path, **options: Any) -> Path:
+    """``image.save`` (a PIL image) to ``path`` whole, in the format of its suffix."""
+    path = Path(path)
+    with atomic_open(path, "wb") as handle:
+        image.save(handle, format=_format(path).upper(), **options)
+    return path
+
+
+def append_line(path: str | Path, line: str) -> None:
+    """Append ``line`` plus a newline to ``path`` (created when missing) in one ``write`` on an
+    ``O_APPEND`` descriptor, then fsync: concurrent appenders never interleave within a line; a
+    process killed during the call can leave at most its own line incomplete, which readers skip."""
+    data = (line.rstrip("\n") + "\n").encode("utf-8")
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+    try:
+        view = memoryview(data)
+        while view:  # one call unless the OS writes short
+            view = view[os.write(descriptor, view) :]
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
