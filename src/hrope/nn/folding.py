@@ -31,17 +31,16 @@ def fold_rows(
     rows = [weight] if bias is None else [weight, bias[:, None]]
     folded = []
     for w in rows:
-        parts = w.view(len(matrices), heads, -1, w.shape[-1]).unbind(0)  # each (heads, head_dim, in)
-        out = []
-        for part, matrix in zip(parts, matrices, strict=True):
-            rest = part[:, tiled:].expand(B, V, *part[:, tiled:].shape)
-            if matrix is None:
-                out.append(torch.cat([part[:, :tiled].expand(B, V, *part[:, :tiled].shape), rest], 3))
-                continue
-            tiles = part[:, :tiled].reshape(heads, num_blocks, b, -1)  # (heads, num_blocks, b, in)
-            geo = (matrix.to(w.dtype)[:, :, None, None] @ tiles).flatten(3, 4)  # (B, V, heads, tiled, in)
-            out.append(torch.cat([geo, rest], 3))
-        folded.append(torch.cat(out, 2).flatten(2, 3))  # (B, V, out, in)
+        parts = w.shape[0] // len(matrices)
+        # one copy per view (written once), then the folded tiles over it
+        out = w.expand(B, V, *w.shape).clone().view(B, V, len(matrices), heads, parts // heads, w.shape[-1])
+        for index, matrix in enumerate(matrices):
+            if matrix is not None:
+                tiles = w[index * parts : (index + 1) * parts].view(heads, -1, w.shape[-1])[:, :tiled]
+                tiles = tiles.reshape(heads, num_blocks, b, -1)  # (heads, num_blocks, b, in)
+                geo = matrix.to(w.dtype)[:, :, None, None] @ tiles  # (B, V, heads, num_blocks, b, in)
+                out[:, :, index, :, :tiled] = geo.flatten(3, 4)
+        folded.append(out.flatten(2, 4))  # (B, V, out, in)
     return folded[0], (folded[1][..., 0] if bias is not None else None)
 
 
