@@ -37,9 +37,10 @@ def fold_rows(
         for index, matrix in enumerate(matrices):
             if matrix is not None:
                 tiles = w[index * parts : (index + 1) * parts].view(heads, -1, w.shape[-1])[:, :tiled]
-                tiles = tiles.reshape(heads, num_blocks, b, -1)  # (heads, num_blocks, b, in)
-                geo = matrix.to(w.dtype)[:, :, None, None] @ tiles  # (B, V, heads, num_blocks, b, in)
-                out[:, :, index, :, :tiled] = geo.flatten(3, 4)
+                columns = tiles.reshape(heads, num_blocks, b, -1).permute(2, 0, 1, 3).reshape(b, -1)
+                geo = matrix.to(w.dtype) @ columns  # (B, V, b, heads * num_blocks * in): one product per view
+                geo = geo.view(B, V, b, heads, num_blocks, -1).permute(0, 1, 3, 4, 2, 5)
+                out[:, :, index, :, :tiled] = geo.reshape(B, V, heads, tiled, -1)
         folded.append(out.flatten(2, 4))  # (B, V, out, in)
     return folded[0], (folded[1][..., 0] if bias is not None else None)
 
