@@ -80,8 +80,15 @@ class _Folded(nn.Module):
 
     def fold(self, linear: nn.Linear, matrices: list[Tensor | None], factors: Factors) -> tuple[Tensor, Tensor | None]:
         """``linear``'s per-view weights, transposed ``(B, V, in, out)``, and bias ``(B, V, out)``."""
-        weight, bias = fold_rows(linear.weight, linear.bias, matrices, self.heads, factors.num_blocks)
-        return weight.mT, bias
+        return self.fold_weight(linear.weight, linear.bias, matrices, factors)
+
+    def fold_weight(
+        self, weight: Tensor, bias: Tensor | None, matrices: list[Tensor | None], factors: Factors
+    ) -> tuple[Tensor, Tensor | None]:
+        """Per-view ``weight (out, in)`` transposed ``(B, V, in, out)`` and ``bias`` ``(B, V, out)``
+        (:func:`~.folding.fold_rows`)."""
+        folded, folded_bias = fold_rows(weight, bias, matrices, self.heads, factors.num_blocks)
+        return folded.mT, folded_bias
 
     def output(self, out: Tensor, factors: Factors | None) -> Tensor:
         """``D_i o_i`` then the output projection, D's per-view factor folded into W_o (W_o G_c):
@@ -171,13 +178,20 @@ class MultiviewAttention(_Folded):
                 cameras, grid, planes=planes, params=params, camera_tokens=camera_tokens, length=x.shape[1]
             )
         fold_qk = factors.folds and not self.qk_norm
-        folded = None
-        if factors.folds and (fold_qk or factors.transform_values):
-            view, _ = _folding(factors)
-            inverse = factors.view_inv
-            matrices = [view.mT if fold_qk else None, inverse if fold_qk else None]
-            folded = self.fold(self.qkv, [*matrices, inverse if factors.transform_values else None], factors)
-        q, k, v = self.split_heads(project(x, self.qkv.weight, self.qkv.bias, factors.tokens, folded), 3)
+        fold_v = factors.folds and factors.transform_values
+        if fold_qk:
+            view, inverse = _folding(factors)[0], factors.view_inv
+            folded = self.fold(self.qkv, [view.mT, inverse, inverse if fold_v else None], factors)
+            q, k, v = self.split_heads(project(x, self.qkv.weight, self.qkv.bias, factors.tokens, folded), 3)
+        elif fold_v:  # q and k are normalised before the encoding: plain weights; v alone folds
+            weight, bias = self.qkv.weight, self.qkv.bias
+            split = 2 * self.inner
+            q, k = self.split_heads(F.linear(x, weight[:split], None if bias is None else bias[:split]), 2)
+            v_linear = (weight[split:], None if bias is None else bias[split:])
+            v_folded = self.fold_weight(*v_linear, [factors.view_inv], factors)
+            (v,) = self.split_heads(project(x, *v_linear, factors.tokens, v_folded), 1)
+        else:
+            q, k, v = self.split_heads(self.qkv(x), 3)
         q, k = self.q_norm(q), self.k_norm(k)
         if not factors.folds:
             return self.output(factors.full.attention(q, k, v, **sdpa_kwargs), None)
