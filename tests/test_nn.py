@@ -123,10 +123,11 @@ def test_tokens_without_cameras(name, layout):
     assert relative_error(out, want) <= 1.5e-14  # measured <= 5e-15
 
 
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk_norm"])
 @pytest.mark.parametrize("query_name, key_name", [("prope", "hrope-lift"), ("hrope-lift", None), (None, "gta")])
-def test_cross_attention_equals_linear_cross_attention_linear(query_name, key_name):
+def test_cross_attention_equals_linear_cross_attention_linear(query_name, key_name, qk_norm):
     names = [n for n in (query_name, key_name) if n is not None]
-    m = module(names[0], torch.float64, cls=MultiviewCrossAttention, context_dim=48)
+    m = module(names[0], torch.float64, qk_norm, cls=MultiviewCrossAttention, context_dim=48)
     cameras = random_cameras(B, V + 2, dtype=torch.float64)
     sides = {
         "query": (query_name, [0, 1, 2], torch.randn(B, N, DIM, dtype=torch.float64)),
@@ -147,7 +148,7 @@ def test_cross_attention_equals_linear_cross_attention_linear(query_name, key_na
     out = m(x, context, query=factors["query"], key=factors["key"])
     q = m.q(x).reshape(B, -1, HEADS, m.head_dim).transpose(1, 2)
     k, v = m.kv(context).reshape(B, -1, 2, HEADS, m.head_dim).permute(2, 0, 3, 1, 4)
-    o = hrope.cross_attention(q, k, v, query=prepared["query"], key=prepared["key"])
+    o = hrope.cross_attention(m.q_norm(q), m.k_norm(k), v, query=prepared["query"], key=prepared["key"])
     want = m.out(o.transpose(1, 2).reshape(B, -1, DIM))
     assert relative_error(out, want) <= 1.5e-14  # measured <= 5e-15
 
