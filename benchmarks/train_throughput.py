@@ -37,12 +37,12 @@ from provenance import describe, provenance
 BATCH_SIZE = 4
 
 
-def step_function(encoding: str, batch):
-    """One training step of the ``tiny`` preset with ``encoding`` on ``batch`` (on its device):
-    :func:`hrope.nvs.train_step.train_step` with the default config's optimiser, schedule and loss,
-    each call the next step of the schedule."""
+def step_function(encoding: str, batch, model_options: dict | None = None):
+    """One training step of the ``tiny`` preset with ``encoding`` (and ``model_options``, other
+    keys of the model section) on ``batch`` (on its device): :func:`hrope.nvs.train_step.train_step`
+    with the default config's optimiser, schedule and loss, each call the next step of the schedule."""
     torch.manual_seed(0)
-    config = resolve({"model": {"preset": "tiny", "encoding": encoding}})
+    config = resolve({"model": {"preset": "tiny", "encoding": encoding, **(model_options or {})}})
     model = build_model(config).to(batch.images.device)
     optimizer = make_optimizer(model, config["train"])
     perceptual = perceptual_loss(config, batch.images.device)

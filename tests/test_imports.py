@@ -30,6 +30,7 @@ LAYERS = {
     "hrope.reference": 5,
     "hrope.testing": 5,
     "hrope": 6,
+    "hrope.nn.": 6,
     "hrope.integrations.": 7,
     "hrope.nvs.plane_fitting": 9,
     "hrope.nvs.atomic": 9,

@@ -353,6 +353,10 @@ class Encoding(nn.Module):
     neutral_planes: ClassVar[str | None] = None  # planes at zero learned output: "infinity" or "fronto-parallel"
     planes_in_front: ClassVar[bool] = False  # every plane must cross its patch-centre ray in front of the camera
     transform_kind: ClassVar[str | None] = None  # the ``transform`` param: "rigid" or "invertible" (any GL(4))
+    # The part of D_t shared by every token of a view (hrope.nn folds it into the projection weights):
+    # "blocks": the whole geometric block, D_t = blockdiag(G_c tiles, I, R_t); "left": a left factor of
+    # per-token blocks, D_t = blockdiag(G_c A_t tiles, I, R_t), G_c from view_factor; None: nothing.
+    per_view: ClassVar[str | None] = None
 
     @classmethod
     def takes_token_inputs(cls) -> bool:
@@ -418,6 +422,11 @@ class Encoding(nn.Module):
             and ``worldrope``.
         """
         raise NotImplementedError
+
+    def view_factor(self, cameras: Cameras) -> tuple[Tensor, Tensor]:
+        """G_c and G_c^-1 ``(B, V, b, b)`` in the geometry dtype, the per-view left factor of the
+        geometric blocks of an encoding with ``per_view == "left"`` (D_t = G_c A_t)."""
+        raise EncodingError(f"encoding {self.name!r} has no per-view left factor (per_view={self.per_view!r})")
 
     def check_inputs(self, planes: Planes | None, params: dict[str, Tensor]) -> None:
         """Clear errors for missing planes and missing or unknown per-token parameters."""

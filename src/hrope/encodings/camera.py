@@ -56,6 +56,7 @@ class PRoPE(Encoding):
     """``prope``: D_c = blockdiag(P_c tiles, RoPE), P_c = lift(K̂_c) E_c, P^-1 = E^-1 lift(K̂^-1)."""
 
     name = "prope"
+    per_view = "blocks"
 
     def prepare(
         self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None, **params: Tensor
@@ -80,6 +81,7 @@ class GTA(Encoding):
     """
 
     name = "gta"
+    per_view = "blocks"
 
     def __init__(
         self,
@@ -116,6 +118,7 @@ class CaPE(Encoding):
     """
 
     name = "cape"
+    per_view = "blocks"
     transform_values = False
 
     def prepare(

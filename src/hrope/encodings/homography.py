@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..cameras import Cameras
-from ..geometry import geometry_dtype, invert_intrinsics, lift
+from ..geometry import geometry_dtype, invert_intrinsics, invert_se3, lift
 from ..planes import MAX_INVERSE_DISTANCE, Planes, clamp_plane_vectors
 from .ablations import _check_rotations
 from .base import Encoding, EncodingError, TokenTransform, per_token_param
@@ -85,6 +85,15 @@ class HRoPELift(Encoding):
     name = "hrope-lift"
     needs_planes = True
     neutral_planes = "infinity"  # m = 0: exactly prope
+    per_view = "left"  # D_t = P_c (I - ĉ_c u_t^T): PRoPE's P_c times a per-token rank-one update
+
+    def view_factor(self, cameras: Cameras) -> tuple[Tensor, Tensor]:
+        """PRoPE's P_c = lift(K̂_c) E_c and P_c^-1 ``(B, V, 4, 4)``: D_t = P_c A_t with
+        A_t = I - ĉ_c u_t^T, ĉ_c = E_c^-1 e_4 the camera centre and u_t = E_c^T (m_t, 0)."""
+        dtype = geometry_dtype(cameras.K.dtype)
+        K = cameras.normalized_K(dtype)
+        E = cameras.world_to_cam.to(dtype)
+        return lift(K) @ E, invert_se3(E) @ lift(invert_intrinsics(K))
 
     def prepare(
         self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None, **params: Tensor

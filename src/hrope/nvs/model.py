@@ -25,6 +25,7 @@ from ..cameras import Cameras
 from ..encodings import ENCODINGS, Encoding, get_encoding
 from ..errors import InputError
 from ..geometry import patchify
+from ..nn import MultiviewAttention, factorize
 from .config import PREDICTORS, ModelSettings, check_fields, did_you_mean
 from .sources import (
     ParameterSource,
@@ -64,7 +65,9 @@ class ModelConfig(ModelSettings):
     ``*-ape``, camera frame for relative encodings), ``world`` or ``camera``. ``predictor`` is used
     only by encodings that need per-token parameters. ``transform_backend``: how the encoding's
     transforms are applied (:data:`hrope.encodings.base.BACKENDS`; ``auto`` uses the fused Triton
-    kernel on CUDA)."""
+    kernel on CUDA). ``folded_attention``: attention by :class:`hrope.nn.MultiviewAttention`, which
+    folds the encoding's per-view factor into the projection weights (same parameters and
+    outputs up to float rounding; off by default)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "model", ModelError)
@@ -176,16 +179,18 @@ class Block(nn.Module):
     prepared transform (:meth:`hrope.Encoding.prepare`). ``normed``: ``norm1(x)`` when the
     caller has already computed it."""
 
-    def __init__(self, dim: int, heads: int, mlp_ratio: float, qk_norm: bool) -> None:
+    def __init__(self, dim: int, heads: int, mlp_ratio: float, qk_norm: bool, folded: bool = False) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, bias=False)
-        self.attn = Attention(dim, heads, qk_norm)
+        self.folded = folded  # attention by hrope.nn.MultiviewAttention (same parameter names)
+        self.attn = MultiviewAttention(dim, heads, None, qk_norm=qk_norm) if folded else Attention(dim, heads, qk_norm)
         self.norm2 = nn.LayerNorm(dim, bias=False)
         hidden = int(dim * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden, bias=False), nn.GELU(), nn.Linear(hidden, dim, bias=False))
 
     def forward(self, x: Tensor, prepared, normed: Tensor | None = None) -> Tensor:
-        x = x + self.attn(self.norm1(x) if normed is None else normed, prepared)
+        h = self.norm1(x) if normed is None else normed
+        x = x + (self.attn(h, factors=prepared) if self.folded else self.attn(h, prepared))
         return x + self.mlp(self.norm2(x))
 
 
@@ -212,7 +217,9 @@ class LVSM(nn.Module):
         self.context_tokenizer = nn.Linear(9 * p2, c.dim, bias=False)
         self.target_tokenizer = nn.Linear(6 * p2, c.dim, bias=False)
         self.input_norm = nn.LayerNorm(c.dim, bias=False)
-        self.blocks = nn.ModuleList(Block(c.dim, c.heads, c.mlp_ratio, c.qk_norm) for _ in range(c.layers))
+        self.blocks = nn.ModuleList(
+            Block(c.dim, c.heads, c.mlp_ratio, c.qk_norm, c.folded_attention) for _ in range(c.layers)
+        )
         self.output_norm = nn.LayerNorm(c.dim, bias=False)
         self.head = nn.Linear(c.dim, 3 * p2, bias=False)
         self._init_weights()
@@ -234,6 +241,11 @@ class LVSM(nn.Module):
                 depth_init=c.depth_init,
                 attention_heads=c.heads,
             )
+            if c.folded_attention and self.source.attention_heads > 1:
+                raise ModelError(
+                    "model.folded_attention folds one transform per view into the weights; "
+                    "predictor_options.per_head prepares one per head: turn one of them off"
+                )
             if c.is_ape and self.source.attention_heads > 1:
                 raise ModelError(
                     f"predictor_options.per_head needs a relative encoding; {c.encoding!r} adds its "
@@ -354,9 +366,10 @@ class LVSM(nn.Module):
             values = {name: fold_heads(value) for name, value in values.items()}
             cameras = cameras.repeat_batch(heads)
         planes, params = encoding_inputs(values)
-        prepared = self.encoding.prepare(
-            cameras, self.config.grid, self.config.dim // self.config.heads, planes=planes, **params
-        )
+        head_dim = self.config.dim // self.config.heads
+        if self.config.folded_attention:  # per-head sources are refused at construction
+            return factorize(self.encoding, cameras, self.config.grid, head_dim, planes=planes, params=params)
+        prepared = self.encoding.prepare(cameras, self.config.grid, head_dim, planes=planes, **params)
         return prepared if heads == 1 else HeadsInBatch(prepared, heads)
 
 

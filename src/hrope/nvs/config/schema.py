@@ -124,6 +124,14 @@ class ModelSettings:
         shown=False,
         resume=True,
     )
+    folded_attention: bool = setting(
+        False,
+        Field("bool"),
+        "attention by hrope.nn.MultiviewAttention: per-view camera factors folded into the projection "
+        "weights (same weights and outputs up to float rounding)",
+        shown=False,
+        resume=True,
+    )
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,264 @@
+"""Folded attention modules (hrope.nn) against RoPE and plain SDPA, and what they do to training.
+
+    python benchmarks/folded_attention.py [--reps 9] [--rounds 5] [--threads 2] [--train-threads 1]
+
+Three parts, each measured in one run with interleaved repetitions (ratios are medians over
+repetitions of the ratio measured within a repetition):
+
+* ``modules``: one attention layer ``(B=1, L=V*grid^2, dim=heads*head_dim) -> same``, default
+  2 views x 32x32 patches, 8 heads of 64: a plain module (Linear, SDPA, Linear), and
+  :class:`hrope.nn.MultiviewAttention` with ``rope2d``, ``prope``, ``gta`` and ``hrope-lift``
+  (planes as attention_overhead.py draws them), all with the same weights; each call computes the
+  module's factors (one layer of a model). ``unfolded-prope`` / ``unfolded-hrope-lift``: the same
+  weights around ``hrope.multiview_attention`` (the per-call path). Forward (no grad) and
+  forward+backward (gradients to x and the weights).
+* ``per_call``: benchmarks/attention_overhead.py's rows (imported) for ``prope``, ``hrope-lift``
+  and the official PRoPE algorithm (``prope-einsum``), per call and prepared once, vs SDPA.
+* ``training``: steps/s of the ``tiny`` preset (benchmarks/train_throughput.py's step, imported)
+  for ``none``, ``rope2d``, ``prope``, ``hrope-lift`` (learned planes) with ``model.folded_attention``
+  off and on, ratios to ``none`` (off).
+
+Writes benchmarks/results/folded_attention.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import attention_overhead
+import hrope
+import hrope.nn
+from hrope.nvs.data.batch import collate_scenes
+from hrope.nvs.data.synthetic import make_scene
+from provenance import describe, provenance
+from train_throughput import BATCH_SIZE, step_function
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODULE_ENCODINGS = ("rope2d", "prope", "gta", "hrope-lift")
+UNFOLDED = ("prope", "hrope-lift")
+PER_CALL = ["prope", "hrope-lift", attention_overhead.PEER]
+TRAINING = [("none", False), ("rope2d", False), ("none", True), ("prope", False), ("prope", True)]
+TRAINING += [("hrope-lift", False), ("hrope-lift", True)]
+
+
+class PlainAttention(nn.Module):
+    """Linear -> SDPA -> Linear (the baseline module); ``qkv`` and ``out`` as MultiviewAttention's."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, L, D = x.shape
+        q, k, v = self.qkv(x).reshape(B, L, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        out = F.scaled_dot_product_attention(q, k, v)
+        return self.out(out.transpose(1, 2).reshape(B, L, D))
+
+
+def module_rows(args: argparse.Namespace) -> tuple[dict[str, Callable], torch.Tensor]:
+    """Every module row as a function of x, and x ``(1, L, dim)``; same weights everywhere."""
+    gen = torch.Generator().manual_seed(0)
+    grid = (args.grid, args.grid)
+    cameras = attention_overhead.make_cameras(1, args.views, (8 * args.grid, 8 * args.grid), gen)
+    dim = args.heads * args.head_dim
+    x = torch.randn(1, args.views * args.grid**2, dim, generator=gen)
+    torch.manual_seed(0)
+    plain = PlainAttention(dim, args.heads)
+    rows: dict[str, Callable] = {"plain": plain}
+    for name in MODULE_ENCODINGS:
+        geometry = attention_overhead.example_inputs(name, cameras, grid, gen)
+        module = hrope.nn.MultiviewAttention(dim, args.heads, name)
+        module.load_state_dict(plain.state_dict())
+        rows[name] = lambda x, m=module, g=geometry: m(x, cameras, grid, **g)
+        if name in UNFOLDED:
+            rows[f"unfolded-{name}"] = lambda x, m=module, g=geometry: unfolded(m, x, cameras, grid, g)
+    return rows, x
+
+
+def unfolded(module: hrope.nn.MultiviewAttention, x: torch.Tensor, cameras, grid, geometry: dict) -> torch.Tensor:
+    """The module's weights around hrope.multiview_attention (the per-call path)."""
+    B, L, D = x.shape
+    q, k, v = module.qkv(x).reshape(B, L, 3, module.heads, module.head_dim).permute(2, 0, 3, 1, 4)
+    out = hrope.multiview_attention(q, k, v, encoding=module.encoding, cameras=cameras, grid=grid, **geometry)
+    return module.out(out.transpose(1, 2).reshape(B, L, D))
+
+
+def timed(run: Callable[[], object]) -> tuple[float, float]:
+    """Wall-clock and process CPU seconds of ``run()``. The CPU time of a 1-thread run is the
+    steadier measure on a shared machine (it does not count time spent waiting for a core)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    run()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def time_call(fn: Callable, x: torch.Tensor, backward: bool) -> tuple[float, float]:
+    """Wall and CPU seconds of one call (forward under no_grad, or forward + backward of the output's sum)."""
+
+    def run() -> None:
+        if backward:
+            fn(x.detach().requires_grad_()).sum().backward()
+        else:
+            with torch.no_grad():
+                fn(x)
+
+    return timed(run)
+
+
+def interleaved(rows: dict[str, Callable[[], tuple[float, float]]], reps: int, bases: tuple[str, ...]) -> dict:
+    """``reps`` rounds of every row (after one warm-up each). For wall (``ms``, ``ratio_to_<base>``)
+    and CPU time (``cpu_ms``, ``cpu_ratio_to_<base>``): every row's median milliseconds and, per base
+    row, the median over rounds of the row's time / the base's time in the same round."""
+    for run in rows.values():
+        run()
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in rows}
+    for _ in range(reps):
+        for name, run in rows.items():
+            times[name].append(run())
+    out: dict = {"seconds_per_repetition": times}
+    for index, prefix in ((0, ""), (1, "cpu_")):
+        series = {n: [t[index] for t in ts] for n, ts in times.items()}
+        out[f"{prefix}ms"] = {n: 1e3 * statistics.median(t) for n, t in series.items()}
+        for base in bases:
+            out[f"{prefix}ratio_to_{base}"] = {
+                n: statistics.median(a / b for a, b in zip(t, series[base], strict=True)) for n, t in series.items()
+            }
+    return out
+
+
+def measure_modules(args: argparse.Namespace) -> dict:
+    rows, x = module_rows(args)
+    results = {}
+    for mode, backward in attention_overhead.MODES:
+        timed = {name: (lambda fn=fn, b=backward: time_call(fn, x, b)) for name, fn in rows.items()}
+        results[mode] = interleaved(timed, args.reps, ("plain", "rope2d"))
+    return results
+
+
+def measure_per_call(args: argparse.Namespace) -> dict:
+    """attention_overhead.py's rows per call and prepared once (its own timing loop)."""
+    results = {}
+    for prepared_once in (False, True):
+        argv = ["--reps", str(args.reps), "--views", str(args.views), "--grid", str(args.grid)]
+        argv += ["--heads", str(args.heads), "--head-dim", str(args.head_dim), "--encodings", *PER_CALL]
+        ao_args = attention_overhead.parse_args(argv + (["--prepared-once"] if prepared_once else []))
+        rows = attention_overhead.Rows(ao_args)
+        modes = {mode: attention_overhead.time_mode(rows, b, args.reps) for mode, b in attention_overhead.MODES}
+        key = "prepared_once" if prepared_once else "per_call"
+        results[key] = {mode: {"sdpa_ms": r["sdpa_ms"], "ratio": r["ratio"]} for mode, r in modes.items()}
+    return results
+
+
+def measure_training(args: argparse.Namespace) -> dict:
+    torch.set_num_threads(args.train_threads)
+    scenes = [make_scene(0, i, "room", num_views=3, image_size=(64, 64)) for i in range(BATCH_SIZE)]
+    batch = collate_scenes(scenes, 2)
+    rows = {}
+    for name, folded in TRAINING:
+        step, _ = step_function(name, batch, {"folded_attention": True} if folded else None)
+        rows[f"{name}{' folded' if folded else ''}"] = step
+
+    def steps(step: Callable[[], None]) -> Callable[[], tuple[float, float]]:
+        return lambda: timed(lambda: [step() for _ in range(args.steps)])
+
+    result = interleaved({name: steps(step) for name, step in rows.items()}, args.rounds, ("none",))
+    for prefix in ("", "cpu_"):  # steps/s and their ratios (the inverse of the time ratios)
+        result[f"{prefix}steps_per_s"] = {n: 1e3 * args.steps / ms for n, ms in result[f"{prefix}ms"].items()}
+        result[f"{prefix}ratio_to_none"] = {n: 1.0 / r for n, r in result[f"{prefix}ratio_to_none"].items()}
+    return result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reps", type=int, default=9, help="interleaved repetitions (modules, per call)")
+    parser.add_argument("--views", type=int, default=2)
+    parser.add_argument("--grid", type=int, default=32)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the modules and per-call parts")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved training rounds")
+    parser.add_argument("--steps", type=int, default=5, help="training steps per row per round")
+    parser.add_argument("--train-threads", type=int, default=1)
+    parser.add_argument("--parts", nargs="*", default=["modules", "per_call", "training"])
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    parts = {"modules": measure_modules, "per_call": measure_per_call, "training": measure_training}
+    results: dict = {name: parts[name](args) for name in args.parts}
+    results["config"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    results["command"] = "python " + " ".join(["benchmarks/folded_attention.py", *(argv or sys.argv[1:])])
+    results["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    results["provenance"] = provenance()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "folded_attention.json").write_text(json.dumps(results, indent=1))
+    (args.out / "folded_attention.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+def markdown(results: dict) -> str:
+    """The tables of every measured part."""
+    cfg = results["config"]
+    lines = [
+        f"Folded attention modules, CPU fp32. Command: `{results['command']}` (torch {torch.__version__}); "
+        f"commit `{describe(results['provenance'])}`; load average {results['load_average']} (shared machine: "
+        "ratios are medians of ratios within interleaved repetitions).",
+        "",
+    ]
+    if "modules" in results:
+        lines += [
+            f"Modules: 1 x {cfg['views']} views x {cfg['grid']}x{cfg['grid']} patches, {cfg['heads']} heads of "
+            f"{cfg['head_dim']}, {cfg['threads']} threads, {cfg['reps']} repetitions.",
+            "",
+            "| mode | row | ms | / plain | / rope2d | CPU ms | CPU / plain | CPU / rope2d |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for mode, r in results["modules"].items():
+            lines += [
+                f"| {mode} | {n} | {r['ms'][n]:.1f} | {r['ratio_to_plain'][n]:.3f} | {r['ratio_to_rope2d'][n]:.3f} | "
+                f"{r['cpu_ms'][n]:.1f} | {r['cpu_ratio_to_plain'][n]:.3f} | {r['cpu_ratio_to_rope2d'][n]:.3f} |"
+                for n in r["ms"]
+            ]
+        lines.append("")
+    if "per_call" in results:
+        lines += ["Per-call path (attention_overhead.py's rows), ratio to SDPA:", ""]
+        lines += ["| path | row | forward | fwd+bwd |", "|---|---|---|---|"]
+        for path, modes in results["per_call"].items():
+            for n in modes["forward"]["ratio"]:
+                f, b = modes["forward"]["ratio"][n], modes["forward_backward"]["ratio"][n]
+                lines.append(f"| {path} | {n} | {f:.3f} | {b:.3f} |")
+        lines.append("")
+    if "training" in results:
+        train = results["training"]
+        lines += [
+            f"Training, `tiny` preset, batch {BATCH_SIZE}, {cfg['train_threads']} thread(s), {cfg['rounds']} rounds "
+            f"of {cfg['steps']} steps:",
+            "",
+            "| row | steps/s | ratio to none | CPU steps/s | CPU ratio to none |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {n} | {train['steps_per_s'][n]:.2f} | {train['ratio_to_none'][n]:.3f} | "
+            f"{train['cpu_steps_per_s'][n]:.2f} | {train['cpu_ratio_to_none'][n]:.3f} |"
+            for n in train["ms"]
+        ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

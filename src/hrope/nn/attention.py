@@ -1,0 +1,269 @@
+"""Drop-in attention modules with a geometric encoding folded into their projections.
+
+:class:`MultiviewAttention` (self-attention) and :class:`MultiviewCrossAttention` compute
+``Linear -> hrope.multiview_attention / hrope.cross_attention -> Linear`` exactly (to float
+rounding). Where the encoding's D_t has a per-view factor G_c (its ``per_view`` fact), it is
+multiplied into per-view copies of the projection weights once per forward (:mod:`.folding`) and
+only the per-token rest is applied to the tokens (:mod:`.factors`); elsewhere the prepared
+transform runs per call. Tokens are ``(B, L, dim)`` (batch first); the output is ``(B, L, dim)``,
+like ``nn.MultiheadAttention(batch_first=True)``'s first output (no attention weights: SDPA).
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..cameras import Cameras
+from ..encodings import Encoding, EncodingError, TokenTransform, get_encoding
+from ..planes import Planes
+from ..tokens import CameraTokens, MixedTokens
+from .factors import Factors, factorize
+from .folding import fold_rows, project
+
+__all__ = ["MultiviewAttention", "MultiviewCrossAttention"]
+
+_Relative = TokenTransform | MixedTokens  # a relative encoding's transform (has apply_k / apply_v)
+
+
+class _Folded(nn.Module):
+    """What both modules share: the encoding, the head split, the optional QK-norm and the output projection."""
+
+    def __init__(self, dim: int, heads: int, encoding: str | Encoding | None, head_dim: int | None) -> None:
+        super().__init__()
+        self.heads = heads
+        self.head_dim = head_dim if head_dim is not None else dim // heads
+        if head_dim is None and dim % heads:
+            raise EncodingError(f"dim {dim} does not split into {heads} heads; pass head_dim")
+        self.inner = heads * self.head_dim
+        self.encoding = None if encoding is None else get_encoding(encoding)  # a submodule: its options train
+
+    def add_output(self, dim: int, out_bias: bool, qk_norm: bool) -> None:
+        """The output projection and the QK-norms, registered after the input projections (the
+        registration order of a plain attention module, so seeded inits draw the same weights)."""
+        self.out = nn.Linear(self.inner, dim, bias=out_bias)
+        self.qk_norm = qk_norm
+        self.q_norm = nn.RMSNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = nn.RMSNorm(self.head_dim) if qk_norm else nn.Identity()
+
+    def factorize(
+        self,
+        cameras: Cameras,
+        grid: tuple[int, int],
+        *,
+        planes: Planes | None = None,
+        params: dict[str, Tensor] | None = None,
+        camera_tokens: CameraTokens | None = None,
+        length: int | None = None,
+    ) -> Factors:
+        """:func:`hrope.nn.factorize` with this module's encoding and head_dim: compute once per
+        forward pass and pass it to every layer as ``factors=``."""
+        if self.encoding is None:
+            raise EncodingError("this module was built with encoding=None: pass factors= (hrope.nn.factorize)")
+        return factorize(
+            self.encoding,
+            cameras,
+            grid,
+            self.head_dim,
+            planes=planes,
+            params=params,
+            camera_tokens=camera_tokens,
+            length=length,
+        )
+
+    def split_heads(self, y: Tensor, parts: int) -> tuple[Tensor, ...]:
+        """``(B, L, parts * inner)`` -> ``parts`` tensors ``(B, heads, L, head_dim)``."""
+        B, L, _ = y.shape
+        return y.reshape(B, L, parts, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def fold(self, linear: nn.Linear, matrices: list[Tensor | None], factors: Factors) -> tuple[Tensor, Tensor | None]:
+        """``linear``'s per-view weights, transposed ``(B, V, in, out)``, and bias ``(B, V, out)``."""
+        return self.fold_weight(linear.weight, linear.bias, matrices, factors)
+
+    def fold_weight(
+        self, weight: Tensor, bias: Tensor | None, matrices: list[Tensor | None], factors: Factors
+    ) -> tuple[Tensor, Tensor | None]:
+        """Per-view ``weight (out, in)`` transposed ``(B, V, in, out)`` and ``bias`` ``(B, V, out)``
+        (:func:`~.folding.fold_rows`)."""
+        folded, folded_bias = fold_rows(weight, bias, matrices, self.heads, factors.num_blocks)
+        return folded.mT, folded_bias
+
+    def output(self, out: Tensor, factors: Factors | None) -> Tensor:
+        """``D_i o_i`` then the output projection, D's per-view factor folded into W_o (W_o G_c):
+        ``out (B, heads, L, head_dim)`` -> ``(B, L, dim)``. ``factors`` None: out is final."""
+        B, _, L, _ = out.shape
+        folded = None
+        if factors is not None and factors.folds and factors.transform_values:
+            view, residual = _folding(factors)
+            out = residual.apply_o(out)
+            weight_t, _ = fold_rows(self.out.weight.mT, None, [view.mT], self.heads, factors.num_blocks)
+            bias = self.out.bias
+            folded = (weight_t, None if bias is None else bias.expand(*weight_t.shape[:2], -1))
+        elif factors is not None:
+            out = factors.full.apply_o(out)
+        y = out.transpose(1, 2).reshape(B, L, self.inner)
+        if factors is None or folded is None:
+            return cast(Tensor, self.out(y))
+        return project(y, self.out.weight, self.out.bias, factors.tokens, folded)
+
+
+def _folding(factors: Factors) -> tuple[Tensor, _Relative]:
+    """G_c ``(B, V, b, b)`` and the residual transform of factors that fold."""
+    assert factors.view is not None and factors.residual is not None  # factors.folds
+    return factors.view, cast(_Relative, factors.residual)
+
+
+def _keys(factors: Factors, k: Tensor, v: Tensor, fold_k: bool) -> tuple[Tensor, Tensor]:
+    """D_j^-1 k_j and D_j^-1 v_j past the folded factor: the residual where folded, else the whole transform."""
+    full = cast(_Relative, factors.full)
+    residual = cast(_Relative, factors.residual) if factors.folds else full
+    return (residual if fold_k else full).apply_k(k), residual.apply_v(v)
+
+
+class MultiviewAttention(_Folded):
+    """Multi-view self-attention ``(B, L, dim) -> (B, L, dim)`` with a geometric encoding.
+
+    Args:
+        dim: token width. heads: attention heads (head_dim = dim // heads unless given).
+        encoding: a registry name or :class:`~hrope.Encoding` instance; None when the caller
+            always passes ``factors=`` (a model that factorizes once for all its layers).
+        qkv_bias, out_bias: biases of the input and output projections.
+        qk_norm: RMS-normalise q and k per head before the encoding (as the LVSM model). The
+            norm sits between projection and encoding, so q and k are then encoded per call;
+            v and the output still fold.
+
+    Parameters ``qkv`` (``nn.Linear(dim, 3 * heads * head_dim)``, rows q, k, v, each head-major),
+    ``out``, ``q_norm`` / ``k_norm``: the same names and layout as a plain attention module, so
+    state dicts carry over. Exactly ``out(D_i o_i)`` of :func:`hrope.multiview_attention` on
+    ``q, k, v = qkv(x)`` split into heads (tested to float rounding and gradients).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        encoding: str | Encoding | None = "prope",
+        *,
+        qkv_bias: bool = False,
+        out_bias: bool = False,
+        qk_norm: bool = False,
+        head_dim: int | None = None,
+    ) -> None:
+        super().__init__(dim, heads, encoding, head_dim)
+        self.qkv = nn.Linear(dim, 3 * self.inner, bias=qkv_bias)
+        self.add_output(dim, out_bias, qk_norm)
+
+    def forward(
+        self,
+        x: Tensor,
+        cameras: Cameras | None = None,
+        grid: tuple[int, int] | None = None,
+        *,
+        planes: Planes | None = None,
+        params: dict[str, Tensor] | None = None,
+        camera_tokens: CameraTokens | None = None,
+        factors: Factors | None = None,
+        **sdpa_kwargs: Any,
+    ) -> Tensor:
+        """``x (B, L, dim)`` with ``cameras``, ``grid`` (and ``planes``, ``params``,
+        ``camera_tokens`` as :func:`hrope.multiview_attention`), or ``factors`` from
+        :meth:`factorize`; ``sdpa_kwargs`` go to SDPA (``attn_mask``, ``is_causal``, ...).
+        Returns ``(B, L, dim)``."""
+        if factors is None:
+            if cameras is None or grid is None:
+                raise EncodingError("MultiviewAttention needs cameras and grid, or factors")
+            factors = self.factorize(
+                cameras, grid, planes=planes, params=params, camera_tokens=camera_tokens, length=x.shape[1]
+            )
+        fold_qk = factors.folds and not self.qk_norm
+        fold_v = factors.folds and factors.transform_values
+        if fold_qk:
+            view, inverse = _folding(factors)[0], factors.view_inv
+            folded = self.fold(self.qkv, [view.mT, inverse, inverse if fold_v else None], factors)
+            q, k, v = self.split_heads(project(x, self.qkv.weight, self.qkv.bias, factors.tokens, folded), 3)
+        elif fold_v:  # q and k are normalised before the encoding: plain weights; v alone folds
+            weight, bias = self.qkv.weight, self.qkv.bias
+            split = 2 * self.inner
+            q, k = self.split_heads(F.linear(x, weight[:split], None if bias is None else bias[:split]), 2)
+            v_linear = (weight[split:], None if bias is None else bias[split:])
+            v_folded = self.fold_weight(*v_linear, [factors.view_inv], factors)
+            (v,) = self.split_heads(project(x, *v_linear, factors.tokens, v_folded), 1)
+        else:
+            q, k, v = self.split_heads(self.qkv(x), 3)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if not factors.folds:
+            return self.output(factors.full.attention(q, k, v, **sdpa_kwargs), None)
+        q = (_folding(factors)[1] if fold_qk else factors.full).apply_q(q)
+        k, v = _keys(factors, k, v, fold_qk)
+        return self.output(F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs), factors)
+
+
+class MultiviewCrossAttention(_Folded):
+    """Queries ``x (B, Lq, dim)`` attending to ``context (B, Lk, context_dim)``, each token set with
+    its own :class:`Factors` (or None: no cameras, e.g. text), as :func:`hrope.cross_attention`.
+
+    Parameters ``q`` (``nn.Linear(dim, heads * head_dim)``), ``kv`` (``nn.Linear(context_dim,
+    2 * heads * head_dim)``, rows k then v), ``out``, and ``q_norm`` / ``k_norm`` with
+    ``qk_norm``. The query side's per-view factor folds into W_q and W_o, the key side's into
+    W_k and W_v. Query-frame encodings are refused (EncodingError), as in
+    :func:`hrope.cross_attention`.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        encoding: str | Encoding | None = "prope",
+        *,
+        context_dim: int | None = None,
+        qkv_bias: bool = False,
+        out_bias: bool = False,
+        qk_norm: bool = False,
+        head_dim: int | None = None,
+    ) -> None:
+        super().__init__(dim, heads, encoding, head_dim)
+        self.q = nn.Linear(dim, self.inner, bias=qkv_bias)
+        self.kv = nn.Linear(context_dim or dim, 2 * self.inner, bias=qkv_bias)
+        self.add_output(dim, out_bias, qk_norm)
+
+    def forward(
+        self, x: Tensor, context: Tensor, *, query: Factors | None, key: Factors | None, **sdpa_kwargs: Any
+    ) -> Tensor:
+        """``x (B, Lq, dim)``, ``context (B, Lk, context_dim)``; ``query`` / ``key``: the
+        :class:`Factors` of each set (:meth:`factorize` with ``length`` = its token count) or None.
+        Returns ``(B, Lq, dim)``."""
+        for name, side in (("query", query), ("key", key)):
+            if side is not None and side.full.query_frame:
+                raise EncodingError(
+                    f"MultiviewCrossAttention: {name} has a query-frame encoding, which re-encodes keys per "
+                    "query view: use MultiviewAttention over both sets' cameras with an attn_mask"
+                )
+        fold_q = query is not None and query.folds and not self.qk_norm
+        fold_k = key is not None and key.folds and not self.qk_norm
+        fold_v = key is not None and key.folds and key.transform_values
+        q_folded = kv_folded = None
+        if query is not None and fold_q:
+            q_folded = self.fold(self.q, [_folding(query)[0].mT], query)
+        if key is not None and (fold_k or fold_v):
+            k_inv = key.view_inv
+            kv_folded = self.fold(self.kv, [k_inv if fold_k else None, k_inv if fold_v else None], key)
+        (q,) = self.split_heads(_project(x, self.q, query, q_folded), 1)
+        k, v = self.split_heads(_project(context, self.kv, key, kv_folded), 2)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if query is not None:
+            q = (_folding(query)[1] if fold_q else query.full).apply_q(q)
+        if key is not None:
+            k, v = _keys(key, k, v, fold_k)
+        out = F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)
+        return self.output(out, query)
+
+
+def _project(
+    x: Tensor, linear: nn.Linear, factors: Factors | None, folded: tuple[Tensor, Tensor | None] | None
+) -> Tensor:
+    """``linear(x)``, per-view folded weights for the camera tokens of ``factors`` where given."""
+    if factors is None or folded is None:
+        return cast(Tensor, linear(x))
+    return project(x, linear.weight, linear.bias, factors.tokens, folded)

@@ -1,0 +1,42 @@
+"""benchmarks/folded_attention.py on a tiny shape: every part writes its rows and ratios."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+@pytest.mark.slow
+def test_folded_attention_benchmark_writes_every_part(tmp_path, monkeypatch):
+    import folded_attention
+
+    monkeypatch.setattr(folded_attention, "TRAINING", [("none", False), ("prope", True)])  # 2 of the 7 rows
+    argv = ["--reps", "1", "--grid", "2", "--heads", "2", "--head-dim", "16", "--threads", "1"]
+    folded_attention.main(argv + ["--rounds", "1", "--steps", "1", "--out", str(tmp_path)])
+    results = json.loads((tmp_path / "folded_attention.json").read_text())
+    for mode in ("forward", "forward_backward"):
+        modules = results["modules"][mode]
+        assert list(modules["ms"]) == [
+            "plain",
+            "rope2d",
+            "prope",
+            "unfolded-prope",
+            "gta",
+            "hrope-lift",
+            "unfolded-hrope-lift",
+        ]
+        assert modules["ratio_to_plain"]["plain"] == 1.0 and modules["cpu_ratio_to_rope2d"]["rope2d"] == 1.0
+        assert all(ms > 0 for ms in modules["cpu_ms"].values())
+    for path in ("per_call", "prepared_once"):
+        assert set(results["per_call"][path]["forward"]["ratio"]) == {"prope", "hrope-lift", "prope-einsum"}
+    training = results["training"]
+    assert list(training["steps_per_s"]) == ["none", "prope folded"]
+    assert training["ratio_to_none"]["none"] == 1.0 and training["cpu_ratio_to_none"]["none"] == 1.0
+    assert set(results["provenance"]) == {"commit", "dirty", "torch"}
+    markdown = (tmp_path / "folded_attention.md").read_text()
+    assert "| forward | prope |" in markdown and "| prope folded |" in markdown and "commit `" in markdown
