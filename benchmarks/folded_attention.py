@@ -24,7 +24,6 @@ Writes benchmarks/results/folded_attention.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -39,6 +38,7 @@ from torch import nn
 import attention_overhead
 import hrope
 import hrope.nn
+from hrope.nvs.atomic import write_json, write_text
 from hrope.nvs.data.batch import collate_scenes
 from hrope.nvs.data.synthetic import make_scene
 from provenance import describe, provenance
@@ -206,8 +206,8 @@ def main(argv: list[str] | None = None) -> None:
     results["load_average"] = [round(x, 2) for x in os.getloadavg()]
     results["provenance"] = provenance()
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "folded_attention.json").write_text(json.dumps(results, indent=1))
-    (args.out / "folded_attention.md").write_text(markdown(results))
+    write_json(args.out / "folded_attention.json", results, indent=1)
+    write_text(args.out / "folded_attention.md", markdown(results))
     print(markdown(results))
 
 
