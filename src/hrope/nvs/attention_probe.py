@@ -32,7 +32,7 @@ __all__ = ["query_weights", "AttentionRecorder", "Probe", "probe", "landing_poin
 
 def query_weights(prepared, q: Tensor, k: Tensor, index: int) -> Tensor:
     """Attention weights of query token ``index`` over all keys: q, k ``(B, heads, N, d)`` (before
-    the encoding) -> ``(B, heads, N)`` float32, as the encoded SDPA of ``prepared`` weighs them
+    the encoding) -> ``(B, heads, N)`` (float32 or float64), as the encoded SDPA of ``prepared`` weighs them
     (default scale 1/sqrt(d), no mask)."""
     B, H, N, d = q.shape
     if hasattr(prepared, "heads") and hasattr(prepared, "prepared"):  # one transform per head (HeadsInBatch)
@@ -46,7 +46,8 @@ def query_weights(prepared, q: Tensor, k: Tensor, index: int) -> Tensor:
     else:
         q_i = prepared.apply_q(q)[:, :, index]
         k_encoded = prepared.apply_k(k)
-    logits = torch.einsum("bhd,bhnd->bhn", q_i.float(), k_encoded.float()) / math.sqrt(d)
+    dtype = torch.promote_types(q.dtype, torch.float32)  # half precision: the weights in float32
+    logits = torch.einsum("bhd,bhnd->bhn", q_i.to(dtype), k_encoded.to(dtype)) / math.sqrt(d)
     return logits.softmax(-1)
 
 
