@@ -15,7 +15,7 @@ whose plane does not cross all four corner rays in front of the camera, closer t
 
 Colours: ``normal`` is ``(n + 1) / 2`` of the camera-frame normal facing the camera (as in
 ``hrope viz planes``); ``error`` is the angle between the token's normal and the ground truth's,
-0 to :data:`MAX_ERROR_DEG` degrees on matplotlib's ``viridis`` (0: dark blue, 45 and more: yellow).
+0 to :data:`MAX_ERROR_DEG` degrees on matplotlib's ``viridis`` (0: dark purple, 45 and more: yellow).
 """
 
 from __future__ import annotations
@@ -205,18 +205,16 @@ def _frusta(images: Tensor, cameras: Cameras) -> list[Frustum]:
 
 
 def _viewpoint(cameras: Cameras, quads: list[Quads]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """``up``, ``look_at``, ``eye`` and the frustum scale: look at the middle of the cameras and quads from behind
-    and above the cameras, far enough to see all of them."""
+    """``up``, ``look_at``, ``eye`` and the frustum scale: look at the middle of the cameras and quads
+    from behind, above and to the right of the cameras, far enough to see all of them."""
     to_world = cameras.to(dtype=torch.float64).cam_to_world().cpu()[0].numpy()
     centres = to_world[:, :3, 3]
-    up = -to_world[:, :3, 1].mean(0)
-    up = up / max(np.linalg.norm(up), 1e-9)
-    forward = to_world[:, :3, 2].mean(0)
-    forward = forward / max(np.linalg.norm(forward), 1e-9)
+    axes = to_world[:, :3, :3].mean(0)  # the cameras' mean x (right), y (down), z (forward) axes
+    right, up, forward = (axis / max(np.linalg.norm(axis), 1e-9) for axis in (axes[:, 0], -axes[:, 1], axes[:, 2]))
     points = np.concatenate([centres, *[q.corners.reshape(-1, 3) for q in quads]])
     look_at = np.median(points, axis=0)
     extent = float(np.percentile(np.linalg.norm(points - look_at, axis=1), 75)) + 1e-3
-    eye = look_at + extent * (0.9 * up - 1.6 * forward)
+    eye = look_at + extent * (1.0 * up - 2.4 * forward + 0.7 * right)
     baseline = np.linalg.norm(centres[:, None] - centres[None], axis=-1)
     spacing = float(np.median(baseline[baseline > 0])) if (baseline > 0).any() else 1.0
     return up, look_at, eye, max(0.3 * spacing, 0.08 * extent)
