@@ -323,3 +323,12 @@ def test_cli_errors_are_one_line(oracle_run, tmp_path, capsys, arguments, messag
     assert cli.run(["viz", "3d", *arguments]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("hrope viz: error:") and message in lines[0], lines
+
+
+def test_without_viser_the_viewer_names_the_extra(monkeypatch):
+    from hrope.nvs.viewer3d import serve
+
+    monkeypatch.setitem(sys.modules, "viser", None)  # `import viser` now raises ImportError
+    empty = Scene3D([], [], np.array([0, 0, 1.0]), np.zeros(3), np.ones(3), 0.3)
+    with pytest.raises(VizError, match=r"pip install 'hrope\[viz3d\]'"):
+        serve(empty)
