@@ -296,14 +296,27 @@ def wait_for_page(url: str, process: subprocess.Popen, seconds: float = 60) -> N
             time.sleep(0.3)
 
 
+def drawn_share(browser: DevTools, url: str, path: Path, seconds: float = 120) -> float:
+    """Open ``url`` and screenshot it every 2 s until the scene is drawn (or ``seconds`` pass); returns
+    the last screenshot's :func:`scene_share`."""
+    session, deadline, share = browser.open(url), time.time() + seconds, 0.0
+    while share <= MIN_SCENE_SHARE and time.time() < deadline:  # WebGL in software: a few seconds
+        time.sleep(2)
+        share = scene_share(browser.screenshot(session, path))
+    return share
+
+
 @pytest.mark.slow
-def test_the_viewer_page_shows_the_scene_in_a_browser(tmp_path, oracle_run):
-    """``hrope viz 3d RUN --port P`` serves the page; headless Chromium draws the scene (WebGL in software)
-    within two minutes. Real time, not ``--virtual-time-budget``: the page's websocket can hold virtual time
-    still, and Chromium then never takes its screenshot."""
+def test_the_viewer_page_and_its_export_show_the_scene_in_a_browser(tmp_path, oracle_run):
+    """``hrope viz 3d RUN --port P`` serves the page, and ``--export`` writes one that needs no server;
+    headless Chromium draws the scene of both (WebGL in software) within two minutes. Real time, not
+    ``--virtual-time-budget``: the page's websocket can hold virtual time still, and Chromium then never
+    takes its screenshot."""
     from hrope.nvs.viewer3d import HOST, _free_port
 
     chromium()
+    exported = tmp_path / "scene.html"
+    assert cli.run(["viz", "3d", str(oracle_run), "--export", str(exported)]) == 0
     port = _free_port()
     command = [sys.executable, "-m", "hrope.nvs.cli", "viz", "3d", str(oracle_run), "--port", str(port)]
     with open(tmp_path / "server.log", "w") as log:  # a file: a full pipe would stall the server
@@ -313,16 +326,17 @@ def test_the_viewer_page_shows_the_scene_in_a_browser(tmp_path, oracle_run):
         wait_for_page(url, server)
         browser = DevTools(tmp_path / "profile")
         try:
-            session, deadline, share = browser.open(url), time.time() + 120, 0.0
-            while share <= MIN_SCENE_SHARE and time.time() < deadline:  # until the scene is drawn (WebGL in software)
-                time.sleep(2)
-                share = scene_share(browser.screenshot(session, tmp_path / "viewer.png"))
+            served = drawn_share(browser, url, tmp_path / "served.png")
+            snapshot = drawn_share(browser, exported.as_uri(), tmp_path / "exported.png")
         finally:
             browser.close()
     finally:
         server.terminate()
         server.wait(timeout=30)
-    assert share > MIN_SCENE_SHARE, f"the screenshot looks blank: {share:.3f} of the canvas differs from the background"
+    for name, share in (("served", served), ("exported", snapshot)):
+        assert share > MIN_SCENE_SHARE, (
+            f"the {name} page looks blank: {share:.3f} of the canvas differs from the background"
+        )
 
 
 def listening_addresses(port: int) -> list[str]:
