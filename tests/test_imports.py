@@ -57,6 +57,10 @@ LAYERS = {
     "hrope.nvs": 19,
     "hrope.nvs.distributed": 11,
     "hrope.nvs.train_step": 14,
+    "hrope.nvs.scene3d": 16,
+    "hrope.nvs.attention_probe": 16,
+    "hrope.nvs.viewer3d": 17,
+    "hrope.nvs.viz_attention": 17,
 }
 LIBRARY_THIRD_PARTY = {"torch"}
 # optional imports made inside functions only (the module imports without them)

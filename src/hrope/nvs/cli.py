@@ -7,6 +7,9 @@
                [--factors F ...] [--zoom-all] [--out DIR] [same options as above]
     hrope viz planes CHECKPOINT [--out DIR] [--num-scenes N] [--layer L] [--head H] [--device auto|cpu|cuda]
     hrope viz plane-accuracy RUN [--out DIR]
+    hrope viz 3d RUN_OR_CAPTURE [--port P] [--export FILE.html] [--colour normal|error] [--scene N] [--layer L]
+               [--views I,J,...] [--image-size S] [--patch-size P] [--depth none|points|maps] [--device D]
+    hrope viz attention RUN [RUN ...] --query X,Y [--out DIR] [--scene N] [--head H] [--device auto|cpu|cuda]
     hrope config [CONFIG] [--section.key VALUE ...]
 
 CHECKPOINT is a ``checkpoint.safetensors`` file or the run folder holding it. ``--data.key VALUE``
@@ -178,6 +181,86 @@ def _add_viz(commands) -> None:
     )
     accuracy.add_argument("run", help="run folder (or its checkpoint.safetensors)")
     accuracy.add_argument("--out", default=None, help="output folder for plane_accuracy.png (default: <run>/viz)")
+    _add_viz_3d(viz_commands)
+    _add_viz_attention(viz_commands)
+
+
+def _add_viz_3d(viz_commands) -> None:
+    """``hrope viz 3d RUN_OR_CAPTURE``: the viser viewer (the viz3d extra)."""
+    view = viz_commands.add_parser(
+        "3d", help="3D viewer (viser, on 127.0.0.1): cameras with their images, per-patch planes as quads"
+    )
+    view.add_argument("source", metavar="RUN_OR_CAPTURE", help="run folder / checkpoint, or a scene folder (capture)")
+    view.add_argument(
+        "--port", type=_option(Field("int", low=1)), default=8080, help="port on 127.0.0.1 (default: 8080)"
+    )
+    view.add_argument(
+        "--export", default=None, help="write a self-contained HTML snapshot to this *.html file and exit"
+    )
+    view.add_argument(
+        "--colour", default="normal", help="normal | error (angle to the ground-truth normal; default: normal)"
+    )
+    view.add_argument("--scene", type=_option(Field("int", low=0)), default=0, help="run: held-out scene (default: 0)")
+    view.add_argument("--layer", type=int, default=-1, help="run: layer whose planes are shown (default: -1, the last)")
+    view.add_argument("--views", default=None, help="capture: views I,J,... the last is the target (default: 0,1,2)")
+    view.add_argument("--image-size", type=_option(Field("int", low=1)), default=128, help="capture (default: 128)")
+    view.add_argument("--patch-size", type=_option(Field("int", low=1)), default=8, help="capture (default: 8)")
+    view.add_argument(
+        "--depth", default="none", help="capture: none | points (COLMAP) | maps (transforms.json; default: none)"
+    )
+    view.add_argument("--device", default="cpu", help="auto | cpu | cuda (default: cpu)")
+
+
+def _add_viz_attention(viz_commands) -> None:
+    """``hrope viz attention RUN [RUN ...] --query X,Y``."""
+    probe = viz_commands.add_parser(
+        "attention", help="one target patch's attention over the context views, per layer, runs side by side"
+    )
+    probe.add_argument("runs", nargs="+", metavar="RUN", help="run folders or checkpoints (same image and patch size)")
+    probe.add_argument("--query", required=True, help="the target patch X,Y (column, row on the patch grid)")
+    probe.add_argument("--out", default=None, help="output folder for attention.png (default: <first run>/viz)")
+    probe.add_argument("--scene", type=_option(Field("int", low=0)), default=0, help="held-out scene (default: 0)")
+    probe.add_argument("--head", type=int, default=None, help="one attention head (default: the mean over heads)")
+    probe.add_argument("--device", default="cpu", help="auto | cpu | cuda (default: cpu)")
+
+
+def run_viz_3d(args) -> None:
+    """Serve the viewer, or write its snapshot with ``--export``."""
+    from .viewer3d import export_html, load_scene3d, show
+
+    device = str(check_device(args.device, "--device"))
+    views = None if args.views is None else _integers(args.views, "--views")
+    scene = load_scene3d(
+        args.source,
+        scene=args.scene,
+        layer=args.layer,
+        colour=args.colour,
+        device=device,
+        views=views,
+        image_size=args.image_size,
+        patch_size=args.patch_size,
+        depth=args.depth,
+    )
+    if args.export is not None:
+        print(f"wrote {export_html(scene, args.export)}")
+    else:
+        show(scene, args.port)
+
+
+def _integers(text: str, key: str) -> list[int]:
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.lstrip("-").isdigit() for p in parts):
+        raise ConfigError(f"{key} must be comma-separated integers, got {text!r}")
+    return [int(p) for p in parts]
+
+
+def run_viz_attention(args) -> None:
+    from .viz_attention import parse_query, visualize_attention
+
+    _check_out(args.out, "--out")
+    device = str(check_device(args.device, "--device"))
+    path = visualize_attention(args.runs, parse_query(args.query), args.out, args.scene, args.head, device)
+    print(f"wrote {path}")
 
 
 def _add_config(commands) -> None:
@@ -300,6 +383,10 @@ def run(argv: list[str]) -> int:
             run_eval(args, extra)
         elif args.command == "config":
             run_config(extra)
+        elif args.figure == "3d":
+            run_viz_3d(args)
+        elif args.figure == "attention":
+            run_viz_attention(args)
         elif args.figure == "plane-accuracy":
             _check_out(args.out, "--out")
             print(f"wrote {plot_plane_accuracy(args.run, args.out)}")
