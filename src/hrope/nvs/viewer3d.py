@@ -8,11 +8,10 @@ same scene (viser's serialised scene inside its client page), which opens withou
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from pathlib import Path
 
+from .atomic import write_text
 from .scene3d import Scene3D
 from .viz import VizError
 
@@ -87,16 +86,7 @@ def export_html(scene: Scene3D, path: str | Path, port: int = 0) -> Path:
         html = server.scene.as_html()
     finally:
         server.stop()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(html)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    write_text(path, html)
     return path
 
 

@@ -14,13 +14,12 @@ scale of a row runs from 0 to the largest weight in that row, so runs compare wi
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from .atomic import save_figure
 from .attention_probe import Probe, probe
 from .viz import VizError
 
@@ -97,21 +96,13 @@ def attention_figure(results: list[Probe], images: torch.Tensor, query, grid, pa
 
 
 def _save(figure, path: Path) -> Path:
-    """Save ``figure`` as PNG atomically (temporary file, then rename)."""
+    """Save ``figure`` as PNG whole (:func:`hrope.nvs.atomic.save_figure`) and close it."""
     import matplotlib.pyplot as plt
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(handle)
     try:
-        figure.savefig(temporary, dpi=110, format="png")
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+        return save_figure(figure, path, dpi=110)
     finally:
         plt.close(figure)
-    return path
 
 
 def visualize_attention(
