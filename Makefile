@@ -2,6 +2,7 @@
 # TORCH_SPEC selects the torch installed first (default torch==2.13.0; which build pip picks
 # depends on the configured index: the development machines resolve it to a local CPU wheel).
 # GPU users: point pip at their CUDA wheels; any torch in the range in pyproject.toml works.
+# Another torch build in its own environment: make test VENV=.venv-torch215 TORCH_SPEC="torch==2.15.*"
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0

@@ -27,6 +27,7 @@ LAYERS = {
     "hrope.encodings.": 3,
     "hrope.tokens": 4,
     "hrope.attention": 5,
+    "hrope.about": 5,
     "hrope.reference": 5,
     "hrope.testing": 5,
     "hrope": 6,

@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib.util
 import sys
 
+from ..about import report, version_line
+
 __all__ = ["REQUIREMENTS", "missing_requirements", "main"]
 
 # import name -> distribution name of every third-party package the toolkit imports
@@ -36,9 +38,18 @@ def missing_requirements() -> list[str]:
     return [dist for module, dist in REQUIREMENTS.items() if importlib.util.find_spec(module) is None]
 
 
+# the commands that need the library alone: they run without the toolkit's dependencies
+LIBRARY_COMMANDS = (["--version"], ["info"])
+
+
 def main(argv: list[str] | None = None) -> None:
-    """The ``hrope`` command: a one-line error (exit 2) when the toolkit is not installed."""
+    """The ``hrope`` command: a one-line error (exit 2) when the toolkit is not installed, except
+    for ``hrope --version`` and ``hrope info`` (which then also name what is missing)."""
+    args = sys.argv[1:] if argv is None else list(argv)
     missing = missing_requirements()
+    if missing and args in LIBRARY_COMMANDS:
+        print(version_line() if args == ["--version"] else report() + f"NVS toolkit: missing {', '.join(missing)}")
+        sys.exit(0)
     if missing:
         print(
             f"hrope: the NVS toolkit needs {', '.join(missing)}; install it with: pip install 'hrope[nvs]'",
@@ -47,4 +58,4 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     from .cli import main as cli_main
 
-    cli_main(argv)
+    cli_main(args)

@@ -8,6 +8,8 @@
     hrope viz planes CHECKPOINT [--out DIR] [--num-scenes N] [--layer L] [--head H] [--device auto|cpu|cuda]
     hrope viz plane-accuracy RUN [--out DIR]
     hrope config [CONFIG] [--section.key VALUE ...]
+    hrope info [--json]
+    hrope --version
 
 CHECKPOINT is a ``checkpoint.safetensors`` file or the run folder holding it. ``--data.key VALUE``
 overrides the run's data config (e.g. ``--data.kind re10k --data.root DIR --data.eval_index FILE``).
@@ -25,11 +27,13 @@ device, an ``--out`` that is an existing file). Any other exception is a bug and
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
 from pathlib import Path
 
+from ..about import environment, report, version_line
 from ..errors import InputError
 from .checkpoints import run_folder
 from .config import (
@@ -190,11 +194,20 @@ def _add_config(commands) -> None:
     )
 
 
+def _add_info(commands) -> None:
+    """``hrope info [--json]``."""
+    info = commands.add_parser(
+        "info", help="versions, torch build, CUDA / Triton, encodings and transform backends (for bug reports)"
+    )
+    info.add_argument("--json", action="store_true", help="print the facts as JSON")
+
+
 def _parser() -> argparse.ArgumentParser:
     """The ``hrope`` parser: one sub-command per ``_add_*`` builder."""
     parser = _Parser(prog="hrope", description="HRoPE / LVSM novel view synthesis")
+    parser.add_argument("--version", action="version", version=version_line())
     commands = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_eval, _add_viz, _add_config):
+    for add in (_add_train, _add_eval, _add_viz, _add_config, _add_info):
         add(commands)
     return parser
 
@@ -300,6 +313,10 @@ def run(argv: list[str]) -> int:
             run_eval(args, extra)
         elif args.command == "config":
             run_config(extra)
+        elif args.command == "info":
+            if extra:
+                raise ConfigError(f"unrecognized arguments: {' '.join(extra)} (see hrope info --help)")
+            print(json.dumps(environment(), indent=2) if args.json else report().rstrip("\n"))
         elif args.figure == "plane-accuracy":
             _check_out(args.out, "--out")
             print(f"wrote {plot_plane_accuracy(args.run, args.out)}")
