@@ -44,6 +44,7 @@ LAYERS = {
     "hrope.nvs.build_data": 14,
     "hrope.nvs.checkpoints": 14,
     "hrope.nvs.plane_accuracy": 14,
+    "hrope.nvs.pretrained": 14.5,  # reads checkpoints; viz and evaluate load through it
     "hrope.nvs.train": 15,
     "hrope.nvs.viz": 15,
     "hrope.nvs.evaluate": 16,

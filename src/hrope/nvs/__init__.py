@@ -3,7 +3,8 @@
 Modules, each importing only the ones listed before it (and the library, :mod:`hrope`):
 ``config`` (run configs), ``metrics``, ``data`` (scenes, synthetic generator, real-data loaders),
 ``plane_fitting`` (per-patch planes fitted to depth), ``sources`` (per-patch parameter sources),
-``model`` (LVSM), ``build_data`` (the datasets of a run config), ``checkpoints``, ``distributed``,
+``model`` (LVSM), ``build_data`` (the datasets of a run config), ``checkpoints``, ``pretrained``
+(saved model folders), ``distributed``,
 ``train_step`` (one training step), ``train`` (the loop),
 ``evaluate``, ``viz``, ``protocols``, ``demo``, ``cli``.
 
