@@ -7,7 +7,9 @@ as one line on stderr and exits with status 2; any other exception is a bug and 
 
 from __future__ import annotations
 
-__all__ = ["InputError", "EncodingError"]
+import torch
+
+__all__ = ["InputError", "EncodingError", "checks_values"]
 
 
 class InputError(ValueError):
@@ -16,3 +18,10 @@ class InputError(ValueError):
 
 class EncodingError(InputError):
     """Invalid input to an encoding (shapes, missing or malformed parameters)."""
+
+
+def checks_values() -> bool:
+    """Whether data-dependent input checks (finite values, positive depths, proper rotations, ...) run:
+    always, except while ``torch.compile`` traces, where each would break the graph (and wait for
+    the device); shape, dtype and device checks run there too."""
+    return not torch.compiler.is_compiling()

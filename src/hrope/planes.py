@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from .cameras import Cameras
-from .errors import InputError
+from .errors import InputError, checks_values
 from .geometry import patch_rays, patchify, pixel_rays
 
 __all__ = [
@@ -114,12 +114,12 @@ class Planes:
             raise PlaneError(f"normal must have shape (B, N, 3), got {tuple(normal.shape)}")
         if depth.shape != normal.shape[:2]:
             raise PlaneError(f"depth must have shape {tuple(normal.shape[:2])}, got {tuple(depth.shape)}")
-        if not (torch.isfinite(normal).all() and torch.isfinite(depth).all()):
+        if checks_values() and not (torch.isfinite(normal).all() and torch.isfinite(depth).all()):
             raise PlaneError("normal and depth must be finite (found NaN or inf)")
-        if (depth <= 0).any():
+        if checks_values() and (depth <= 0).any():
             raise PlaneError(f"depth must be positive, min is {float(depth.min()):g}")
         length = normal.norm(dim=-1, keepdim=True)
-        if (length < 1e-6).any():
+        if checks_values() and (length < 1e-6).any():
             raise PlaneError("normal has (near) zero length; a plane needs a direction")
         self.normal: Tensor | None = normal / length
         self.depth: Tensor | None = depth
@@ -130,7 +130,7 @@ class Planes:
         """Planes from the plane vector ``m = n / d`` ``(B, N, 3)`` in each token's camera frame."""
         if m.ndim != 3 or m.shape[-1] != 3:
             raise PlaneError(f"m must have shape (B, N, 3), got {tuple(m.shape)}")
-        if not torch.isfinite(m).all():
+        if checks_values() and not torch.isfinite(m).all():
             raise PlaneError("m must be finite (found NaN or inf)")
         planes = cls.__new__(cls)
         planes.normal = planes.depth = None

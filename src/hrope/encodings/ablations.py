@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..cameras import Cameras
+from ..errors import checks_values
 from ..geometry import geometry_dtype, invert_intrinsics, invert_se3, lift, make_se3, patch_rays
 from ..planes import Planes, clamp_depth, clamp_inverse_depth, clamp_plane_vectors
 from .base import Encoding, EncodingError, TokenTransform, per_token_param
@@ -30,6 +31,8 @@ __all__ = ["PatchTransformEncoding", "HRoPEDepth", "HRoPESO3", "HRoPESE3", "HRoP
 
 
 def _check_rotations(R: Tensor, what: str, atol: float = 1e-3) -> None:
+    if not checks_values():
+        return
     eye = torch.eye(3, dtype=R.dtype, device=R.device)
     err = (R.transpose(-1, -2) @ R - eye).abs().amax()
     if err > atol or (torch.linalg.det(R) <= 0).any():
@@ -94,7 +97,7 @@ class HRoPEDepth(PatchTransformEncoding):
         self, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype, planes: Planes | None, *, depth: Tensor
     ) -> tuple[Tensor, Tensor]:
         z = per_token_param(depth, cameras, grid, (), "depth", dtype)
-        if not (z > 0).all():
+        if checks_values() and not (z > 0).all():
             raise EncodingError(
                 f"hrope-depth: depth must be positive (z-depth along the patch-centre ray), "
                 f"min is {float(z.detach().min()):g}"
@@ -130,7 +133,7 @@ class HRoPESE3(PatchTransformEncoding):
         G = per_token_param(transform, cameras, grid, (4, 4), "transform", dtype)
         _check_rotations(G[..., :3, :3], "transform[..., :3, :3]")
         bottom = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=dtype, device=G.device)
-        if (G[..., 3, :] - bottom).abs().amax() > 1e-6:
+        if checks_values() and (G[..., 3, :] - bottom).abs().amax() > 1e-6:
             raise EncodingError("transform must have bottom row [0, 0, 0, 1]")
         return G, invert_se3(G)
 
@@ -157,7 +160,7 @@ class HRoPEPF(PatchTransformEncoding):
         m = clamp_plane_vectors(planes.m(cameras, grid, dtype).reshape(B, V, P, 3))
         rays = patch_rays(cameras.normalized_K(dtype), grid)
         inverse_depth = (m * rays).sum(-1)  # 1 / z of the point where the plane crosses the ray
-        if not (inverse_depth > 0).all():
+        if checks_values() and not (inverse_depth > 0).all():
             raise EncodingError("hrope-pf needs planes crossing every patch-centre ray in front of the camera")
         p = rays / clamp_inverse_depth(inverse_depth)[..., None]
         direction = m / m.abs().amax(-1, keepdim=True)  # m != 0 here; scaled so that the norm cannot underflow
@@ -179,6 +182,6 @@ class HRoPEFull(PatchTransformEncoding):
     ) -> tuple[Tensor, Tensor]:
         G = per_token_param(transform, cameras, grid, (4, 4), "transform", dtype)
         G_inv, info = torch.linalg.inv_ex(G)
-        if (info != 0).any() or not torch.isfinite(G_inv).all():
+        if checks_values() and ((info != 0).any() or not torch.isfinite(G_inv).all()):
             raise EncodingError("hrope-full transform is singular for at least one token")
         return G, G_inv
