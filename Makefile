@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/query_frame_scaling.py --variants --threads 1
 	$(PY) benchmarks/render_speed.py --threads 1
 	$(PY) benchmarks/train_throughput.py
+	$(PY) benchmarks/compile_speed.py --threads 1
 	$(PY) benchmarks/real_loading.py
 
 bench-gpu: $(STAMP)  # on a CUDA machine, with a CUDA build of torch (TORCH_SPEC); at most ten minutes

@@ -151,9 +151,8 @@ class BandedOperator:
         strided_out = not torch.compiler.is_compiling()
         if self.tile_matrix is not None:
             tiled = self.tile_matrix.shape[-1]
-            if strided_out and not is_small(
-                x
-            ):  # a strided out= is ~2x slower for small x, a temporary slower for large x
+            # a strided out= is ~2x slower for small x, a temporary slower for large x
+            if strided_out and not is_small(x):
                 torch.matmul(x[..., :tiled], self.tile_matrix, out=out[..., :tiled])
             else:
                 out[..., :tiled] = torch.matmul(x[..., :tiled], self.tile_matrix)
