@@ -2,6 +2,7 @@
 # TORCH_SPEC selects the torch installed first (default torch==2.13.0; which build pip picks
 # depends on the configured index: the development machines resolve it to a local CPU wheel).
 # GPU users: point pip at their CUDA wheels; any torch in the range in pyproject.toml works.
+# Another torch build in its own environment: make test VENV=.venv-torch215 TORCH_SPEC="torch==2.15.*"
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
@@ -40,6 +41,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/query_frame_scaling.py --variants --threads 1
 	$(PY) benchmarks/render_speed.py --threads 1
 	$(PY) benchmarks/train_throughput.py
+	$(PY) benchmarks/compile_speed.py --threads 1
 	$(PY) benchmarks/real_loading.py
 
 bench-gpu: $(STAMP)  # on a CUDA machine, with a CUDA build of torch (TORCH_SPEC); at most ten minutes

@@ -230,3 +230,22 @@ def test_plane_conditioning_norms_are_one_within_a_view_at_infinity_and_grow_wit
     capped = pair_norms(clamp_plane_vectors(near, 2.0), batch, grid)[0]
     assert stretched[0, P:].min() > 5 * norms[0, P:].max()
     assert capped[0, P:].max() < stretched[0, P:].min()
+
+
+@pytest.mark.slow
+def test_compile_speed_times_eager_and_compiled_rows(tmp_path):
+    """benchmarks/compile_speed.py: an attention row and an LVSM training-step row, each timed eager
+    and compiled (the eager backend here: graph capture without code generation), with the ratio."""
+    import json
+
+    import compile_speed
+
+    argv = ["--encodings", "prope", "--models", "none", "--grid", "2", "2", "--rounds", "1", "--reps", "1"]
+    compile_speed.main([*argv, "--backend", "eager", "--out", str(tmp_path)])
+    results = json.loads((tmp_path / "compile_speed.json").read_text())
+    rows = results["results"]
+    assert [(r["row"], r["encoding"]) for r in rows] == [("attention", "prope"), ("LVSM train step", "none")]
+    for r in rows:
+        assert r["eager_ms"] > 0 and r["compiled_ms"] > 0 and r["speedup"] == r["eager_ms"] / r["compiled_ms"]
+    assert results["meta"]["backend"] == "eager" and set(results["meta"]["provenance"]) == {"commit", "dirty", "torch"}
+    assert "| attention | prope |" in (tmp_path / "compile_speed.md").read_text()

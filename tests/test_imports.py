@@ -27,6 +27,7 @@ LAYERS = {
     "hrope.encodings.": 3,
     "hrope.tokens": 4,
     "hrope.attention": 5,
+    "hrope.about": 5,
     "hrope.reference": 5,
     "hrope.testing": 5,
     "hrope": 6,
@@ -46,6 +47,7 @@ LAYERS = {
     "hrope.nvs.build_data": 14,
     "hrope.nvs.checkpoints": 14,
     "hrope.nvs.plane_accuracy": 14,
+    "hrope.nvs.pretrained": 14.5,  # reads checkpoints; viz and evaluate load through it
     "hrope.nvs.train": 15,
     "hrope.nvs.viz": 15,
     "hrope.nvs.evaluate": 16,

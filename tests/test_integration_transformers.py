@@ -273,6 +273,31 @@ def test_the_attention_function_matches_the_library_on_random_layouts(name, view
     torch.testing.assert_close(decoded, full[:, :, L:].transpose(1, 2), rtol=0, atol=1e-13)  # measured 1.3e-15
 
 
+@pytest.mark.parametrize("groups_heads", [True, False])
+def test_grouped_heads_equal_repeated_heads_with_or_without_sdpa_grouping(monkeypatch, groups_heads):
+    """SDPA groups key / value heads itself (enable_gqa) from torch 2.5 only; the attention function
+    repeats them before: either way the output is the attention over explicitly repeated heads,
+    in a full forward and when decoding over the cache."""
+    import hrope.integrations.transformers as adapter
+
+    monkeypatch.setattr(adapter, "SDPA_GROUPS_HEADS", groups_heads and adapter.SDPA_GROUPS_HEADS)
+    cameras = random_cameras(B=2, V=2, seed=3)
+    L, new = 2 * P + 1, 2
+    positions = list(range(1, L))
+    q, _, _ = random_qkv(2, 4, L + new, HEAD_DIM, seed=4)
+    _, k, v = random_qkv(2, 2, L + new, HEAD_DIM, seed=5)
+    k4, v4 = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    inputs = encoding_inputs("prope", cameras, GRID, seed=2)
+    g = Geometry("prope", cameras, GRID, camera_tokens=positions, **inputs)
+    out, _ = attention_forward(Attention(True), q[:, :, :L], k[:, :, :L], v[:, :, :L], None, hrope_geometry=g)
+    decoded, _ = attention_forward(Attention(True), q[:, :, L:], k, v, None, hrope_geometry=g)
+    options = dict(encoding="prope", cameras=cameras, grid=GRID, camera_tokens=positions, is_causal=True)
+    expected = hrope.multiview_attention(q[:, :, :L], k4[:, :, :L], v4[:, :, :L], **options)
+    full = hrope.multiview_attention(q, k4, v4, **options)
+    torch.testing.assert_close(out, expected.transpose(1, 2), rtol=0, atol=1e-13)
+    torch.testing.assert_close(decoded, full[:, :, L:].transpose(1, 2), rtol=0, atol=1e-13)
+
+
 def test_the_geometry_is_active_only_inside_its_block_and_thread():
     cameras = random_cameras(B=1, V=1, seed=7)
     q, k, v = random_qkv(1, 2, P, HEAD_DIM, seed=7)

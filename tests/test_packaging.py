@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from packaging.requirements import Requirement
 
 from hrope.nvs import REQUIREMENTS
 
@@ -95,3 +96,32 @@ def test_core_install_in_a_fresh_virtualenv_runs_the_quick_start(tmp_path):
     assert command.returncode == 2
     lines = command.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'hrope[nvs]'" in lines[0], command.stderr
+    for command in ("--version", "info"):  # the library alone answers these
+        answer = subprocess.run([str(env_dir / "bin" / "hrope"), command], capture_output=True, text=True)
+        assert answer.returncode == 0 and answer.stdout.startswith("hrope "), answer.stderr
+    assert "NVS toolkit: missing" in answer.stdout and "hrope-lift" in answer.stdout
+
+
+# torch releases users have: the oldest supported, the one `make` installs, and the newest ones
+TORCH_RELEASES = ("2.4.0", "2.5.1", "2.13.0", "2.14.1", "2.15.0")
+
+
+def declared_torch() -> Requirement:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return next(r for r in map(Requirement, project["dependencies"]) if r.name == "torch")
+
+
+def test_the_declared_torch_range_admits_the_installed_torch_and_current_releases():
+    torch_range = declared_torch().specifier
+    assert torch_range.contains(torch.__version__, prereleases=True), (torch.__version__, str(torch_range))
+    for release in TORCH_RELEASES:
+        assert torch_range.contains(release), (release, str(torch_range))
+    assert not torch_range.contains("2.3.1")  # nn.RMSNorm (the model's QK-norm) arrived in 2.4
+
+
+def test_the_readme_and_the_makefile_state_the_declared_range():
+    """The README states the range pyproject declares, and the Makefile's default TORCH_SPEC is in it."""
+    readme = (ROOT / "README.md").read_text()
+    assert f"accepts any torch `{declared_torch().specifier}`" in readme
+    default = re.search(r"^TORCH_SPEC \?= torch==(\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    assert declared_torch().specifier.contains(default)

@@ -7,6 +7,7 @@ The library: :class:`Cameras`, :class:`Planes`, :func:`multiview_attention`, the
 toolkit lives in :mod:`hrope.nvs` (``pip install 'hrope[nvs]'``).
 """
 
+from .about import package_version
 from .attention import KVCache, cross_attention, multiview_attention
 from .cameras import CameraError, Cameras
 from .encodings import ENCODINGS, Encoding, EncodingError, Prepared, QueryFrameTransform, TokenTransform, get_encoding
@@ -14,7 +15,7 @@ from .errors import InputError
 from .planes import PlaneError, Planes
 from .tokens import MixedTokens
 
-__version__ = "0.1.0"
+__version__ = package_version()  # the installed distribution's (pyproject.toml)
 
 __all__ = [
     "InputError",

@@ -134,7 +134,7 @@ class Planes:
             return
         if not (torch.isfinite(normal).all() and torch.isfinite(depth).all()):
             raise PlaneError("normal and depth must be finite (found NaN or inf)")
-        if (depth <= 0).any():
+        if checking_values() and (depth <= 0).any():
             raise PlaneError(f"depth must be positive, min is {float(depth.min()):g}")
         if (normal.norm(dim=-1) < 1e-6).any():
             raise PlaneError("normal has (near) zero length; a plane needs a direction")

@@ -147,14 +147,19 @@ class BandedOperator:
         """``D x`` for x ``(B, heads, V, P, head_dim)`` without autograd, written into one new
         tensor (no temporaries of x's size)."""
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        # torch.compile traces no strided out= (a graph break); it writes through slices instead
+        strided_out = not torch.compiler.is_compiling()
         if self.tile_matrix is not None:
             tiled = self.tile_matrix.shape[-1]
-            if is_small(x):  # a strided out= is ~2x slower for small x, a temporary slower for large x
-                out[..., :tiled] = torch.matmul(x[..., :tiled], self.tile_matrix)
-            else:
+            # a strided out= is ~2x slower for small x, a temporary slower for large x
+            if strided_out and not is_small(x):
                 torch.matmul(x[..., :tiled], self.tile_matrix, out=out[..., :tiled])
-        if self.main is not None:
+            else:
+                out[..., :tiled] = torch.matmul(x[..., :tiled], self.tile_matrix)
+        if self.main is not None and strided_out:
             torch.mul(x[..., self.main_start :], self.main, out=out[..., self.main_start :])
+        elif self.main is not None:
+            out[..., self.main_start :] = x[..., self.main_start :] * self.main
         for offset, start, table in self.diagonals:
             stop = start + table.shape[-1]
             out[..., start:stop].addcmul_(x[..., start + offset : stop + offset], table)

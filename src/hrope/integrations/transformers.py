@@ -36,7 +36,11 @@ from ..encodings import Encoding, EncodingError, Prepared, get_encoding
 from ..planes import Planes
 from ..tokens import CameraTokens, MixedTokens, camera_positions
 
-__all__ = ["NAME", "KWARG", "Geometry", "attention_forward"]
+__all__ = ["NAME", "KWARG", "Geometry", "attention_forward", "SDPA_GROUPS_HEADS"]
+
+# SDPA groups key / value heads itself (enable_gqa) from torch 2.5; before, they are repeated to the
+# query heads (before the encoding or after it alike: it transforms every head the same way)
+SDPA_GROUPS_HEADS = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
 
 NAME = "hrope"  # attn_implementation
 KWARG = "hrope_geometry"  # the model-call keyword argument
@@ -164,8 +168,11 @@ def attention_forward(
         scale=scaling,
         is_causal=bool(L > 1 and attention_mask is None and causal),
     )
-    if key.shape[1] != query.shape[1]:
+    if key.shape[1] != query.shape[1] and SDPA_GROUPS_HEADS:
         sdpa["enable_gqa"] = True
+    elif key.shape[1] != query.shape[1]:
+        groups = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
     transform = geometry.transform(T, query.shape[-1], query.dtype)
     if L == T:
         out = transform.attention(query, key, value, **sdpa)

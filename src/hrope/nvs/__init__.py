@@ -4,7 +4,8 @@ Modules, each importing only the ones listed before it (and the library, :mod:`h
 ``atomic`` (files written whole), ``folder_lock`` (one process per run folder), ``config`` (run configs),
 ``metrics``, ``data`` (scenes, synthetic generator, real-data loaders),
 ``plane_fitting`` (per-patch planes fitted to depth), ``sources`` (per-patch parameter sources),
-``model`` (LVSM), ``build_data`` (the datasets of a run config), ``checkpoints``, ``distributed``,
+``model`` (LVSM), ``build_data`` (the datasets of a run config), ``checkpoints``, ``pretrained``
+(saved model folders), ``distributed``,
 ``train_step`` (one training step), ``train`` (the loop),
 ``evaluate``, ``viz``, ``protocols``, ``demo``, ``cli``.
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+
+from ..about import report, version_line
 
 __all__ = ["REQUIREMENTS", "missing_requirements", "main"]
 
@@ -37,9 +40,18 @@ def missing_requirements() -> list[str]:
     return [dist for module, dist in REQUIREMENTS.items() if importlib.util.find_spec(module) is None]
 
 
+# the commands that need the library alone: they run without the toolkit's dependencies
+LIBRARY_COMMANDS = (["--version"], ["info"])
+
+
 def main(argv: list[str] | None = None) -> None:
-    """The ``hrope`` command: a one-line error (exit 2) when the toolkit is not installed."""
+    """The ``hrope`` command: a one-line error (exit 2) when the toolkit is not installed, except
+    for ``hrope --version`` and ``hrope info`` (which then also name what is missing)."""
+    args = sys.argv[1:] if argv is None else list(argv)
     missing = missing_requirements()
+    if missing and args in LIBRARY_COMMANDS:
+        print(version_line() if args == ["--version"] else report() + f"NVS toolkit: missing {', '.join(missing)}")
+        sys.exit(0)
     if missing:
         print(
             f"hrope: the NVS toolkit needs {', '.join(missing)}; install it with: pip install 'hrope[nvs]'",
@@ -48,4 +60,4 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     from .cli import main as cli_main
 
-    cli_main(argv)
+    cli_main(args)

@@ -11,8 +11,12 @@
                [--views I,J,...] [--image-size S] [--patch-size P] [--depth none|points|maps] [--device D]
     hrope viz attention RUN [RUN ...] --query X,Y [--out DIR] [--scene N] [--head H] [--device auto|cpu|cuda]
     hrope config [CONFIG] [--section.key VALUE ...]
+    hrope export CHECKPOINT FOLDER [--overwrite]
+    hrope info [--json]
+    hrope --version
 
-CHECKPOINT is a ``checkpoint.safetensors`` file or the run folder holding it. ``--data.key VALUE``
+CHECKPOINT is a ``checkpoint.safetensors`` file or the run folder holding it; ``eval`` and ``viz planes``
+also take a saved model folder (``export`` writes one, :mod:`hrope.nvs.pretrained`). ``--data.key VALUE``
 overrides the run's data config (e.g. ``--data.kind re10k --data.root DIR --data.eval_index FILE``).
 Overrides go after the CONFIG/CHECKPOINT argument (``--key VALUE`` before it is an error). Without
 ``--protocol``, ``eval`` scores the run's own held-out split; with it, all checkpoints go into one
@@ -28,11 +32,13 @@ device, an ``--out`` that is an existing file). Any other exception is a bug and
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
 from pathlib import Path
 
+from ..about import environment, report, version_line
 from ..errors import InputError
 from .checkpoints import run_folder
 from .config import (
@@ -50,6 +56,7 @@ from .config import (
 from .config_docs import describe_config
 from .evaluate import evaluate
 from .model import ModelConfig, count_parameters
+from .pretrained import export_run
 from .protocol_report import write_results
 from .protocols import run_protocol
 from .train import train
@@ -59,6 +66,9 @@ __all__ = ["main", "run", "USER_ERRORS"]
 
 # what the command reports as one line with exit status 2: bad input, and user-given paths
 USER_ERRORS = (InputError, FileNotFoundError, IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError)
+
+
+CHECKPOINT_HELP = "checkpoint.safetensors file, the run folder holding it, or a saved model folder (hrope export)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -115,9 +125,7 @@ def _add_eval(commands) -> None:
         "after the CHECKPOINT arguments, e.g.\n"
         "  hrope eval runs/x --data.kind folder --data.root DIR --data.eval_root null",
     )
-    evaluate.add_argument(
-        "checkpoints", nargs="+", metavar="CHECKPOINT", help="checkpoint.safetensors file or the run folder holding it"
-    )
+    evaluate.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=CHECKPOINT_HELP)
     evaluate.add_argument(
         "--protocol",
         default=None,
@@ -160,7 +168,7 @@ def _add_viz(commands) -> None:
     planes = viz_commands.add_parser(
         "planes", help="predicted plane normals, vs ground truth when the data has it (plane encodings)"
     )
-    planes.add_argument("checkpoint", help="checkpoint.safetensors file or the run folder holding it")
+    planes.add_argument("checkpoint", help=CHECKPOINT_HELP)
     planes.add_argument("--out", default=None, help="output folder for planes.png (default: <run>/viz)")
     planes.add_argument(
         "--num-scenes",
@@ -273,11 +281,31 @@ def _add_config(commands) -> None:
     )
 
 
+def _add_export(commands) -> None:
+    """``hrope export CHECKPOINT FOLDER [--overwrite]``."""
+    export = commands.add_parser(
+        "export",
+        help="write a run's model as a saved model folder (config.json, model.safetensors, README.md model card)",
+    )
+    export.add_argument("checkpoint", help="checkpoint.safetensors file or the run folder holding it")
+    export.add_argument("folder", help="the saved model folder to write (hrope eval / viz accept it)")
+    export.add_argument("--overwrite", action="store_true", help="replace a saved model already in FOLDER")
+
+
+def _add_info(commands) -> None:
+    """``hrope info [--json]``."""
+    info = commands.add_parser(
+        "info", help="versions, torch build, CUDA / Triton, encodings and transform backends (for bug reports)"
+    )
+    info.add_argument("--json", action="store_true", help="print the facts as JSON")
+
+
 def _parser() -> argparse.ArgumentParser:
     """The ``hrope`` parser: one sub-command per ``_add_*`` builder."""
     parser = _Parser(prog="hrope", description="HRoPE / LVSM novel view synthesis")
+    parser.add_argument("--version", action="version", version=version_line())
     commands = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_eval, _add_viz, _add_config):
+    for add in (_add_train, _add_eval, _add_viz, _add_config, _add_export, _add_info):
         add(commands)
     return parser
 
@@ -364,8 +392,9 @@ def run(argv: list[str]) -> int:
     try:
         args, extra = _parser().parse_known_args(argv)
         command = f"hrope {args.command}"
-        if args.command == "viz" and extra:
-            raise ConfigError(f"unrecognized arguments: {' '.join(extra)} (see hrope viz {args.figure} --help)")
+        if args.command in ("viz", "export", "info") and extra:
+            where = f"viz {args.figure}" if args.command == "viz" else args.command
+            raise ConfigError(f"unrecognized arguments: {' '.join(extra)} (see hrope {where} --help)")
         if args.command in ("train", "eval"):
             _check_override_order(argv, args, extra)
         if args.command == "train":
@@ -383,6 +412,10 @@ def run(argv: list[str]) -> int:
             run_eval(args, extra)
         elif args.command == "config":
             run_config(extra)
+        elif args.command == "export":
+            print(f"wrote {export_run(args.checkpoint, args.folder, overwrite=args.overwrite)}")
+        elif args.command == "info":
+            print(json.dumps(environment(), indent=2) if args.json else report().rstrip("\n"))
         elif args.figure == "3d":
             run_viz_3d(args)
         elif args.figure == "attention":

@@ -26,10 +26,11 @@ import torch
 
 from .atomic import write_json, write_text
 from .build_data import build_dataset, collate
-from .checkpoints import load_model, run_folder
+from .checkpoints import run_folder
 from .config import save_config, update_config
 from .metrics import LPIPS, ST_LPIPS_NAME, STLPIPS, image_metrics, st_lpips_weights
 from .plane_accuracy import GROUPS, METRICS, PlaneAccuracy
+from .pretrained import load_trained
 from .viz import save_image_grid
 
 __all__ = [
@@ -216,11 +217,12 @@ def evaluate(
     lpips_weights: str | None = None,
     data: dict | None = None,
 ) -> dict:
-    """Evaluate ``checkpoint`` (file or run folder) and write the outputs; returns the results dict.
+    """Evaluate ``checkpoint`` (file, run folder or saved model folder, :mod:`hrope.nvs.pretrained`)
+    and write the outputs; returns the results dict.
 
     ``data`` overrides keys of the run's ``data`` config section (e.g. a real dataset to test on).
     """
-    model, config = load_model(checkpoint, device)
+    model, config = load_trained(checkpoint, device)
     config = apply_eval_options(apply_data_overrides(config, data), num_scenes=num_scenes, lpips_weights=lpips_weights)
     weights = config["eval"]["lpips_weights"]
     lpips = LPIPS(weights).to(device) if weights else None

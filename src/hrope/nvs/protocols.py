@@ -54,7 +54,6 @@ import torch.nn.functional as F
 
 from ..cameras import Cameras
 from .build_data import build_scene_source, check_synthetic_data, synthetic_config
-from .checkpoints import load_model
 from .config import ConfigError, resolve
 from .data.dataset import DEFAULT_CONTEXT_GAP
 from .data.normalize import normalize_scene
@@ -66,6 +65,7 @@ from .data.synthetic import SyntheticConfig, make_scene
 from .evaluate import apply_data_overrides, apply_eval_options, evaluate_scenes, run_name
 from .metrics import LPIPS
 from .model import LVSM
+from .pretrained import load_trained
 
 __all__ = [
     "PROTOCOLS",
@@ -295,7 +295,7 @@ def _load_model(model_or_checkpoint, dataset_config: dict | None, device: str):
         model, checkpoint = model_or_checkpoint.to(device), None
         config = resolve({"model": {**model.config.to_dict(), "preset": None}})
     else:
-        model, config = load_model(model_or_checkpoint, device)
+        model, config = load_trained(model_or_checkpoint, device)
         checkpoint = str(model_or_checkpoint)
     return model.eval(), apply_data_overrides(config, dataset_config), checkpoint
 

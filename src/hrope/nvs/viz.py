@@ -1,11 +1,12 @@
 """Figures: image grids, predicted plane normals (the paper's Fig. 5), plane accuracy over training.
 
-``hrope viz planes CHECKPOINT``: for the run's held-out scenes (synthetic or real), every context
-view as input | input overlaid with the model's normals | its per-patch normal map (the planes it
-predicts or, for the ``external`` source, fits) | the data's planes, a column drawn only when the
-data has them (``batch.planes``: exact synthetic planes, or a least-squares fit to the data's
-depth). Normals are in the camera frame, facing the camera, coloured ``(n + 1) / 2`` (x red,
-y green, z blue; OpenCV axes); a patch without a plane (m = 0) is grey.
+``hrope viz planes CHECKPOINT`` (a run or a saved model folder): for the run's held-out scenes
+(synthetic or real), every context view as input | input overlaid with the model's normals | its
+per-patch normal map (the planes it predicts or, for the ``external`` source, fits) | the data's
+planes, a column drawn only when the data has them (``batch.planes``: exact synthetic planes, or a
+least-squares fit to the data's depth). Normals are in the camera frame, facing the camera,
+coloured ``(n + 1) / 2`` (x red, y green, z blue; OpenCV axes); a patch without a plane (m = 0) is
+grey.
 
 ``hrope viz plane-accuracy RUN``: the run's ``plane_accuracy.jsonl`` (written by training,
 :mod:`hrope.nvs.plane_accuracy`) over steps: normal error and depth error, context and target
@@ -27,9 +28,10 @@ from ..errors import InputError
 from ..planes import Planes
 from .atomic import save_figure, save_image
 from .build_data import build_dataset, collate
-from .checkpoints import load_model, run_folder
+from .checkpoints import run_folder
 from .config import Field
 from .plane_accuracy import GROUPS, LOG_NAME, read_log
+from .pretrained import load_trained
 
 __all__ = [
     "save_image_grid",
@@ -125,7 +127,7 @@ def visualize_planes(
 ) -> Path:
     """Write ``planes.png`` (see module doc) for ``num_scenes`` held-out scenes; returns its path."""
     Field("int", low=1).check("num_scenes", num_scenes, VizError)
-    model, config = load_model(checkpoint, device)
+    model, config = load_trained(checkpoint, device)
     dataset = build_dataset(config, "eval")
     scenes = [dataset[i] for i in range(min(num_scenes, len(dataset)))]
     batch = collate(scenes, config["data"]["num_context"], torch.device(device))
