@@ -24,6 +24,7 @@ from hrope.nvs import cli
 from hrope.nvs.checkpoints import save_checkpoint
 from hrope.nvs.data.synthetic import make_scene
 from hrope.nvs.model import build_model
+from hrope.nvs.pretrained import export_run
 from hrope.nvs.scene3d import (
     CORNERS,
     QUAD_SHRINK,
@@ -32,6 +33,7 @@ from hrope.nvs.scene3d import (
     _data_scene,
     build_scene,
     capture_scene,
+    is_run,
     patch_quads,
     rotation_to_wxyz,
     run_scene,
@@ -159,6 +161,15 @@ def test_run_scene_shows_the_models_planes(oracle_run):
     assert (context == context[0]).all()  # oracle context planes are the truth: zero error everywhere
     with pytest.raises(VizError, match="scene 99"):
         run_scene(oracle_run, scene=99)
+
+
+def test_a_saved_model_folder_shows_the_same_scene_as_its_run(oracle_run, tmp_path):
+    saved = export_run(oracle_run, tmp_path / "saved")
+    assert is_run(saved)
+    from_run, from_saved = run_scene(oracle_run), run_scene(saved)
+    assert [q.name for q in from_saved.quads] == [q.name for q in from_run.quads]
+    for a, b in zip(from_run.quads, from_saved.quads):
+        np.testing.assert_array_equal(a.corners, b.corners)
 
 
 def write_capture(folder: Path, scene) -> None:

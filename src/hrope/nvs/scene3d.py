@@ -266,10 +266,14 @@ def build_scene(
 
 
 def is_run(path: Path) -> bool:
-    """Whether ``path`` is a run (a checkpoint file, or a folder holding one) rather than a capture."""
+    """Whether ``path`` is a run (a checkpoint file, a folder holding one, or a saved model folder)
+    rather than a capture."""
     from .checkpoints import CHECKPOINT_NAME
+    from .pretrained import is_pretrained
 
-    return (path.is_file() and path.suffix == ".safetensors") or (path / CHECKPOINT_NAME).is_file()
+    return (
+        (path.is_file() and path.suffix == ".safetensors") or (path / CHECKPOINT_NAME).is_file() or is_pretrained(path)
+    )
 
 
 def run_scene(checkpoint: str | Path, scene: int = 0, layer: int = -1, colour: str = "normal", device="cpu") -> Scene3D:
@@ -278,9 +282,9 @@ def run_scene(checkpoint: str | Path, scene: int = 0, layer: int = -1, colour: s
     without planes shows the data's context planes and those carried into the target
     (:func:`hrope.nvs.transfer.transfer_planes`)."""
     from .build_data import build_dataset, collate
-    from .checkpoints import load_model
+    from .pretrained import load_trained
 
-    model, config = load_model(checkpoint, device)
+    model, config = load_trained(checkpoint, device)
     dataset = build_dataset(config, "eval")
     if not 0 <= scene < len(dataset):
         raise VizError(f"scene {scene} is out of range: the run's held-out split has {len(dataset)} scenes")

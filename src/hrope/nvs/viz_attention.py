@@ -116,9 +116,10 @@ def visualize_attention(
     """Write ``attention.png`` (module doc) for ``runs`` (run folders or checkpoints) on held-out
     scene ``scene`` of the first run; returns its path (default folder: ``<first run>/viz``)."""
     from .build_data import build_dataset, collate
-    from .checkpoints import load_model, run_folder
+    from .checkpoints import run_folder
+    from .pretrained import load_trained
 
-    models = [load_model(run, device) for run in runs]
+    models = [load_trained(run, device) for run in runs]
     first = models[0][0].config
     for (model, _), run in zip(models, runs):
         shape, first_shape = (
