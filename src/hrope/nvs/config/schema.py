@@ -117,6 +117,14 @@ class ModelSettings:
         "neutral depth of decoded planes and depths (scene units: the context baseline)",
         shown=False,
     )
+    additive: str | None = setting(
+        None,
+        Field("str", nullable=True),
+        "a parameterised encoding (hrope.nvs.model.APE_ENCODINGS) whose per-token values, from the "
+        "predictor, are embedded and added to the tokens on top of `encoding` (one without per-token "
+        "inputs); <name>-ape is encoding none with additive <name>",
+        shown=False,
+    )
     transform_backend: str = setting(
         "torch",
         Field("str", choices=BACKENDS),
@@ -330,6 +338,13 @@ class EvalSettings:
         None, _OPTIONAL_PATH, "local safetensors with AlexNet + LPIPS heads; null: LPIPS unavailable", resume=True
     )
     num_grid_scenes: int = setting(4, Field("int", low=0), "scenes in the evaluation image grid", resume=True)
+    split: str = setting(
+        "eval",
+        Field("str", choices=("eval", "val")),
+        "held-out scenes scored: eval (the test scenes) or val (validation scenes, disjoint from both, "
+        "for choosing options; synthetic kinds only)",
+        resume=True,
+    )
 
 
 SETTINGS: dict[str, dict[str, Setting]] = {
