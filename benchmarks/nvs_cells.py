@@ -44,7 +44,7 @@ from nvs_rows import Budget, Cell, cell_config, cell_settings, config_hash
 from nvs_store import CellStore
 from provenance import describe, provenance, source_fingerprint
 
-__all__ = ["CellRunner", "StaleCellsError", "code_provenance", "trained_at"]
+__all__ = ["CellRunner", "StaleCellsError", "StoppedCellError", "code_provenance", "trained_at"]
 
 METRICS_NAME = "metrics.json"
 PROTOCOLS_NAME = "protocols.json"
@@ -53,6 +53,10 @@ TRAINING_NAME = "training.json"  # provenance of the code training the cell; rem
 
 class StaleCellsError(RuntimeError):
     """Cached cells were trained by other code than the current one (pass ``allow_stale``)."""
+
+
+class StoppedCellError(RuntimeError):
+    """A cell's training stopped before its last step (SIGTERM): it keeps its checkpoint, gets no record."""
 
 
 def code_provenance() -> dict:
@@ -228,6 +232,11 @@ class CellRunner:
         folder = self.folder(cell)
         config = self.config(cell, folder)
         result, start, seconds = self._train(folder, config)
+        if result.step < config["train"]["steps"]:
+            raise StoppedCellError(
+                f"{self.cell_id(cell)}: training stopped at step {result.step} of {config['train']['steps']}; "
+                "its checkpoint is kept and the same command resumes it"
+            )
         trained = result.step - start
         self.trained.append(cell)
         model = result.model.eval()

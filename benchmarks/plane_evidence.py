@@ -5,8 +5,8 @@ Every row is trained on the same synthetic scenes with the same budget and seeds
 (``--cache``, by default the one of ``plane_evidence``, shared by the sets); the cells a report
 uses, with their per-scene metrics, go to ``OUT/cells.jsonl`` (committed, nvs_store.py), from
 which ``--report-only`` rebuilds the report without the cache. The report gives each row's paired
-difference to ``prope`` (per seed and scene) with a two-level bootstrap 95% confidence interval
-(nvs_report.paired_bootstrap), and the accuracy of learned planes against the neutral ones where
+difference to ``prope`` (per seed and scene) with the crossed-bootstrap 95% interval
+(intervals.crossed_bootstrap), and the accuracy of learned planes against the neutral ones where
 the data has ground truth. Rows whose planes use the target views' own geometry are labelled "with
 target geometry": no NVS model has that at test time.
 
@@ -27,8 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling nvs_* modules
 
-from nvs_cells import CellRunner, StaleCellsError, trained_at  # noqa: E402
-from nvs_report import paired_bootstrap, stat  # noqa: E402
+from nvs_cells import CellRunner, StaleCellsError, StoppedCellError, trained_at  # noqa: E402
+from intervals import METHOD, crossed_bootstrap  # noqa: E402
+from nvs_report import stat  # noqa: E402
 from nvs_rows import BUDGETS, Cell, Row  # noqa: E402
 from nvs_store import CELLS_NAME  # noqa: E402
 from provenance import describe  # noqa: E402
@@ -103,17 +104,18 @@ GPU_ROWS = (
     Row("urope"),
 )
 # The planned comparisons (docs/results.md): every rival given the same depth as HRoPE, the
-# context views' depth (``external``) splatted into the target camera, capped at the default |m|.
+# context views' depth (``external``) splatted into the target camera, planes capped at the
+# default |m| <= 2.
 DEPTH = {"predictor": "external", "options": TRANSFER}
 PLANNED_ROWS = (
     Row("prope", model_options=WORLD),
     Row("prope"),
     Row("hrope-lift", **DEPTH, model_options=WORLD),  # HRoPE's relative plane transform
     Row("prope", **DEPTH, model_options=WORLD + (("additive", "hrope-lift"),)),  # the same planes in the tokens
-    Row("hrope-lift-ape", **DEPTH),  # the same planes in the tokens, no relative encoding (world rays)
     Row("urope"),  # fixed anchors, no depth
     Row("worldrope", **DEPTH, encoding_options=(("footprint", False),)),  # urope anchored at the token's depth
     Row("worldrope", **DEPTH),  # worldrope with that depth instead of its learned head
+    Row("hrope-lift-ape", **DEPTH),  # the same planes in the tokens, no relative encoding (world rays)
 )
 # The near-camera cap |m| <= c of the geometry sources, chosen on the validation scenes (--split val).
 CAP_ROWS = tuple(
@@ -154,7 +156,7 @@ def row_report(records: list[dict], reference: list[dict]) -> dict:
     paired = [(r, by_seed[r["seed"]]) for r in sorted(records, key=lambda r: r["seed"]) if r["seed"] in by_seed]
     out = {"psnr": stat([r["metrics"]["psnr"] for r in records]), "seeds": sorted(r["seed"] for r in records)}
     if paired and all("per_scene" in r for pair in paired for r in pair):
-        out["vs_reference"] = paired_bootstrap(
+        out["vs_reference"] = crossed_bootstrap(
             [r["per_scene"]["psnr"] for r, _ in paired], [p["per_scene"]["psnr"] for _, p in paired]
         )
     planes = [r["planes"] for r in records if r.get("planes")]
@@ -281,8 +283,7 @@ def markdown(report: dict) -> str:
         f"seeds {report['seeds']}"
         + ("; scored on the **validation** scenes.  " if report.get("split") == "val" else ".  "),
         f"Δ: mean paired PSNR difference to `{report.get('reference', 'prope')}` (same seed, same held-out scene), "
-        "with a 95% two-level "
-        "bootstrap interval over seeds and scenes; **bold** where it excludes zero. † uses the target views' own "
+        f"with {METHOD}; **bold** where it excludes zero. † uses the target views' own "
         "geometry (an upper bound no NVS model has at test time). Plane errors (learned planes, last layer, vs the "
         "ground truth; neutral = the planes at zero head output): mean normal angle and relative depth error "
         "(per patch saturated at 1).",
@@ -398,7 +399,7 @@ def main(argv: list[str] | None = None) -> dict:
             split=args.split,
             log=lambda text: print(text, flush=True),
         )
-    except StaleCellsError as error:
+    except (StaleCellsError, StoppedCellError) as error:
         raise SystemExit(f"plane_evidence.py: error: {error}") from None
 
 

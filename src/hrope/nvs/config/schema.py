@@ -53,7 +53,7 @@ SCOPES = ("context", "all")
 ALIGNS = ("median", "none")
 # Known geometry (oracle, external): planes closer to the camera centre than 1/2 of the context
 # baseline (scenes are normalised to a unit baseline) are moved out to that distance. Measured in
-# docs/results.md ("Why geometry hurts on `object`"): uncapped, a few such planes destabilise
+# docs/notebook.md ("Why geometry hurts on `object`"): uncapped, a few such planes destabilise
 # training (object -0.95 dB, room +0.47 dB with transferred context depth; capped +0.05 and +0.80).
 DEFAULT_MAX_INVERSE_DISTANCE = 2.0
 # the parameter sources (model.predictor) and the targets each accepts; the first is its default
