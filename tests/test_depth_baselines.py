@@ -71,8 +71,9 @@ def test_ape_encoding_is_none_with_the_same_additive_embedding(batch):
         {"encoding": "prope", "rays": "world", "additive": "hrope-lift"},
         {"encoding": "worldrope"},
         {"encoding": "worldrope", "encoding_options": {"footprint": False}},
+        {"encoding": "rayrope"},
     ],
-    ids=["prope+additive", "worldrope", "worldrope-no-footprint"],
+    ids=["prope+additive", "worldrope", "worldrope-no-footprint", "rayrope"],
 )
 def test_the_context_depth_reaches_the_model_and_the_target_geometry_does_not(options, batch):
     model = make_model(predictor="external", predictor_options=TRANSFER, **options)
