@@ -108,8 +108,8 @@ GPU_ROWS = (
 # default |m| <= 2.
 DEPTH = {"predictor": "external", "options": TRANSFER}
 PLANNED_ROWS = (
-    Row("prope", model_options=WORLD),
     Row("prope"),
+    Row("prope", model_options=WORLD),
     Row("hrope-lift", **DEPTH, model_options=WORLD),  # HRoPE's relative plane transform
     Row("prope", **DEPTH, model_options=WORLD + (("additive", "hrope-lift"),)),  # the same planes in the tokens
     Row("urope"),  # fixed anchors, no depth
@@ -334,8 +334,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--reference",
         default=None,
-        help="the row every other row is paired with (a row of any set; default prope, for --set planned "
-        "prope (rays world), for --set cap the cap 2.0 row)",
+        help="the row every other row is paired with (a row of any set; default prope, for --set cap the cap 2.0 row)",
     )
     parser.add_argument(
         "--split",
