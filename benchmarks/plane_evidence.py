@@ -219,22 +219,27 @@ def run(
         "datasets": {},
     }
     for dataset in datasets:
-        reference_records = records.get((dataset, reference), [])
-        report["datasets"][dataset] = [
-            {
-                "row": row.label,
-                "target_geometry": uses_target_geometry(row),
-                "trained_at": sorted({trained_at(r) for r in records[(dataset, row)] if runner.is_stale(r)}),
-                **row_report(records[(dataset, row)], reference_records),
-            }
-            for row in rows
-            if (dataset, row) in records
-        ]
+        report["datasets"][dataset] = _dataset_rows(runner, records, dataset, rows, reference)
     out.mkdir(parents=True, exist_ok=True)
     runner.save()
     (out / f"{out.name}.json").write_text(json.dumps(report, indent=2))
     (out / f"{out.name}.md").write_text(markdown(report))
     return report
+
+
+def _dataset_rows(runner: CellRunner, records: dict[tuple, list[dict]], dataset: str, rows, reference: Row) -> list:
+    """The report rows of one dataset: each finished row with its difference to ``reference``."""
+    reference_records = records.get((dataset, reference), [])
+    return [
+        {
+            "row": row.label,
+            "target_geometry": uses_target_geometry(row),
+            "trained_at": sorted({trained_at(r) for r in records[(dataset, row)] if runner.is_stale(r)}),
+            **row_report(records[(dataset, row)], reference_records),
+        }
+        for row in rows
+        if (dataset, row) in records
+    ]
 
 
 def _fmt(value, digits=2) -> str:
