@@ -191,10 +191,11 @@ def _choices_table() -> list[str]:
             records = row_records(ref, dataset)
             delta = "—" if ref.row == PROPE else _delta(records, row_records(prope, dataset))[0]
             cells += [_psnr(records), delta]
-            seeds.add(len(records))
+            if records:
+                seeds.add(len(records))
         experiments = sorted({ref.experiment for ref, _ in where.values()})
         links = ", ".join(f"`{e}`" for e in experiments)
-        count = "/".join(str(n) for n in sorted(seeds))
+        count = "/".join(str(n) for n in sorted(seeds)) or "0"
         lines.append(f"| {inputs} | {name} | {' | '.join(cells)} | {count} | {links} |")
     return lines
 
