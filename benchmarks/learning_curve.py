@@ -4,8 +4,8 @@ Each row trains for ``--steps`` (default 3000, five times the ``full`` budget) p
 ``full`` budget's data, model, optimiser and learning-rate schedule (cosine over all steps), and is
 evaluated on the same held-out scenes every ``--every`` steps (training stops at each point,
 checkpoints, evaluates, and resumes exactly). At every point each row's PSNR is paired with the
-first row's (same seed, same scene) and given a two-level bootstrap 95% interval
-(nvs_report.paired_bootstrap). A finished run's curve (per-scene PSNR at every point, with the
+first row's (same seed, same scene) and given the crossed-bootstrap 95% interval
+(intervals.crossed_bootstrap). A finished run's curve (per-scene PSNR at every point, with the
 commit that trained it) is kept in ``OUT/runs/seed<s>/<row>/curve.json`` (git-ignored, with the
 run's checkpoints and logs) and in the report ``OUT/learning_curve.json`` (committed), and reused
 from either, so (row, seed) runs can be split over separate processes, a last call writes the
@@ -34,7 +34,8 @@ from hrope.nvs.build_data import build_dataset  # noqa: E402
 from hrope.nvs.evaluate import evaluate_model  # noqa: E402
 from hrope.nvs.plane_accuracy import PlaneAccuracy, measures_planes  # noqa: E402
 from hrope.nvs.train import train  # noqa: E402
-from nvs_report import paired_bootstrap, stat  # noqa: E402
+from intervals import METHOD, crossed_bootstrap  # noqa: E402
+from nvs_report import stat  # noqa: E402
 from nvs_rows import BUDGETS, Cell, Row, cell_config  # noqa: E402
 from provenance import describe, provenance  # noqa: E402
 
@@ -140,7 +141,7 @@ def summarise(curves: list[dict], labels: list[str], references: tuple[str, ...]
     by_row = {label: sorted((c for c in curves if c["row"] == label), key=lambda c: c["seed"]) for label in labels}
 
     def paired(label: str, reference: str, index: int) -> dict:
-        return paired_bootstrap(
+        return crossed_bootstrap(
             [c["points"][index]["per_scene_psnr"] for c in by_row[label]],
             [c["points"][index]["per_scene_psnr"] for c in by_row[reference]],
         )
@@ -191,7 +192,7 @@ def _main_table(report: dict, steps: list[int]) -> list[str]:
         f"Trained at: {', '.join(f'`{c}`' for c in commits)}  ",
         f"`{report['dataset']}`, seeds {seeds}, {report['steps']} steps (the `full` budget's model, data and "
         "optimiser; cosine schedule over all steps), 64 held-out scenes. PSNR mean ± std over seeds; below it "
-        f"the paired difference to `{summary[0]['row']}` with its 95% bootstrap interval over seeds and scenes "
+        f"the paired difference to `{summary[0]['row']}` with {METHOD} "
         "(bold where it excludes zero).",
         "",
         *_step_header(steps),

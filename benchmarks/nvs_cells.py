@@ -45,7 +45,7 @@ from nvs_rows import Budget, Cell, cell_config, cell_settings, config_hash
 from nvs_store import CellStore
 from provenance import describe, provenance, source_fingerprint
 
-__all__ = ["CellRunner", "StaleCellsError", "code_provenance", "trained_at"]
+__all__ = ["CellRunner", "StaleCellsError", "StoppedCellError", "code_provenance", "trained_at"]
 
 METRICS_NAME = "metrics.json"
 PROTOCOLS_NAME = "protocols.json"
@@ -54,6 +54,10 @@ TRAINING_NAME = "training.json"  # provenance of the code training the cell; rem
 
 class StaleCellsError(RuntimeError):
     """Cached cells were trained by other code than the current one (pass ``allow_stale``)."""
+
+
+class StoppedCellError(RuntimeError):
+    """A cell's training stopped before its last step (SIGTERM): it keeps its checkpoint, gets no record."""
 
 
 def code_provenance() -> dict:
@@ -87,10 +91,12 @@ class CellRunner:
         lpips_weights: str | None = None,
         max_datasets: int = 4,
         allow_stale: bool = False,
+        split: str = "eval",
     ) -> None:
         self.budget, self.cache, self.device, self.threads = budget, Path(cache), device, threads
         self.store = CellStore(store) if store is not None else None
         self.lpips_weights, self.max_datasets, self.allow_stale = lpips_weights, max_datasets, allow_stale
+        self.split = split
         self.provenance = code_provenance()
         self._lpips = LPIPS(lpips_weights).to(device) if lpips_weights else None
         self._datasets: dict[tuple, object] = {}
@@ -99,12 +105,18 @@ class CellRunner:
     # ------------------------------------------------------------------ paths and configs
     def config(self, cell: Cell, folder: Path) -> dict:
         return cell_config(
-            self.budget, cell, folder, device=self.device, threads=self.threads, lpips_weights=self.lpips_weights
+            self.budget,
+            cell,
+            folder,
+            device=self.device,
+            threads=self.threads,
+            lpips_weights=self.lpips_weights,
+            split=self.split,
         )
 
     def key(self, cell: Cell) -> str:
         """The cell's config hash (its cache key, with dataset, row and seed)."""
-        return config_hash(cell_settings(self.budget, cell, self.lpips_weights))
+        return config_hash(cell_settings(self.budget, cell, self.lpips_weights, self.split))
 
     def cell_id(self, cell: Cell) -> str:
         """``<dataset>/<row key>/seed<k>-<config hash>``: the cell's folder under the cache and its store id."""
@@ -215,13 +227,18 @@ class CellRunner:
         folder = self.folder(cell)
         config = self.config(cell, folder)
         result, start, seconds = self._train(folder, config)
+        if result.step < config["train"]["steps"]:
+            raise StoppedCellError(
+                f"{self.cell_id(cell)}: training stopped at step {result.step} of {config['train']['steps']}; "
+                "its checkpoint is kept and the same command resumes it"
+            )
         trained = result.step - start
         self.trained.append(cell)
         model = result.model.eval()
         planes = PlaneAccuracy() if measures_planes(model) else None
         metrics, per_scene, _ = evaluate_model(
             model,
-            self.dataset(config, "eval"),
+            self.dataset(config, self.split),
             config["data"]["num_context"],
             batch_size=config["eval"]["batch_size"],
             lpips=self._lpips,
@@ -243,7 +260,8 @@ class CellRunner:
             # Seconds for all `steps`, extrapolated from this session when the run was resumed.
             "train_seconds": seconds * result.step / trained if trained else None,
             "resumed_from_step": start,
-            "eval_scenes": len(self.dataset(config, "eval")),
+            "eval_scenes": len(self.dataset(config, self.split)),
+            "split": self.split,
             "metrics": metrics,
             "per_scene": {name: values for name, values in per_scene.items() if values},
             "planes": planes.means() if planes is not None else None,

@@ -19,7 +19,6 @@ import math
 import statistics
 from pathlib import Path
 
-import torch
 
 from nvs_rows import ABLATIONS, APE_ABLATIONS, VIEW_COUNTS, Row, Table
 from provenance import describe
@@ -58,35 +57,6 @@ def compare(a: dict | None, b: dict | None, floor: float = 0.0) -> dict | None:
     pooled = math.sqrt((a["std"] ** 2 + b["std"] ** 2) / 2)
     verdict = "within noise" if abs(delta) <= max(pooled, floor) else ("higher" if delta > 0 else "lower")
     return {"delta": delta, "pooled_std": pooled, "verdict": verdict}
-
-
-def paired_bootstrap(
-    a: list[list[float]], b: list[list[float]], *, resamples: int = 4000, seed: int = 0, level: float = 0.95
-) -> dict:
-    """Mean paired difference ``a - b`` with a percentile bootstrap confidence interval.
-
-    ``a`` and ``b`` hold one list of per-scene values per seed, the same seeds and held-out scenes
-    in the same order (a paired design: both rows trained with seed s, scored on scene i). Each
-    resample draws seeds and scenes with replacement (two levels, so the interval covers the
-    spread between training seeds as well as between scenes) and averages the differences.
-    Returns ``{"mean", "low", "high", "level", "seeds", "scenes", "excludes_zero"}``.
-    """
-    diff = torch.tensor(a, dtype=torch.float64) - torch.tensor(b, dtype=torch.float64)  # (seeds, scenes)
-    seeds, scenes = diff.shape
-    generator = torch.Generator().manual_seed(seed)
-    seed_draw = torch.randint(seeds, (resamples, seeds), generator=generator)
-    scene_draw = torch.randint(scenes, (resamples, seeds, scenes), generator=generator)
-    means = diff[seed_draw[..., None], scene_draw].mean(dim=(1, 2))
-    low, high = torch.quantile(means, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)).tolist()
-    return {
-        "mean": float(diff.mean()),
-        "low": low,
-        "high": high,
-        "level": level,
-        "seeds": seeds,
-        "scenes": scenes,
-        "excludes_zero": low > 0 or high < 0,
-    }
 
 
 def _metric_stat(records: list[dict], name: str):

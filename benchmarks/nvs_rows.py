@@ -244,9 +244,11 @@ def tables(budget: Budget) -> dict[str, Table]:
     }
 
 
-def cell_settings(budget: Budget, cell: Cell, lpips_weights: str | None = None) -> dict:
+def cell_settings(budget: Budget, cell: Cell, lpips_weights: str | None = None, split: str = "eval") -> dict:
     """The config values that determine a cell's result (the cache key hashes exactly these;
-    library defaults for keys not set here are not part of the key)."""
+    library defaults for keys not set here are not part of the key). ``split``: the held-out scenes
+    scored, ``eval`` (the test scenes) or ``val`` (validation scenes; set in the key only then, so
+    test-scored cells keep their keys)."""
     row = cell.row
     model = {**budget.model, "encoding": row.encoding, "predictor": row.predictor}
     if row.predictor == "external":
@@ -279,15 +281,23 @@ def cell_settings(budget: Budget, cell: Cell, lpips_weights: str | None = None) 
             "batch_size": 8,
             "lpips_weights": lpips_weights,
             "num_grid_scenes": 0,
+            **({} if split == "eval" else {"split": split}),
         },
     }
 
 
 def cell_config(
-    budget: Budget, cell: Cell, out: Path, *, device: str = "cpu", threads: int = 1, lpips_weights: str | None = None
+    budget: Budget,
+    cell: Cell,
+    out: Path,
+    *,
+    device: str = "cpu",
+    threads: int = 1,
+    lpips_weights: str | None = None,
+    split: str = "eval",
 ) -> dict:
     """The resolved ``hrope.nvs.train`` config of one cell (its run folder is ``out``)."""
-    values = cell_settings(budget, cell, lpips_weights)
+    values = cell_settings(budget, cell, lpips_weights, split)
     values["train"] = {
         **values["train"],
         "out": str(out),

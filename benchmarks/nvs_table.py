@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling nvs_* modules
 
-from nvs_cells import CellRunner, StaleCellsError, trained_at  # noqa: E402
+from nvs_cells import CellRunner, StaleCellsError, StoppedCellError, trained_at  # noqa: E402
 from nvs_report import claims, fig6_report, markdown, plots, table_report  # noqa: E402
 from nvs_rows import BUDGETS, Budget, Cell, tables  # noqa: E402
 from nvs_store import CELLS_NAME  # noqa: E402
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> dict:
             command=shlex.join(["python", "benchmarks/nvs_table.py", *argv]),
             log=lambda text: print(text, flush=True),
         )
-    except StaleCellsError as error:
+    except (StaleCellsError, StoppedCellError) as error:
         raise SystemExit(f"nvs_table.py: error: {error}") from None
 
 

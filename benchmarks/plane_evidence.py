@@ -5,8 +5,8 @@ Every row is trained on the same synthetic scenes with the same budget and seeds
 (``--cache``, by default the one of ``plane_evidence``, shared by the sets); the cells a report
 uses, with their per-scene metrics, go to ``OUT/cells.jsonl`` (committed, nvs_store.py), from
 which ``--report-only`` rebuilds the report without the cache. The report gives each row's paired
-difference to ``prope`` (per seed and scene) with a two-level bootstrap 95% confidence interval
-(nvs_report.paired_bootstrap), and the accuracy of learned planes against the neutral ones where
+difference to ``prope`` (per seed and scene) with the crossed-bootstrap 95% interval
+(intervals.crossed_bootstrap), and the accuracy of learned planes against the neutral ones where
 the data has ground truth. Rows whose planes use the target views' own geometry are labelled "with
 target geometry": no NVS model has that at test time.
 
@@ -26,8 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling nvs_* modules
 
-from nvs_cells import CellRunner, StaleCellsError, trained_at  # noqa: E402
-from nvs_report import paired_bootstrap, stat  # noqa: E402
+from nvs_cells import CellRunner, StaleCellsError, StoppedCellError, trained_at  # noqa: E402
+from intervals import METHOD, crossed_bootstrap  # noqa: E402
+from nvs_report import stat  # noqa: E402
 from nvs_rows import BUDGETS, Cell, Row  # noqa: E402
 from nvs_store import CELLS_NAME  # noqa: E402
 from provenance import describe  # noqa: E402
@@ -102,12 +103,47 @@ GPU_ROWS = (
     Row("hrope-lift", "oracle", options=TRANSFER, model_options=WORLD),
     Row("urope"),
 )
-SETS = {"planes": ROWS, "query-frame": QUERY_FRAME_ROWS, "gpu": GPU_ROWS}
+# The planned comparisons (docs/results.md): every rival given the same depth as HRoPE, the
+# context views' depth (``external``) splatted into the target camera, planes capped at the
+# default |m| <= 2.
+DEPTH = {"predictor": "external", "options": TRANSFER}
+PLANNED_ROWS = (
+    Row("prope"),
+    Row("prope", model_options=WORLD),
+    Row("hrope-lift", **DEPTH, model_options=WORLD),  # HRoPE's relative plane transform
+    Row("prope", **DEPTH, model_options=WORLD + (("additive", "hrope-lift"),)),  # the same planes in the tokens
+    Row("urope"),  # fixed anchors, no depth
+    Row("worldrope", **DEPTH, encoding_options=(("footprint", False),)),  # urope anchored at the token's depth
+    Row("worldrope", **DEPTH),  # worldrope with that depth instead of its learned head
+    Row("hrope-lift-ape", **DEPTH),  # the same planes in the tokens, no relative encoding (world rays)
+)
+# The near-camera cap |m| <= c of the geometry sources, chosen on the validation scenes (--split val).
+CAP_ROWS = tuple(
+    Row("hrope-lift", "external", options=TRANSFER + (("max_inverse_distance", cap),), model_options=WORLD)
+    for cap in (2.0, 1.0, 5.0, None)
+)
+SETS = {
+    "planes": ROWS,
+    "query-frame": QUERY_FRAME_ROWS,
+    "gpu": GPU_ROWS,
+    "planned": PLANNED_ROWS,
+    "cap": CAP_ROWS,
+}
 TITLES = {
     "planes": "Do HRoPE's planes help? Plane sources vs `prope`",
     "query-frame": "Why do the query-frame encodings lead on `room`? An ablation vs `prope`",
     "gpu": "The flagship at a larger budget (GPU subset) vs `prope`",
+    "planned": "Planned comparisons: HRoPE against rivals given the same depth",
+    "cap": "The near-camera cap, chosen on the validation scenes",
 }
+NAMES = {
+    "planes": "plane_evidence",
+    "query-frame": "query_frame_ablation",
+    "gpu": "flagship",
+    "planned": "planned",
+    "cap": "near_camera_cap",
+}
+REFERENCES = {"planned": PLANNED_ROWS[0], "cap": CAP_ROWS[0]}
 
 
 def uses_target_geometry(row: Row) -> bool:
@@ -120,7 +156,7 @@ def row_report(records: list[dict], reference: list[dict]) -> dict:
     paired = [(r, by_seed[r["seed"]]) for r in sorted(records, key=lambda r: r["seed"]) if r["seed"] in by_seed]
     out = {"psnr": stat([r["metrics"]["psnr"] for r in records]), "seeds": sorted(r["seed"] for r in records)}
     if paired and all("per_scene" in r for pair in paired for r in pair):
-        out["vs_reference"] = paired_bootstrap(
+        out["vs_reference"] = crossed_bootstrap(
             [r["per_scene"]["psnr"] for r, _ in paired], [p["per_scene"]["psnr"] for _, p in paired]
         )
     planes = [r["planes"] for r in records if r.get("planes")]
@@ -147,11 +183,18 @@ def run(
     title: str,
     cache: Path | None = None,
     reference: Row = REFERENCE,
+    split: str = "eval",
     log=print,
 ) -> dict:
     budget = replace(BUDGETS[budget_name], seeds=tuple(seeds))
     runner = CellRunner(
-        budget, cache or out / "cache", store=out / CELLS_NAME, device=device, threads=threads, allow_stale=allow_stale
+        budget,
+        cache or out / "cache",
+        store=out / CELLS_NAME,
+        device=device,
+        threads=threads,
+        allow_stale=allow_stale,
+        split=split,
     )
     rows = [reference] + [r for r in rows if r != reference]
     cells = [Cell(d, row, s) for d in datasets for row in rows for s in seeds]
@@ -171,26 +214,32 @@ def run(
         "provenance": runner.provenance,
         "budget": budget.as_dict(),
         "seeds": seeds,
+        **({} if split == "eval" else {"split": split}),
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "datasets": {},
     }
     for dataset in datasets:
-        reference_records = records.get((dataset, reference), [])
-        report["datasets"][dataset] = [
-            {
-                "row": row.label,
-                "target_geometry": uses_target_geometry(row),
-                "trained_at": sorted({trained_at(r) for r in records[(dataset, row)] if runner.is_stale(r)}),
-                **row_report(records[(dataset, row)], reference_records),
-            }
-            for row in rows
-            if (dataset, row) in records
-        ]
+        report["datasets"][dataset] = _dataset_rows(runner, records, dataset, rows, reference)
     out.mkdir(parents=True, exist_ok=True)
     runner.save()
     write_json(out / f"{out.name}.json", report)
     write_text(out / f"{out.name}.md", markdown(report))
     return report
+
+
+def _dataset_rows(runner: CellRunner, records: dict[tuple, list[dict]], dataset: str, rows, reference: Row) -> list:
+    """The report rows of one dataset: each finished row with its difference to ``reference``."""
+    reference_records = records.get((dataset, reference), [])
+    return [
+        {
+            "row": row.label,
+            "target_geometry": uses_target_geometry(row),
+            "trained_at": sorted({trained_at(r) for r in records[(dataset, row)] if runner.is_stale(r)}),
+            **row_report(records[(dataset, row)], reference_records),
+        }
+        for row in rows
+        if (dataset, row) in records
+    ]
 
 
 def _fmt(value, digits=2) -> str:
@@ -236,10 +285,10 @@ def markdown(report: dict) -> str:
         f"Commit: `{describe(report['provenance'])}`; generated {report['generated']}.  ",
         f"Budget `{budget['name']}`: model {budget['model']}, {budget['steps']} steps of batch {budget['batch_size']}, "
         f"{budget['train_scenes']} training scenes, {budget['eval_scenes']} held-out scenes; "
-        f"seeds {report['seeds']}.  ",
+        f"seeds {report['seeds']}"
+        + ("; scored on the **validation** scenes.  " if report.get("split") == "val" else ".  "),
         f"Δ: mean paired PSNR difference to `{report.get('reference', 'prope')}` (same seed, same held-out scene), "
-        "with a 95% two-level "
-        "bootstrap interval over seeds and scenes; **bold** where it excludes zero. † uses the target views' own "
+        f"with {METHOD}; **bold** where it excludes zero. † uses the target views' own "
         "geometry (an upper bound no NVS model has at test time). Plane errors (learned planes, last layer, vs the "
         "ground truth; neutral = the planes at zero head output): mean normal angle and relative depth error "
         "(per patch saturated at 1).",
@@ -278,7 +327,8 @@ def _parser() -> argparse.ArgumentParser:
         choices=sorted(SETS),
         default="planes",
         help="planes: the plane sources (default); query-frame: why urope leads on room; gpu: "
-        "the subset for a larger budget",
+        "the subset for a larger budget; planned: the planned comparisons (rivals given the same depth); "
+        "cap: the near-camera cap grid (score it with --split val)",
     )
     parser.add_argument(
         "--rows",
@@ -288,8 +338,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--reference",
-        default=REFERENCE.label,
-        help="the row every other row is paired with (a row of any set; default prope)",
+        default=None,
+        help="the row every other row is paired with (a row of any set; default prope, for --set cap the cap 2.0 row)",
+    )
+    parser.add_argument(
+        "--split",
+        choices=("eval", "val"),
+        default="eval",
+        help="held-out scenes scored: eval (the test scenes, for final tables) or val (validation scenes, "
+        "for choosing options; output folder suffix _val)",
     )
     parser.add_argument("--out", default=None, help="default benchmarks/results/plane_evidence[_<budget>]")
     parser.add_argument(
@@ -313,6 +370,8 @@ def _selected_rows(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error(f"unknown rows {unknown}; rows: {', '.join(r.label for r in choices)}")
     rows = [r for r in choices if wanted is None or r.label in wanted]
     known = {r.label: r for rows_of_set in SETS.values() for r in rows_of_set}
+    if args.reference is None:
+        return rows, REFERENCES.get(args.set, REFERENCE)
     if args.reference not in known:
         parser.error(f"unknown reference {args.reference!r}; rows: {', '.join(known)}")
     return rows, known[args.reference]
@@ -323,9 +382,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = _parser()
     args = parser.parse_args(argv)
     rows, reference = _selected_rows(parser, args)
-    suffix = "" if args.budget == "full" else f"_{args.budget}"
-    name = {"planes": "plane_evidence", "query-frame": "query_frame_ablation", "gpu": "flagship"}[args.set]
-    out = Path(args.out or f"benchmarks/results/{name}{suffix}")
+    suffix = ("" if args.budget == "full" else f"_{args.budget}") + ("" if args.split == "eval" else "_val")
+    out = Path(args.out or f"benchmarks/results/{NAMES[args.set]}{suffix}")
     cache = Path(args.cache) if args.cache else Path(f"benchmarks/results/plane_evidence{suffix}/cache")
     try:
         return run(
@@ -342,9 +400,10 @@ def main(argv: list[str] | None = None) -> dict:
             title=TITLES[args.set],
             cache=cache,
             reference=reference,
+            split=args.split,
             log=lambda text: print(text, flush=True),
         )
-    except StaleCellsError as error:
+    except (StaleCellsError, StoppedCellError) as error:
         raise SystemExit(f"plane_evidence.py: error: {error}") from None
 
 

@@ -87,7 +87,7 @@ RESOLVED_DEFAULTS = {
         "dist_timeout": 600,
         "init_from": None,
     },
-    "eval": {"num_scenes": 16, "batch_size": 4, "lpips_weights": None, "num_grid_scenes": 4},
+    "eval": {"num_scenes": 16, "batch_size": 4, "lpips_weights": None, "num_grid_scenes": 4, "split": "eval"},
 }
 
 

@@ -146,7 +146,8 @@ def _loader_options(data: dict, loader: Loader) -> dict:
 
 
 def build_dataset(config: dict, split: str = "train"):
-    """The dataset of ``config["data"]`` (``split`` "train" or "eval": held-out scenes).
+    """The dataset of ``config["data"]`` (``split`` "train", "eval": the held-out test scenes, or
+    "val": held-out validation scenes, synthetic kinds only).
 
     Synthetic kinds render ``data.num_scenes`` (train) or ``eval.num_scenes`` scenes (kept in
     memory when ``data.cache``); real kinds wrap :func:`build_scene_source` in
@@ -158,6 +159,11 @@ def build_dataset(config: dict, split: str = "train"):
     image_size = ModelConfig.from_dict(config["model"]).image_size
     num_scenes = data["num_scenes"] if split == "train" else config["eval"]["num_scenes"]
     gap = None if data["context_gap"] is None else tuple(data["context_gap"])
+    if split == "val" and data["kind"] not in KINDS:
+        raise ConfigError(
+            f"eval.split 'val' (validation scenes) is for the synthetic kinds ({', '.join(KINDS)}), "
+            f"not {data['kind']!r}; hold out scenes in data.eval_root instead"
+        )
     if data["kind"] in KINDS:
         dataset = SyntheticDataset(
             kind=data["kind"],

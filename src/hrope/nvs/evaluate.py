@@ -216,18 +216,22 @@ def evaluate(
     device: str = "cpu",
     lpips_weights: str | None = None,
     data: dict | None = None,
+    split: str | None = None,
 ) -> dict:
     """Evaluate ``checkpoint`` (file, run folder or saved model folder, :mod:`hrope.nvs.pretrained`)
     and write the outputs; returns the results dict.
 
-    ``data`` overrides keys of the run's ``data`` config section (e.g. a real dataset to test on).
+    ``data`` overrides keys of the run's ``data`` config section (e.g. a real dataset to test on);
+    ``split`` the scenes scored (``eval.split``: "eval", the test scenes, or "val").
     """
     model, config = load_trained(checkpoint, device)
-    config = apply_eval_options(apply_data_overrides(config, data), num_scenes=num_scenes, lpips_weights=lpips_weights)
+    config = apply_eval_options(
+        apply_data_overrides(config, data), num_scenes=num_scenes, lpips_weights=lpips_weights, split=split
+    )
     weights = config["eval"]["lpips_weights"]
     lpips = LPIPS(weights).to(device) if weights else None
     st_lpips = available_st_lpips(device, model.config.image_size)
-    dataset = build_dataset(config, "eval")
+    dataset = build_dataset(config, config["eval"]["split"])
     num_context = config["data"]["num_context"]
     accuracy = PlaneAccuracy()
     means, _, rows = evaluate_model(

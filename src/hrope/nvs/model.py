@@ -10,7 +10,10 @@ final LayerNorm, Linear to patches, sigmoid. No biases except in the parameter h
 Encodings: any registry name (``hrope.ENCODINGS``) or ``<name>-ape`` for a parameterised one:
 the APE variant predicts the same per-token parameters, embeds them with a linear layer and
 ADDS them to the tokens (the block's residual stream, before the block that predicted them),
-and attends with no geometric encoding (``none``), with world-frame rays.
+and attends with no geometric encoding (``none``), with world-frame rays. ``additive: <name>``
+adds the same embedding of ``<name>``'s parameters on top of any encoding without per-token inputs
+(e.g. ``prope``: PRoPE's relative transform plus the planes in the tokens); ``<name>-ape`` is
+``encoding: none, additive: <name>``.
 """
 
 from __future__ import annotations
@@ -79,6 +82,17 @@ class ModelConfig(ModelSettings):
             raise ModelError(f"unknown encoding {self.encoding!r}; available: {', '.join(encoding_names())}")
         if self.predictor not in PREDICTORS:
             raise ModelError(f"unknown predictor {self.predictor!r}; available: {', '.join(PREDICTORS)}")
+        if self.additive is not None:
+            if self.additive not in APE_ENCODINGS:
+                raise ModelError(
+                    f"model.additive {self.additive!r} is not an encoding with embeddable per-token values; "
+                    f"available: {', '.join(APE_ENCODINGS)}"
+                )
+            if self.is_ape or ENCODINGS[self.encoding].takes_token_inputs():
+                raise ModelError(
+                    f"model.additive needs an encoding without per-token inputs, got {self.encoding!r} "
+                    "(its values and the added ones would need two parameter sources)"
+                )
 
     @property
     def is_ape(self) -> bool:
@@ -87,6 +101,12 @@ class ModelConfig(ModelSettings):
     @property
     def base_encoding(self) -> str:
         return self.encoding[: -len(APE_SUFFIX)] if self.is_ape else self.encoding
+
+    @property
+    def embedded_encoding(self) -> str | None:
+        """The encoding whose per-token values are added to the tokens (``<name>-ape``: ``<name>``;
+        else ``additive``), or None."""
+        return self.base_encoding if self.is_ape else self.additive
 
     @property
     def ray_frame(self) -> str:
@@ -226,8 +246,12 @@ class LVSM(nn.Module):
         # Geometric encoding (a module: learnable options such as GTA's translation scale train).
         base = get_encoding(c.base_encoding, **c.encoding_options)
         self.encoding: Encoding = (get_encoding("none") if c.is_ape else base).use_backend(c.transform_backend)
+        embedded = c.embedded_encoding
+        parameterised = base if embedded is None or c.is_ape else get_encoding(embedded)
         plane_decoder = c.predictor_options.get("plane_decoder")
-        specs = parameter_specs(base, c.depth_init, plane_decoder) if base.takes_token_inputs() else []
+        specs = (
+            parameter_specs(parameterised, c.depth_init, plane_decoder) if parameterised.takes_token_inputs() else []
+        )
         self.source: ParameterSource | None = None
         self.ape: nn.ModuleList | None = None
         if specs:
@@ -246,12 +270,12 @@ class LVSM(nn.Module):
                     "model.folded_attention folds one transform per view into the weights; "
                     "predictor_options.per_head prepares one per head: turn one of them off"
                 )
-            if c.is_ape and self.source.attention_heads > 1:
+            if embedded is not None and self.source.attention_heads > 1:
                 raise ModelError(
-                    f"predictor_options.per_head needs a relative encoding; {c.encoding!r} adds its "
+                    f"predictor_options.per_head needs a relative encoding; {embedded!r} adds its "
                     "parameters to the tokens, once for all heads"
                 )
-            if c.is_ape:
+            if embedded is not None:
                 embed_dim = sum(s.embed_dim for s in specs)
                 count = c.layers if self.source.per_layer else 1
                 self.ape = nn.ModuleList(nn.Linear(embed_dim, c.dim, bias=False) for _ in range(count))

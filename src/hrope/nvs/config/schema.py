@@ -53,7 +53,7 @@ SCOPES = ("context", "all")
 ALIGNS = ("median", "none")
 # Known geometry (oracle, external): planes closer to the camera centre than 1/2 of the context
 # baseline (scenes are normalised to a unit baseline) are moved out to that distance. Measured in
-# docs/results.md ("Why geometry hurts on `object`"): uncapped, a few such planes destabilise
+# docs/notebook.md ("Why geometry hurts on `object`"): uncapped, a few such planes destabilise
 # training (object -0.95 dB, room +0.47 dB with transferred context depth; capped +0.05 and +0.80).
 DEFAULT_MAX_INVERSE_DISTANCE = 2.0
 # the parameter sources (model.predictor) and the targets each accepts; the first is its default
@@ -115,6 +115,14 @@ class ModelSettings:
         1.0,
         Field("float", above=0),
         "neutral depth of decoded planes and depths (scene units: the context baseline)",
+        shown=False,
+    )
+    additive: str | None = setting(
+        None,
+        Field("str", nullable=True),
+        "a parameterised encoding (hrope.nvs.model.APE_ENCODINGS) whose per-token values, from the "
+        "predictor, are embedded and added to the tokens on top of `encoding` (one without per-token "
+        "inputs); <name>-ape is encoding none with additive <name>",
         shown=False,
     )
     transform_backend: str = setting(
@@ -341,6 +349,13 @@ class EvalSettings:
         None, _OPTIONAL_PATH, "local safetensors with AlexNet + LPIPS heads; null: LPIPS unavailable", resume=True
     )
     num_grid_scenes: int = setting(4, Field("int", low=0), "scenes in the evaluation image grid", resume=True)
+    split: str = setting(
+        "eval",
+        Field("str", choices=("eval", "val")),
+        "held-out scenes scored: eval (the test scenes) or val (validation scenes, disjoint from both, "
+        "for choosing options; synthetic kinds only)",
+        resume=True,
+    )
 
 
 SETTINGS: dict[str, dict[str, Setting]] = {

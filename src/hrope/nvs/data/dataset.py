@@ -4,8 +4,10 @@
 context frames ``gap`` frames apart (``gap`` in ``context_gap``), extra context frames between
 them, and targets between them (``targets="interpolate"``) or outside them, at most ``gap / 2``
 frames away (``"extrapolate"``). ``split="train"`` draws frames at random from a stream keyed by
-``(seed, index, epoch)`` (call :meth:`set_epoch` to vary them); ``split="eval"`` is fixed per index
-and spaces the targets evenly. Every example is passed through :func:`normalize_scene`.
+``(seed, index, epoch)`` (call :meth:`set_epoch` to vary them); ``split="eval"`` (the test scenes)
+and ``split="val"`` (validation scenes, synthetic kinds only: options are chosen on them, the test
+scenes are scored once) are fixed per index and space the targets evenly. Every example is passed
+through :func:`normalize_scene`.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ __all__ = [
 
 TARGET_MODES = ("interpolate", "extrapolate")
 DEFAULT_CONTEXT_GAP = {"room": (25, 100), "object": (15, 60)}  # frames between the outer context views
-SPLITS = ("train", "eval")
+SPLITS = ("train", "eval", "val")
 
 
 class TooFewFramesError(SceneError):
@@ -117,7 +119,7 @@ class ViewSampling:
 
     def frames(self, index: int, num_frames: int) -> list[int]:
         train = self.split == "train"
-        key = ("views", self.seed, index, self.epoch) if train else ("eval-views", self.seed, index)
+        key = ("views", self.seed, index, self.epoch) if train else (f"{self.split}-views", self.seed, index)
         return sample_views(
             num_frames,
             self.num_context,
@@ -211,7 +213,8 @@ class SyntheticDataset(ViewSampling, Dataset):
             raise ValueError(f"image size {tuple(image_size)} is not divisible by patch size {patch_size}")
         height, width = image_size
         self.kind, self.num_scenes, self.image_size, self.config = kind, num_scenes, (height, width), config
-        self.scene_seed = seed if split == "train" else stream_seed("hrope.synthetic.eval", seed)
+        # independent scene streams per split: train ``seed`` itself, eval and val seeds keyed by their name
+        self.scene_seed = seed if split == "train" else stream_seed(f"hrope.synthetic.{split}", seed)
         self.frames(0, config.num_frames)  # fail now, not in a worker, if the sampling is impossible
 
     def __len__(self) -> int:

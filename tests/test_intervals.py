@@ -1,0 +1,93 @@
+"""The crossed (seed x scene) bootstrap of every NVS report: exact cases and coverage on simulated data."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from intervals import crossed_bootstrap  # noqa: E402
+
+# Variance components of the committed experiments' paired PSNR differences (two-way ANOVA of
+# the (3 seeds x 64 scenes) tables against prope, typical values): seed 0.05, scene 0.5, residual 0.22 dB.
+SEEDS, SCENES, SEED_SD, SCENE_SD, RESIDUAL_SD, TRUE_GAIN = 3, 64, 0.05, 0.5, 0.22, 0.3
+SIMULATIONS, RESAMPLES = 200, 500
+# Binomial standard error of a coverage estimate of 0.95 from SIMULATIONS draws: 0.0154; the
+# tolerance is three of them.
+TOLERANCE = 3 * math.sqrt(0.95 * 0.05 / SIMULATIONS)
+
+
+def nested_bootstrap(diff: torch.Tensor, resamples: int, seed: int, level: float = 0.95) -> tuple[float, float]:
+    """The earlier method, kept here only to measure it: scenes drawn anew within each drawn seed."""
+    seeds, scenes = diff.shape
+    generator = torch.Generator().manual_seed(seed)
+    seed_draw = torch.randint(seeds, (resamples, seeds), generator=generator)
+    scene_draw = torch.randint(scenes, (resamples, seeds, scenes), generator=generator)
+    means = diff[seed_draw[..., None], scene_draw].mean(dim=(1, 2))
+    low, high = torch.quantile(means, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64))
+    return float(low), float(high)
+
+
+def simulated_tables():
+    """Crossed data: difference = gain + seed effect + scene effect (shared by the seeds) + residual."""
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(SIMULATIONS):
+        seed = SEED_SD * torch.randn(SEEDS, 1, generator=generator, dtype=torch.float64)
+        scene = SCENE_SD * torch.randn(1, SCENES, generator=generator, dtype=torch.float64)
+        residual = RESIDUAL_SD * torch.randn(SEEDS, SCENES, generator=generator, dtype=torch.float64)
+        yield TRUE_GAIN + seed + scene + residual
+
+
+def test_exact_cases():
+    generator = torch.Generator().manual_seed(0)
+    base = torch.randn(3, 40, generator=generator)
+    shifted = crossed_bootstrap((base + 0.5).tolist(), base.tolist())  # a constant paired gain
+    assert shifted["mean"] == pytest.approx(0.5) and shifted["low"] == pytest.approx(0.5)
+    assert shifted["high"] == pytest.approx(0.5) and shifted["excludes_zero"]
+    assert (shifted["seeds"], shifted["scenes"], shifted["level"]) == (3, 40, 0.95)
+    noise = crossed_bootstrap((base + 0.3 * torch.randn(3, 40, generator=generator)).tolist(), base.tolist())
+    assert noise["low"] < noise["mean"] < noise["high"] and not noise["excludes_zero"]
+    assert crossed_bootstrap(base.tolist(), (base - 1).tolist()) == crossed_bootstrap(
+        base.tolist(), (base - 1).tolist()
+    )
+    # a gain that only one seed shows: the seed level of the resampling widens the interval
+    one_seed = base.clone()
+    one_seed[0] += 1.0
+    lopsided = crossed_bootstrap(one_seed.tolist(), base.tolist())
+    assert lopsided["mean"] == pytest.approx(1 / 3) and lopsided["low"] < 0.1 and lopsided["high"] > 0.9
+    with pytest.raises(ValueError, match="seeds, scenes"):
+        crossed_bootstrap([1.0, 2.0], [1.0, 2.0])  # type: ignore[list-item]
+
+
+def test_a_scene_effect_shared_by_the_seeds_is_resampled_once():
+    """The same per-scene differences for every seed: the interval is that of one seed's scenes
+    (the seed draw changes nothing), not narrower because there are three copies."""
+    generator = torch.Generator().manual_seed(2)
+    scenes = torch.randn(1, 64, generator=generator, dtype=torch.float64)
+    crossed = crossed_bootstrap(scenes.expand(3, -1).tolist(), torch.zeros(3, 64).tolist())
+    single = crossed_bootstrap(scenes.tolist(), torch.zeros(1, 64).tolist())
+    assert crossed["high"] - crossed["low"] == pytest.approx(single["high"] - single["low"], rel=0.1)
+    nested = nested_bootstrap(scenes.expand(3, -1), 4000, 0)
+    assert nested[1] - nested[0] < 0.7 * (crossed["high"] - crossed["low"])  # about 1/sqrt(3)
+
+
+@pytest.mark.slow
+def test_coverage_near_95_percent_and_the_nested_method_under_covers():
+    """On crossed data with the experiments' variance components the crossed interval covers the
+    true gain in 95% of simulations within three binomial standard errors; the nested one misses
+    it far more often (it divides the scene variance by the number of seeds). Measured with
+    300 simulations of 1000 resamples: crossed 0.950, nested 0.797; with this test's 200 of 500:
+    0.930 and 0.815."""
+    crossed = nested = 0
+    for index, diff in enumerate(simulated_tables()):
+        interval = crossed_bootstrap(diff.tolist(), torch.zeros_like(diff).tolist(), resamples=RESAMPLES, seed=index)
+        crossed += interval["low"] <= TRUE_GAIN <= interval["high"]
+        low, high = nested_bootstrap(diff, RESAMPLES, index)
+        nested += low <= TRUE_GAIN <= high
+    assert abs(crossed / SIMULATIONS - 0.95) <= TOLERANCE, crossed / SIMULATIONS
+    assert nested / SIMULATIONS < 0.95 - TOLERANCE, nested / SIMULATIONS
