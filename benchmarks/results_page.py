@@ -24,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from intervals import crossed_bootstrap  # noqa: E402
 from nvs_store import CELLS_NAME, CellStore  # noqa: E402
 
+from hrope.nvs.atomic import write_text  # noqa: E402
+
 __all__ = ["Ref", "CHOICES", "PLANNED", "planned_ref", "row_records", "tables", "render_page", "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -242,9 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{page}: generated tables are out of date; run python benchmarks/results_page.py", file=sys.stderr)
             return 1
         return 0
-    temporary = page.with_name(page.name + ".tmp")
-    temporary.write_text(rendered)
-    temporary.replace(page)
+    write_text(page, rendered)
     return 0
 
 
