@@ -16,10 +16,12 @@ import pytest
 import torch
 from _lvsm_helpers import small_config
 
-from hrope.nvs.checkpoints import CHECKPOINT_NAME, load_checkpoint, load_model
+from hrope.nvs import checkpoints
+from hrope.nvs.checkpoints import CHECKPOINT_NAME, load_checkpoint, load_model, save_checkpoint
 from hrope.nvs.cli import run
 from hrope.nvs.config import save_config
 from hrope.nvs.data.real.image_cache import ImageCache
+from hrope.nvs.model import build_model
 from hrope.nvs.folder_lock import LOCK_NAME, FolderInUseError, FolderLock, holder_of
 from hrope.nvs.train import train
 
@@ -119,6 +121,32 @@ def test_eval_reads_whole_checkpoints_while_training_writes_them(tmp_path):
     assert writer.returncode == 0
     assert len(steps) >= 2, steps  # the reads overlapped the writes
     assert load_checkpoint(path)["step"] == 20 and not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_checkpoint_replaced_while_it_is_read_is_read_whole(tmp_path, monkeypatch):
+    """The reader opens the file once: a checkpoint that training replaces between the header and
+    the tensors is still read as the one that was opened (safetensors' ``safe_open`` opens the file
+    by name twice, and paired one file's checksum with the next one's tensors in the suite)."""
+    config = small_config(encoding="prope")
+    model = build_model(config)
+    path, newer = tmp_path / CHECKPOINT_NAME, tmp_path / "newer.safetensors"
+    for step, target in ((1, path), (2, newer)):
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.fill_(step / 100)
+        save_checkpoint(target, model, None, step, config)
+
+    def open_then_replace(file, *args, **kwargs):
+        handle = open(file, *args, **kwargs)
+        if Path(file) == path and newer.exists():
+            os.replace(newer, path)  # the next checkpoint lands while this one is being read
+        return handle
+
+    monkeypatch.setattr(checkpoints, "open", open_then_replace, raising=False)
+    loaded, _ = load_model(path)
+    assert all(torch.all(p == 0.01) for p in loaded.parameters())
+    monkeypatch.undo()
+    assert load_checkpoint(path)["step"] == 2
 
 
 CACHE_WRITER = """

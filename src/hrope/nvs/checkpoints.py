@@ -14,11 +14,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load, save_file
 from torch import Tensor, nn
 
 from .atomic import atomic_path
@@ -37,6 +37,7 @@ __all__ = [
     "load_model_state",
     "run_folder",
     "checksum",
+    "read_safetensors",
 ]
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
@@ -124,6 +125,41 @@ def run_folder(checkpoint: str | Path) -> Path:
     return checkpoint if checkpoint.is_dir() else checkpoint.parent
 
 
+# the format's own cap on the JSON header (safetensors refuses larger ones)
+MAX_HEADER_BYTES = 100_000_000
+
+
+def read_safetensors(path: str | Path, with_tensors: bool = True) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """Tensors (none unless ``with_tensors``) and ``__metadata__`` of the safetensors file ``path``,
+    read through one open file, so that a file replaced while it is read (a checkpoint that
+    training rewrites) is read whole, old or new. ``safe_open`` opens the file by name twice (the
+    header, then the tensor storage) and can pair one file's header with the next one's tensors.
+    Raises ``ValueError`` (or safetensors' own error) for a file that is not safetensors; the
+    whole file is held in memory while its tensors are copied out."""
+    with open(path, "rb") as handle:
+        prefix = handle.read(8)
+        if len(prefix) != 8:
+            raise ValueError("the file is shorter than a safetensors header")
+        size = int.from_bytes(prefix, "little")
+        if size > MAX_HEADER_BYTES:
+            raise ValueError(f"the header claims {size} bytes")
+        header_bytes = handle.read(size)
+        if len(header_bytes) != size:
+            raise ValueError("the header is cut short")
+        header = json.loads(header_bytes)
+        metadata = (header.get("__metadata__") or {}) if isinstance(header, dict) else None
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+            raise ValueError("the header is not a safetensors header")
+        if not with_tensors:
+            entries = [entry for key, entry in header.items() if key != "__metadata__"]
+            end = max((int(entry["data_offsets"][1]) for entry in entries), default=0)
+            if os.fstat(handle.fileno()).st_size != 8 + size + end:
+                raise ValueError("the tensor data is cut short or followed by other bytes")
+            return {}, metadata
+        data = prefix + header_bytes + handle.read()
+    return load(data), metadata
+
+
 def _read_checkpoint(path: str | Path, with_tensors: bool = True) -> tuple[dict[str, Tensor], dict[str, str]]:
     """Tensors (verified: checksum, finite model weights) and metadata; only the metadata when not
     ``with_tensors``."""
@@ -133,9 +169,7 @@ def _read_checkpoint(path: str | Path, with_tensors: bool = True) -> tuple[dict[
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        with safe_open(str(path), framework="pt") as handle:
-            metadata = handle.metadata() or {}
-            tensors = {key: handle.get_tensor(key) for key in handle.keys()} if with_tensors else {}
+        tensors, metadata = read_safetensors(path, with_tensors)
     except Exception as error:  # safetensors raises its own error types for corrupt files
         raise CheckpointError(f"{path} is not a readable safetensors checkpoint: {error}") from None
     if metadata.get("format") not in (CHECKPOINT_FORMAT, LEGACY_FORMAT):

@@ -31,7 +31,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
@@ -44,6 +43,7 @@ from .checkpoints import (
     load_checkpoint,
     load_model,
     load_model_state,
+    read_safetensors,
 )
 from .config import ConfigError, resolve
 from .model import LVSM, ModelError, build_model
@@ -268,9 +268,7 @@ def _read_weights(folder: Path) -> dict[str, Tensor]:
     if not path.is_file():
         raise PretrainedError(f"{folder} is not a saved model: {WEIGHTS_NAME} is missing")
     try:
-        with safe_open(str(path), framework="pt") as handle:
-            metadata = handle.metadata() or {}
-            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+        tensors, metadata = read_safetensors(path)
     except Exception as error:  # safetensors raises its own error types for corrupt files
         raise PretrainedError(f"{path} is not a readable safetensors file: {error}") from None
     if "checksum" not in metadata or checksum(tensors, metadata) != metadata["checksum"]:
