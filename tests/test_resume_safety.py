@@ -310,7 +310,9 @@ def test_sigterm_saves_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path,
     (segment,) = segments(folder)
     step = load_checkpoint(folder)["step"]
     assert segment["outcome"] == "terminated" and segment["end_step"] == segment["checkpoint_step"] == step
-    assert 5 < step < 40  # the step reached, not the last scheduled checkpoint
+    # the checkpoint of the step reached (end_step above); a signal that lands while the step-5
+    # checkpoint is still being made durable (the folder's fsync after the rename) stops at step 5
+    assert 5 <= step < 40
     assert f"SIGTERM: stopped after step {step} of 40" in stderr and f"trained {step} steps" in stdout
     result = train(config_in(folder, train__steps=40, train__checkpoint_every=5, train__image_every=0), progress=False)
     assert result.step == 40 and segments(folder)[-1]["resumed_from_step"] == step
