@@ -429,7 +429,10 @@ def run(argv: list[str]) -> int:
             path = visualize_planes(args.checkpoint, args.out, args.num_scenes, args.layer, device, args.head)
             print(f"wrote {path}")
     except USER_ERRORS as error:
-        print(f"{command}: error: {one_line(error)}", file=sys.stderr)
+        # one write, newline included: torchrun ranks share stderr, and a rank stopped by torchrun
+        # between print's two writes would glue its line to the next rank's
+        sys.stderr.write(f"{command}: error: {one_line(error)}\n")
+        sys.stderr.flush()
         return 2
     return 0
 
