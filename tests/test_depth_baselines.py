@@ -9,13 +9,13 @@ import pytest
 import torch
 from _lvsm_helpers import SMALL_MODEL, small_config, synthetic_batch
 
-from hrope.encodings import sample_ray_depths
+from hrope.encodings import get_encoding, sample_ray_depths
 from hrope.nvs.build_data import build_dataset
 from hrope.nvs.config import ConfigError, resolve
 from hrope.nvs.data.dataset import SyntheticDataset
 from hrope.nvs.evaluate import evaluate_model
 from hrope.nvs.model import LVSM, ModelConfig, ModelError, build_model
-from hrope.nvs.sources import PredictorError, external
+from hrope.nvs.sources import ExternalSource, PredictorError, build_parameter_source, external, parameter_specs
 from hrope.nvs.train_step import make_optimizer, train_step
 from hrope.nvs.transfer import transfer_depth
 
@@ -146,6 +146,25 @@ def test_known_depth_reaches_the_encoding(batch, monkeypatch):
         missing = make_model(**KNOWN, predictor_options=TRANSFER)(batch).images
     torch.testing.assert_close(missing, planes_only, atol=1e-7, rtol=0)
     assert (known - planes_only).abs().max() > 1e-5
+
+
+class ConstantDepth(torch.nn.Module):
+    """A stand-in depth model: 2.5 everywhere, at half resolution (resized by the source)."""
+
+    def forward(self, images):
+        return images.new_full((len(images), 16, 16), 2.5)
+
+
+def test_known_depth_reads_the_depth_models_output_and_nothing_else(batch):
+    specs = parameter_specs(get_encoding("rayrope", depth="known"))
+    options = {"depth": "model", "module": ConstantDepth(), "align": "none"}
+    source = build_parameter_source(
+        "external", specs, dim=4, num_layers=1, patch_size=8, options=options, data_params=("known_depth",)
+    )
+    known = source.static(batch, batch.cameras, GRID, 2)["known_depth"]
+    assert (known[:, :32] == 2.5).all() and not known[:, 32:].any()  # neutral targets: missing
+    with pytest.raises(PredictorError, match=r"cannot read \['depth'\] off depth maps"):
+        ExternalSource(specs, 8, data_params=("depth",))
 
 
 @pytest.mark.slow
