@@ -115,6 +115,7 @@ PLANNED_ROWS = (
     Row("urope"),  # fixed anchors, no depth
     Row("worldrope", **DEPTH, encoding_options=(("footprint", False),)),  # urope anchored at the token's depth
     Row("worldrope", **DEPTH),  # worldrope with that depth instead of its learned head
+    Row("rayrope", **DEPTH, encoding_options=(("depth", "known"),)),  # released RGB-D mode: that depth per ray
     Row("hrope-lift-ape", **DEPTH),  # the same planes in the tokens, no relative encoding (world rays)
 )
 # The near-camera cap |m| <= c of the geometry sources, chosen on the validation scenes (--split val).

@@ -1,6 +1,7 @@
 """Depth-aware baselines given the same depth as HRoPE: the additive embedding on top of any
-relative encoding (``model.additive``) and the query-frame encodings fed a geometry source's depth;
-and the validation split the options are chosen on."""
+relative encoding (``model.additive``), the query-frame encodings fed a geometry source's depth
+(rayrope also in its known-depth mode, per-ray depth off the depth maps); and the validation split
+the options are chosen on."""
 
 import dataclasses
 
@@ -8,12 +9,19 @@ import pytest
 import torch
 from _lvsm_helpers import SMALL_MODEL, small_config, synthetic_batch
 
+from hrope.encodings import get_encoding, sample_ray_depths
 from hrope.nvs.build_data import build_dataset
 from hrope.nvs.config import ConfigError, resolve
 from hrope.nvs.data.dataset import SyntheticDataset
-from hrope.nvs.model import LVSM, ModelConfig, ModelError
+from hrope.nvs.evaluate import evaluate_model
+from hrope.nvs.model import LVSM, ModelConfig, ModelError, build_model
+from hrope.nvs.sources import ExternalSource, PredictorError, build_parameter_source, external, parameter_specs
+from hrope.nvs.train_step import make_optimizer, train_step
+from hrope.nvs.transfer import transfer_depth
 
 TRANSFER = {"targets": "transfer", "use_normals": False}
+KNOWN = {"encoding": "rayrope", "encoding_options": {"depth": "known"}, "predictor": "external"}
+GRID = (4, 4)
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +80,10 @@ def test_ape_encoding_is_none_with_the_same_additive_embedding(batch):
         {"encoding": "worldrope"},
         {"encoding": "worldrope", "encoding_options": {"footprint": False}},
         {"encoding": "rayrope"},
+        {"encoding": "rayrope", "encoding_options": {"depth": "known"}},
+        {"encoding": "rayrope", "encoding_options": {"depth": "known+halfwidth"}},
     ],
-    ids=["prope+additive", "worldrope", "worldrope-no-footprint", "rayrope"],
+    ids=["prope+additive", "worldrope", "worldrope-no-footprint", "rayrope", "rayrope-known", "rayrope-known-hw"],
 )
 def test_the_context_depth_reaches_the_model_and_the_target_geometry_does_not(options, batch):
     model = make_model(predictor="external", predictor_options=TRANSFER, **options)
@@ -96,6 +106,92 @@ def test_worldrope_without_footprint_on_a_sources_depth_is_urope_anchored_at_tha
     torch.testing.assert_close(values["depth"], torch.full_like(values["depth"], 3.0), atol=1e-4, rtol=0)
     torch.testing.assert_close(world(flat).images, urope(flat).images, atol=1e-5, rtol=0)
     assert (world(batch).images - urope(batch).images).abs().max() > 1e-4  # the scene's own depth differs
+
+
+def known_depth_of(model: LVSM, batch):
+    """The known depths ``(B, V*P, 3)`` the model fed its encoding, unfolded (one target view)."""
+    return model(batch).parameters[0]["known_depth"]
+
+
+def test_known_depth_is_the_context_depth_per_ray_and_the_splatted_depth_in_the_target(batch):
+    """Context rays read the context depth maps (sample_ray_depths), target rays the context
+    depth splatted into the target camera (0 where nothing landed: predicted there); neutral
+    targets know no ray; scope 'all' reads the target's own depth (the labelled upper bound)."""
+    context = 2 * GRID[0] * GRID[1]
+    with torch.no_grad():
+        known = known_depth_of(make_model(**KNOWN, predictor_options=TRANSFER), batch)
+        splatted = transfer_depth(batch.depth[:, :2], batch.cameras, 2)
+        expected = sample_ray_depths(torch.cat([batch.depth[:, :2], splatted.nan_to_num(posinf=0.0)], 1), GRID)
+        torch.testing.assert_close(known, expected, atol=0, rtol=0)
+        torch.testing.assert_close(known[:, :context], sample_ray_depths(batch.depth[:, :2], GRID), atol=0, rtol=0)
+        target, own = known[:, context:], sample_ray_depths(batch.depth[:, 2:], GRID)
+        hit = target > 0
+        assert 0.5 < hit.float().mean() < 1  # some target rays see no context pixel: missing there
+        assert ((target[hit] / own[hit] - 1).abs().max()) < 0.1  # splatted: near the target's own depth
+        neutral = known_depth_of(make_model(**KNOWN, predictor_options={"use_normals": False}), batch)
+        torch.testing.assert_close(neutral[:, :context], known[:, :context], atol=0, rtol=0)
+        assert not neutral[:, context:].any()
+        every = known_depth_of(make_model(**KNOWN, predictor_options={"scope": "all", "use_normals": False}), batch)
+        torch.testing.assert_close(every, sample_ray_depths(batch.depth, GRID), atol=0, rtol=0)
+
+
+def test_known_depth_reaches_the_encoding(batch, monkeypatch):
+    """The same weights with every ray's depth missing are the planes' one depth per token (the
+    plain mode with the same source); the known depths move the output away from it (an untrained
+    model's output moves little: measured 5e-5)."""
+    with torch.no_grad():
+        planes_only = make_model(encoding="rayrope", predictor="external", predictor_options=TRANSFER)(batch).images
+        known = make_model(**KNOWN, predictor_options=TRANSFER)(batch).images
+        monkeypatch.setattr(external, "ray_depths", lambda depth, grid: sample_ray_depths(depth, grid).zero_())
+        missing = make_model(**KNOWN, predictor_options=TRANSFER)(batch).images
+    torch.testing.assert_close(missing, planes_only, atol=1e-7, rtol=0)
+    assert (known - planes_only).abs().max() > 1e-5
+
+
+class ConstantDepth(torch.nn.Module):
+    """A stand-in depth model: 2.5 everywhere, at half resolution (resized by the source)."""
+
+    def forward(self, images):
+        return images.new_full((len(images), 16, 16), 2.5)
+
+
+def test_known_depth_reads_the_depth_models_output_and_nothing_else(batch):
+    specs = parameter_specs(get_encoding("rayrope", depth="known"))
+    options = {"depth": "model", "module": ConstantDepth(), "align": "none"}
+    source = build_parameter_source(
+        "external", specs, dim=4, num_layers=1, patch_size=8, options=options, data_params=("known_depth",)
+    )
+    known = source.static(batch, batch.cameras, GRID, 2)["known_depth"]
+    assert (known[:, :32] == 2.5).all() and not known[:, 32:].any()  # neutral targets: missing
+    with pytest.raises(PredictorError, match=r"cannot read \['depth'\] off depth maps"):
+        ExternalSource(specs, 8, data_params=("depth",))
+
+
+@pytest.mark.slow
+def test_known_depth_row_trains_a_step_and_evaluates():
+    config = small_config(**KNOWN, predictor_options={"targets": "transfer"})
+    model = build_model(config)
+    optimizer = make_optimizer(model, config["train"])
+    before = [p.detach().clone() for p in model.parameters()]
+    assert train_step(model, optimizer, synthetic_batch(), 0, config["train"]).finite
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    psnr = evaluate_model(model.eval(), build_dataset(config, "eval"), 2, batch_size=2).means["psnr"]
+    assert 0 < psnr < 60
+
+
+@pytest.mark.parametrize(
+    "options, error, match",
+    [
+        ({**KNOWN, "predictor": "learned"}, PredictorError, "needs model.predictor 'external', got 'learned'"),
+        ({**KNOWN, "predictor": "oracle"}, PredictorError, "needs model.predictor 'external', got 'oracle'"),
+        ({**KNOWN, "encoding": "rayrope-ape"}, ModelError, "'known_depth'.* would go unused"),
+    ],
+    ids=["learned", "oracle", "ape"],
+)
+def test_known_depth_without_a_depth_source_is_a_one_line_error(options, error, match):
+    with pytest.raises(error, match=match) as caught:
+        make_model(**options)
+    assert "\n" not in str(caught.value)
 
 
 @pytest.mark.parametrize(

@@ -254,6 +254,11 @@ class LVSM(nn.Module):
         )
         self.source: ParameterSource | None = None
         self.ape: nn.ModuleList | None = None
+        if c.is_ape and base.data_param_names:
+            raise ModelError(
+                f"{c.encoding} adds its per-token values to the tokens and attends with no encoding, so "
+                f"{list(base.data_param_names)} would go unused: use model.encoding {c.base_encoding!r}"
+            )
         if specs:
             self.source = build_parameter_source(
                 c.predictor,
@@ -264,6 +269,7 @@ class LVSM(nn.Module):
                 options=c.predictor_options,
                 depth_init=c.depth_init,
                 attention_heads=c.heads,
+                data_params=parameterised.data_param_names,
             )
             if c.folded_attention and self.source.attention_heads > 1:
                 raise ModelError(

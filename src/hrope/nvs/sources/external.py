@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...cameras import Cameras
+from ...encodings import sample_ray_depths
 from ...geometry import patchify
 from ...planes import Planes
 from ..config import DEFAULT_MAX_INVERSE_DISTANCE
@@ -16,7 +17,20 @@ from .base import camera_views
 from .errors import PredictorError
 from .known_planes import GeometrySource
 
-__all__ = ["ExternalSource"]
+__all__ = ["ExternalSource", "DEPTH_PARAMS", "ray_depths"]
+
+# Encoding inputs read off the depth maps themselves, not derived from the fitted planes (an
+# encoding's ``data_param_names``): rayrope's per-ray known depths.
+DEPTH_PARAMS = ("known_depth",)
+
+
+def ray_depths(depth: Tensor, grid: tuple[int, int]) -> Tensor:
+    """``known_depth (B, V*P, 3)`` of z-depth maps ``(B, V, H, W)``: each token's corner rays read
+    by :func:`hrope.encodings.sample_ray_depths`; pixels without depth (not finite or <= 0, e.g.
+    where nothing was splatted) give 0, which the encoding reads as missing. No near-camera cap:
+    the encoding clamps the depths to [MIN_DEPTH, MAX_DEPTH] itself."""
+    known = torch.isfinite(depth) & (depth > 0)
+    return sample_ray_depths(torch.where(known, depth, torch.zeros_like(depth)).float(), grid)
 
 
 def _median_scale(predicted: Tensor, reference: Tensor) -> Tensor:
@@ -51,7 +65,13 @@ class ExternalSource(GeometrySource):
     ``scope="context"`` (default) reads the context views' depth only; the target views get neutral
     values or (``targets="transfer"``) planes fitted to the context depth splatted into each target
     camera (:func:`hrope.nvs.transfer.transfer_depth`; target patches without splatted depth stay
-    neutral). ``scope="all"`` fits every view's own depth: an upper bound with target geometry."""
+    neutral). ``scope="all"`` fits every view's own depth: an upper bound with target geometry.
+
+    ``data_params`` (names in :data:`DEPTH_PARAMS`): inputs read off the same depth maps rather
+    than the planes, added to the values: ``known_depth`` (:func:`ray_depths`) of the views whose
+    depth is read (the context views, or all with ``scope="all"``), of the splatted depth in the
+    target views with ``targets="transfer"`` (0, missing, where no context pixel landed) and 0
+    in the target views otherwise."""
 
     frozen = ("depth_model",)
 
@@ -71,8 +91,15 @@ class ExternalSource(GeometrySource):
         depth_model: nn.Module | None = None,
         align: str = "median",
         max_inverse_distance: float | None = DEFAULT_MAX_INVERSE_DISTANCE,
+        data_params: tuple[str, ...] = (),
     ) -> None:
         super().__init__(specs, targets, scope, depth_init, max_inverse_distance)
+        unknown = sorted(set(data_params) - set(DEPTH_PARAMS))
+        if unknown:
+            raise PredictorError(
+                f"the 'external' predictor cannot read {unknown} off depth maps; it reads {DEPTH_PARAMS}"
+            )
+        self.data_params = tuple(data_params)
         self.patch_size = patch_size
         self.use_normals = use_normals
         self.fit, self.min_points, self.inlier_threshold, self.fallback = fit, min_points, inlier_threshold, fallback
@@ -130,16 +157,25 @@ class ExternalSource(GeometrySource):
         normals = getattr(batch, "normals", None) if self.depth_model is None else None
         if self.scope == "all":
             depth = self._depth(batch, cameras.num_views)
-            return self.values_of(self._fit(depth, normals, cameras), cameras, grid)
+            return self._with_depth_params(
+                self.values_of(self._fit(depth, normals, cameras), cameras, grid), depth, grid
+            )
         context, targets = camera_views(cameras, 0, num_context), camera_views(cameras, num_context)
         depth = self._depth(batch, num_context)
         planes = self._fit(depth, None if normals is None else normals[:, :num_context], context)
         values = self.values_of(planes, context, grid)
-        transferred = None
+        transferred, splatted = None, None
         if self.targets == "transfer":
             splatted = transfer_depth(depth.float(), cameras.to(dtype=torch.float32), num_context)
             fitted = self._fit(splatted, None, targets.to(dtype=torch.float32))
             moved = self.values_of(fitted, targets, grid)
             hit = patchify(torch.isfinite(splatted)[:, :, None].float(), self.patch_size).sum(-1).flatten(1) > 0
             transferred = moved, hit
-        return self.with_targets(values, cameras, grid, num_context, transferred)
+        values = self.with_targets(values, cameras, grid, num_context, transferred)
+        if splatted is None:  # neutral targets: no known depth
+            splatted = depth.new_zeros(depth.shape[0], targets.num_views, *depth.shape[2:])
+        return self._with_depth_params(values, torch.cat([depth.float(), splatted.float()], 1), grid)
+
+    def _with_depth_params(self, values: dict[str, Tensor], depth: Tensor, grid: tuple[int, int]) -> dict[str, Tensor]:
+        """``values`` and the :data:`DEPTH_PARAMS` asked for, from the depth maps ``(B, V, H, W)`` of all views."""
+        return {**values, **({"known_depth": ray_depths(depth, grid)} if "known_depth" in self.data_params else {})}

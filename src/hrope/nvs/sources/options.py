@@ -26,6 +26,7 @@ def build_parameter_source(
     options: dict | None = None,
     depth_init: float = 1.0,
     attention_heads: int = 1,
+    data_params: tuple[str, ...] = (),
 ) -> ParameterSource:
     """A parameter source by name with its ``options`` (:data:`hrope.nvs.config.SOURCE_OPTIONS`): ``targets`` and, for
     ``oracle`` / ``external``, ``scope`` (see :class:`ParameterSource`); for ``learned``
@@ -37,9 +38,16 @@ def build_parameter_source(
     :class:`ExternalSource`; for ``oracle`` and ``external`` ``max_inverse_distance``
     (:class:`GeometrySource`); ``plane_decoder`` is read by :func:`parameter_specs`.
     ``depth_init``: the depth that ``external`` and ``oracle`` use for patches whose plane never
-    crosses the patch-centre ray."""
+    crosses the patch-centre ray. ``data_params``: the encoding's inputs read from data
+    (``Encoding.data_param_names``, e.g. rayrope's ``known_depth``); only ``external`` reads them
+    (off its depth maps)."""
     takes_planes = "planes" in {s.name for s in specs}
     options = source_options(name, options, PredictorError)
+    if data_params and name != "external":
+        raise PredictorError(
+            f"the encoding reads {list(data_params)} from depth maps (rayrope's depth 'known' modes): "
+            f"that needs model.predictor 'external', got {name!r}"
+        )
     if options["targets"] == "transfer" and name in ("learned", "backbone") and not takes_planes:
         raise PredictorError(
             "predictor_options.targets 'transfer' carries planes over from the context views: it "
@@ -59,11 +67,13 @@ def build_parameter_source(
             specs, patch_size, depth_init, options["targets"], options["scope"], options["max_inverse_distance"]
         )
     if name == "external":
-        return _external_source(specs, patch_size, depth_init, options)
+        return _external_source(specs, patch_size, depth_init, options, data_params)
     return _backbone_source(specs, options)
 
 
-def _external_source(specs: list[ParameterSpec], patch_size: int, depth_init: float, options: dict) -> ExternalSource:
+def _external_source(
+    specs: list[ParameterSpec], patch_size: int, depth_init: float, options: dict, data_params: tuple[str, ...]
+) -> ExternalSource:
     """The ``external`` source of checked ``options``."""
     depth_model = user_module(options, "predictor_options.depth 'model'") if options["depth"] == "model" else None
     return ExternalSource(
@@ -80,6 +90,7 @@ def _external_source(specs: list[ParameterSpec], patch_size: int, depth_init: fl
         depth_model=depth_model,
         align=options["align"],
         max_inverse_distance=options["max_inverse_distance"],
+        data_params=data_params,
     )
 
 
