@@ -34,7 +34,7 @@ from nvs_store import CELLS_NAME  # noqa: E402
 from provenance import describe  # noqa: E402
 from hrope.nvs.atomic import write_json, write_text
 
-__all__ = ["ROWS", "REFERENCE", "run", "main"]
+__all__ = ["ROWS", "REFERENCE", "NOISE_VARIANTS", "noise_rows", "row_report", "run", "main"]
 
 REFERENCE = Row("prope")
 TRANSFER = (("targets", "transfer"),)
@@ -123,12 +123,36 @@ CAP_ROWS = tuple(
     Row("hrope-lift", "external", options=TRANSFER + (("max_inverse_distance", cap),), model_options=WORLD)
     for cap in (2.0, 1.0, 5.0, None)
 )
+# Depth as users have it (hrope.nvs.user_depth): the planned set's two depth rows with the context
+# depth through estimator noise levels 1-3 or cut to SfM-like points, against prope with world rays.
+# Level 0 (exact depth) is the planned set's rows themselves.
+NOISE_REFERENCE = Row("prope", model_options=WORLD)
+NOISE_VARIANTS = {
+    "0": (),
+    "1": (("depth_noise", 1),),
+    "2": (("depth_noise", 2),),
+    "3": (("depth_noise", 3),),
+    "sparse": (("depth_sparse", 300), ("fit", "robust")),
+}
+
+
+def noise_rows(variant: str) -> tuple[Row, Row]:
+    """The two depth rows (hrope-lift; prope + the additive plane embedding) of a depth variant."""
+    options = TRANSFER + NOISE_VARIANTS[variant]
+    return (
+        Row("hrope-lift", "external", options=options, model_options=WORLD),
+        Row("prope", "external", options=options, model_options=WORLD + (("additive", "hrope-lift"),)),
+    )
+
+
+NOISE_ROWS = (NOISE_REFERENCE,) + tuple(row for v in NOISE_VARIANTS if v != "0" for row in noise_rows(v))
 SETS = {
     "planes": ROWS,
     "query-frame": QUERY_FRAME_ROWS,
     "gpu": GPU_ROWS,
     "planned": PLANNED_ROWS,
     "cap": CAP_ROWS,
+    "noise": NOISE_ROWS,
 }
 TITLES = {
     "planes": "Do HRoPE's planes help? Plane sources vs `prope`",
@@ -136,6 +160,7 @@ TITLES = {
     "gpu": "The flagship at a larger budget (GPU subset) vs `prope`",
     "planned": "Planned comparisons: HRoPE against rivals given the same depth",
     "cap": "The near-camera cap, chosen on the validation scenes",
+    "noise": "Depth as users have it: estimator noise and sparse points vs `prope` with world rays",
 }
 NAMES = {
     "planes": "plane_evidence",
@@ -143,8 +168,9 @@ NAMES = {
     "gpu": "flagship",
     "planned": "planned",
     "cap": "near_camera_cap",
+    "noise": "depth_noise",
 }
-REFERENCES = {"planned": PLANNED_ROWS[0], "cap": CAP_ROWS[0]}
+REFERENCES = {"planned": PLANNED_ROWS[0], "cap": CAP_ROWS[0], "noise": NOISE_REFERENCE}
 
 
 def uses_target_geometry(row: Row) -> bool:
@@ -329,7 +355,8 @@ def _parser() -> argparse.ArgumentParser:
         default="planes",
         help="planes: the plane sources (default); query-frame: why urope leads on room; gpu: "
         "the subset for a larger budget; planned: the planned comparisons (rivals given the same depth); "
-        "cap: the near-camera cap grid (score it with --split val)",
+        "cap: the near-camera cap grid (score it with --split val); noise: the depth rows with "
+        "estimator noise and sparse points (hrope.nvs.user_depth)",
     )
     parser.add_argument(
         "--rows",

@@ -82,11 +82,27 @@ def test_ape_encoding_is_none_with_the_same_additive_embedding(batch):
         {"encoding": "rayrope"},
         {"encoding": "rayrope", "encoding_options": {"depth": "known"}},
         {"encoding": "rayrope", "encoding_options": {"depth": "known+halfwidth"}},
+        {
+            "encoding": "prope",
+            "rays": "world",
+            "additive": "hrope-lift",
+            "predictor_options": {**TRANSFER, "depth_noise": 3},
+        },
+        {"encoding": "hrope-lift", "predictor_options": {**TRANSFER, "depth_sparse": 60, "fit": "robust"}},
     ],
-    ids=["prope+additive", "worldrope", "worldrope-no-footprint", "rayrope", "rayrope-known", "rayrope-known-hw"],
+    ids=[
+        "prope+additive",
+        "worldrope",
+        "worldrope-no-footprint",
+        "rayrope",
+        "rayrope-known",
+        "rayrope-known-hw",
+        "noisy-prope+additive",
+        "sparse-hrope-lift",
+    ],
 )
 def test_the_context_depth_reaches_the_model_and_the_target_geometry_does_not(options, batch):
-    model = make_model(predictor="external", predictor_options=TRANSFER, **options)
+    model = make_model(**{"predictor": "external", "predictor_options": TRANSFER, **options})
     with torch.no_grad():
         reference = model(batch).images
         torch.testing.assert_close(model(scrambled(batch, [2])).images, reference, atol=0, rtol=0)

@@ -40,6 +40,7 @@ LAYERS = {
     "hrope.nvs.metrics": 10,
     "hrope.nvs.transfer": 10,
     "hrope.nvs.data.": 11,
+    "hrope.nvs.user_depth": 11.5,
     "hrope.nvs.sources.": 12,
     "hrope.nvs.config_docs": 12,
     "hrope.nvs.model": 13,

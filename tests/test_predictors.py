@@ -284,7 +284,8 @@ def test_learned_heads_predict_per_layer_from_hidden_states(batch):
 
 def test_context_scope_reads_no_target_geometry(batch):
     """With the default scope the target view's depth, normals and planes can be anything: the
-    values do not change (external with and without transfer, oracle with transfer)."""
+    values do not change (external with and without transfer, with simulated user depth, oracle
+    with transfer)."""
     specs = parameter_specs(get_encoding("hrope-lift"))
     scrambled = dataclasses.replace(
         batch, depth=batch.depth.clone(), normals=batch.normals.clone(), plane_m=batch.plane_m.clone()
@@ -292,7 +293,13 @@ def test_context_scope_reads_no_target_geometry(batch):
     scrambled.depth[:, 2] = 7.0
     scrambled.normals[:, 2] = torch.tensor([1.0, 0.0, 0.0])[:, None, None]
     scrambled.plane_m[:, 2] = torch.tensor([0.3, 0.0, 0.0])[:, None, None]
-    for name, options in (("external", {}), ("external", {"targets": "transfer"}), ("oracle", {"targets": "transfer"})):
+    for name, options in (
+        ("external", {}),
+        ("external", {"targets": "transfer"}),
+        ("oracle", {"targets": "transfer"}),
+        ("external", {"depth_noise": 3}),
+        ("external", {"targets": "transfer", "depth_noise": 2, "depth_sparse": 60, "fit": "robust"}),
+    ):
         source = build_parameter_source(name, specs, dim=4, num_layers=1, patch_size=8, options=options)
         torch.testing.assert_close(
             source.static(scrambled, batch.cameras, GRID, 2)["planes"],

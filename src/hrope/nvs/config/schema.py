@@ -196,6 +196,18 @@ class PredictorOptions:
         "plane of a patch without enough points: median (fronto-parallel) or infinity",
         sources=("external",),
     )
+    depth_noise: int = setting(
+        0,
+        Field("int", low=0, high=3),
+        "simulated depth-estimator noise on the data's depth: 0 (off) to 3 (poor), hrope.nvs.user_depth",
+        sources=("external",),
+    )
+    depth_sparse: int = setting(
+        0,
+        Field("int", low=0),
+        "keep this many SfM-like points of the data's depth per view (0: all), hrope.nvs.user_depth",
+        sources=("external",),
+    )
     module: object = setting(
         None,
         Field("module", nullable=True),
@@ -416,5 +428,10 @@ def source_options(name: str, options: dict | None, error: type[Exception] = Con
         raise error(
             "predictor_options.module is the depth model of depth: model (and it needs one); got "
             f"depth {values['depth']!r} with module {values['module']!r}"
+        )
+    if name == "external" and values["depth"] == "model" and (values["depth_noise"] or values["depth_sparse"]):
+        raise error(
+            "predictor_options.depth_noise and depth_sparse simulate a user's depth from the data's depth "
+            "(depth: data); got depth 'model'"
         )
     return values

@@ -13,6 +13,7 @@ from ...planes import Planes
 from ..config import DEFAULT_MAX_INVERSE_DISTANCE
 from ..plane_fitting import fit_patch_planes
 from ..transfer import transfer_depth
+from ..user_depth import user_depth
 from .base import camera_views
 from .errors import PredictorError
 from .known_planes import GeometrySource
@@ -56,6 +57,11 @@ class ExternalSource(GeometrySource):
     ``(H, W)``), scaled per view to the batch's depth by the median ratio (``align="median"``) or
     used as it is, in scene units (``align="none"``).
 
+    ``depth_noise`` (1-3) and ``depth_sparse`` (points per view) turn the data's depth into depth
+    as users have it (:func:`hrope.nvs.user_depth.user_depth`: estimator noise, then SfM-like
+    sparse points) before any fit or transfer, view by view, on the views read (the context views
+    only unless ``scope="all"``); the data's exact normals are then not used. Both 0: unchanged.
+
     The fit is :func:`hrope.nvs.plane_fitting.fit_patch_planes`: ``fit="least-squares"``,
     :meth:`hrope.Planes.from_depth` (or ``patch_planes_from_normals``), patches without valid depth
     getting the plane at infinity; ``fit="robust"``, ``robust_patch_planes`` with ``min_points``,
@@ -92,6 +98,8 @@ class ExternalSource(GeometrySource):
         align: str = "median",
         max_inverse_distance: float | None = DEFAULT_MAX_INVERSE_DISTANCE,
         data_params: tuple[str, ...] = (),
+        depth_noise: int = 0,
+        depth_sparse: int = 0,
     ) -> None:
         super().__init__(specs, targets, scope, depth_init, max_inverse_distance)
         unknown = sorted(set(data_params) - set(DEPTH_PARAMS))
@@ -105,6 +113,7 @@ class ExternalSource(GeometrySource):
         self.fit, self.min_points, self.inlier_threshold, self.fallback = fit, min_points, inlier_threshold, fallback
         self.depth_model = None if depth_model is None else depth_model.eval().requires_grad_(False)
         self.align = align
+        self.depth_noise, self.depth_sparse = depth_noise, depth_sparse
 
     def _fit(self, depth: Tensor, normals: Tensor | None, cameras: Cameras) -> Planes:
         return fit_patch_planes(
@@ -129,6 +138,8 @@ class ExternalSource(GeometrySource):
                     "data.depth (points: COLMAP points3D.txt; maps: depth_file_path) or "
                     "predictor_options.depth: model"
                 )
+            if self.depth_noise or self.depth_sparse:
+                return user_depth(reference, batch.images[:, :views], self.depth_noise, self.depth_sparse)
             return reference
         images = batch.images[:, :views]
         B, V, _, H, W = images.shape
@@ -154,7 +165,8 @@ class ExternalSource(GeometrySource):
         return predicted * _median_scale(predicted, reference)
 
     def static(self, batch, cameras, grid, num_context):
-        normals = getattr(batch, "normals", None) if self.depth_model is None else None
+        exact = self.depth_model is None and not (self.depth_noise or self.depth_sparse)
+        normals = getattr(batch, "normals", None) if exact else None
         if self.scope == "all":
             depth = self._depth(batch, cameras.num_views)
             return self._with_depth_params(

@@ -34,7 +34,8 @@ def build_parameter_source(
     ``backbone`` a ``module`` (nn.Module or import path ``'pkg.mod:factory'`` + ``module_kwargs``),
     a local ``checkpoint`` path, ``feature_dim`` and ``hidden_dim``; for
     ``external`` ``use_normals``, ``fit`` (+ ``min_points``, ``inlier_threshold``, ``fallback``) and
-    ``depth`` (``data``, or ``model``: a depth model given like the backbone, + ``align``), see
+    ``depth`` (``data``, or ``model``: a depth model given like the backbone, + ``align``),
+    ``depth_noise`` and ``depth_sparse`` (the data's depth as users have it), see
     :class:`ExternalSource`; for ``oracle`` and ``external`` ``max_inverse_distance``
     (:class:`GeometrySource`); ``plane_decoder`` is read by :func:`parameter_specs`.
     ``depth_init``: the depth that ``external`` and ``oracle`` use for patches whose plane never
@@ -91,6 +92,8 @@ def _external_source(
         align=options["align"],
         max_inverse_distance=options["max_inverse_distance"],
         data_params=data_params,
+        depth_noise=options["depth_noise"],
+        depth_sparse=options["depth_sparse"],
     )
 
 
