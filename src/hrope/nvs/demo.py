@@ -36,6 +36,7 @@ from .config import resolve
 from .demo_figures import save_comparison, save_results_bar
 from .evaluate import available_st_lpips, evaluate_model, markdown_table, planes_table
 from .plane_accuracy import PlaneAccuracy, measures_planes
+from .runs import code_provenance
 from .train import train
 from .viz import plane_normal_rows, save_image_grid
 
@@ -202,8 +203,18 @@ def _run_rows(out: Path, steps: int, scenes: tuple, jobs: int, start: float) -> 
     return [outputs[i] for i in range(count)]
 
 
-def _report(steps: int, elapsed: float, device, results: list[dict], normals_of: str | None, jobs: int = 1) -> str:
-    """The text of ``results.md``: the setup, the table and its reading, the plane accuracy of the
+def _commit_line(code: dict) -> str:
+    """``Commit: `<sha>`.`` of a :func:`hrope.nvs.runs.code_provenance` dict (its dirty flag in words)."""
+    if code["commit"] is None:
+        return "Commit: unknown (not run from a git checkout)."
+    return f"Commit: `{code['commit']}`" + (" + uncommitted changes." if code["dirty"] else ".")
+
+
+def _report(
+    steps: int, elapsed: float, device, results: list[dict], normals_of: str | None, jobs: int, code: dict
+) -> str:
+    """The text of ``results.md``: the setup (with the commit of ``code``, a
+    :func:`hrope.nvs.runs.code_provenance` dict), the table and its reading, the plane accuracy of the
     rows that predict planes and the figures' legend (``normals_of``: the row in ``normals.png``)."""
     columns = " | ".join(["context views", "ground truth", *(r["name"] for r in results)])
     accuracy = "".join(
@@ -218,9 +229,8 @@ def _report(steps: int, elapsed: float, device, results: list[dict], normals_of:
         f"4 layers), {steps} steps of batch {BATCH_SIZE} on {TRAIN_SCENES} synthetic room scenes (2 context + "
         f"1 target views), evaluated on {EVAL_SCENES} held-out scenes. "
         f"Total time {elapsed / 60:.1f} min on {device} ({jobs} parallel job{'s' if jobs > 1 else ''}; "
-        f"{sum(r['cpu_seconds'] for r in results) / 60:.1f} CPU min of training and evaluation).\n\n"
-        + markdown_table(results)
-        + f"\nReading: {reading(results)}\n\n"
+        f"{sum(r['cpu_seconds'] for r in results) / 60:.1f} CPU min of training and evaluation). "
+        f"{_commit_line(code)}\n\n" + markdown_table(results) + f"\nReading: {reading(results)}\n\n"
         "LPIPS is unavailable: no local LPIPS weights are configured; ST-LPIPS (alex) is a different perceptual "
         "distance (shift-tolerant, its weights ship with the stlpips-pytorch package; docs/model.md). "
         "The context-depth row fits planes to the "
@@ -288,9 +298,11 @@ def main(argv: list[str] | None = None) -> None:
     results = [o["result"] for o in outputs]
     elapsed = time.perf_counter() - start
     normals_of = _figures(out, outputs, results, args.steps)
-    text = _report(args.steps, elapsed, outputs[0]["device"], results, normals_of, jobs)
+    code = code_provenance(Path(__file__))
+    text = _report(args.steps, elapsed, outputs[0]["device"], results, normals_of, jobs, code)
     write_text(out / "results.md", text)
-    write_json(out / "results.json", {"steps": args.steps, "seconds": elapsed, "jobs": jobs, "results": results})
+    summary = {"steps": args.steps, "seconds": elapsed, "jobs": jobs, "provenance": code, "results": results}
+    write_json(out / "results.json", summary)
     print(text)
 
 
