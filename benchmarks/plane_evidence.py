@@ -116,6 +116,7 @@ PLANNED_ROWS = (
     Row("worldrope", **DEPTH, encoding_options=(("footprint", False),)),  # urope anchored at the token's depth
     Row("worldrope", **DEPTH),  # worldrope with that depth instead of its learned head
     Row("hrope-lift-ape", **DEPTH),  # the same planes in the tokens, no relative encoding (world rays)
+    Row("hrope-lift-uv", **DEPTH, model_options=WORLD),  # hrope-lift's transform + RoPE on the plane points
 )
 # The near-camera cap |m| <= c of the geometry sources, chosen on the validation scenes (--split val).
 CAP_ROWS = tuple(
