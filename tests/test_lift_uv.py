@@ -85,7 +85,9 @@ def test_camera_free_tokens_match_reference():
     cameras, planes, (q, k, v) = scene(B=1, V=2, seed=5)
     N, L = q.shape[2], q.shape[2] + 3
     layout = [p for p in range(L) if p not in (0, 5, L - 1)]  # camera tokens around three others
-    q, k, v = (torch.randn(1, 2, L, 48, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    q, k, v = (
+        torch.randn(1, 2, L, 48, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) for i in range(3)
+    )
     fast = attention(q, k, v, cameras, (2, 3), planes, camera_tokens=layout)
     ref = attention(q, k, v, cameras, (2, 3), planes, reference=True, camera_tokens=layout)
     assert len(layout) == N and (fast - ref).abs().max() < 1e-11
@@ -135,7 +137,12 @@ def test_rope_half_is_worldrope_at_the_plane_depth():
     N = planes.depth.shape[1]
     zeros = torch.zeros(2, N, dtype=torch.float64)
     world = hrope.get_encoding("worldrope", footprint=False).prepare(
-        cameras, grid, d // 2, depth=planes.depth, depth_split=zeros, depth_sigma=torch.zeros(2, N, 2, dtype=torch.float64)
+        cameras,
+        grid,
+        d // 2,
+        depth=planes.depth,
+        depth_split=zeros,
+        depth_sigma=torch.zeros(2, N, 2, dtype=torch.float64),
     )
     for c in range(3):
         for a, b in zip(ours.coefficients(c), world.coefficients(c)):
@@ -148,3 +155,23 @@ def test_clear_errors():
         attention(q, k, v, cameras, (2, 3), None)
     with pytest.raises(EncodingError, match="head_dim >= 8"):
         hrope.get_encoding(NAME).prepare(cameras, (2, 3), 6, planes=planes)
+
+
+# ----------------------------------------------------------------------------------- NVS model
+@pytest.mark.parametrize(
+    "predictor, options",
+    [("learned", {}), ("external", {"targets": "transfer"}), ("oracle", {}), ("oracle", {"targets": "transfer"})],
+)
+def test_nvs_model_with_every_plane_source(predictor, options):
+    from _lvsm_helpers import SMALL_MODEL, synthetic_batch
+
+    from hrope.nvs.model import LVSM, ModelConfig
+
+    torch.manual_seed(0)
+    config = ModelConfig(**SMALL_MODEL, encoding=NAME, predictor=predictor, predictor_options=options, rays="world")
+    model = LVSM(config)
+    out = model(synthetic_batch(num_scenes=1, num_views=3))
+    assert out.images.shape == (1, 1, 3, 32, 32) and torch.isfinite(out.images).all()
+    out.images.mean().backward()
+    for name, param in model.named_parameters():
+        assert param.grad is not None and torch.isfinite(param.grad).all(), name
