@@ -69,7 +69,14 @@ def test_planned_rows_give_every_rival_the_same_depth():
     depth = [row for row in plane_evidence.PLANNED_ROWS if row.predictor != "learned"]
     assert {row.options for row in depth} == {plane_evidence.TRANSFER}
     assert {row.predictor for row in depth} == {"external"}
-    assert [row.encoding for row in depth] == ["hrope-lift", "prope", "worldrope", "worldrope", "hrope-lift-ape"]
+    assert [row.encoding for row in depth] == [
+        "hrope-lift",
+        "prope",
+        "worldrope",
+        "worldrope",
+        "hrope-lift-ape",
+        "hrope-lift-uv",
+    ]
     assert plane_evidence.REFERENCES["planned"].label == "prope"
     caps = [dict(row.options)["max_inverse_distance"] for row in plane_evidence.CAP_ROWS]
     assert caps == [2.0, 1.0, 5.0, None]
