@@ -81,6 +81,19 @@ def test_loop_fold_and_recompute_agree():
         assert (other - loop).abs().max() < 1e-12
 
 
+def test_precompute_then_apply_per_query_view():
+    """apply_q / apply_kv / apply_o of one query view (the relative part restricted to that view)
+    give that view's rows of attention()."""
+    cameras, planes, (q, k, v) = scene(seed=9)
+    t = hrope.get_encoding(NAME).prepare(cameras, (2, 3), 48, planes=planes)
+    full = t.attention(q, k, v)
+    P = 6
+    for c in range(3):
+        k_c, v_c = t.apply_kv(k, v, c)
+        o_c = torch.nn.functional.scaled_dot_product_attention(t.apply_q(q[:, :, c * P : (c + 1) * P], c), k_c, v_c)
+        assert (t.apply_o(o_c, c) - full[:, :, c * P : (c + 1) * P]).abs().max() < 1e-12
+
+
 def test_camera_free_tokens_match_reference():
     cameras, planes, (q, k, v) = scene(B=1, V=2, seed=5)
     N, L = q.shape[2], q.shape[2] + 3
