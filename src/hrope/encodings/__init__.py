@@ -20,11 +20,11 @@ from .base import Encoding, EncodingError, Prepared, TokenTransform
 from .layout import HeadLayout, patch_index_rope_angles
 from .camera import GTA, CaPE, NoEncoding, PRoPE, RoPE2D
 from .homography import HRoPE, HRoPELift
-from .lift_uv import HRoPELiftUV
 from .query_frame import QueryFrameTransform
 from .rayrope import RayRoPE
 from .urope import URoPE
 from .worldrope import WorldRoPE
+from .lift_uv import HRoPELiftUV
 from .ray_segments import sample_ray_depths
 
 ENCODINGS: dict[str, type[Encoding]] = {
