@@ -117,6 +117,8 @@ PLANNED_ROWS = (
     Row("worldrope", **DEPTH),  # worldrope with that depth instead of its learned head
     Row("rayrope", **DEPTH, encoding_options=(("depth", "known"),)),  # released RGB-D mode: that depth per ray
     Row("hrope-lift-ape", **DEPTH),  # the same planes in the tokens, no relative encoding (world rays)
+    Row("hrope-lift-uv", **DEPTH, model_options=WORLD),  # hrope-lift's transform + RoPE on the plane points
+    Row("hrope-lift-uv", **DEPTH),  # the same with camera rays, as the urope rows have
 )
 # The near-camera cap |m| <= c of the geometry sources, chosen on the validation scenes (--split val).
 CAP_ROWS = tuple(

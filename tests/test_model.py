@@ -173,7 +173,9 @@ def test_bf16_autocast_matches_float32(encoding, batch):
 
 
 def test_ape_variants_are_the_encodings_with_token_inputs():
-    """Every encoding with per-token inputs has a distinct ``-ape`` model, except hrope-pf (hrope-ape's twin)."""
+    """Every encoding with per-token inputs has a distinct ``-ape`` model, except hrope-pf (hrope-ape's
+    twin) and hrope-lift-uv (hrope-lift-ape's twin)."""
     with_inputs = {name for name, cls in ENCODINGS.items() if cls.takes_token_inputs()}
-    assert set(APE_ENCODINGS) == with_inputs - {"hrope-pf"}
+    assert set(APE_ENCODINGS) == with_inputs - {"hrope-pf", "hrope-lift-uv"}
+    assert "hrope-lift-uv" in with_inputs and "hrope-lift-uv-ape" not in encoding_names()
     assert "hrope-pf" in with_inputs and "hrope-pf-ape" not in encoding_names()

@@ -76,6 +76,8 @@ def test_planned_rows_give_every_rival_the_same_depth():
         "worldrope",
         "rayrope",
         "hrope-lift-ape",
+        "hrope-lift-uv",
+        "hrope-lift-uv",
     ]
     assert plane_evidence.REFERENCES["planned"].label == "prope"
     caps = [dict(row.options)["max_inverse_distance"] for row in plane_evidence.CAP_ROWS]

@@ -35,6 +35,7 @@ from .encodings import (
     HRoPEDepth,
     HRoPEFull,
     HRoPELift,
+    HRoPELiftUV,
     HRoPEPF,
     HRoPESE3,
     HRoPESO3,
@@ -508,7 +509,16 @@ def multiview_attention(
     }
     if encoding.query_frame:
         return query_frame_attention(
-            q, k, v, encoding=encoding, cameras=cameras, grid=grid, params=params, camera_tokens=camera_tokens, **sdpa
+            q,
+            k,
+            v,
+            encoding=encoding,
+            cameras=cameras,
+            grid=grid,
+            params=params,
+            planes=planes,
+            camera_tokens=camera_tokens,
+            **sdpa,
         )
     D, _ = token_matrices(encoding, cameras, grid, q.shape[-1], planes, params)
     if camera_tokens is not None:
@@ -771,6 +781,45 @@ _QUERY_FRAME_BLOCKS: dict[type[Encoding], Callable[..., Tensor]] = {
 }
 
 
+def _lift_uv_matrices(
+    encoding: Encoding, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes
+) -> tuple[Tensor, Tensor]:
+    """``hrope-lift-uv``'s key matrices ``(B, Vq, N, d, d)`` and query matrices ``(B, N, d, d)``.
+
+    Geometric channels [0, g): hrope-lift's tiles (its reference D_t's top-left g x g block), D_j^-T
+    for a key, D_i for a query. RoPE channels [g, d): the key's ray-plane point at z-depth
+    1/(m·r̂) (MAX_DEPTH when m·r̂ <= 1/MAX_DEPTH; then the depth bound) taken to the world and into
+    query view c, projected; R(w_f x), R(w_f y) on the split pairs of those r = d - g channels.
+    """
+    D, layout = token_matrices(HRoPELift(), cameras, grid, head_dim, planes)
+    g, r = layout.geo_dim, head_dim - layout.geo_dim
+    geo_q = D[..., :g, :g]
+    geo_k = torch.linalg.inv(geo_q).transpose(-1, -2)
+    tok = _tokens(cameras, grid)
+    m = _nearest_plane(_plane_vectors(planes, tok))
+    w = (m * tok.ray).sum(-1)  # (B, N)
+    depth = _ray_point_depth(torch.where(w > 1.0 / MAX_DEPTH, 1.0 / w, torch.full_like(w, MAX_DEPTH)))
+    E = cameras.world_to_cam.double()
+    K = _normalized_K(cameras.K, cameras.image_size)
+    C2W = torch.linalg.inv(E)
+    B, V, P = cameras.batch_size, cameras.num_views, grid[0] * grid[1]
+    uv = _uv_grid(grid, (0.5, 0.5))
+    freqs = _image_rope_freqs(r, encoding.rope_base)
+    world = torch.cat(
+        [_world_points(torch.linalg.inv(K[:, k]), C2W[:, k], uv, depth[:, k * P : (k + 1) * P]) for k in range(V)], 1
+    )  # (B, N, 3)
+    M_key = torch.zeros(B, V, V * P, head_dim, head_dim, dtype=torch.float64)
+    for c in range(V):
+        pos, _ = _project(K[:, c], _in_camera(E[:, c], world), grid)  # (B, N, 2)
+        blocks = torch.stack([_rotation_block(w_f * pos[..., axis]) for axis in range(2) for w_f in freqs], -3)
+        M_key[:, c, :, :g, :g] = geo_k
+        M_key[:, c, :, g:, g:] = _blocks_to_matrix(blocks, r)
+    view_of = torch.arange(V * P) // P
+    M_query = M_key[:, view_of, torch.arange(V * P)].clone()
+    M_query[..., :g, :g] = geo_q
+    return M_key, M_query
+
+
 def query_frame_matrices(
     encoding: str | Encoding,
     cameras: Cameras,
@@ -863,6 +912,7 @@ def query_frame_attention(
     cameras: Cameras,
     grid: tuple[int, int],
     params: dict[str, Tensor] | None = None,
+    planes: Planes | None = None,
     camera_tokens: CameraTokens | None = None,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
@@ -881,11 +931,18 @@ def query_frame_attention(
 
     With ``camera_tokens`` q, k, v have L tokens and identity tokens get M = I on both sides, except
     that an identity query sees camera key j through M_j^(view(j)), the key in its own view's frame.
+    ``hrope-lift-uv`` (needs ``planes``) has query matrices of their own (:func:`_lift_uv_matrices`).
     """
     k, v, attn_mask = _sdpa_options(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
     q, k, v = q.double(), k.double(), v.double()
     B, H, L, d = q.shape
-    M = query_frame_matrices(encoding, cameras, grid, d, params)  # (B, V, N, d, d)
+    encoding = get_encoding(encoding)
+    own_query: Tensor | None = None  # the queries' matrices when they are not the keys' own (hrope-lift-uv)
+    if isinstance(encoding, HRoPELiftUV):
+        encoding.check_inputs(planes, params or {})
+        M, own_query = _lift_uv_matrices(encoding, cameras, grid, d, cast("Planes", planes))
+    else:
+        M = query_frame_matrices(encoding, cameras, grid, d, params)  # (B, V, N, d, d)
     V, N = M.shape[1:3]
     view_of = torch.arange(N) // (N // V)
     own = M[:, view_of, torch.arange(N)]  # (B, N, d, d): every camera token in its own view's frame
@@ -894,7 +951,7 @@ def query_frame_attention(
     identity = torch.tensor([p for p in range(L) if p not in taken], dtype=torch.long)
     eye = torch.eye(d, dtype=torch.float64)
     M_q = eye.repeat(B, L, 1, 1)
-    M_q[:, cam] = own
+    M_q[:, cam] = own if own_query is None else own_query
     q_t = (M_q.transpose(-1, -2)[:, None] @ q[..., None]).squeeze(-1)
     M_k = eye.repeat(B, L, L, 1, 1)  # (B, L queries, L keys, d, d): key matrices in each query's frame
     M_k[:, cam[:, None], cam[None, :]] = M[:, view_of]

@@ -216,10 +216,10 @@ class MixedTokens(Prepared):
     ) -> Tensor:
         """SDPA of some queries over all L keys: the camera keys in query view ``view``'s frame, or
         (``view`` None, identity queries) each in its own view's frame; identity keys as they are."""
-        if view is None:  # conj(z_j) x_j: own frame (v as it is when values are not rotated)
-            k_enc = self.prepared.apply_q(k_cam)
-            v_enc = self.prepared.apply_q(v_cam) if self.transform_values else v_cam
+        prepared = cast(QueryFrameTransform, self.prepared)
+        if view is None:  # each camera key in its own view's frame
+            k_enc, v_enc = prepared.apply_kv_own(k_cam, v_cam)
         else:
-            k_enc, v_enc = cast(QueryFrameTransform, self.prepared).apply_kv(k_cam, v_cam, view)
+            k_enc, v_enc = prepared.apply_kv(k_cam, v_cam, view)
         k_all, v_all = k.index_copy(2, self._index, k_enc), v.index_copy(2, self._index, v_enc)
         return F.scaled_dot_product_attention(q_rows, k_all, v_all, attn_mask=mask, **sdpa_kwargs)

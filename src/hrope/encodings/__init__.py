@@ -6,7 +6,9 @@
 
 ``prepare`` returns a :class:`TokenTransform` for the relative encodings and a
 :class:`QueryFrameTransform` for the query-frame ones (rayrope, urope, worldrope), which
-re-encode keys and values per query view; ``transform.attention(q, k, v)`` works for both.
+re-encode keys and values per query view (``hrope-lift-uv`` too: hrope-lift's
+plane transform on half of each head, 2D RoPE on query-view positions of the key's plane point on
+the other); ``transform.attention(q, k, v)`` works for both.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .query_frame import QueryFrameTransform
 from .rayrope import RayRoPE
 from .urope import URoPE
 from .worldrope import WorldRoPE
+from .lift_uv import HRoPELiftUV
 from .ray_segments import sample_ray_depths
 
 ENCODINGS: dict[str, type[Encoding]] = {
@@ -34,6 +37,7 @@ ENCODINGS: dict[str, type[Encoding]] = {
         CaPE,
         HRoPE,
         HRoPELift,
+        HRoPELiftUV,
         HRoPEDepth,
         HRoPESO3,
         HRoPESE3,
@@ -78,6 +82,7 @@ __all__ = [
     "CaPE",
     "HRoPE",
     "HRoPELift",
+    "HRoPELiftUV",
     "HRoPEDepth",
     "HRoPESO3",
     "HRoPESE3",

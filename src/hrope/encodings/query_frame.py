@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from ..cameras import Cameras
 from ..geometry import geometry_dtype, invert_se3
 from ..planes import MIN_DEPTH, Planes
-from .base import Encoding, EncodingError, Prepared, check_prepared_input, per_token_param
+from .base import Encoding, EncodingError, Prepared, TokenTransform, check_prepared_input, per_token_param
 
 __all__ = [
     "QueryFrameEncoding",
@@ -132,6 +132,10 @@ class QueryFrameTransform(Prepared):
         query: cross-attention only: the queries' own coefficients ``(re, im)`` each
             ``(B, N, head_dim/2)``, for a query set other than the keys' (then ``num_keys`` = Nk
             may differ from N). Self-attention (None) takes them from the diagonal of re, im.
+        relative: a relative encoding's :class:`~hrope.encodings.base.TokenTransform` over the
+            first ``relative.head_dim`` = g channels of each head (self-attention only): q, k, v
+            and o get its D_i^T, D_j^-1, D_j^-1, D_i there, and the coefficients above (then
+            ``(..., (head_dim - g)/2)``, pairs (g + p, g + p + (head_dim - g)/2)) act on the rest.
 
     Precompute-then-apply for custom attention (e.g. cross-attention): for each query view c,
     ``sdpa(apply_q(q_c, c), *apply_kv(k, v, c))`` then ``apply_o(o_c, c)``, where ``q_c`` holds
@@ -153,16 +157,21 @@ class QueryFrameTransform(Prepared):
         recompute: bool = False,
         rotate_values: bool = True,
         query: tuple[Tensor, Tensor] | None = None,
+        relative: TokenTransform | None = None,
     ) -> None:
         if execution not in EXECUTIONS:
             raise EncodingError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
+        if relative is not None and query is not None:
+            raise EncodingError("a query-frame transform with a relative part is for self-attention only")
         B, V, N, pairs = re.shape
+        self.relative = relative
+        self.lead = 0 if relative is None else relative.head_dim
         self.batch_size = B
         self.device = re.device
         self.grid: tuple[int, ...] = tuple(grid)
         self.num_views = V
         self.num_keys = N
-        self.head_dim = 2 * pairs
+        self.head_dim = self.lead + 2 * pairs
         self.execution = execution
         self.recompute = recompute
         self.transform_values = rotate_values
@@ -202,16 +211,27 @@ class QueryFrameTransform(Prepared):
         cache_key = (which, x.dtype)
         if cache_key not in self._cache:
             re, im = self._query if which == "q" else self._key
-            C = torch.cat([re, re], -1).to(x.dtype)
-            S = torch.cat([im, -im], -1).to(x.dtype)
+            lead = (*re.shape[:-1], self.lead)
+            C = torch.cat([re.new_ones(lead), re, re], -1).to(x.dtype)
+            S = torch.cat([im.new_zeros(lead), im, -im], -1).to(x.dtype)
             axis = 1 if which == "q" else 2
             self._cache[cache_key] = (C.unsqueeze(axis), S.unsqueeze(axis))
         return self._cache[cache_key]
 
-    @staticmethod
-    def _swap(x: Tensor) -> Tensor:
-        half = x.shape[-1] // 2
-        return torch.cat([x[..., half:], x[..., :half]], -1)
+    def _swap(self, x: Tensor) -> Tensor:
+        """The rotated channels' halves swapped (the relative part's channels kept: S is 0 there)."""
+        lead, tail = x[..., : self.lead], x[..., self.lead :]
+        half = tail.shape[-1] // 2
+        return torch.cat([lead, tail[..., half:], tail[..., :half]], -1)
+
+    def _relative_part(self, x: Tensor, which: str, query_view: int | None = None) -> Tensor:
+        """x with the relative part's ``apply_<which>`` on its first ``lead`` channels (all tokens,
+        or those of ``query_view``)."""
+        if self.relative is None:
+            return x
+        rel = self.relative if query_view is None else self.relative.select_views([query_view])
+        fn = {"q": rel.apply_q, "k": rel.apply_k, "v": rel.apply_v, "o": rel.apply_o}[which]
+        return torch.cat([fn(x[..., : self.lead]), x[..., self.lead :]], -1)
 
     def _rows(self, query_view: int | None) -> slice:
         if query_view is None:
@@ -235,7 +255,8 @@ class QueryFrameTransform(Prepared):
     # --------------------------------------------------------------------------- apply
     def apply_q(self, q: Tensor, query_view: int | None = None) -> Tensor:
         """``conj(z_i) q_i``; q ``(B, heads, N, d)``, or ``(B, heads, P, d)`` of one ``query_view``."""
-        return self._rotate_q(q, query_view, conjugate=True)
+        q = self._rotate_q(q, query_view, conjugate=True)
+        return self._relative_part(q, "q", query_view)
 
     def apply_o(self, o: Tensor, query_view: int | None = None) -> Tensor:
         """``z_i o_i`` (o itself when values are not rotated); o shaped like :meth:`apply_q`'s input."""
@@ -243,7 +264,7 @@ class QueryFrameTransform(Prepared):
             self._rows(query_view)
             self._check(o, self.num_tokens if query_view is None else self.tokens_per_view)
             return o
-        return self._rotate_q(o, query_view, conjugate=False)
+        return self._relative_part(self._rotate_q(o, query_view, conjugate=False), "o", query_view)
 
     def apply_kv(self, k: Tensor, v: Tensor, query_view: int) -> tuple[Tensor, Tensor]:
         """``conj(z_j^(c)) k_j`` and ``conj(z_j^(c)) v_j`` (v itself when values are not rotated)
@@ -251,7 +272,23 @@ class QueryFrameTransform(Prepared):
         self._rows(query_view)
         self._check(k, self.num_keys)
         self._check(v, self.num_keys)
+        k, v = self._relative_kv(k, v)
         return self._kv_in_frame(k, self._swap(k), v, self._swap(v), query_view)
+
+    def apply_kv_own(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values each in its own view's frame, ``conj(z_j) k_j`` and ``conj(z_j) v_j``
+        (what a query without a camera sees, :class:`hrope.MixedTokens`); k, v ``(B, heads, N, d)``."""
+        self._check(k, self.num_tokens)
+        self._check(v, self.num_tokens)
+        k, v = self._relative_kv(k, v)
+        k = self._rotate_q(k, None, conjugate=True)
+        return k, (self._rotate_q(v, None, conjugate=True) if self.transform_values else v)
+
+    def _relative_kv(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """The relative part's D_j^-1 on the keys and values (values only when they are transformed)."""
+        if self.relative is None:
+            return k, v
+        return self._relative_part(k, "k"), (self._relative_part(v, "v") if self.transform_values else v)
 
     def _kv_in_frame(
         self, k: Tensor, k_swapped: Tensor, v: Tensor, v_swapped: Tensor, query_view: int
@@ -283,6 +320,7 @@ class QueryFrameTransform(Prepared):
             self._check(x, self.num_keys)
         mask = self._global_mask(q, sdpa_kwargs)
         q_rot = self.apply_q(q)
+        k, v = self._relative_kv(k, v)
         if self.execution == "loop":
             out = torch.empty_like(q_rot)
             k_swapped, v_swapped = self._swap(k), self._swap(v)

@@ -149,7 +149,8 @@ PRESETS: dict[str, dict] = {
 
 
 # Encodings whose ``<name>-ape`` variant is a distinct model: every encoding with per-token inputs
-# except hrope-pf, whose APE variant would embed hrope's planes with hrope's decoder (hrope-ape).
+# except hrope-pf, whose APE variant would embed hrope's planes with hrope's decoder (hrope-ape),
+# and hrope-lift-uv, whose would embed hrope-lift's planes with hrope-lift's decoder (hrope-lift-ape).
 APE_ENCODINGS = ("hrope-lift", "hrope", "hrope-depth", "hrope-so3", "hrope-se3", "hrope-full", "rayrope", "worldrope")
 
 
