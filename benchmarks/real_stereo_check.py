@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling nvs_* modules
 
 from intervals import METHOD, crossed_bootstrap  # noqa: E402
-from nvs_cells import CellRunner  # noqa: E402
+from nvs_cells import CellRunner, StaleCellsError, StoppedCellError  # noqa: E402
 from nvs_rows import BUDGETS, Budget, Cell, Row, cell_settings, config_hash  # noqa: E402
 from nvs_store import CELLS_NAME  # noqa: E402
 from plane_evidence import PLANNED_ROWS, row_report  # noqa: E402
@@ -199,14 +199,17 @@ def main(argv: list[str] | None = None) -> dict:
     budget = BUDGETS["full"]
     if args.steps is not None:
         budget = replace(budget, name="full-steps", steps=args.steps, warmup=min(budget.warmup, args.steps // 10))
-    return run(
-        budget,
-        [int(s) for s in args.seeds.split(",")],
-        Path(args.out),
-        threads=args.threads,
-        command=shlex.join(["python", "benchmarks/real_stereo_check.py", *argv]),
-        log=lambda text: print(text, flush=True),
-    )
+    try:
+        return run(
+            budget,
+            [int(s) for s in args.seeds.split(",")],
+            Path(args.out),
+            threads=args.threads,
+            command=shlex.join(["python", "benchmarks/real_stereo_check.py", *argv]),
+            log=lambda text: print(text, flush=True),
+        )
+    except (StaleCellsError, StoppedCellError) as error:
+        raise SystemExit(f"real_stereo_check.py: error: {error}") from None
 
 
 if __name__ == "__main__":
