@@ -18,6 +18,7 @@ from .real.loaders import LOADERS, Loader, SceneFolderSource, detect_format, loa
 from .real.nerfstudio import load_transforms_json, read_transforms_json
 from .real.re10k import RealEstate10KSource, read_chunk, read_evaluation_index
 from .real.source import SceneSource
+from .real.stereo import StereoPair, StereoWindow, read_middlebury, stereo_windows, window_scene
 from .scene import Scene, SceneError, patch_planes
 from .synthetic import SyntheticConfig, make_scene
 from .transforms import crop_intrinsics, resize_crop, resize_crop_plan, resize_crop_scene, scale_intrinsics
@@ -60,6 +61,11 @@ __all__ = [
     "read_evaluation_index",
     "CO3DSource",
     "read_frame_annotations",
+    "StereoPair",
+    "StereoWindow",
+    "read_middlebury",
+    "stereo_windows",
+    "window_scene",
     # resize / crop with exact intrinsics
     "crop_intrinsics",
     "resize_crop",
