@@ -13,9 +13,10 @@ other channels), and the update is added onto its output's tiles in place.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..encodings import Prepared, TokenTransform
@@ -61,9 +62,7 @@ class RankOneRest(Prepared):
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs: Any) -> Tensor:
         """``apply_o(sdpa(apply_q(q), apply_k(k), apply_v(v)))``."""
-        out = torch.nn.functional.scaled_dot_product_attention(
-            self.apply_q(q), self.apply_k(k), self.apply_v(v), **sdpa_kwargs
-        )
+        out = F.scaled_dot_product_attention(self.apply_q(q), self.apply_k(k), self.apply_v(v), **sdpa_kwargs)
         return self.apply_o(out)
 
     def _update(self, x: Tensor, y: Tensor, dot: str, sign: float) -> Tensor:
@@ -73,12 +72,42 @@ class RankOneRest(Prepared):
             y = x.clone()
         B, H, N, _ = x.shape
         V, b = self.centre.shape[1], self.centre.shape[-1]
-        tiled = self.num_blocks * b
         centre = self.centre.to(x.dtype)[:, None, :, None, None, :]  # (B, 1, V, 1, 1, b)
         plane = self.plane.to(x.dtype)[:, None, :, :, None, :]  # (B, 1, V, P, 1, b)
         a, c = (centre, plane) if dot == "centre" else (plane, centre)
-        tiles = x[..., :tiled].view(B, H, V, N // V, self.num_blocks, b)
-        scale = (tiles * a).sum(-1, keepdim=True)  # (B, H, V, P, num_blocks, 1)
-        out = y[..., :tiled].view(B, H, V, N // V, self.num_blocks, b)
-        out.addcmul_(scale, c, value=sign)
+        shape = (B, H, V, N // V, self.num_blocks, b)
+        return cast(Tensor, _TileUpdate.apply(x, y, a, c, sign, shape))  # type: ignore[no-untyped-call]
+
+
+class _TileUpdate(torch.autograd.Function):
+    """``y[tiles] += sign * (z @ a^T) c`` in place for the tiles z of x, viewed as ``shape`` ``(B,
+    H, V, P, num_blocks, b)``, a and c broadcast to it; the backward is the transposed update
+    (g -> sign * (g_tile @ c^T) a into x's tiles) and the reductions for a and c, without the
+    broadcast products' expanded temporaries that autograd would keep."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, y: Tensor, a: Tensor, c: Tensor, sign: float, shape: tuple[int, ...]) -> Tensor:
+        tiled = shape[-2] * shape[-1]
+        ctx.mark_dirty(y)
+        y[..., :tiled].view(shape).addcmul_(x[..., :tiled].view(shape) @ a.mT, c, value=sign)
+        ctx.save_for_backward(x, a, c)
+        ctx.sign, ctx.shape = sign, shape
         return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        x, a, c = ctx.saved_tensors
+        sign, shape = ctx.sign, ctx.shape
+        tiled = shape[-2] * shape[-1]
+        tiles = grad[..., :tiled].view(shape)
+        scale = tiles @ c.mT  # (B, H, V, P, num_blocks, 1)
+        grad_x = grad_a = grad_c = None
+        if ctx.needs_input_grad[0]:
+            update = (scale * a).mul_(sign).view(*grad.shape[:-1], tiled)
+            grad_x = F.pad(update, (0, grad.shape[-1] - tiled))
+        z = x[..., :tiled].view(shape)
+        if ctx.needs_input_grad[2]:
+            grad_a = (scale * z).sum_to_size(a.shape).mul_(sign)
+        if ctx.needs_input_grad[3]:
+            grad_c = ((z @ a.mT) * tiles).sum_to_size(c.shape).mul_(sign)
+        return grad_x, grad, grad_a, grad_c, None, None
