@@ -113,7 +113,8 @@ def steps(device: str, out: Path, quick: bool) -> list[tuple[str, list[str], flo
         )
     )
     rounds = ["--rounds", "1", "--steps", "1"] if quick else ["--rounds", "3", "--steps", "5"]
-    listed.append(("folded_training", [*folded, "--parts", "training", *rounds, "--tag", "training"], 90))
+    training = ["folded_attention.py", "--device", device, "--parts", "training", *rounds, "--tag", "training"]
+    listed.append(("folded_training", [*training, "--out", str(out)], 180 if quick else 90))
     return listed
 
 
