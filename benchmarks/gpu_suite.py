@@ -91,12 +91,7 @@ def steps(device: str, out: Path, quick: bool) -> list[tuple[str, list[str], flo
             fused = [*common, "--transform-backend", "triton", "--tag", f"n{tokens}_fused"]
             listed.append((f"overhead_n{tokens}_fused", fused, 60))
             listed.append((f"overhead_n{tokens}_fused_prepared_once", [*fused, "--prepared-once"], 60))
-    folded = ["folded_attention.py", "--device", device, "--dtype", "bfloat16", "--sdpa-backend", backend]
-    folded += ["--grid", grid, "--reps", "1" if quick else "10", "--out", str(out)]
-    for tokens, views in sizes.items():
-        listed.append(
-            (f"folded_n{tokens}", [*folded, "--parts", "modules", "--views", str(views), "--tag", f"n{tokens}"], 60)
-        )
+    listed += folded_steps(device, out, quick)
     listed.append(
         (
             "banded_apply",
@@ -112,10 +107,27 @@ def steps(device: str, out: Path, quick: bool) -> list[tuple[str, list[str], flo
             120,
         )
     )
+    listed.append(training_step(device, out, quick))
+    return listed
+
+
+def folded_steps(device: str, out: Path, quick: bool) -> list[tuple[str, list[str], float]]:
+    """The hrope.nn modules in bfloat16 (flash SDPA on a GPU) at each N (folded_attention.py)."""
+    grid, backend = ("2", "auto") if quick else ("32", "flash")
+    sizes = {2 * 4: 2, 8 * 4: 8} if quick else SIZES
+    folded = ["folded_attention.py", "--device", device, "--dtype", "bfloat16", "--sdpa-backend", backend]
+    folded += ["--grid", grid, "--reps", "1" if quick else "10", "--out", str(out), "--parts", "modules"]
+    return [
+        (f"folded_n{tokens}", [*folded, "--views", str(views), "--tag", f"n{tokens}"], 60)
+        for tokens, views in sizes.items()
+    ]
+
+
+def training_step(device: str, out: Path, quick: bool) -> tuple[str, list[str], float]:
+    """Training steps/s with model.folded_attention off and on (folded_attention.py, float32)."""
     rounds = ["--rounds", "1", "--steps", "1"] if quick else ["--rounds", "3", "--steps", "5"]
     training = ["folded_attention.py", "--device", device, "--parts", "training", *rounds, "--tag", "training"]
-    listed.append(("folded_training", [*training, "--out", str(out)], 180 if quick else 90))
-    return listed
+    return ("folded_training", [*training, "--out", str(out)], 180 if quick else 90)
 
 
 def run_steps(listed, budget_s: float, env: dict | None = None) -> list[dict]:
