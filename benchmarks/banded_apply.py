@@ -12,7 +12,9 @@ kernel). Layouts: the transform of each relative encoding family, per-view 4x4 b
 (``prope``, ``gta``), per-view blocks without RoPE (``cape``), RoPE only (``rope2d``), per-token
 4x4 (``hrope-lift``) and 3x3 (``hrope``) blocks with RoPE. Forward, and forward+backward with the
 block gradient. Times are the median of ``--reps`` synchronised calls; ratios are to ``banded`` in
-the same layout and mode. Writes ``banded_apply[_<device>].{json,md}``.
+the same layout and mode. ``max error``: each backend's forward output against the banded passes in
+float64 on the same inputs (x, blocks and tables upcast), as max |y - y64| / max |y64|.
+Writes ``banded_apply[_<device>].{json,md}``.
 """
 
 from __future__ import annotations
@@ -74,6 +76,21 @@ def functions(layout, blocks, tables, quick: bool) -> dict:
     return listed
 
 
+def max_errors(listed: dict, x, blocks, layout, tables) -> dict[str, float]:
+    """``{backend: max |f(x) - y64| / max |y64|}`` with y64 = D x by the banded passes in float64
+    on the same (upcast) inputs; not for ``copy``."""
+    up = None if blocks is None else blocks.double()
+    with torch.no_grad():
+        y64 = banded_product(
+            x.double(), up, layout.num_blocks, None if tables is None else [t.double() for t in tables]
+        )
+        return {
+            backend: ((fn(x, blocks).double() - y64).abs().max() / y64.abs().max()).item()
+            for backend, fn in listed.items()
+            if backend != "copy"
+        }
+
+
 def timed(fn, x, blocks, backward: bool, device) -> float:
     """Seconds of one synchronised call (forward, or forward + backward with a unit gradient)."""
     xx = x.detach().requires_grad_(backward)
@@ -120,6 +137,7 @@ def measure(args: argparse.Namespace, device: torch.device, dtype) -> list[dict]
             device, dtype
         )
         listed = functions(layout, blocks, tables, args.quick)
+        errors = max_errors(listed, x, blocks, layout, tables)
         for mode, backward in (("forward", False), ("forward_backward", True)):
             for fn in listed.values():  # warm-up (and compilation)
                 timed(fn, x, blocks, backward, device)
@@ -135,6 +153,7 @@ def measure(args: argparse.Namespace, device: torch.device, dtype) -> list[dict]
                         "backend": backend,
                         "ms": 1e3 * value,
                         "ratio_to_banded": value / seconds["banded"],
+                        "max_error": errors.get(backend),
                     }
                 )
     return rows
@@ -156,6 +175,7 @@ def write_outputs(meta: dict, rows: list[dict], out: Path, stem: str) -> None:
         for mode in ("forward", "forward_backward"):
             cells = {
                 r["backend"]: f"{r['ms']:.3f} ({r['ratio_to_banded']:.2f})"
+                + ("" if r.get("max_error") is None or mode != "forward" else f", max error {r['max_error']:.1e}")
                 for r in rows
                 if r["layout"] == name and r["mode"] == mode
             }

@@ -1,6 +1,10 @@
 """Folded attention modules (hrope.nn) against RoPE and plain SDPA, and what they do to training.
 
     python benchmarks/folded_attention.py [--reps 9] [--rounds 5] [--threads 2] [--train-threads 1]
+    python benchmarks/folded_attention.py --device cuda --dtype bfloat16 --sdpa-backend flash --parts modules
+
+``--device cuda`` synchronises the GPU around every timed call; ``--dtype`` is the modules' and
+tokens' dtype (training stays float32); ``--sdpa-backend`` restricts SDPA (attention_overhead.py's).
 
 Three parts, each measured in one run with interleaved repetitions (ratios are medians over
 repetitions of the ratio measured within a repetition):
@@ -18,7 +22,8 @@ repetitions of the ratio measured within a repetition):
   for ``none``, ``rope2d``, ``prope``, ``hrope-lift`` (learned planes) with ``model.folded_attention``
   off and on, ratios to ``none`` (off).
 
-Writes benchmarks/results/folded_attention.{json,md}.
+Writes ``folded_attention[_<device>][_<dtype>][_<tag>].{json,md}`` in ``--out`` (default
+benchmarks/results/).
 """
 
 from __future__ import annotations
@@ -73,14 +78,15 @@ def module_rows(args: argparse.Namespace) -> tuple[dict[str, Callable], torch.Te
     gen = torch.Generator().manual_seed(0)
     grid = (args.grid, args.grid)
     cameras = attention_overhead.make_cameras(1, args.views, (8 * args.grid, 8 * args.grid), gen)
+    cameras = cameras.to(device=args.device)
     dim = args.heads * args.head_dim
-    x = torch.randn(1, args.views * args.grid**2, dim, generator=gen)
+    x = torch.randn(1, args.views * args.grid**2, dim, generator=gen).to(args.device, getattr(torch, args.dtype))
     torch.manual_seed(0)
-    plain = PlainAttention(dim, args.heads)
+    plain = PlainAttention(dim, args.heads).to(args.device, x.dtype)
     rows: dict[str, Callable] = {"plain": plain}
     for name in MODULE_ENCODINGS:
         geometry = attention_overhead.example_inputs(name, cameras, grid, gen)
-        module = hrope.nn.MultiviewAttention(dim, args.heads, name)
+        module = hrope.nn.MultiviewAttention(dim, args.heads, name).to(args.device, x.dtype)
         module.load_state_dict(plain.state_dict())
         rows[name] = lambda x, m=module, g=geometry: m(x, cameras, grid, **g)
         if name in UNFOLDED:
@@ -96,11 +102,20 @@ def unfolded(module: hrope.nn.MultiviewAttention, x: torch.Tensor, cameras, grid
     return module.out(out.transpose(1, 2).reshape(B, L, D))
 
 
+def synchronize() -> None:
+    """Wait for the GPU (when CUDA is in use), so that a timed call includes its kernels."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def timed(run: Callable[[], object]) -> tuple[float, float]:
-    """Wall-clock and process CPU seconds of ``run()``. The CPU time of a 1-thread run is the
-    steadier measure on a shared machine (it does not count time spent waiting for a core)."""
+    """Wall-clock and process CPU seconds of ``run()`` (the GPU synchronised before and after). The
+    CPU time of a 1-thread CPU run is the steadier measure on a shared machine (it does not count
+    time spent waiting for a core); on a GPU only the wall-clock time means anything."""
+    synchronize()
     wall, cpu = time.perf_counter(), time.process_time()
     run()
+    synchronize()
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
@@ -141,9 +156,10 @@ def interleaved(rows: dict[str, Callable[[], tuple[float, float]]], reps: int, b
 def measure_modules(args: argparse.Namespace) -> dict:
     rows, x = module_rows(args)
     results = {}
-    for mode, backward in attention_overhead.MODES:
-        timed = {name: (lambda fn=fn, b=backward: time_call(fn, x, b)) for name, fn in rows.items()}
-        results[mode] = interleaved(timed, args.reps, ("plain", "rope2d"))
+    with attention_overhead.sdpa_backend(args.sdpa_backend):
+        for mode, backward in attention_overhead.MODES:
+            timed = {name: (lambda fn=fn, b=backward: time_call(fn, x, b)) for name, fn in rows.items()}
+            results[mode] = interleaved(timed, args.reps, ("plain", "rope2d"))
     return results
 
 
@@ -153,6 +169,7 @@ def measure_per_call(args: argparse.Namespace) -> dict:
     for prepared_once in (False, True):
         argv = ["--reps", str(args.reps), "--views", str(args.views), "--grid", str(args.grid)]
         argv += ["--heads", str(args.heads), "--head-dim", str(args.head_dim), "--encodings", *PER_CALL]
+        argv += ["--device", args.device, "--dtype", args.dtype, "--sdpa-backend", args.sdpa_backend]
         ao_args = attention_overhead.parse_args(argv + (["--prepared-once"] if prepared_once else []))
         rows = attention_overhead.Rows(ao_args)
         modes = {mode: attention_overhead.time_mode(rows, b, args.reps) for mode, b in attention_overhead.MODES}
@@ -164,7 +181,7 @@ def measure_per_call(args: argparse.Namespace) -> dict:
 def measure_training(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.train_threads)
     scenes = [make_scene(0, i, "room", num_views=3, image_size=(64, 64)) for i in range(BATCH_SIZE)]
-    batch = collate_scenes(scenes, 2)
+    batch = collate_scenes(scenes, 2).to(torch.device(args.device))
     rows = {}
     for name, folded in TRAINING:
         step, _ = step_function(name, batch, {"folded_attention": True} if folded else None)
@@ -192,6 +209,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=5, help="training steps per row per round")
     parser.add_argument("--train-threads", type=int, default=1)
     parser.add_argument("--parts", nargs="*", default=["modules", "per_call", "training"])
+    parser.add_argument("--device", default="cpu", help="torch device of the modules and training, e.g. cuda")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    parser.add_argument("--sdpa-backend", choices=("auto", *attention_overhead.SDPA_BACKENDS), default="auto")
+    parser.add_argument("--tag", default="", help="suffix of the output files (e.g. the token count)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     return parser.parse_args(argv)
 
@@ -206,8 +227,10 @@ def main(argv: list[str] | None = None) -> None:
     results["load_average"] = [round(x, 2) for x in os.getloadavg()]
     results["provenance"] = provenance()
     args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "folded_attention.json", results, indent=1)
-    write_text(args.out / "folded_attention.md", markdown(results))
+    suffixes = [args.device if args.device != "cpu" else "", args.dtype if args.dtype != "float32" else "", args.tag]
+    stem = "_".join(["folded_attention", *(s for s in suffixes if s)])
+    write_json(args.out / f"{stem}.json", results, indent=1)
+    write_text(args.out / f"{stem}.md", markdown(results))
     print(markdown(results))
 
 
@@ -215,7 +238,8 @@ def markdown(results: dict) -> str:
     """The tables of every measured part."""
     cfg = results["config"]
     lines = [
-        f"Folded attention modules, CPU fp32. Command: `{results['command']}` (torch {torch.__version__}); "
+        f"Folded attention modules, {cfg.get('device', 'cpu')} {cfg.get('dtype', 'float32')} (SDPA backend "
+        f"{cfg.get('sdpa_backend', 'auto')}). Command: `{results['command']}` (torch {torch.__version__}); "
         f"commit `{describe(results['provenance'])}`; load average {results['load_average']} (shared machine: "
         "ratios are medians of ratios within interleaved repetitions).",
         "",

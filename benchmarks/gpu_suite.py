@@ -16,9 +16,15 @@ recorded and the others still run; the whole run stays inside ``--budget-s``):
    the transform prepared once (the per-layer cost).
    The same at N >= 8k with the transforms applied by the fused Triton kernel
    (``--transform-backend triton``, tag ``_fused``).
-3. ``banded_apply``: the block-diagonal transform alone (y = D x, the op around SDPA) by the
-   fused Triton kernel, the unfused banded passes and ``torch.compile`` of the unfused passes.
-4. ``train_throughput``: steps/s of the tiny LVSM preset per encoding.
+3. ``folded_n{2048,8192,32768}``: the attention modules of :mod:`hrope.nn` (folded ``prope``,
+   ``gta``, ``hrope-lift``; ``rope2d``; the same weights around the per-call path; a plain
+   Linear-SDPA-Linear module) in bfloat16 with flash SDPA, forward and forward+backward
+   (benchmarks/folded_attention.py ``--parts modules``).
+4. ``banded_apply``: the block-diagonal transform alone (y = D x, the op around SDPA) by the
+   fused Triton kernel, the unfused banded passes and ``torch.compile`` of the unfused passes,
+   with each one's max error against the banded passes in float64 on the same inputs.
+5. ``train_throughput``: steps/s of the tiny LVSM preset per encoding; ``folded_training``: the
+   same with ``model.folded_attention`` off and on (folded_attention.py ``--parts training``).
 
 ``summary.json`` / ``summary.md`` list every step's status and time and the overhead table.
 """
@@ -85,6 +91,7 @@ def steps(device: str, out: Path, quick: bool) -> list[tuple[str, list[str], flo
             fused = [*common, "--transform-backend", "triton", "--tag", f"n{tokens}_fused"]
             listed.append((f"overhead_n{tokens}_fused", fused, 60))
             listed.append((f"overhead_n{tokens}_fused_prepared_once", [*fused, "--prepared-once"], 60))
+    listed += folded_steps(device, out, quick)
     listed.append(
         (
             "banded_apply",
@@ -100,7 +107,27 @@ def steps(device: str, out: Path, quick: bool) -> list[tuple[str, list[str], flo
             120,
         )
     )
+    listed.append(training_step(device, out, quick))
     return listed
+
+
+def folded_steps(device: str, out: Path, quick: bool) -> list[tuple[str, list[str], float]]:
+    """The hrope.nn modules in bfloat16 (flash SDPA on a GPU) at each N (folded_attention.py)."""
+    grid, backend = ("2", "auto") if quick else ("32", "flash")
+    sizes = {2 * 4: 2, 8 * 4: 8} if quick else SIZES
+    folded = ["folded_attention.py", "--device", device, "--dtype", "bfloat16", "--sdpa-backend", backend]
+    folded += ["--grid", grid, "--reps", "1" if quick else "10", "--out", str(out), "--parts", "modules"]
+    return [
+        (f"folded_n{tokens}", [*folded, "--views", str(views), "--tag", f"n{tokens}"], 60)
+        for tokens, views in sizes.items()
+    ]
+
+
+def training_step(device: str, out: Path, quick: bool) -> tuple[str, list[str], float]:
+    """Training steps/s with model.folded_attention off and on (folded_attention.py, float32)."""
+    rounds = ["--rounds", "1", "--steps", "1"] if quick else ["--rounds", "3", "--steps", "5"]
+    training = ["folded_attention.py", "--device", device, "--parts", "training", *rounds, "--tag", "training"]
+    return ("folded_training", [*training, "--out", str(out)], 180 if quick else 90)
 
 
 def run_steps(listed, budget_s: float, env: dict | None = None) -> list[dict]:
@@ -162,7 +189,7 @@ def overhead_table(out: Path, device: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget of all steps")
+    parser.add_argument("--budget-s", type=float, default=470.0, help="wall-clock budget of all steps")
     parser.add_argument("--quick", action="store_true", help="tiny shapes and one repetition (a check of the script)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)

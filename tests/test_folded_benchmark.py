@@ -40,3 +40,16 @@ def test_folded_attention_benchmark_writes_every_part(tmp_path, monkeypatch):
     assert set(results["provenance"]) == {"commit", "dirty", "torch"}
     markdown = (tmp_path / "folded_attention.md").read_text()
     assert "| forward | prope |" in markdown and "| prope folded |" in markdown and "commit `" in markdown
+
+
+def test_folded_attention_benchmark_on_another_dtype(tmp_path):
+    """bfloat16 modules (the GPU suite's runs, here on the CPU): the file carries dtype and tag."""
+    import folded_attention
+
+    argv = ["--reps", "1", "--grid", "2", "--heads", "2", "--head-dim", "16", "--threads", "1", "--views", "2"]
+    folded_attention.main(argv + ["--dtype", "bfloat16", "--parts", "modules", "--tag", "n8", "--out", str(tmp_path)])
+    results = json.loads((tmp_path / "folded_attention_bfloat16_n8.json").read_text())
+    assert results["config"]["dtype"] == "bfloat16" and all(
+        ms > 0 for ms in results["modules"]["forward"]["ms"].values()
+    )
+    assert "cpu bfloat16" in (tmp_path / "folded_attention_bfloat16_n8.md").read_text()

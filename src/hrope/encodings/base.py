@@ -428,6 +428,12 @@ class Encoding(nn.Module):
         geometric blocks of an encoding with ``per_view == "left"`` (D_t = G_c A_t)."""
         raise EncodingError(f"encoding {self.name!r} has no per-view left factor (per_view={self.per_view!r})")
 
+    def rank_one_rest(self, cameras: Cameras, grid: tuple[int, int], planes: Planes) -> tuple[Tensor, Tensor]:
+        """ĉ_c ``(B, V, b)`` and u_t ``(B, V, P, b)`` in the geometry dtype, the per-token rest
+        A_t = I - ĉ_c u_t^T (with u_t^T ĉ_c = 0) left of :meth:`view_factor` by an encoding with
+        ``per_view == "left"``."""
+        raise EncodingError(f"encoding {self.name!r} has no rank-one rest (per_view={self.per_view!r})")
+
     def check_inputs(self, planes: Planes | None, params: dict[str, Tensor]) -> None:
         """Clear errors for missing planes and missing or unknown per-token parameters."""
         if self.needs_planes and planes is None:

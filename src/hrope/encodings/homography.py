@@ -95,6 +95,14 @@ class HRoPELift(Encoding):
         E = cameras.world_to_cam.to(dtype)
         return lift(K) @ E, invert_se3(E) @ lift(invert_intrinsics(K))
 
+    def rank_one_rest(self, cameras: Cameras, grid: tuple[int, int], planes: Planes) -> tuple[Tensor, Tensor]:
+        """ĉ_c = (-R^T t, 1) ``(B, V, 4)`` and u_t = E_c^T (m_t, 0) = (R^T m_t, m_t·t) ``(B, V, P, 4)``
+        (m clamped as in :meth:`lifts`): A_t = I - ĉ_c u_t^T with :meth:`view_factor`'s P_c."""
+        dtype = geometry_dtype(cameras.K.dtype)
+        v = _views(cameras, dtype)
+        m = clamp_plane_vectors(_token_planes(planes, cameras, grid, dtype))  # (B, V, P, 3)
+        return v.column[..., 0], -(m @ v.neg_Rt)
+
     def prepare(
         self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None, **params: Tensor
     ) -> TokenTransform:

@@ -24,6 +24,7 @@ from ..cameras import Cameras
 from ..encodings import Encoding, EncodingError, HeadLayout, Prepared, TokenTransform, get_encoding
 from ..planes import Planes
 from ..tokens import CameraTokens, MixedTokens, camera_positions
+from .rank_one import RankOneRest
 
 __all__ = ["Factors", "TokenLayout", "factorize"]
 
@@ -93,33 +94,31 @@ def token_layout(
     return TokenLayout(length, num_views, None, index, torch.tensor(identity, dtype=torch.long, device=device))
 
 
-def _residual(encoding: Encoding, full: TokenTransform, cameras: Cameras) -> tuple[Tensor, Tensor, TokenTransform]:
+def _residual(
+    encoding: Encoding, full: TokenTransform, cameras: Cameras, planes: Planes | None
+) -> tuple[Tensor, Tensor, Prepared]:
     """G_c, G_c^-1 ``(B, V, b, b)`` and the per-token rest A_t of a prepared transform whose
     encoding has a per-view factor (``encoding.per_view``)."""
     blocks = full.geometric_blocks()
     if blocks is None:
         raise EncodingError(f"encoding {encoding.name!r} declares per_view={encoding.per_view!r} but has no blocks")
-    D, D_inv = blocks
     layout = full.layout
-    if encoding.per_view == "blocks":  # A_t: RoPE (or nothing) on the same channels
-        view, view_inv, rest = D[:, :, 0], D_inv[:, :, 0], None
-        rest_layout = HeadLayout(layout.head_dim, block=0, rope=layout.rope)
-    else:  # "left": A_t = G_c^-1 D_t, A_t^-1 = D_t^-1 G_c
-        view, view_inv = encoding.view_factor(cameras)
-        rest = (view_inv[:, :, None] @ D, D_inv @ view[:, :, None])
-        rest_layout = layout
-    residual = TokenTransform(
-        rest_layout,
+    rope = TokenTransform(  # A_t's RoPE (or nothing) on the same channels
+        HeadLayout(layout.head_dim, block=0, rope=layout.rope),
         full.num_views,
         full.grid,
-        *(rest or ()),
         batch_size=full.batch_size,
         device=full.device,
         transform_values=full.transform_values,
         rope_base=full.rope_base,
         backend=full.backend,
     )
-    return view, view_inv, residual
+    if encoding.per_view == "blocks":  # A_t: the RoPE alone
+        return blocks[0][:, :, 0], blocks[1][:, :, 0], rope
+    assert planes is not None  # a rank-one rest is a plane's: prepare() checked needs_planes
+    view, view_inv = encoding.view_factor(cameras)  # "left": A_t = I - ĉ_c u_t^T per tile, then RoPE
+    centre, plane = encoding.rank_one_rest(cameras, full.grid, planes)
+    return view, view_inv, RankOneRest(rope, centre, plane, layout.num_blocks)
 
 
 def factorize(
@@ -158,7 +157,7 @@ def factorize(
         if enc.per_view not in PER_VIEW_FACTS:
             raise EncodingError(f"encoding {enc.name!r}: per_view must be one of {PER_VIEW_FACTS} or None")
         transform = cast(TokenTransform, full)  # relative encodings prepare a TokenTransform
-        view, view_inv, residual = _residual(enc, transform, cameras)
+        view, view_inv, residual = _residual(enc, transform, cameras, planes)
         num_blocks = transform.layout.num_blocks
     if camera_tokens is not None:
         full = MixedTokens(full, camera_tokens, tokens.length)

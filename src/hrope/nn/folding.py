@@ -27,21 +27,17 @@ def fold_rows(
     matrix is given; all share B, V and b."""
     given = next(m for m in matrices if m is not None)
     B, V, b = given.shape[0], given.shape[1], given.shape[-1]
-    tiled = num_blocks * b
+    eye = torch.eye(b, dtype=given.dtype, device=given.device).expand(B, V, b, b)
+    # (B, V, parts, 1, 1, b, b): one matrix per part, broadcast over heads and tiles
+    stacked = torch.stack([eye if m is None else m for m in matrices], 2)[:, :, :, None, None]
     rows = [weight] if bias is None else [weight, bias[:, None]]
     folded = []
     for w in rows:
-        parts = w.shape[0] // len(matrices)
-        # one copy per view (written once), then the folded tiles over it
-        out = w.expand(B, V, *w.shape).clone().view(B, V, len(matrices), heads, parts // heads, w.shape[-1])
-        for index, matrix in enumerate(matrices):
-            if matrix is not None:
-                tiles = w[index * parts : (index + 1) * parts].view(heads, -1, w.shape[-1])[:, :tiled]
-                columns = tiles.reshape(heads, num_blocks, b, -1).permute(2, 0, 1, 3).reshape(b, -1)
-                geo = matrix.to(w.dtype) @ columns  # (B, V, b, heads * num_blocks * in): one product per view
-                geo = geo.view(B, V, b, heads, num_blocks, -1).permute(0, 1, 3, 4, 2, 5)
-                out[:, :, index, :, :tiled] = geo.reshape(B, V, heads, tiled, -1)
-        folded.append(out.flatten(2, 4))  # (B, V, out, in)
+        per_head = w.view(len(matrices), heads, -1, w.shape[-1])  # (parts, heads, head_dim, in)
+        tiles = per_head[:, :, : num_blocks * b].reshape(len(matrices), heads, num_blocks, b, -1)
+        geo = (stacked.to(w.dtype) @ tiles).flatten(4, 5)  # (B, V, parts, heads, tiled, in), written once
+        rest = per_head[:, :, num_blocks * b :].expand(B, V, *per_head.shape[:2], -1, w.shape[-1])
+        folded.append(torch.cat([geo, rest], 4).flatten(2, 4))  # (B, V, out, in): the one full write
     return folded[0], (folded[1][..., 0] if bias is not None else None)
 
 
