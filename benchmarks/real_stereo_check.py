@@ -11,10 +11,12 @@ on the same windows and scored on the same test windows; the report gives each r
 paired difference to ``prope (rays world)`` with the crossed-bootstrap 95% interval
 (``intervals.crossed_bootstrap``), and whether the ordering seen on the synthetic scenes (urope
 best, then hrope-lift with context depth, then prope with the same planes added to the tokens,
-then prope with world rays, then prope) holds here.
+then prope with world rays, then prope) holds here. Two more rows are reported beside them: urope
+anchored at each token's depth and hrope-lift-uv with the same depth (planned comparison P8).
 
     python benchmarks/real_stereo_check.py --threads 1               # full budget, seeds 0 1 2
     python benchmarks/real_stereo_check.py --steps 100 --seeds 0     # smoke run
+    python benchmarks/real_stereo_check.py --steps 200 --allow-stale # reuse cells of earlier code (marked)
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling nvs_* modules
 
 from intervals import METHOD, crossed_bootstrap  # noqa: E402
-from nvs_cells import CellRunner, StaleCellsError, StoppedCellError  # noqa: E402
+from nvs_cells import CellRunner, StaleCellsError, StoppedCellError, trained_at  # noqa: E402
 from nvs_rows import BUDGETS, Budget, Cell, Row, cell_settings, config_hash  # noqa: E402
 from nvs_store import CELLS_NAME  # noqa: E402
 from plane_evidence import PLANNED_ROWS, row_report  # noqa: E402
@@ -39,8 +41,10 @@ from hrope.nvs.data.real.stereo import StereoScenes, motorcycle_from_skimage, st
 
 __all__ = ["ROWS", "REFERENCE", "SYNTHETIC_ORDER", "STEREO", "StereoCellRunner", "ordering", "run", "main"]
 
-# The first five planned rows, in their synthetic order, best first (docs/results.md).
-ROWS = PLANNED_ROWS[:5]
+# The first five planned rows, whose synthetic order (best first, docs/results.md) is checked, then
+# the P8 pair: urope anchored at each token's depth and hrope-lift-uv with the same depth and rays.
+_EXTRA = ("worldrope (external, targets transfer, footprint False)", "hrope-lift-uv (external, targets transfer)")
+ROWS = PLANNED_ROWS[:5] + tuple(row for label in _EXTRA for row in PLANNED_ROWS if row.label == label)
 SYNTHETIC_ORDER = (ROWS[4], ROWS[2], ROWS[3], ROWS[1], ROWS[0])
 REFERENCE = ROWS[1]  # prope (rays world)
 DATASET = "motorcycle"
@@ -118,10 +122,14 @@ def verdict(order: dict) -> str:
     )
 
 
-def run(budget: Budget, seeds: list[int], out: Path, *, threads: int, command: str, log=print) -> dict:
+def run(
+    budget: Budget, seeds: list[int], out: Path, *, threads: int, command: str, allow_stale: bool = False, log=print
+) -> dict:
     datasets = stereo_datasets(STEREO)
     budget = replace(budget, seeds=tuple(seeds), train_scenes=len(datasets["train"]), eval_scenes=len(datasets["eval"]))
-    runner = StereoCellRunner(budget, out / "cache", datasets, STEREO, store=out / CELLS_NAME, threads=threads)
+    runner = StereoCellRunner(
+        budget, out / "cache", datasets, STEREO, store=out / CELLS_NAME, threads=threads, allow_stale=allow_stale
+    )
     cells = [Cell(DATASET, row, seed) for row in ROWS for seed in seeds]
     records: dict[Row, list[dict]] = {}
     for index, cell in enumerate(cells):
@@ -140,7 +148,14 @@ def run(budget: Budget, seeds: list[int], out: Path, *, threads: int, command: s
         "seeds": seeds,
         "train_seconds": {row.label: [r["train_seconds"] for r in records[row]] for row in ROWS},
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "rows": [{"row": row.label, **row_report(records[row], records[REFERENCE])} for row in ROWS],
+        "rows": [
+            {
+                "row": row.label,
+                "trained_at": sorted({trained_at(r) for r in records[row] if runner.is_stale(r)}),
+                **row_report(records[row], records[REFERENCE]),
+            }
+            for row in ROWS
+        ],
         "ordering": order,
         "verdict": verdict(order),
     }
@@ -178,7 +193,11 @@ def markdown(report: dict) -> str:
         psnr = row["psnr"]
         spread = f" ± {psnr['std']:.2f}" if psnr["std"] is not None else ""
         delta = None if row["row"] == reference else row.get("vs_reference")
-        lines.append(f"| {row['row']} | {psnr['mean']:.2f}{spread} | {_delta(delta)} | {len(row['seeds'])} |")
+        label = row["row"] + (" ‡" if row.get("trained_at") else "")
+        lines.append(f"| {label} | {psnr['mean']:.2f}{spread} | {_delta(delta)} | {len(row['seeds'])} |")
+    earlier = sorted({c for row in report["rows"] for c in row.get("trained_at", [])})
+    if earlier:
+        lines += ["", f"‡ trained by an earlier code version ({', '.join(earlier)}; reused with `--allow-stale`)."]
     lines += ["", "Synthetic ordering, step by step (better − worse, same seeds and windows):", ""]
     lines += ["| better | worse | Δ [95% CI] |", "|---|---|---|"]
     lines += [f"| {p['better']} | {p['worse']} | {_delta(p)} |" for p in report["ordering"]["pairs"]]
@@ -195,6 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: the full budget's)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="benchmarks/results/real_stereo")
+    parser.add_argument("--allow-stale", action="store_true", help="reuse cells trained by other code (marked ‡)")
     args = parser.parse_args(argv)
     budget = BUDGETS["full"]
     if args.steps is not None:
@@ -205,6 +225,7 @@ def main(argv: list[str] | None = None) -> dict:
             [int(s) for s in args.seeds.split(",")],
             Path(args.out),
             threads=args.threads,
+            allow_stale=args.allow_stale,
             command=shlex.join(["python", "benchmarks/real_stereo_check.py", *argv]),
             log=lambda text: print(text, flush=True),
         )
