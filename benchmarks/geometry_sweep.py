@@ -160,9 +160,11 @@ def run(
     device: str = "cpu",
     allow_stale: bool = False,
     command: str = "",
+    figure: Path | None = None,
     log=print,
 ) -> dict:
-    """Sweep every (dataset, row, seed) cell of ``budget.seeds`` and write ``OUT/geometry_sweep.{json,md,png}``."""
+    """Sweep every (dataset, row, seed) cell of ``budget.seeds`` and write ``OUT/geometry_sweep.{json,md}`` and
+    the figure ``figure`` (default ``OUT/geometry_sweep.png``)."""
     runner = CellRunner(budget, cache, device=device, allow_stale=allow_stale)
     rows = [reference] + [r for r in rows if r != reference]
     cells = [Cell(d, row, s) for d in datasets for row in rows for s in budget.seeds]
@@ -191,7 +193,7 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "geometry_sweep.json", report)
     write_text(out / "geometry_sweep.md", markdown(report))
-    plot(report, out / "geometry_sweep.png")
+    plot(report, figure or out / "geometry_sweep.png")
     return report
 
 
@@ -215,6 +217,7 @@ def _parser() -> argparse.ArgumentParser:
         "--min-pixels", type=int, default=16, help="target pixels a scene needs in a bin to enter its paired gain"
     )
     parser.add_argument("--out", default="benchmarks/results/geometry_sweep")
+    parser.add_argument("--figure", default="docs/images/geometry_sweep.png", help="the figure (docs/results.md's)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--allow-stale", action="store_true", help="sweep cells trained by other code (noted)")
@@ -251,6 +254,7 @@ def main(argv: list[str] | None = None) -> dict:
             device=args.device,
             allow_stale=args.allow_stale,
             command=shlex.join(["python", "benchmarks/geometry_sweep.py", *argv]),
+            figure=Path(args.figure),
             log=lambda text: print(text, flush=True),
         )
     except (SweepError, StaleCellsError) as error:

@@ -17,7 +17,7 @@ from intervals import METHOD, crossed_bootstrap
 from provenance import describe
 from view_geometry import SLANT_EDGES, bin_index, quantile_edges
 
-__all__ = ["psnr", "binned_rows", "summarise", "markdown", "plot"]
+__all__ = ["psnr", "binned_rows", "summarise", "markdown", "tables", "plot"]
 
 MSE_FLOOR = 1e-10  # a scene bin without error reads 100 dB instead of inf
 
@@ -190,6 +190,12 @@ def markdown(report: dict) -> str:
         "(renderer normals, analysis only; no model sees them).",
         "",
     ]
+    return "\n".join(lines) + "\n" + tables(report)
+
+
+def tables(report: dict) -> str:
+    """The per-dataset angle and slant tables of a sweep report (Markdown; also docs/results.md's)."""
+    reference, lines = report["reference"], []
     for dataset, summary in report["datasets"].items():
         checks = [row["max_psnr_difference_to_record"] for row in summary["rows"]]
         stale = sum(row["stale_cells"] for row in summary["rows"])

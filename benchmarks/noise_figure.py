@@ -9,7 +9,7 @@ rows (hrope-lift; prope + the additive plane embedding). Cells are used only whe
 steps and held-out scenes of the first reference cell found (noise folder first), so a quick run
 never mixes with a full one.
 
-    python benchmarks/noise_figure.py                   # benchmarks/results/{depth_noise,planned} -> docs/images
+    python benchmarks/noise_figure.py                   # benchmarks/results/{depth_noise,planned_room} -> docs/images
     python benchmarks/noise_figure.py --noise /tmp/noise_quick --planned /tmp/noise_quick --figure /tmp/noise.png
 """
 
@@ -121,7 +121,7 @@ def plot(table: dict[str, dict[str, dict | None]], path: Path, dataset: str) -> 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__)
     parser.add_argument("--noise", default="benchmarks/results/depth_noise", help="the noise set's output folder")
-    parser.add_argument("--planned", default="benchmarks/results/planned", help="the planned set's output folder")
+    parser.add_argument("--planned", default="benchmarks/results/planned_room", help="the planned set's output folder")
     parser.add_argument("--dataset", default="room")
     parser.add_argument("--figure", default="docs/images/depth_noise.png")
     parser.add_argument("--table", default=None, help="Markdown table (default: NOISE/depth_noise_gain.md)")

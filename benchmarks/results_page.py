@@ -13,6 +13,7 @@ and ``<!-- /results_page -->`` in docs/results.md; everything else on the page i
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import statistics
 import sys
@@ -21,12 +22,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import noise_figure  # noqa: E402
+from geometry_sweep_report import tables as sweep_tables  # noqa: E402
 from intervals import crossed_bootstrap  # noqa: E402
 from nvs_store import CELLS_NAME, CellStore  # noqa: E402
+from provenance import describe  # noqa: E402
 
 from hrope.nvs.atomic import write_text  # noqa: E402
 
-__all__ = ["Ref", "CHOICES", "PLANNED", "planned_ref", "row_records", "tables", "render_page", "main"]
+__all__ = [
+    "Ref",
+    "CHOICES",
+    "PLANNED",
+    "PLANNED_ROWS",
+    "planned_ref",
+    "planned_refs",
+    "row_records",
+    "tables",
+    "render_page",
+    "main",
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -74,90 +89,82 @@ def _delta(a: dict[int, dict], b: dict[int, dict]) -> tuple[str, int]:
     if not seeds:
         return "not run", 0
     result = crossed_bootstrap([a[s]["per_scene"]["psnr"] for s in seeds], [b[s]["per_scene"]["psnr"] for s in seeds])
+    return _interval(result), len(seeds)
+
+
+def _interval(result: dict) -> str:
+    """``+0.12 [+0.07, +0.17]`` of a crossed-bootstrap result, bold when it excludes zero."""
     text = f"{result['mean']:+.2f} [{result['low']:+.2f}, {result['high']:+.2f}]"
-    return (f"**{text}**" if result["excludes_zero"] else text), len(seeds)
+    return f"**{text}**" if result["excludes_zero"] else text
 
 
-PLANNED_EXPERIMENTS = {"room": "planned", "object": "planned_object"}
+PLANNED_EXPERIMENTS = {"room": "planned_room", "object": "planned_object"}
+PLANNED_EXPERIMENT_NAMES = ", ".join(f"`{e}`" for e in PLANNED_EXPERIMENTS.values())
 
-# Which encoding with what inputs: (inputs, row, its prope of the same experiment), per dataset.
-PROPE = "prope"
-CHOICES: tuple[tuple[str, dict[str, tuple[Ref, Ref]]], ...] = tuple(
-    (inputs, {dataset: (Ref(exp, row, name), Ref(exp, PROPE, PROPE)) for dataset, exp in where.items()})
-    for inputs, row, name, where in (
-        ("posed images", "prope", "`prope`", {"room": "query_frame_object", "object": "query_frame_object"}),
-        (
-            "posed images",
-            "prope (rays world)",
-            "`prope`, world rays",
-            {"room": "query_frame_ablation", "object": "object_world_rays"},
-        ),
-        ("posed images", "urope", "`urope`", {"room": "query_frame_object", "object": "query_frame_object"}),
-        (
-            "posed images",
-            "worldrope",
-            "`worldrope` (learned depth)",
-            {"room": "query_frame_object", "object": "query_frame_object"},
-        ),
-        (
-            "posed images + context depth",
-            "hrope-lift (external, targets transfer, max_inverse_distance 2.0, rays world)",
-            "`hrope-lift`, world rays",
-            {"room": "near_camera_planes", "object": "near_camera_planes"},
-        ),
-        (
-            "posed images + context depth",
+# The rows of the planned set (benchmarks/plane_evidence.py ``--set planned``), trained in one run
+# per dataset: key -> (the tables' name, row label).
+LIFT = "hrope-lift (external, targets transfer, rays world)"
+PLANNED_ROWS: dict[str, tuple[str, str]] = {
+    "prope": ("`prope`", "prope"),
+    "world": ("`prope`, world rays", "prope (rays world)"),
+    "urope": ("`urope` (no depth)", "urope"),
+    "lift": ("`hrope-lift` + context depth, world rays", LIFT),
+    "additive": (
+        "`prope` + the same planes added to the tokens, world rays",
+        "prope (external, targets transfer, rays world, additive hrope-lift)",
+    ),
+    "ape": ("the same planes added to the tokens, no relative encoding", "hrope-lift-ape (external, targets transfer)"),
+    "anchored": ("`urope` anchored at each token's depth", "worldrope (external, targets transfer, footprint False)"),
+    "worldrope": ("`worldrope` with that depth", "worldrope (external, targets transfer)"),
+    "rayknown": ("`rayrope` known depth (RGB-D mode)", "rayrope (external, targets transfer, depth known)"),
+    "uv": ("`hrope-lift-uv` + context depth, world rays", "hrope-lift-uv (external, targets transfer, rays world)"),
+    "uv-camera": ("`hrope-lift-uv` + context depth, camera rays", "hrope-lift-uv (external, targets transfer)"),
+}
+
+
+def planned_refs(key: str) -> dict[str, Ref]:
+    """``{dataset: Ref}`` of a planned row."""
+    name, row = PLANNED_ROWS[key]
+    return {dataset: Ref(experiment, row, name) for dataset, experiment in PLANNED_EXPERIMENTS.items()}
+
+
+# Which encoding with what inputs: (inputs, {dataset: (row, its prope of the same experiment)}).
+# Two rows come from earlier exploratory experiments of the same budget (same scenes and seeds):
+# worldrope's learned depth head and hrope-lift with camera rays.
+def _older(experiment: str, row: str, name: str) -> dict[str, tuple[Ref, Ref]]:
+    prope = Ref(experiment, "prope", "`prope`")
+    return {dataset: (Ref(experiment, row, name), prope) for dataset in ("room", "object")}
+
+
+def _planned_choice(key: str) -> dict[str, tuple[Ref, Ref]]:
+    prope = planned_refs("prope")
+    return {dataset: (ref, prope[dataset]) for dataset, ref in planned_refs(key).items()}
+
+
+CHOICES: tuple[tuple[str, dict[str, tuple[Ref, Ref]]], ...] = (
+    ("posed images", _planned_choice("prope")),
+    ("posed images", _planned_choice("world")),
+    ("posed images", _planned_choice("urope")),
+    ("posed images", _older("query_frame_object", "worldrope", "`worldrope` (learned depth)")),
+    ("posed images + context depth", _planned_choice("lift")),
+    (
+        "posed images + context depth",
+        _older(
+            "near_camera_planes",
             "hrope-lift (external, targets transfer, max_inverse_distance 2.0)",
-            "`hrope-lift`, camera rays",
-            {"room": "near_camera_planes", "object": "near_camera_planes"},
+            "`hrope-lift` + context depth, camera rays",
         ),
-        (
-            "posed images + context depth",
-            "prope (external, targets transfer, rays world, additive hrope-lift)",
-            "`prope` + the same planes added to the tokens, world rays",
-            PLANNED_EXPERIMENTS,
-        ),
-        (
-            "posed images + context depth",
-            "worldrope (external, targets transfer, footprint False)",
-            "`urope` anchored at each token's depth",
-            PLANNED_EXPERIMENTS,
-        ),
-        (
-            "posed images + context depth",
-            "worldrope (external, targets transfer)",
-            "`worldrope` with that depth",
-            PLANNED_EXPERIMENTS,
-        ),
-    )
+    ),
+    ("posed images + context depth", _planned_choice("additive")),
+    ("posed images + context depth", _planned_choice("ape")),
+    ("posed images + context depth", _planned_choice("anchored")),
+    ("posed images + context depth", _planned_choice("worldrope")),
+    ("posed images + context depth", _planned_choice("rayknown")),
+    ("posed images + context depth", _planned_choice("uv")),
+    ("posed images + context depth", _planned_choice("uv-camera")),
 )
 
-# The planned comparisons (named in docs/results.md before their runs): a - b, paired by seed and
-# scene. Rows of the `planned` set (benchmarks/plane_evidence.py) where it trained them; the same
-# configurations already committed elsewhere are read from there (every experiment of the `full`
-# budget trains on the same scenes with the same seeds and scores the same held-out scenes).
-LIFT = "hrope-lift (external, targets transfer, max_inverse_distance 2.0, rays world)"
-_ROWS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
-    "lift": (
-        "hrope-lift + context depth",
-        {"room": ("near_camera_planes", LIFT), "object": ("near_camera_planes", LIFT)},
-    ),
-    "world": (
-        "prope, world rays",
-        {"room": ("query_frame_ablation", "prope (rays world)"), "object": ("object_world_rays", "prope (rays world)")},
-    ),
-    "additive": (
-        "prope + the same planes added",
-        {dataset: (experiment, "prope (external, targets transfer, rays world, additive hrope-lift)")
-         for dataset, experiment in PLANNED_EXPERIMENTS.items()},
-    ),
-    "urope": ("urope (no depth)", {"room": ("query_frame_object", "urope"), "object": ("query_frame_object", "urope")}),
-    "anchored": (
-        "urope at the token's depth",
-        {dataset: (experiment, "worldrope (external, targets transfer, footprint False)")
-         for dataset, experiment in PLANNED_EXPERIMENTS.items()},
-    ),
-}  # fmt: skip
+# The planned comparisons (named in docs/results.md before their runs): a - b, paired by seed and scene.
 PLANNED: tuple[tuple[str, str, str], ...] = (
     ("P1", "lift", "world"),
     ("P2", "lift", "additive"),
@@ -165,13 +172,14 @@ PLANNED: tuple[tuple[str, str, str], ...] = (
     ("P4", "lift", "urope"),
     ("P5", "anchored", "urope"),
     ("P6", "lift", "anchored"),
+    ("P7", "lift", "rayknown"),
+    ("P8", "uv-camera", "anchored"),
+    ("P9", "uv", "lift"),
 )
 
 
 def planned_ref(key: str, dataset: str) -> Ref:
-    name, where = _ROWS[key]
-    experiment, row = where[dataset]
-    return Ref(experiment, row, name)
+    return planned_refs(key)[dataset]
 
 
 DATASETS = ("room", "object")
@@ -191,7 +199,7 @@ def _choices_table() -> list[str]:
                 continue
             ref, prope = where[dataset]
             records = row_records(ref, dataset)
-            delta = "—" if ref.row == PROPE else _delta(records, row_records(prope, dataset))[0]
+            delta = "—" if ref == prope else _delta(records, row_records(prope, dataset))[0]
             cells += [_psnr(records), delta]
             if records:
                 seeds.add(len(records))
@@ -213,9 +221,37 @@ def _planned_table() -> list[str]:
     return lines
 
 
+def _noise_table() -> str:
+    """The depth-quality table (noise_figure.py) of the ``depth_noise`` cells and the planned ``room`` cells."""
+    return noise_figure.markdown(
+        noise_figure.gains([RESULTS / "depth_noise", RESULTS / PLANNED_EXPERIMENTS["room"]]), "room"
+    )
+
+
+def _real_table() -> str:
+    """The real-image check's rows (benchmarks/results/real_stereo/real_stereo.json) and its verdict."""
+    report = json.loads((RESULTS / "real_stereo" / "real_stereo.json").read_text())
+    reference = report["reference"]
+    lines = [f"| row | PSNR ↑ | Δ vs `{reference}` [95% CI] | seeds |", "|---|---|---|---|"]
+    for row in report["rows"]:
+        psnr, delta = row["psnr"], row.get("vs_reference")
+        text = "—" if row["row"] == reference or delta is None else _interval(delta)
+        mark = " ‡" if row.get("trained_at") else ""
+        lines.append(f"| {row['row']}{mark} | {psnr['mean']:.2f} ± {psnr['std']:.2f} | {text} | {len(row['seeds'])} |")
+    earlier = sorted({c for row in report["rows"] for c in row.get("trained_at", [])})
+    note = f"‡ trained at {', '.join(earlier)}; the others at {describe(report['provenance'], short=True)}.\n\n"
+    return "\n".join(lines) + "\n\n" + (note if earlier else "") + report["verdict"] + "\n"
+
+
 def tables() -> dict[str, str]:
     """The generated blocks by name."""
-    return {"choices": "\n".join(_choices_table()) + "\n", "planned": "\n".join(_planned_table()) + "\n"}
+    return {
+        "choices": "\n".join(_choices_table()) + "\n",
+        "planned": "\n".join(_planned_table()) + "\n",
+        "noise": _noise_table(),
+        "real": _real_table(),
+        "sweep": sweep_tables(json.loads((RESULTS / "geometry_sweep" / "geometry_sweep.json").read_text())),
+    }
 
 
 def render_page(text: str) -> str:
