@@ -4,8 +4,9 @@ Reads the cells (``cells.jsonl``) of the ``noise`` set (levels 1-3 and sparse po
 ``plane_evidence.py --set noise``) and of the ``planned`` set (level 0: exact context depth, and
 ``prope`` with world rays), pairs every depth row with ``prope (rays world)`` (same seed, same
 held-out scene, crossed-bootstrap 95% interval as in the reports: intervals.crossed_bootstrap) and
-plots the mean gain with its interval per depth variant (x: 0, 1, 2, 3, sparse) for the two depth
-rows (hrope-lift; prope + the additive plane embedding). Cells are used only when they share the
+plots the mean gain with its interval per depth variant (x: 0, 1, 2, 3, sparse) for the depth
+rows of ``plane_evidence.noise_rows`` (hrope-lift; prope + the additive plane embedding;
+hrope-lift-uv; urope anchored at the token's depth). Cells are used only when they share the
 steps and held-out scenes of the first reference cell found (noise folder first), so a quick run
 never mixes with a full one.
 
@@ -27,7 +28,8 @@ from hrope.nvs.atomic import save_figure, write_text
 
 __all__ = ["gains", "markdown", "plot", "main"]
 
-KINDS = ("hrope-lift", "prope + additive hrope-lift")  # the two rows of noise_rows, in order
+# the rows of noise_rows, in order
+KINDS = ("hrope-lift", "prope + additive hrope-lift", "hrope-lift-uv (camera rays)", "urope at the token's depth")
 
 
 def _records(folders: list[Path], dataset: str) -> dict[str, list[dict]]:

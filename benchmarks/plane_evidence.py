@@ -138,16 +138,23 @@ NOISE_VARIANTS = {
 }
 
 
-def noise_rows(variant: str) -> tuple[Row, Row]:
-    """The two depth rows (hrope-lift; prope + the additive plane embedding) of a depth variant."""
+def noise_rows(variant: str) -> tuple[Row, Row, Row, Row]:
+    """The depth rows of a depth variant: P1-P3's two (hrope-lift; prope + the additive plane
+    embedding, world rays) and the two best planned rows (hrope-lift-uv; urope anchored at the
+    token's depth, camera rays)."""
     options = TRANSFER + NOISE_VARIANTS[variant]
     return (
         Row("hrope-lift", "external", options=options, model_options=WORLD),
         Row("prope", "external", options=options, model_options=WORLD + (("additive", "hrope-lift"),)),
+        Row("hrope-lift-uv", "external", options=options),
+        Row("worldrope", "external", options=options, encoding_options=(("footprint", False),)),
     )
 
 
-NOISE_ROWS = (NOISE_REFERENCE,) + tuple(row for v in NOISE_VARIANTS if v != "0" for row in noise_rows(v))
+# P1-P3's rows at every variant; the two best rows at a mid-level estimator and at sparse points.
+NOISE_ROWS = (NOISE_REFERENCE,) + tuple(
+    row for v in NOISE_VARIANTS if v != "0" for row in noise_rows(v)[: 4 if v in ("2", "sparse") else 2]
+)
 SETS = {
     "planes": ROWS,
     "query-frame": QUERY_FRAME_ROWS,

@@ -18,10 +18,16 @@ def test_noise_set_holds_the_planned_depth_rows_with_user_depth():
     assert {row.label for row in plane_evidence.noise_rows("0")} <= planned
     assert plane_evidence.REFERENCES["noise"].label == "prope (rays world)"
     rows = plane_evidence.SETS["noise"]
-    assert len(rows) == 1 + 2 * 4 and not {row.label for row in rows[1:]} & planned
+    assert len(rows) == 1 + 2 * 4 + 2 * 2 and not {row.label for row in rows[1:]} & planned
     for variant in ("1", "2", "3", "sparse"):
-        for row in plane_evidence.noise_rows(variant):
-            assert dict(row.options)["targets"] == "transfer" and ("rays", "world") in row.model_options
+        level_zero = plane_evidence.noise_rows("0")
+        for row, exact in zip(plane_evidence.noise_rows(variant), level_zero):
+            assert dict(row.options)["targets"] == "transfer"
+            assert (row.encoding, row.model_options, row.encoding_options) == (
+                exact.encoding,
+                exact.model_options,
+                exact.encoding_options,
+            )
 
 
 def write_cells(folder: Path, rows: dict, steps: int = 600) -> None:
@@ -40,7 +46,7 @@ def write_cells(folder: Path, rows: dict, steps: int = 600) -> None:
 @pytest.mark.slow  # matplotlib and the bootstrap: seconds
 def test_figure_pairs_every_variant_with_prope_world_rays(tmp_path):
     reference = plane_evidence.NOISE_REFERENCE.label
-    hrope, additive = plane_evidence.noise_rows("0")
+    hrope, additive = plane_evidence.noise_rows("0")[:2]
     write_cells(tmp_path / "planned", {reference: 20.0, hrope.label: 21.0, additive.label: 20.5})
     noisy = {row.label: 20.0 + 0.1 * k for k, row in enumerate(plane_evidence.noise_rows("2"))}
     write_cells(tmp_path / "noise", {reference: 20.0, **noisy})
@@ -58,6 +64,6 @@ def test_figure_pairs_every_variant_with_prope_world_rays(tmp_path):
     )
     assert table["1"]["hrope-lift"] is None and table["3"]["hrope-lift"] is None  # another budget's cells are left out
     assert "| exact (level 0) | +1.00 [+1.00, +1.00] (2 seed(s), 3 scenes)" in text
-    assert "| noise level 1 | — | — |" in text
+    assert "| noise level 1 | — | — | — | — |" in text
     assert (tmp_path / "table.md").read_text() == text
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

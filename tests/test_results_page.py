@@ -83,10 +83,11 @@ def test_planned_rows_give_every_rival_the_same_depth():
     caps = [dict(row.options)["max_inverse_distance"] for row in plane_evidence.CAP_ROWS]
     assert caps == [2.0, 1.0, 5.0, None]
     labels = {row.label for row in plane_evidence.PLANNED_ROWS}
-    for key in results_page._ROWS:  # rows read from elsewhere are the same configurations
+    assert {label for _, label in results_page.PLANNED_ROWS.values()} == labels  # the page shows every row
+    for _, first, second in results_page.PLANNED:
         for dataset in results_page.DATASETS:
-            ref = results_page.planned_ref(key, dataset)
-            assert ref.row.replace("max_inverse_distance 2.0, ", "") in labels, ref
+            assert results_page.planned_ref(first, dataset).experiment == results_page.PLANNED_EXPERIMENTS[dataset]
+            assert results_page.planned_ref(second, dataset).experiment == results_page.PLANNED_EXPERIMENTS[dataset]
 
 
 def test_a_cell_whose_training_stopped_early_gets_no_record(tmp_path, monkeypatch):
