@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import noise_figure  # noqa: E402
+from plane_evidence import NOISE_VARIANTS, noise_rows  # noqa: E402
 from geometry_sweep_report import tables as sweep_tables  # noqa: E402
 from intervals import crossed_bootstrap  # noqa: E402
 from nvs_store import CELLS_NAME, CellStore  # noqa: E402
@@ -156,7 +157,6 @@ CHOICES: tuple[tuple[str, dict[str, tuple[Ref, Ref]]], ...] = (
         ),
     ),
     ("posed images + context depth", _planned_choice("additive")),
-    ("posed images + context depth", _planned_choice("ape")),
     ("posed images + context depth", _planned_choice("anchored")),
     ("posed images + context depth", _planned_choice("worldrope")),
     ("posed images + context depth", _planned_choice("rayknown")),
@@ -222,10 +222,20 @@ def _planned_table() -> list[str]:
 
 
 def _noise_table() -> str:
-    """The depth-quality table (noise_figure.py) of the ``depth_noise`` cells and the planned ``room`` cells."""
-    return noise_figure.markdown(
-        noise_figure.gains([RESULTS / "depth_noise", RESULTS / PLANNED_EXPERIMENTS["room"]]), "room"
-    )
+    """The depth-quality table (noise_figure.py) of the ``depth_noise`` cells and the planned ``room``
+    cells, then the two best rows paired with each other at every depth they were trained with."""
+    folders = [RESULTS / "depth_noise", RESULTS / PLANNED_EXPERIMENTS["room"]]
+    lines = ["", "| context depth | hrope-lift-uv − urope at the token's depth [95% CI] | seeds |", "|---|---|---|"]
+    for variant in NOISE_VARIANTS:
+        experiment = PLANNED_EXPERIMENTS["room"] if variant == "0" else "depth_noise"
+        uv, anchored = (Ref(experiment, row.label, "") for row in noise_rows(variant)[2:])
+        delta, seeds = _delta(row_records(uv, "room"), row_records(anchored, "room"))
+        if seeds:
+            lines.append(f"| {NOISE_NAMES.get(variant, f'noise level {variant}')} | {delta} | {seeds} |")
+    return noise_figure.markdown(noise_figure.gains(folders), "room") + "\n".join(lines) + "\n"
+
+
+NOISE_NAMES = {"0": "exact (level 0)", "sparse": "sparse points"}
 
 
 def _real_table() -> str:
