@@ -123,8 +123,18 @@ def verdict(order: dict) -> str:
 
 
 def run(
-    budget: Budget, seeds: list[int], out: Path, *, threads: int, command: str, allow_stale: bool = False, log=print
+    budget: Budget,
+    seeds: list[int],
+    out: Path,
+    *,
+    threads: int,
+    command: str,
+    allow_stale: bool = False,
+    report_only: bool = False,
+    log=print,
 ) -> dict:
+    """Train (or read) every row's cells, write ``OUT/real_stereo.{json,md}`` and return the report;
+    ``report_only``: read finished cells only (from the cache or ``OUT/cells.jsonl``), train nothing."""
     datasets = stereo_datasets(STEREO)
     budget = replace(budget, seeds=tuple(seeds), train_scenes=len(datasets["train"]), eval_scenes=len(datasets["eval"]))
     runner = StereoCellRunner(
@@ -133,8 +143,14 @@ def run(
     cells = [Cell(DATASET, row, seed) for row in ROWS for seed in seeds]
     records: dict[Row, list[dict]] = {}
     for index, cell in enumerate(cells):
-        log(f"[{index + 1}/{len(cells)}] {cell.row.label} seed {cell.seed}")
-        records.setdefault(cell.row, []).append(runner.run(cell))
+        if report_only:
+            record = runner.cached(cell)
+            if record is None:
+                raise StoppedCellError(f"{cell.row.label} seed {cell.seed} has no finished cell to report")
+        else:
+            log(f"[{index + 1}/{len(cells)}] {cell.row.label} seed {cell.seed}")
+            record = runner.run(cell)
+        records.setdefault(cell.row, []).append(record)
     order = ordering(records)
     report = {
         "title": "Real-image check: the planned rows on the Middlebury 2014 Motorcycle stereo pair",
@@ -215,6 +231,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="benchmarks/results/real_stereo")
     parser.add_argument("--allow-stale", action="store_true", help="reuse cells trained by other code (marked ‡)")
+    parser.add_argument("--report-only", action="store_true", help="report the finished cells; train nothing")
     args = parser.parse_args(argv)
     budget = BUDGETS["full"]
     if args.steps is not None:
@@ -226,6 +243,7 @@ def main(argv: list[str] | None = None) -> dict:
             Path(args.out),
             threads=args.threads,
             allow_stale=args.allow_stale,
+            report_only=args.report_only,
             command=shlex.join(["python", "benchmarks/real_stereo_check.py", *argv]),
             log=lambda text: print(text, flush=True),
         )

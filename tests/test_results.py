@@ -30,15 +30,25 @@ import nvs_report  # noqa: E402
 import nvs_rows  # noqa: E402
 import nvs_table  # noqa: E402
 import plane_evidence  # noqa: E402
+import real_stereo_check  # noqa: E402
 from nvs_store import CELLS_NAME, CellStore  # noqa: E402
 
 EXPERIMENTS = sorted(path.parent.name for path in RESULTS.glob(f"*/{CELLS_NAME}"))
 
 
+CELL_REPORTERS = ("benchmarks/nvs_table.py", "benchmarks/plane_evidence.py", "benchmarks/real_stereo_check.py")
+
+
+def _script(report: dict) -> str | None:
+    """The benchmark script of a report's recorded command (``python <script> ...``), None without one."""
+    words = shlex.split(report.get("command", ""))
+    return words[1] if len(words) > 1 else None
+
+
 def test_every_cell_report_keeps_its_cells_and_no_cache_is_committed():
     for folder in RESULTS.iterdir():
         report = folder / "nvs_table.json" if (folder / "nvs_table.json").is_file() else folder / f"{folder.name}.json"
-        if report.is_file() and "datasets" in json.loads(report.read_text()):
+        if report.is_file() and _script(json.loads(report.read_text())) in CELL_REPORTERS:
             assert folder.name in EXPERIMENTS, f"{folder} has a cell report but no {CELLS_NAME}"
     assert len(EXPERIMENTS) >= 15
     listed = subprocess.run(["git", "ls-files", "benchmarks/results"], cwd=ROOT, capture_output=True, text=True)
@@ -64,6 +74,9 @@ def test_committed_report_regenerates_from_its_cells_alone(name, tmp_path, monke
         monkeypatch.setattr(nvs_table, "plots", lambda report, out: committed["plots"])
         report = nvs_table.main(argv)
         render, same = nvs_report.markdown, ("tables", "fig6", "claims", "progress", "stale_cells", "obsolete_cells")
+    elif _script(committed) == "benchmarks/real_stereo_check.py":
+        report = real_stereo_check.main(argv)
+        render, same = real_stereo_check.markdown, ("rows", "ordering", "verdict")
     else:
         report = plane_evidence.main(argv + ["--cache", str(tmp_path / "cache")])
         render, same = plane_evidence.markdown, ("datasets",)
