@@ -217,12 +217,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _relative(path: Path) -> Path:
+    """``path`` relative to the repository root when inside it (results never record this machine's paths)."""
+    root = RESULTS.parent.parent
+    return path.resolve().relative_to(root) if path.resolve().is_relative_to(root) else path
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     parts = {"modules": measure_modules, "per_call": measure_per_call, "training": measure_training}
     results: dict = {name: parts[name](args) for name in args.parts}
-    results["config"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    config = {**vars(args), "out": _relative(args.out)}
+    results["config"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in config.items()}
     results["command"] = "python " + " ".join(["benchmarks/folded_attention.py", *(argv or sys.argv[1:])])
     results["load_average"] = [round(x, 2) for x in os.getloadavg()]
     results["provenance"] = provenance()
