@@ -259,6 +259,14 @@ def _cap_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+# The real-image check's pairs quoted on the page: P8's, and what each half of it adds on the real pair.
+REAL_PAIRS = (
+    ("hrope-lift-uv (external, targets transfer)", "worldrope (external, targets transfer, footprint False)"),
+    ("worldrope (external, targets transfer, footprint False)", "urope"),
+    ("hrope-lift-uv (external, targets transfer)", "hrope-lift (external, targets transfer, rays world)"),
+)
+
+
 def _real_table() -> str:
     """The real-image check's rows (benchmarks/results/real_stereo/real_stereo.json) and its verdict."""
     report = json.loads((RESULTS / "real_stereo" / "real_stereo.json").read_text())
@@ -269,6 +277,11 @@ def _real_table() -> str:
         text = "—" if row["row"] == reference or delta is None else _interval(delta)
         mark = " ‡" if row.get("trained_at") else ""
         lines.append(f"| {row['row']}{mark} | {psnr['mean']:.2f} ± {psnr['std']:.2f} | {text} | {len(row['seeds'])} |")
+    lines += ["", "| a − b (same seeds and test windows) | Δ [95% CI] | seeds |", "|---|---|---|"]
+    for first, second in REAL_PAIRS:
+        a, b = (row_records(Ref("real_stereo", label, ""), "motorcycle") for label in (first, second))
+        delta, seeds = _delta(a, b)
+        lines.append(f"| {first} − {second} | {delta} | {seeds} |")
     earlier = sorted({c for row in report["rows"] for c in row.get("trained_at", [])})
     note = f"‡ trained at {', '.join(earlier)}; the others at {describe(report['provenance'], short=True)}.\n\n"
     return "\n".join(lines) + "\n\n" + (note if earlier else "") + report["verdict"] + "\n"
