@@ -53,7 +53,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 MODULE_ENCODINGS = ("rope2d", "prope", "gta", "hrope-lift")
 UNFOLDED = ("prope", "hrope-lift")
 PER_CALL = ["prope", "hrope-lift", attention_overhead.PEER]
-TRAINING = [("none", False), ("rope2d", False), ("none", True), ("prope", False), ("prope", True)]
+TRAINING = [("none", False), ("none", True), ("rope2d", False), ("rope2d", True), ("prope", False), ("prope", True)]
 TRAINING += [("hrope-lift", False), ("hrope-lift", True)]
 
 

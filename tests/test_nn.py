@@ -52,9 +52,18 @@ def unfused(m, x, cameras, planes, params, attention=hrope.multiview_attention, 
     return m.out(o.transpose(1, 2).reshape(B, L, HEADS * d).to(x.dtype))
 
 
+@pytest.fixture(params=["rotary", "banded"])
+def rotary(request, monkeypatch):
+    """Both ways of applying the RoPE left per token: rotated in place (the default for float32 and
+    float64) and the banded passes (bfloat16, float16, tokens without cameras), forced here."""
+    if request.param == "banded":
+        monkeypatch.setattr(hrope.nn.Factors, "rotary", lambda self, dtype: False)
+    return request.param
+
+
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk_norm"])
 @pytest.mark.parametrize("name", list(ENCODINGS))
-def test_module_equals_linear_attention_linear(name, qk_norm):
+def test_module_equals_linear_attention_linear(name, qk_norm, rotary):
     # measured: <= 2.7e-15 (float64) and <= 2.7e-6 (float32) of the largest output entry
     for dtype, tolerance in ((torch.float64, 1e-14), (torch.float32, 8e-6)):
         m = module(name, dtype, qk_norm)
@@ -73,12 +82,14 @@ def geometry_with_gradients(name, cameras, planes, params):
     return planes, params, [t for t in leaves if t.requires_grad]
 
 
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk_norm"])
 @pytest.mark.parametrize("name", RELATIVE)
-def test_gradients_equal_the_unfused_path(name):
-    """float64: gradients to x, every weight, the planes / params and learnable encoding options."""
+def test_gradients_equal_the_unfused_path(name, qk_norm, rotary):
+    """float64: gradients to x, every weight (the RMS gains with ``qk_norm``), the planes / params
+    and learnable encoding options."""
     options = {"learnable_translation_scale": True} if name == "gta" else {}
     encoding = get_encoding(name, **options)
-    m = module(encoding, torch.float64)
+    m = module(encoding, torch.float64, qk_norm)
     x, cameras, planes, params = inputs(name, torch.float64)
     x.requires_grad_()
     planes, params, leaves = geometry_with_gradients(name, cameras, planes, params)
@@ -175,6 +186,20 @@ def test_per_view_facts_match_the_blocks(name):
     rank_one = torch.eye(4, dtype=torch.float64) - centre[:, :, None, :, None] * u[..., None, :]
     torch.testing.assert_close(A, rank_one, atol=1e-12, rtol=0)
     torch.testing.assert_close(D_inv @ G[:, :, None] @ A, torch.eye(4, dtype=torch.float64).expand_as(A))
+
+
+@pytest.mark.parametrize("name", RELATIVE)
+def test_rotary_where_only_rope_is_left(name):
+    """The in-place RoPE is used exactly where the rest per token is the RoPE alone (per-view
+    blocks folded, or RoPE only: not cape, whose rest is nothing), every token has a camera and
+    the dtype has a complex twin."""
+    x, cameras, planes, params = inputs(name, torch.float64)
+    factors = factorize(name, cameras, GRID, 32, planes=planes, params=params)
+    rope_only = name in ("rope2d", "prope", "gta")
+    assert factors.rotary(torch.float32) == factors.rotary(torch.float64) == rope_only
+    assert not factors.rotary(torch.bfloat16) and not factors.rotary(torch.float16)
+    mixed = factorize(name, cameras, GRID, 32, planes=planes, params=params, camera_tokens=slice(1, None), length=N + 1)
+    assert not mixed.rotary(torch.float64)
 
 
 def test_folding_is_declared_for_the_per_view_encodings():

@@ -7,12 +7,18 @@ multiplied into per-view copies of the projection weights once per forward (:mod
 only the per-token rest is applied to the tokens (:mod:`.factors`); elsewhere the prepared
 transform runs per call. Tokens are ``(B, L, dim)`` (batch first); the output is ``(B, L, dim)``,
 like ``nn.MultiheadAttention(batch_first=True)``'s first output (no attention weights: SDPA).
+
+Where all that is left per token is the 2D RoPE (``prope``, ``gta``, ``cape`` folded, or
+``rope2d``) and every token has a camera, self-attention permutes its projection rows so that
+RoPE pairs are adjacent and rotates them in place (:mod:`.rotary`, float32 and float64).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, cast
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -22,6 +28,7 @@ from ..planes import Planes
 from ..tokens import CameraTokens, MixedTokens
 from .factors import Factors, factorize
 from .folding import fold_rows, project
+from .rotary import interleaved_order, rotate_
 
 __all__ = ["MultiviewAttention", "MultiviewCrossAttention"]
 
@@ -177,6 +184,8 @@ class MultiviewAttention(_Folded):
             factors = self.factorize(
                 cameras, grid, planes=planes, params=params, camera_tokens=camera_tokens, length=x.shape[1]
             )
+        if factors.rotary(x.dtype):
+            return self._rotary(x, factors, sdpa_kwargs)
         fold_qk = factors.folds and not self.qk_norm
         fold_v = factors.folds and factors.transform_values
         if fold_qk:
@@ -198,6 +207,82 @@ class MultiviewAttention(_Folded):
         q = (_folding(factors)[1] if fold_qk else factors.full).apply_q(q)
         k, v = _keys(factors, k, v, fold_qk)
         return self.output(F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs), factors)
+
+    def _rotary(self, x: Tensor, factors: Factors, sdpa_kwargs: dict[str, Any]) -> Tensor:
+        """:meth:`forward` where the RoPE is all that is left per token (``factors.rotary``): q, k
+        (unless QK-norm keeps them unfolded) and v with their channels interleaved, the per-view
+        factor folded as in :meth:`forward`, the RoPE rotated in place (:mod:`.rotary`)."""
+        B, L, _ = x.shape
+        H, d, V = self.heads, self.head_dim, factors.tokens.num_views
+        fold_qk = factors.folds and not self.qk_norm
+        qk_rotary = fold_qk or not factors.folds  # else QK-norm comes first and q, k get the whole transform
+        order = interleaved_order(d, factors.rope_dim, x.device)
+        rope = functools.partial(
+            rotate_, phase=cast(Tensor, factors.phase), num_views=V, head_dim=d, rope_dim=factors.rope_dim
+        )
+        y = self._rotary_qkv(x, factors, fold_qk, qk_rotary)
+        first = 0 if qk_rotary and not self.qk_norm else 2 * H  # the heads of y rotated before any norm
+        last = 3 * H if factors.transform_values else 2 * H
+        if first < last:
+            rope(y, heads=(first, last), inverse=True)
+        q, k, v = y.view(B, L, 3, H, d).unbind(2)  # (B, L, H, d) each
+        if self.qk_norm:
+            q, k = _rms_norm(self.q_norm, q, order, qk_rotary), _rms_norm(self.k_norm, k, order, qk_rotary)
+            if qk_rotary:
+                q, k = rope(q, heads=(0, H), inverse=True), rope(k, heads=(0, H), inverse=True)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if not qk_rotary:
+            q, k = factors.full.apply_q(q), cast(_Relative, factors.full).apply_k(k)
+        out = F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs).transpose(1, 2).reshape(B, L, self.inner)
+        if not factors.transform_values:
+            return cast(Tensor, self.out(out))
+        out = rope(out.clone() if out._base is not None else out, heads=(0, H), inverse=False)  # not SDPA's output
+        weight = self.out.weight[:, _row_order((True,), H, d, factors.rope_dim, x.device)]
+        if not factors.folds:
+            return F.linear(out, weight, self.out.bias)
+        weight_t, _ = fold_rows(weight.mT, None, [_folding(factors)[0].mT], H, factors.num_blocks)
+        bias = None if self.out.bias is None else self.out.bias.expand(B, V, -1)
+        return _per_view_linear(out, weight_t, bias).flatten(1, 2)
+
+    def _rotary_qkv(self, x: Tensor, factors: Factors, fold_qk: bool, qk_rotary: bool) -> Tensor:
+        """The q, k, v projection of :meth:`_rotary`: rows of the parts that are rotated in the
+        interleaved order, per-view factors folded (q, k where ``fold_qk``; v where values are
+        transformed); a new tensor with the layout of ``qkv(x)``."""
+        rows = _row_order((qk_rotary, qk_rotary, True), self.heads, self.head_dim, factors.rope_dim, x.device)
+        weight, bias = self.qkv.weight[rows], None if self.qkv.bias is None else self.qkv.bias[rows]
+        fold_v = factors.folds and factors.transform_values
+        if not (fold_qk or fold_v):
+            return F.linear(x, weight, bias)
+        view, inverse = _folding(factors)[0], factors.view_inv
+        matrices = [view.mT if fold_qk else None, inverse if fold_qk else None, inverse if fold_v else None]
+        return _per_view_linear(x, *self.fold_weight(weight, bias, matrices, factors))
+
+
+@functools.lru_cache(maxsize=64)
+def _row_order(moved: tuple[bool, ...], heads: int, head_dim: int, rope_dim: int, device: torch.device) -> Tensor:
+    """Rows ``(len(moved) * heads * head_dim,)`` of a projection whose part p (q, k, v, ...) has
+    the channels of every head in :func:`~.rotary.interleaved_order` where ``moved[p]``, else as
+    they are."""
+    order = interleaved_order(head_dim, rope_dim, device)
+    per_part = torch.stack([order if m else torch.arange(head_dim, device=device) for m in moved])
+    offsets = torch.arange(len(moved) * heads, device=device).view(-1, heads, 1) * head_dim
+    return (offsets + per_part[:, None]).flatten()
+
+
+def _rms_norm(norm: nn.Module, x: Tensor, order: Tensor, permuted: bool) -> Tensor:
+    """``norm(x)`` for an RMSNorm over the last dim, with x's channels in ``order`` when ``permuted``
+    (the gain follows them); returns a new tensor."""
+    rms = cast(nn.RMSNorm, norm)
+    gain = rms.weight if rms.weight is None or not permuted else rms.weight[order]
+    return F.rms_norm(x, rms.normalized_shape, gain, rms.eps)
+
+
+def _per_view_linear(x: Tensor, weight_t: Tensor, bias: Tensor | None) -> Tensor:
+    """``x (B, V * P, in)`` (view-major) times per-view ``weight_t (B, V, in, out)`` plus ``bias
+    (B, V, out)``: ``(B, V, P, out)`` as a new tensor (not a view)."""
+    B, V = weight_t.shape[:2]
+    y = x.view(B, V, -1, x.shape[-1]) @ weight_t
+    return y if bias is None else y.add_(bias[:, :, None])
 
 
 class MultiviewCrossAttention(_Folded):

@@ -25,6 +25,7 @@ from ..encodings import Encoding, EncodingError, HeadLayout, Prepared, TokenTran
 from ..planes import Planes
 from ..tokens import CameraTokens, MixedTokens, camera_positions
 from .rank_one import RankOneRest
+from .rotary import COMPLEX, rope_phase
 
 __all__ = ["Factors", "TokenLayout", "factorize"]
 
@@ -56,7 +57,11 @@ class Factors:
     :class:`~hrope.MixedTokens` when some tokens have no camera): the per-call path, used where
     nothing folds. ``view`` G_c and ``view_inv`` G_c^-1 ``(B, V, b, b)`` (geometry dtype), tiled
     ``num_blocks`` times per head, or None when nothing folds; ``residual``: the per-token rest A_t
-    (same token layout as ``full``). ``tokens``: the camera-token layout.
+    (same token layout as ``full``). ``tokens``: the camera-token layout. ``phase``: when every
+    token is a camera token and what is left per token is the 2D RoPE alone (the rest of a
+    ``"blocks"`` encoding, or an encoding that is RoPE only, ``rope2d``), its e^{iθ} ``(P,
+    rope_dim // 2)`` (:func:`~.rotary.rope_phase`): the module then rotates in place
+    (:mod:`.rotary`); else None.
     """
 
     full: Prepared
@@ -65,10 +70,17 @@ class Factors:
     num_blocks: int
     residual: Prepared | None
     tokens: TokenLayout
+    phase: Tensor | None = None
+    rope_dim: int = 0
 
     @property
     def folds(self) -> bool:
         return self.view is not None
+
+    def rotary(self, dtype: torch.dtype) -> bool:
+        """Whether the RoPE left per token is rotated in place for tensors of ``dtype`` (float32
+        and float64, which have complex twins)."""
+        return self.phase is not None and dtype in COMPLEX
 
     @property
     def transform_values(self) -> bool:
@@ -159,7 +171,19 @@ def factorize(
         transform = cast(TokenTransform, full)  # relative encodings prepare a TokenTransform
         view, view_inv, residual = _residual(enc, transform, cameras, planes)
         num_blocks = transform.layout.num_blocks
+    phase = _rope_only_phase(enc, full) if camera_tokens is None else None
     if camera_tokens is not None:
         full = MixedTokens(full, camera_tokens, tokens.length)
         residual = None if residual is None else MixedTokens(residual, camera_tokens, tokens.length)
-    return Factors(full, view, view_inv, num_blocks, residual, tokens)
+    rope_dim = 0 if phase is None else cast(TokenTransform, full).layout.rope_dim
+    return Factors(full, view, view_inv, num_blocks, residual, tokens, phase, rope_dim)
+
+
+def _rope_only_phase(encoding: Encoding, full: Prepared) -> Tensor | None:
+    """e^{iθ} of the RoPE when it is all that is left per token after folding (``per_view ==
+    "blocks"``, or a transform without geometric blocks), else None."""
+    if not isinstance(full, TokenTransform) or not full.layout.rope or encoding.query_frame:
+        return None
+    if encoding.per_view == "blocks" or (encoding.per_view is None and full.geometric_blocks() is None):
+        return rope_phase(full.grid, full.layout.rope_dim, full.rope_base, full.device)
+    return None
