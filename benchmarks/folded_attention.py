@@ -135,7 +135,8 @@ def time_call(fn: Callable, x: torch.Tensor, backward: bool) -> tuple[float, flo
 def interleaved(rows: dict[str, Callable[[], tuple[float, float]]], reps: int, bases: tuple[str, ...]) -> dict:
     """``reps`` rounds of every row (after one warm-up each). For wall (``ms``, ``ratio_to_<base>``)
     and CPU time (``cpu_ms``, ``cpu_ratio_to_<base>``): every row's median milliseconds and, per base
-    row, the median over rounds of the row's time / the base's time in the same round."""
+    row, the median over rounds of the row's time / the base's time in the same round, with the
+    quartiles of those per-round ratios (``..._quartiles_to_<base>``: how much the machine moved)."""
     for run in rows.values():
         run()
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in rows}
@@ -147,10 +148,18 @@ def interleaved(rows: dict[str, Callable[[], tuple[float, float]]], reps: int, b
         series = {n: [t[index] for t in ts] for n, ts in times.items()}
         out[f"{prefix}ms"] = {n: 1e3 * statistics.median(t) for n, t in series.items()}
         for base in bases:
-            out[f"{prefix}ratio_to_{base}"] = {
-                n: statistics.median(a / b for a, b in zip(t, series[base], strict=True)) for n, t in series.items()
-            }
+            ratios = {n: [a / b for a, b in zip(t, series[base], strict=True)] for n, t in series.items()}
+            out[f"{prefix}ratio_to_{base}"] = {n: statistics.median(r) for n, r in ratios.items()}
+            out[f"{prefix}ratio_quartiles_to_{base}"] = {n: quartiles(r) for n, r in ratios.items()}
     return out
+
+
+def quartiles(values: list[float]) -> list[float]:
+    """[first, third] quartile (both the value itself when there is one)."""
+    if len(values) < 2:
+        return [values[0], values[0]]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return [q1, q3]
 
 
 def measure_modules(args: argparse.Namespace) -> dict:
@@ -194,6 +203,8 @@ def measure_training(args: argparse.Namespace) -> dict:
     for prefix in ("", "cpu_"):  # steps/s and their ratios (the inverse of the time ratios)
         result[f"{prefix}steps_per_s"] = {n: 1e3 * args.steps / ms for n, ms in result[f"{prefix}ms"].items()}
         result[f"{prefix}ratio_to_none"] = {n: 1.0 / r for n, r in result[f"{prefix}ratio_to_none"].items()}
+        inverted = result[f"{prefix}ratio_quartiles_to_none"].items()
+        result[f"{prefix}ratio_quartiles_to_none"] = {n: [1.0 / q3, 1.0 / q1] for n, (q1, q3) in inverted}
     return result
 
 
@@ -256,13 +267,14 @@ def markdown(results: dict) -> str:
             f"Modules: 1 x {cfg['views']} views x {cfg['grid']}x{cfg['grid']} patches, {cfg['heads']} heads of "
             f"{cfg['head_dim']}, {cfg['threads']} threads, {cfg['reps']} repetitions.",
             "",
-            "| mode | row | ms | / plain | / rope2d | CPU ms | CPU / plain | CPU / rope2d |",
+            "| mode | row | ms | / plain | / rope2d | CPU ms | CPU / plain | CPU / rope2d (quartiles) |",
             "|---|---|---|---|---|---|---|---|",
         ]
         for mode, r in results["modules"].items():
             lines += [
                 f"| {mode} | {n} | {r['ms'][n]:.1f} | {r['ratio_to_plain'][n]:.3f} | {r['ratio_to_rope2d'][n]:.3f} | "
-                f"{r['cpu_ms'][n]:.1f} | {r['cpu_ratio_to_plain'][n]:.3f} | {r['cpu_ratio_to_rope2d'][n]:.3f} |"
+                f"{r['cpu_ms'][n]:.1f} | {r['cpu_ratio_to_plain'][n]:.3f} | {r['cpu_ratio_to_rope2d'][n]:.3f} "
+                f"{_spread(r, 'cpu_ratio_quartiles_to_rope2d', n)} |"
                 for n in r["ms"]
             ]
         lines.append("")
@@ -280,15 +292,22 @@ def markdown(results: dict) -> str:
             f"Training, `tiny` preset, batch {BATCH_SIZE}, {cfg['train_threads']} thread(s), {cfg['rounds']} rounds "
             f"of {cfg['steps']} steps:",
             "",
-            "| row | steps/s | ratio to none | CPU steps/s | CPU ratio to none |",
+            "| row | steps/s | ratio to none | CPU steps/s | CPU ratio to none (quartiles) |",
             "|---|---|---|---|---|",
         ]
         lines += [
             f"| {n} | {train['steps_per_s'][n]:.2f} | {train['ratio_to_none'][n]:.3f} | "
-            f"{train['cpu_steps_per_s'][n]:.2f} | {train['cpu_ratio_to_none'][n]:.3f} |"
+            f"{train['cpu_steps_per_s'][n]:.2f} | {train['cpu_ratio_to_none'][n]:.3f} "
+            f"{_spread(train, 'cpu_ratio_quartiles_to_none', n)} |"
             for n in train["ms"]
         ]
     return "\n".join(lines) + "\n"
+
+
+def _spread(result: dict, key: str, row: str) -> str:
+    """``(q1–q3)`` of a row's per-repetition ratios."""
+    q1, q3 = result[key][row]
+    return f"({q1:.3f}–{q3:.3f})"
 
 
 if __name__ == "__main__":

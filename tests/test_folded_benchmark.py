@@ -37,6 +37,7 @@ def test_folded_attention_benchmark_writes_every_part(tmp_path, monkeypatch):
     training = results["training"]
     assert list(training["steps_per_s"]) == ["none", "prope folded"]
     assert training["ratio_to_none"]["none"] == 1.0 and training["cpu_ratio_to_none"]["none"] == 1.0
+    assert training["cpu_ratio_quartiles_to_none"]["none"] == [1.0, 1.0]
     assert set(results["provenance"]) == {"commit", "dirty", "torch"}
     markdown = (tmp_path / "folded_attention.md").read_text()
     assert "| forward | prope |" in markdown and "| prope folded |" in markdown and "commit `" in markdown

@@ -35,7 +35,7 @@ def test_rotation_is_the_library_rope_permuted(inverse):
     rope_dim = prepared.layout.rope_dim
     order = interleaved_order(HEAD_DIM, rope_dim, x.device)
     t = x[..., order].transpose(1, 2).contiguous()  # (B, L, heads, head_dim), interleaved
-    phase = rope_phase(GRID, rope_dim, prepared.rope_base, x.device)
+    phase = rope_phase(GRID, rope_dim, prepared.rope_base, x.device, torch.float64)
     got = rotate_(t, phase, V, (0, HEADS), HEAD_DIM, rope_dim, inverse=inverse)
     assert got is t  # in place
     torch.testing.assert_close(got.transpose(1, 2)[..., order.argsort()], want, atol=1e-15, rtol=0)
@@ -44,7 +44,7 @@ def test_rotation_is_the_library_rope_permuted(inverse):
 def test_rotation_of_some_heads_and_its_gradient():
     """Heads outside the range are untouched; the gradient is the transposed rotation (gradcheck)."""
     rope_dim = 16
-    phase = rope_phase(GRID, rope_dim, 100.0, torch.device("cpu"))
+    phase = rope_phase(GRID, rope_dim, 100.0, torch.device("cpu"), torch.float64)
     x = torch.randn(B, L, 3 * HEAD_DIM, dtype=torch.float64, requires_grad=True)
 
     def rotated(x: torch.Tensor) -> torch.Tensor:

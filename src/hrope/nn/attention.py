@@ -218,7 +218,7 @@ class MultiviewAttention(_Folded):
         qk_rotary = fold_qk or not factors.folds  # else QK-norm comes first and q, k get the whole transform
         order = interleaved_order(d, factors.rope_dim, x.device)
         rope = functools.partial(
-            rotate_, phase=cast(Tensor, factors.phase), num_views=V, head_dim=d, rope_dim=factors.rope_dim
+            rotate_, phase=factors.phase_for(x.dtype), num_views=V, head_dim=d, rope_dim=factors.rope_dim
         )
         y = self._rotary_qkv(x, factors, fold_qk, qk_rotary)
         first = 0 if qk_rotary and not self.qk_norm else 2 * H  # the heads of y rotated before any norm
@@ -237,7 +237,7 @@ class MultiviewAttention(_Folded):
         if not factors.transform_values:
             return cast(Tensor, self.out(out))
         out = rope(out.clone() if out._base is not None else out, heads=(0, H), inverse=False)  # not SDPA's output
-        weight = self.out.weight[:, _row_order((True,), H, d, factors.rope_dim, x.device)]
+        weight = self.out.weight.index_select(1, _row_order((True,), H, d, factors.rope_dim, x.device))
         if not factors.folds:
             return F.linear(out, weight, self.out.bias)
         weight_t, _ = fold_rows(weight.mT, None, [_folding(factors)[0].mT], H, factors.num_blocks)
@@ -249,7 +249,8 @@ class MultiviewAttention(_Folded):
         interleaved order, per-view factors folded (q, k where ``fold_qk``; v where values are
         transformed); a new tensor with the layout of ``qkv(x)``."""
         rows = _row_order((qk_rotary, qk_rotary, True), self.heads, self.head_dim, factors.rope_dim, x.device)
-        weight, bias = self.qkv.weight[rows], None if self.qkv.bias is None else self.qkv.bias[rows]
+        weight = self.qkv.weight.index_select(0, rows)
+        bias = None if self.qkv.bias is None else self.qkv.bias.index_select(0, rows)
         fold_v = factors.folds and factors.transform_values
         if not (fold_qk or fold_v):
             return F.linear(x, weight, bias)

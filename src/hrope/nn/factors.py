@@ -60,8 +60,8 @@ class Factors:
     (same token layout as ``full``). ``tokens``: the camera-token layout. ``phase``: when every
     token is a camera token and what is left per token is the 2D RoPE alone (the rest of a
     ``"blocks"`` encoding, or an encoding that is RoPE only, ``rope2d``), its e^{iθ} ``(P,
-    rope_dim // 2)`` (:func:`~.rotary.rope_phase`): the module then rotates in place
-    (:mod:`.rotary`); else None.
+    rope_dim // 2)`` complex128 (:func:`~.rotary.rope_phase`): the module then rotates in place
+    (:mod:`.rotary`, :meth:`phase_for`); else None.
     """
 
     full: Prepared
@@ -81,6 +81,11 @@ class Factors:
         """Whether the RoPE left per token is rotated in place for tensors of ``dtype`` (float32
         and float64, which have complex twins)."""
         return self.phase is not None and dtype in COMPLEX
+
+    def phase_for(self, dtype: torch.dtype) -> Tensor:
+        """``phase`` as the complex twin of ``dtype`` (``rotary(dtype)`` must hold)."""
+        full = cast(TokenTransform, self.full)
+        return rope_phase(tuple(full.grid), self.rope_dim, full.rope_base, full.device, dtype)
 
     @property
     def transform_values(self) -> bool:
@@ -185,5 +190,5 @@ def _rope_only_phase(encoding: Encoding, full: Prepared) -> Tensor | None:
     if not isinstance(full, TokenTransform) or not full.layout.rope or encoding.query_frame:
         return None
     if encoding.per_view == "blocks" or (encoding.per_view is None and full.geometric_blocks() is None):
-        return rope_phase(full.grid, full.layout.rope_dim, full.rope_base, full.device)
+        return rope_phase(tuple(full.grid), full.layout.rope_dim, full.rope_base, full.device, torch.float64)
     return None

@@ -39,11 +39,13 @@ def interleaved_order(head_dim: int, rope_dim: int, device: torch.device) -> Ten
     return torch.tensor(list(range(start)) + pairs, dtype=torch.long, device=device)
 
 
-def rope_phase(grid: tuple[int, int], rope_dim: int, base: float, device: torch.device) -> Tensor:
-    """e^{iθ} ``(P, rope_dim // 2)`` complex128 of the library's 2D RoPE
-    (:func:`~hrope.encodings.layout.patch_index_rope_angles`), in the interleaved pair order."""
+@functools.lru_cache(maxsize=32)
+def rope_phase(grid: tuple[int, int], rope_dim: int, base: float, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """e^{iθ} ``(P, rope_dim // 2)`` of the library's 2D RoPE
+    (:func:`~hrope.encodings.layout.patch_index_rope_angles`), in the interleaved pair order, as
+    the complex twin of ``dtype`` (float32 or float64; computed in float64, cached)."""
     angles = patch_index_rope_angles(grid, rope_dim // 4, base=base, device=device).flatten(1)  # (P, 2F)
-    return torch.polar(torch.ones_like(angles), angles)
+    return torch.polar(torch.ones_like(angles), angles).to(COMPLEX[dtype])
 
 
 def _pairs(t: Tensor, phase: Tensor, num_views: int, heads: tuple[int, int], head_dim: int, rope_dim: int) -> Tensor:
@@ -83,7 +85,6 @@ def rotate_(
     tokens view-major after the batch dimension; a tensor, not a view of one), in place: the RoPE
     channels (interleaved, the last ``rope_dim`` of each head) of heads [start, stop) = ``heads``
     by R(θ) (``inverse`` False: D, the output side) or R(-θ) = R(θ)^T = R(θ)^-1 (q, k and v).
-    ``phase``: :func:`rope_phase`. Differentiable in ``t``; returns ``t``."""
-    phase = phase.to(COMPLEX[t.dtype])
+    ``phase``: :func:`rope_phase` in t's dtype. Differentiable in ``t``; returns ``t``."""
     phase = phase.conj() if inverse else phase
     return cast(Tensor, _RotateInPlace.apply(t, phase, num_views, heads, (head_dim, rope_dim)))  # type: ignore[no-untyped-call]
