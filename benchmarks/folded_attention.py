@@ -3,7 +3,9 @@
     python benchmarks/folded_attention.py [--reps 9] [--rounds 5] [--threads 2] [--train-threads 1]
     python benchmarks/folded_attention.py --device cuda --dtype bfloat16 --sdpa-backend flash --parts modules
 
-``--device cuda`` synchronises the GPU around every timed call; ``--dtype`` is the modules' and
+``--malloc-cache`` reruns the process with glibc keeping freed memory (attention_overhead.py's
+``--malloc-cache``: no page faults on fresh outputs; results ``..._malloc_cache``). ``--device
+cuda`` synchronises the GPU around every timed call; ``--dtype`` is the modules' and
 tokens' dtype (training stays float32); ``--sdpa-backend`` restricts SDPA (attention_overhead.py's).
 
 Three parts, each measured in one run with interleaved repetitions (ratios are medians over
@@ -18,6 +20,11 @@ repetitions of the ratio measured within a repetition):
   forward+backward (gradients to x and the weights).
 * ``per_call``: benchmarks/attention_overhead.py's rows (imported) for ``prope``, ``hrope-lift``
   and the official PRoPE algorithm (``prope-einsum``), per call and prepared once, vs SDPA.
+* ``passes``: forward (no grad) milliseconds of each pass of the ``rope2d`` and ``prope`` modules
+  beside the plain module's (same weights and shape as ``modules``): the factors, the q, k, v
+  projection (prope's with its per-view factor folded in), the in-place RoPE of q, k and v, SDPA,
+  and the output side (RoPE of the output, then the output projection, prope's folded): which
+  pass costs what, without the noise of timing whole layers.
 * ``training``: steps/s of the ``tiny`` preset (benchmarks/train_throughput.py's step, imported)
   for ``none``, ``rope2d``, ``prope``, ``hrope-lift`` (learned planes) with ``model.folded_attention``
   off and on, ratios to ``none`` (off).
@@ -43,6 +50,7 @@ from torch import nn
 import attention_overhead
 import hrope
 import hrope.nn
+from hrope.nn.rotary import rotate_
 from hrope.nvs.atomic import write_json, write_text
 from hrope.nvs.data.batch import collate_scenes
 from hrope.nvs.data.synthetic import make_scene
@@ -172,6 +180,46 @@ def measure_modules(args: argparse.Namespace) -> dict:
     return results
 
 
+def measure_passes(args: argparse.Namespace) -> dict:
+    """Each pass of the rope2d and prope modules' forward (the rotary path) and the plain module's,
+    timed alone in interleaved repetitions; ``ms`` and ``cpu_ms`` medians per pass."""
+    gen = torch.Generator().manual_seed(0)
+    grid = (args.grid, args.grid)
+    cameras = attention_overhead.make_cameras(1, args.views, (8 * args.grid, 8 * args.grid), gen).to(args.device)
+    dim, L, H, d = args.heads * args.head_dim, args.views * args.grid**2, args.heads, args.head_dim
+    dtype = getattr(torch, args.dtype)
+    x, out = (torch.randn(1, L, dim, generator=gen).to(args.device, dtype) for _ in range(2))
+    torch.manual_seed(0)
+    plain = PlainAttention(dim, H).to(args.device, dtype)
+    modules, factors = {}, {}
+    for name in ("rope2d", "prope"):
+        modules[name] = hrope.nn.MultiviewAttention(dim, H, name).to(args.device, dtype)
+        modules[name].load_state_dict(plain.state_dict())
+        factors[name] = modules[name].factorize(cameras, grid)
+    qkv = F.linear(x, plain.qkv.weight)
+    q, k, v = qkv.view(1, L, 3, H, d).permute(2, 0, 3, 1, 4)
+    rope_dim = factors["prope"].rope_dim
+    phase = factors["prope"].phase_for(dtype)
+    rows: dict[str, Callable[[], object]] = {
+        "factors: rope2d": lambda: modules["rope2d"].factorize(cameras, grid),
+        "factors: prope": lambda: modules["prope"].factorize(cameras, grid),
+        "qkv: plain": lambda: F.linear(x, plain.qkv.weight),
+        "qkv: rope2d": lambda: modules["rope2d"]._rotary_qkv(x, factors["rope2d"], False, True),
+        "qkv: prope (folded)": lambda: modules["prope"]._rotary_qkv(x, factors["prope"], True, True),
+        "rope of q, k, v (in place)": lambda: rotate_(qkv, phase, args.views, (0, 3 * H), d, rope_dim, inverse=True),
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
+        "output: plain": lambda: F.linear(out, plain.out.weight),
+        "output: rope2d": lambda: modules["rope2d"]._rotary_output(out, factors["rope2d"]),
+        "output: prope (folded)": lambda: modules["prope"]._rotary_output(out, factors["prope"]),
+    }
+
+    def no_grad(run: Callable[[], object]) -> Callable[[], tuple[float, float]]:
+        return lambda: timed(lambda: torch.no_grad()(run)())
+
+    result = interleaved({name: no_grad(run) for name, run in rows.items()}, args.reps, ())
+    return {key: result[key] for key in ("ms", "cpu_ms")}
+
+
 def measure_per_call(args: argparse.Namespace) -> dict:
     """attention_overhead.py's rows per call and prepared once (its own timing loop)."""
     results = {}
@@ -219,11 +267,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved training rounds")
     parser.add_argument("--steps", type=int, default=5, help="training steps per row per round")
     parser.add_argument("--train-threads", type=int, default=1)
-    parser.add_argument("--parts", nargs="*", default=["modules", "per_call", "training"])
+    parser.add_argument("--parts", nargs="*", default=["modules", "passes", "per_call", "training"])
     parser.add_argument("--device", default="cpu", help="torch device of the modules and training, e.g. cuda")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     parser.add_argument("--sdpa-backend", choices=("auto", *attention_overhead.SDPA_BACKENDS), default="auto")
     parser.add_argument("--tag", default="", help="suffix of the output files (e.g. the token count)")
+    parser.add_argument("--malloc-cache", action="store_true", help="rerun with glibc keeping freed memory")
     parser.add_argument("--out", type=Path, default=RESULTS)
     return parser.parse_args(argv)
 
@@ -236,8 +285,12 @@ def _relative(path: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    cache = attention_overhead.MALLOC_CACHE_ENV
+    if args.malloc_cache and any(os.environ.get(k) != v for k, v in cache.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **cache})
     torch.set_num_threads(args.threads)
-    parts = {"modules": measure_modules, "per_call": measure_per_call, "training": measure_training}
+    parts = {"modules": measure_modules, "passes": measure_passes, "per_call": measure_per_call}
+    parts["training"] = measure_training
     results: dict = {name: parts[name](args) for name in args.parts}
     config = {**vars(args), "out": _relative(args.out)}
     results["config"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in config.items()}
@@ -245,11 +298,15 @@ def main(argv: list[str] | None = None) -> None:
     results["load_average"] = [round(x, 2) for x in os.getloadavg()]
     results["provenance"] = provenance()
     args.out.mkdir(parents=True, exist_ok=True)
-    suffixes = [args.device if args.device != "cpu" else "", args.dtype if args.dtype != "float32" else "", args.tag]
+    suffixes = [args.device if args.device != "cpu" else "", args.dtype if args.dtype != "float32" else ""]
+    suffixes += ["malloc_cache" if args.malloc_cache else "", args.tag]
     stem = "_".join(["folded_attention", *(s for s in suffixes if s)])
     write_json(args.out / f"{stem}.json", results, indent=1)
     write_text(args.out / f"{stem}.md", markdown(results))
     print(markdown(results))
+
+
+_MALLOC = ", glibc keeping freed memory"
 
 
 def markdown(results: dict) -> str:
@@ -257,7 +314,8 @@ def markdown(results: dict) -> str:
     cfg = results["config"]
     lines = [
         f"Folded attention modules, {cfg.get('device', 'cpu')} {cfg.get('dtype', 'float32')} (SDPA backend "
-        f"{cfg.get('sdpa_backend', 'auto')}). Command: `{results['command']}` (torch {torch.__version__}); "
+        f"{cfg.get('sdpa_backend', 'auto')}{_MALLOC if cfg.get('malloc_cache') else ''}). "
+        f"Command: `{results['command']}` (torch {torch.__version__}); "
         f"commit `{describe(results['provenance'])}`; load average {results['load_average']} (shared machine: "
         "ratios are medians of ratios within interleaved repetitions).",
         "",
@@ -277,6 +335,11 @@ def markdown(results: dict) -> str:
                 f"{_spread(r, 'cpu_ratio_quartiles_to_rope2d', n)} |"
                 for n in r["ms"]
             ]
+        lines.append("")
+    if "passes" in results:
+        passes = results["passes"]
+        lines += ["Passes of one forward (no grad), timed alone:", "", "| pass | ms | CPU ms |", "|---|---|---|"]
+        lines += [f"| {n} | {passes['ms'][n]:.2f} | {passes['cpu_ms'][n]:.2f} |" for n in passes["ms"]]
         lines.append("")
     if "per_call" in results:
         lines += ["Per-call path (attention_overhead.py's rows), ratio to SDPA:", ""]

@@ -32,6 +32,9 @@ def test_folded_attention_benchmark_writes_every_part(tmp_path, monkeypatch):
         ]
         assert modules["ratio_to_plain"]["plain"] == 1.0 and modules["cpu_ratio_to_rope2d"]["rope2d"] == 1.0
         assert all(ms > 0 for ms in modules["cpu_ms"].values())
+    passes = results["passes"]["cpu_ms"]
+    assert {"qkv: plain", "qkv: prope (folded)", "sdpa", "output: prope (folded)"} <= set(passes)
+    assert all(ms > 0 for ms in passes.values())
     for path in ("per_call", "prepared_once"):
         assert set(results["per_call"][path]["forward"]["ratio"]) == {"prope", "hrope-lift", "prope-einsum"}
     training = results["training"]
@@ -41,6 +44,7 @@ def test_folded_attention_benchmark_writes_every_part(tmp_path, monkeypatch):
     assert set(results["provenance"]) == {"commit", "dirty", "torch"}
     markdown = (tmp_path / "folded_attention.md").read_text()
     assert "| forward | prope |" in markdown and "| prope folded |" in markdown and "commit `" in markdown
+    assert "| qkv: prope (folded) |" in markdown
 
 
 def test_folded_attention_benchmark_on_another_dtype(tmp_path):

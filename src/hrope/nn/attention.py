@@ -234,10 +234,17 @@ class MultiviewAttention(_Folded):
         if not qk_rotary:
             q, k = factors.full.apply_q(q), cast(_Relative, factors.full).apply_k(k)
         out = F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs).transpose(1, 2).reshape(B, L, self.inner)
+        return self._rotary_output(out.clone() if out._base is not None else out, factors)  # not SDPA's output
+
+    def _rotary_output(self, out: Tensor, factors: Factors) -> Tensor:
+        """The output side of :meth:`_rotary`: ``out (B, L, inner)`` (channels as v's, a tensor the
+        module may overwrite) rotated by R(θ) in place, then the output projection with its
+        columns in the same order and the per-view factor folded in. Returns ``(B, L, dim)``."""
         if not factors.transform_values:
             return cast(Tensor, self.out(out))
-        out = rope(out.clone() if out._base is not None else out, heads=(0, H), inverse=False)  # not SDPA's output
-        weight = self.out.weight.index_select(1, _row_order((True,), H, d, factors.rope_dim, x.device))
+        B, V, H, d = out.shape[0], factors.tokens.num_views, self.heads, self.head_dim
+        rotate_(out, factors.phase_for(out.dtype), V, (0, H), d, factors.rope_dim, inverse=False)
+        weight = self.out.weight.index_select(1, _row_order((True,), H, d, factors.rope_dim, out.device))
         if not factors.folds:
             return F.linear(out, weight, self.out.bias)
         weight_t, _ = fold_rows(weight.mT, None, [_folding(factors)[0].mT], H, factors.num_blocks)
