@@ -8,23 +8,23 @@
 cuda`` synchronises the GPU around every timed call; ``--dtype`` is the modules' and
 tokens' dtype (training stays float32); ``--sdpa-backend`` restricts SDPA (attention_overhead.py's).
 
-Three parts, each measured in one run with interleaved repetitions (ratios are medians over
+Four parts, each measured in one run with interleaved repetitions (ratios are medians over
 repetitions of the ratio measured within a repetition):
 
 * ``modules``: one attention layer ``(B=1, L=V*grid^2, dim=heads*head_dim) -> same``, default
   2 views x 32x32 patches, 8 heads of 64: a plain module (Linear, SDPA, Linear), and
-  :class:`hrope.nn.MultiviewAttention` with ``rope2d``, ``prope``, ``gta`` and ``hrope-lift``
-  (planes as attention_overhead.py draws them), all with the same weights; each call computes the
-  module's factors (one layer of a model). ``unfolded-prope`` / ``unfolded-hrope-lift``: the same
-  weights around ``hrope.multiview_attention`` (the per-call path). Forward (no grad) and
-  forward+backward (gradients to x and the weights).
-* ``per_call``: benchmarks/attention_overhead.py's rows (imported) for ``prope``, ``hrope-lift``
-  and the official PRoPE algorithm (``prope-einsum``), per call and prepared once, vs SDPA.
+  :class:`hrope.nn.MultiviewAttention` with ``rope2d`` and with ``prope``, ``gta`` and
+  ``hrope-lift`` (planes as attention_overhead.py draws them) both ``folded`` (``fold=True``) and
+  ``unfolded`` (``fold=False``: the per-call transforms inside the module; the module's default
+  on a CPU), all with the same weights; each call computes the module's factors (one layer of a
+  model). Forward (no grad) and forward+backward (gradients to x and the weights).
 * ``passes``: forward (no grad) milliseconds of each pass of the ``rope2d`` and ``prope`` modules
   beside the plain module's (same weights and shape as ``modules``): the factors, the q, k, v
   projection (prope's with its per-view factor folded in), the in-place RoPE of q, k and v, SDPA,
   and the output side (RoPE of the output, then the output projection, prope's folded): which
   pass costs what, without the noise of timing whole layers.
+* ``per_call``: benchmarks/attention_overhead.py's rows (imported) for ``prope``, ``hrope-lift``
+  and the official PRoPE algorithm (``prope-einsum``), per call and prepared once, vs SDPA.
 * ``training``: steps/s of the ``tiny`` preset (benchmarks/train_throughput.py's step, imported)
   for ``none``, ``rope2d``, ``prope``, ``hrope-lift`` (learned planes) with ``model.folded_attention``
   off and on, ratios to ``none`` (off).
@@ -59,7 +59,6 @@ from train_throughput import BATCH_SIZE, step_function
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODULE_ENCODINGS = ("rope2d", "prope", "gta", "hrope-lift")
-UNFOLDED = ("prope", "hrope-lift")
 PER_CALL = ["prope", "hrope-lift", attention_overhead.PEER]
 TRAINING = [("none", False), ("none", True), ("rope2d", False), ("rope2d", True), ("prope", False), ("prope", True)]
 TRAINING += [("hrope-lift", False), ("hrope-lift", True)]
@@ -94,20 +93,13 @@ def module_rows(args: argparse.Namespace) -> tuple[dict[str, Callable], torch.Te
     rows: dict[str, Callable] = {"plain": plain}
     for name in MODULE_ENCODINGS:
         geometry = attention_overhead.example_inputs(name, cameras, grid, gen)
-        module = hrope.nn.MultiviewAttention(dim, args.heads, name).to(args.device, x.dtype)
-        module.load_state_dict(plain.state_dict())
-        rows[name] = lambda x, m=module, g=geometry: m(x, cameras, grid, **g)
-        if name in UNFOLDED:
-            rows[f"unfolded-{name}"] = lambda x, m=module, g=geometry: unfolded(m, x, cameras, grid, g)
+        folds = hrope.get_encoding(name).per_view is not None
+        variants = {f"{name} folded": True, f"{name} unfolded": False} if folds else {name: None}
+        for row, fold in variants.items():
+            module = hrope.nn.MultiviewAttention(dim, args.heads, name, fold=fold).to(args.device, x.dtype)
+            module.load_state_dict(plain.state_dict())
+            rows[row] = lambda x, m=module, g=geometry: m(x, cameras, grid, **g)
     return rows, x
-
-
-def unfolded(module: hrope.nn.MultiviewAttention, x: torch.Tensor, cameras, grid, geometry: dict) -> torch.Tensor:
-    """The module's weights around hrope.multiview_attention (the per-call path)."""
-    B, L, D = x.shape
-    q, k, v = module.qkv(x).reshape(B, L, 3, module.heads, module.head_dim).permute(2, 0, 3, 1, 4)
-    out = hrope.multiview_attention(q, k, v, encoding=module.encoding, cameras=cameras, grid=grid, **geometry)
-    return module.out(out.transpose(1, 2).reshape(B, L, D))
 
 
 def synchronize() -> None:
@@ -193,7 +185,7 @@ def measure_passes(args: argparse.Namespace) -> dict:
     plain = PlainAttention(dim, H).to(args.device, dtype)
     modules, factors = {}, {}
     for name in ("rope2d", "prope"):
-        modules[name] = hrope.nn.MultiviewAttention(dim, H, name).to(args.device, dtype)
+        modules[name] = hrope.nn.MultiviewAttention(dim, H, name, fold=True).to(args.device, dtype)
         modules[name].load_state_dict(plain.state_dict())
         factors[name] = modules[name].factorize(cameras, grid)
     qkv = F.linear(x, plain.qkv.weight)

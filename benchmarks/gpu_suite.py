@@ -16,10 +16,11 @@ recorded and the others still run; the whole run stays inside ``--budget-s``):
    the transform prepared once (the per-layer cost).
    The same at N >= 8k with the transforms applied by the fused Triton kernel
    (``--transform-backend triton``, tag ``_fused``).
-3. ``folded_n{2048,8192,32768}``: the attention modules of :mod:`hrope.nn` (folded ``prope``,
-   ``gta``, ``hrope-lift``; ``rope2d``; the same weights around the per-call path; a plain
+3. ``folded_n{2048,8192,32768}``: the attention modules of :mod:`hrope.nn` (``prope``, ``gta``,
+   ``hrope-lift`` each with ``fold=True`` and ``fold=False``; ``rope2d``; a plain
    Linear-SDPA-Linear module) in bfloat16 with flash SDPA, forward and forward+backward
-   (benchmarks/folded_attention.py ``--parts modules``).
+   (benchmarks/folded_attention.py ``--parts modules``): whether folding pays on a GPU, which
+   decides the modules' default there.
 4. ``banded_apply``: the block-diagonal transform alone (y = D x, the op around SDPA) by the
    fused Triton kernel, the unfused banded passes and ``torch.compile`` of the unfused passes,
    with each one's max error against the banded passes in float64 on the same inputs.

@@ -24,11 +24,7 @@ def test_folded_attention_benchmark_writes_every_part(tmp_path, monkeypatch):
         assert list(modules["ms"]) == [
             "plain",
             "rope2d",
-            "prope",
-            "unfolded-prope",
-            "gta",
-            "hrope-lift",
-            "unfolded-hrope-lift",
+            *(f"{name} {fold}" for name in ("prope", "gta", "hrope-lift") for fold in ("folded", "unfolded")),
         ]
         assert modules["ratio_to_plain"]["plain"] == 1.0 and modules["cpu_ratio_to_rope2d"]["rope2d"] == 1.0
         assert all(ms > 0 for ms in modules["cpu_ms"].values())
@@ -43,7 +39,7 @@ def test_folded_attention_benchmark_writes_every_part(tmp_path, monkeypatch):
     assert training["cpu_ratio_quartiles_to_none"]["none"] == [1.0, 1.0]
     assert set(results["provenance"]) == {"commit", "dirty", "torch"}
     markdown = (tmp_path / "folded_attention.md").read_text()
-    assert "| forward | prope |" in markdown and "| prope folded |" in markdown and "commit `" in markdown
+    assert "| forward | prope folded |" in markdown and "| prope folded |" in markdown and "commit `" in markdown
     assert "| qkv: prope (folded) |" in markdown
 
 

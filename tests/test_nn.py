@@ -4,6 +4,7 @@ float64 reference), forward and gradients, for every encoding; the per_view fact
 from __future__ import annotations
 
 import copy
+import types
 
 import pytest
 import torch
@@ -27,7 +28,9 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def module(name, dtype, qk_norm=False, cls=MultiviewAttention, **options):
-    """A module with random weights and biases (non-trivial RMS gains with ``qk_norm``)."""
+    """A module with random weights and biases (non-trivial RMS gains with ``qk_norm``), folding
+    unless ``fold`` says otherwise (the default folds on CUDA only)."""
+    options.setdefault("fold", True)
     torch.manual_seed(0)
     m = cls(DIM, HEADS, name, qkv_bias=True, out_bias=True, qk_norm=qk_norm, **options).to(dtype)
     with torch.no_grad():
@@ -188,6 +191,28 @@ def test_per_view_facts_match_the_blocks(name):
     torch.testing.assert_close(D_inv @ G[:, :, None] @ A, torch.eye(4, dtype=torch.float64).expand_as(A))
 
 
+@pytest.mark.parametrize("name", FOLDING)
+def test_fold_default_follows_the_device(name, monkeypatch):
+    """fold=None (the default) does not fold on the CPU; fold=False never does; both equal the
+    folded module to float rounding."""
+    x, cameras, planes, params = inputs(name, torch.float64)
+    folded = module(name, torch.float64)(x, cameras, GRID, planes=planes, params=params)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("folded on the CPU")
+
+    monkeypatch.setattr(hrope.nn.attention, "fold_rows", refuse)
+    for fold in (None, False):
+        m = module(name, torch.float64, fold=fold)
+        assert m.folds(m.factorize(cameras, GRID, planes=planes, params=params), x) is False
+        out = m(x, cameras, GRID, planes=planes, params=params)
+        assert relative_error(out, folded) <= 1e-14  # measured <= 3e-15
+    on_cuda = types.SimpleNamespace(device=torch.device("cuda"))  # the device type is all the default reads
+    factors = factorize(name, cameras, GRID, m.head_dim, planes=planes, params=params)  # split: fold=True
+    assert module(name, torch.float64, fold=None).folds(factors, on_cuda) is True
+    assert module(name, torch.float64, fold=False).folds(factors, on_cuda) is False
+
+
 @pytest.mark.parametrize("name", RELATIVE)
 def test_rotary_where_only_rope_is_left(name):
     """The in-place RoPE is used exactly where the rest per token is the RoPE alone (per-view
@@ -200,6 +225,8 @@ def test_rotary_where_only_rope_is_left(name):
     assert not factors.rotary(torch.bfloat16) and not factors.rotary(torch.float16)
     mixed = factorize(name, cameras, GRID, 32, planes=planes, params=params, camera_tokens=slice(1, None), length=N + 1)
     assert not mixed.rotary(torch.float64)
+    unsplit = factorize(name, cameras, GRID, 32, planes=planes, params=params, fold=False)
+    assert unsplit.rotary(torch.float64) == (name == "rope2d") and not unsplit.folds
 
 
 def test_folding_is_declared_for_the_per_view_encodings():

@@ -38,8 +38,11 @@ _Relative = TokenTransform | MixedTokens  # a relative encoding's transform (has
 class _Folded(nn.Module):
     """What both modules share: the encoding, the head split, the optional QK-norm and the output projection."""
 
-    def __init__(self, dim: int, heads: int, encoding: str | Encoding | None, head_dim: int | None) -> None:
+    def __init__(
+        self, dim: int, heads: int, encoding: str | Encoding | None, head_dim: int | None, fold: bool | None
+    ) -> None:
         super().__init__()
+        self.fold = fold
         self.heads = heads
         self.head_dim = head_dim if head_dim is not None else dim // heads
         if head_dim is None and dim % heads:
@@ -65,8 +68,9 @@ class _Folded(nn.Module):
         camera_tokens: CameraTokens | None = None,
         length: int | None = None,
     ) -> Factors:
-        """:func:`hrope.nn.factorize` with this module's encoding and head_dim: compute once per
-        forward pass and pass it to every layer as ``factors=``."""
+        """:func:`hrope.nn.factorize` with this module's encoding and head_dim (the per-view factor
+        split off only where this module folds on ``cameras``' device): compute once per forward
+        pass and pass it to every layer as ``factors=``."""
         if self.encoding is None:
             raise EncodingError("this module was built with encoding=None: pass factors= (hrope.nn.factorize)")
         return factorize(
@@ -78,14 +82,29 @@ class _Folded(nn.Module):
             params=params,
             camera_tokens=camera_tokens,
             length=length,
+            fold=self.folds_on(cameras.device),
         )
+
+    def folds_on(self, device: torch.device) -> bool:
+        """``fold``, or where it is None (the default) whether ``device`` is a CUDA device. On the
+        CPU the per-call transforms were measured faster than folding (docs/benchmarks.md,
+        "Folded attention"); GPUs are where folding is meant to pay (long sequences, few memory
+        passes)."""
+        return self.fold if self.fold is not None else device.type == "cuda"
+
+    def folds(self, factors: Factors | None, x: Tensor) -> bool:
+        """Whether this call folds ``factors``' per-view factor into the weights: ``factors`` has
+        one split off and the module folds on ``x``'s device (:meth:`folds_on`)."""
+        return factors is not None and factors.folds and self.folds_on(x.device)
 
     def split_heads(self, y: Tensor, parts: int) -> tuple[Tensor, ...]:
         """``(B, L, parts * inner)`` -> ``parts`` tensors ``(B, heads, L, head_dim)``."""
         B, L, _ = y.shape
         return y.reshape(B, L, parts, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
 
-    def fold(self, linear: nn.Linear, matrices: list[Tensor | None], factors: Factors) -> tuple[Tensor, Tensor | None]:
+    def fold_linear(
+        self, linear: nn.Linear, matrices: list[Tensor | None], factors: Factors
+    ) -> tuple[Tensor, Tensor | None]:
         """``linear``'s per-view weights, transposed ``(B, V, in, out)``, and bias ``(B, V, out)``."""
         return self.fold_weight(linear.weight, linear.bias, matrices, factors)
 
@@ -97,12 +116,13 @@ class _Folded(nn.Module):
         folded, folded_bias = fold_rows(weight, bias, matrices, self.heads, factors.num_blocks)
         return folded.mT, folded_bias
 
-    def output(self, out: Tensor, factors: Factors | None) -> Tensor:
-        """``D_i o_i`` then the output projection, D's per-view factor folded into W_o (W_o G_c):
-        ``out (B, heads, L, head_dim)`` -> ``(B, L, dim)``. ``factors`` None: out is final."""
+    def output(self, out: Tensor, factors: Factors | None, fold: bool) -> Tensor:
+        """``D_i o_i`` then the output projection, D's per-view factor folded into W_o (W_o G_c)
+        where ``fold``: ``out (B, heads, L, head_dim)`` -> ``(B, L, dim)``. ``factors`` None: out
+        is final."""
         B, _, L, _ = out.shape
         folded = None
-        if factors is not None and factors.folds and factors.transform_values:
+        if factors is not None and fold and factors.transform_values:
             view, residual = _folding(factors)
             out = residual.apply_o(out)
             weight_t, _ = fold_rows(self.out.weight.mT, None, [view.mT], self.heads, factors.num_blocks)
@@ -122,11 +142,11 @@ def _folding(factors: Factors) -> tuple[Tensor, _Relative]:
     return factors.view, cast(_Relative, factors.residual)
 
 
-def _keys(factors: Factors, k: Tensor, v: Tensor, fold_k: bool) -> tuple[Tensor, Tensor]:
+def _keys(factors: Factors, k: Tensor, v: Tensor, fold_k: bool, fold_v: bool) -> tuple[Tensor, Tensor]:
     """D_j^-1 k_j and D_j^-1 v_j past the folded factor: the residual where folded, else the whole transform."""
     full = cast(_Relative, factors.full)
     residual = cast(_Relative, factors.residual) if factors.folds else full
-    return (residual if fold_k else full).apply_k(k), residual.apply_v(v)
+    return (residual if fold_k else full).apply_k(k), (residual if fold_v else full).apply_v(v)
 
 
 class MultiviewAttention(_Folded):
@@ -140,6 +160,9 @@ class MultiviewAttention(_Folded):
         qk_norm: RMS-normalise q and k per head before the encoding (as the LVSM model). The
             norm sits between projection and encoding, so q and k are then encoded per call;
             v and the output still fold.
+        fold: fold the per-view factor into the weights (True), apply the whole transform per
+            call (False), or None: fold on CUDA devices only (:meth:`folds_on`). The outputs
+            are the same to float rounding either way.
 
     Parameters ``qkv`` (``nn.Linear(dim, 3 * heads * head_dim)``, rows q, k, v, each head-major),
     ``out``, ``q_norm`` / ``k_norm``: the same names and layout as a plain attention module, so
@@ -157,8 +180,9 @@ class MultiviewAttention(_Folded):
         out_bias: bool = False,
         qk_norm: bool = False,
         head_dim: int | None = None,
+        fold: bool | None = None,
     ) -> None:
-        super().__init__(dim, heads, encoding, head_dim)
+        super().__init__(dim, heads, encoding, head_dim, fold)
         self.qkv = nn.Linear(dim, 3 * self.inner, bias=qkv_bias)
         self.add_output(dim, out_bias, qk_norm)
 
@@ -184,13 +208,14 @@ class MultiviewAttention(_Folded):
             factors = self.factorize(
                 cameras, grid, planes=planes, params=params, camera_tokens=camera_tokens, length=x.shape[1]
             )
-        if factors.rotary(x.dtype):
+        fold = self.folds(factors, x)
+        if factors.rotary(x.dtype) and (fold or not factors.folds):
             return self._rotary(x, factors, sdpa_kwargs)
-        fold_qk = factors.folds and not self.qk_norm
-        fold_v = factors.folds and factors.transform_values
+        fold_qk = fold and not self.qk_norm
+        fold_v = fold and factors.transform_values
         if fold_qk:
             view, inverse = _folding(factors)[0], factors.view_inv
-            folded = self.fold(self.qkv, [view.mT, inverse, inverse if fold_v else None], factors)
+            folded = self.fold_linear(self.qkv, [view.mT, inverse, inverse if fold_v else None], factors)
             q, k, v = self.split_heads(project(x, self.qkv.weight, self.qkv.bias, factors.tokens, folded), 3)
         elif fold_v:  # q and k are normalised before the encoding: plain weights; v alone folds
             weight, bias = self.qkv.weight, self.qkv.bias
@@ -202,14 +227,15 @@ class MultiviewAttention(_Folded):
         else:
             q, k, v = self.split_heads(self.qkv(x), 3)
         q, k = self.q_norm(q), self.k_norm(k)
-        if not factors.folds:
-            return self.output(factors.full.attention(q, k, v, **sdpa_kwargs), None)
+        if not fold:
+            return self.output(factors.full.attention(q, k, v, **sdpa_kwargs), None, False)
         q = (_folding(factors)[1] if fold_qk else factors.full).apply_q(q)
-        k, v = _keys(factors, k, v, fold_qk)
-        return self.output(F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs), factors)
+        k, v = _keys(factors, k, v, fold_qk, fold_v)
+        return self.output(F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs), factors, True)
 
     def _rotary(self, x: Tensor, factors: Factors, sdpa_kwargs: dict[str, Any]) -> Tensor:
-        """:meth:`forward` where the RoPE is all that is left per token (``factors.rotary``): q, k
+        """:meth:`forward` where the RoPE is all that is left per token (``factors.rotary``, and
+        this call folds whatever ``factors`` has to fold): q, k
         (unless QK-norm keeps them unfolded) and v with their channels interleaved, the per-view
         factor folded as in :meth:`forward`, the RoPE rotated in place (:mod:`.rotary`)."""
         B, L, _ = x.shape
@@ -300,8 +326,8 @@ class MultiviewCrossAttention(_Folded):
     Parameters ``q`` (``nn.Linear(dim, heads * head_dim)``), ``kv`` (``nn.Linear(context_dim,
     2 * heads * head_dim)``, rows k then v), ``out``, and ``q_norm`` / ``k_norm`` with
     ``qk_norm``. The query side's per-view factor folds into W_q and W_o, the key side's into
-    W_k and W_v. Query-frame encodings are refused (EncodingError), as in
-    :func:`hrope.cross_attention`.
+    W_k and W_v (``fold`` as in :class:`MultiviewAttention`, decided per side). Query-frame
+    encodings are refused (EncodingError), as in :func:`hrope.cross_attention`.
     """
 
     def __init__(
@@ -315,8 +341,9 @@ class MultiviewCrossAttention(_Folded):
         out_bias: bool = False,
         qk_norm: bool = False,
         head_dim: int | None = None,
+        fold: bool | None = None,
     ) -> None:
-        super().__init__(dim, heads, encoding, head_dim)
+        super().__init__(dim, heads, encoding, head_dim, fold)
         self.q = nn.Linear(dim, self.inner, bias=qkv_bias)
         self.kv = nn.Linear(context_dim or dim, 2 * self.inner, bias=qkv_bias)
         self.add_output(dim, out_bias, qk_norm)
@@ -333,24 +360,25 @@ class MultiviewCrossAttention(_Folded):
                     f"MultiviewCrossAttention: {name} has a query-frame encoding, which re-encodes keys per "
                     "query view: use MultiviewAttention over both sets' cameras with an attn_mask"
                 )
-        fold_q = query is not None and query.folds and not self.qk_norm
-        fold_k = key is not None and key.folds and not self.qk_norm
-        fold_v = key is not None and key.folds and key.transform_values
+        fold_query, fold_key = self.folds(query, x), self.folds(key, context)
+        fold_q = fold_query and not self.qk_norm
+        fold_k = fold_key and not self.qk_norm
+        fold_v = fold_key and cast(Factors, key).transform_values
         q_folded = kv_folded = None
         if query is not None and fold_q:
-            q_folded = self.fold(self.q, [_folding(query)[0].mT], query)
+            q_folded = self.fold_linear(self.q, [_folding(query)[0].mT], query)
         if key is not None and (fold_k or fold_v):
             k_inv = key.view_inv
-            kv_folded = self.fold(self.kv, [k_inv if fold_k else None, k_inv if fold_v else None], key)
+            kv_folded = self.fold_linear(self.kv, [k_inv if fold_k else None, k_inv if fold_v else None], key)
         (q,) = self.split_heads(_project(x, self.q, query, q_folded), 1)
         k, v = self.split_heads(_project(context, self.kv, key, kv_folded), 2)
         q, k = self.q_norm(q), self.k_norm(k)
         if query is not None:
             q = (_folding(query)[1] if fold_q else query.full).apply_q(q)
         if key is not None:
-            k, v = _keys(key, k, v, fold_k)
+            k, v = _keys(key, k, v, fold_k, fold_v)
         out = F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)
-        return self.output(out, query)
+        return self.output(out, query, fold_query)
 
 
 def _project(

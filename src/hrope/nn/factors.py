@@ -148,6 +148,7 @@ def factorize(
     params: dict[str, Tensor] | None = None,
     camera_tokens: CameraTokens | None = None,
     length: int | None = None,
+    fold: bool = True,
 ) -> Factors:
     """Bind ``encoding`` to one batch and split off its per-view factor (module docstring).
 
@@ -157,6 +158,8 @@ def factorize(
         head_dim: channels per head.
         camera_tokens, length: where the V * grid_h * grid_w camera tokens sit among ``length``
             tokens (:class:`~hrope.MixedTokens`); None: all tokens are camera tokens.
+        fold: False binds the encoding without splitting off its per-view factor (``full``
+            only, what a module that does not fold uses).
 
     Encodings whose ``per_view`` fact is None (``none``, ``rope2d``, ``hrope``, the ablations) and
     query-frame encodings return Factors that fold nothing (``full`` only).
@@ -170,13 +173,13 @@ def factorize(
     view = view_inv = None
     residual: Prepared | None = None
     num_blocks = 0
-    if enc.per_view is not None and not enc.query_frame:
+    if fold and enc.per_view is not None and not enc.query_frame:
         if enc.per_view not in PER_VIEW_FACTS:
             raise EncodingError(f"encoding {enc.name!r}: per_view must be one of {PER_VIEW_FACTS} or None")
         transform = cast(TokenTransform, full)  # relative encodings prepare a TokenTransform
         view, view_inv, residual = _residual(enc, transform, cameras, planes)
         num_blocks = transform.layout.num_blocks
-    phase = _rope_only_phase(enc, full) if camera_tokens is None else None
+    phase = _rope_only_phase(enc, full, view is not None) if camera_tokens is None else None
     if camera_tokens is not None:
         full = MixedTokens(full, camera_tokens, tokens.length)
         residual = None if residual is None else MixedTokens(residual, camera_tokens, tokens.length)
@@ -184,11 +187,12 @@ def factorize(
     return Factors(full, view, view_inv, num_blocks, residual, tokens, phase, rope_dim)
 
 
-def _rope_only_phase(encoding: Encoding, full: Prepared) -> Tensor | None:
-    """e^{iθ} of the RoPE when it is all that is left per token after folding (``per_view ==
-    "blocks"``, or a transform without geometric blocks), else None."""
+def _rope_only_phase(encoding: Encoding, full: Prepared, split: bool) -> Tensor | None:
+    """e^{iθ} of the RoPE when it is all that is left per token: the rest of a ``per_view ==
+    "blocks"`` encoding whose factor was split off (``split``), or a transform without geometric
+    blocks; else None."""
     if not isinstance(full, TokenTransform) or not full.layout.rope or encoding.query_frame:
         return None
-    if encoding.per_view == "blocks" or (encoding.per_view is None and full.geometric_blocks() is None):
+    if (split and encoding.per_view == "blocks") or full.geometric_blocks() is None:
         return rope_phase(tuple(full.grid), full.layout.rope_dim, full.rope_base, full.device, torch.float64)
     return None

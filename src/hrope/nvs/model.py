@@ -204,7 +204,10 @@ class Block(nn.Module):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, bias=False)
         self.folded = folded  # attention by hrope.nn.MultiviewAttention (same parameter names)
-        self.attn = MultiviewAttention(dim, heads, None, qk_norm=qk_norm) if folded else Attention(dim, heads, qk_norm)
+        if folded:  # folding asked for: on every device (the module's default folds on CUDA only)
+            self.attn: nn.Module = MultiviewAttention(dim, heads, None, qk_norm=qk_norm, fold=True)
+        else:
+            self.attn = Attention(dim, heads, qk_norm)
         self.norm2 = nn.LayerNorm(dim, bias=False)
         hidden = int(dim * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden, bias=False), nn.GELU(), nn.Linear(hidden, dim, bias=False))
