@@ -2,14 +2,15 @@
 
 :class:`MultiviewAttention` (self-attention) and :class:`MultiviewCrossAttention` compute
 ``Linear -> hrope.multiview_attention / hrope.cross_attention -> Linear`` exactly (to float
-rounding). Where the encoding's D_t has a per-view factor G_c (its ``per_view`` fact), it is
-multiplied into per-view copies of the projection weights once per forward (:mod:`.folding`) and
-only the per-token rest is applied to the tokens (:mod:`.factors`); elsewhere the prepared
-transform runs per call. Tokens are ``(B, L, dim)`` (batch first); the output is ``(B, L, dim)``,
-like ``nn.MultiheadAttention(batch_first=True)``'s first output (no attention weights: SDPA).
+rounding). Where the encoding's D_t has a per-view factor G_c (its ``per_view`` fact) and the
+module folds (``fold``; by default on CUDA only), G_c is multiplied into per-view copies of the
+projection weights once per forward (:mod:`.folding`) and only the per-token rest is applied to
+the tokens (:mod:`.factors`); elsewhere the prepared transform runs per call. Tokens are
+``(B, L, dim)`` (batch first); the output is ``(B, L, dim)``, like
+``nn.MultiheadAttention(batch_first=True)``'s first output (no attention weights: SDPA).
 
-Where all that is left per token is the 2D RoPE (``prope``, ``gta``, ``cape`` folded, or
-``rope2d``) and every token has a camera, self-attention permutes its projection rows so that
+Where all that is left per token is the 2D RoPE (``prope`` and ``gta`` folded, or ``rope2d``)
+and every token has a camera, self-attention permutes its projection rows so that
 RoPE pairs are adjacent and rotates them in place (:mod:`.rotary`, float32 and float64).
 """
 
@@ -235,9 +236,9 @@ class MultiviewAttention(_Folded):
 
     def _rotary(self, x: Tensor, factors: Factors, sdpa_kwargs: dict[str, Any]) -> Tensor:
         """:meth:`forward` where the RoPE is all that is left per token (``factors.rotary``, and
-        this call folds whatever ``factors`` has to fold): q, k
-        (unless QK-norm keeps them unfolded) and v with their channels interleaved, the per-view
-        factor folded as in :meth:`forward`, the RoPE rotated in place (:mod:`.rotary`)."""
+        this call folds what ``factors`` splits off): q, k (unless QK-norm keeps them unfolded)
+        and v with their channels interleaved, the per-view factor folded as in :meth:`forward`,
+        the RoPE rotated in place (:mod:`.rotary`)."""
         B, L, _ = x.shape
         H, d, V = self.heads, self.head_dim, factors.tokens.num_views
         fold_qk = factors.folds and not self.qk_norm
