@@ -58,6 +58,27 @@ def test_multiview_attention_is_one_graph_forward_and_backward(name):
         torch.testing.assert_close(leaf.grad, eager_leaf.grad, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk_norm"])
+def test_folded_module_with_the_rope_in_place_is_one_graph(qk_norm):
+    """hrope.nn's folded prope module: the per-view weights and the in-place RoPE (an autograd
+    Function that writes its input) trace as one graph, forward and backward, equal to eager."""
+    import hrope.nn
+
+    cameras = random_cameras(B=1, V=VIEWS, dtype=torch.float32)
+    torch.manual_seed(0)
+    module = hrope.nn.MultiviewAttention(HEADS * HEAD_DIM, HEADS, "prope", fold=True, qk_norm=qk_norm)
+    x = torch.randn(1, N, HEADS * HEAD_DIM)
+    outputs = []
+    for run in (torch.compile(module, fullgraph=True, backend="aot_eager"), module):
+        leaf = x.clone().requires_grad_()
+        out = run(leaf, cameras, GRID)
+        out.square().sum().backward()
+        outputs.append((out, leaf.grad))
+    (out, grad), (expected, expected_grad) = outputs
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-5)
+
+
 def test_prepare_and_apply_compile_with_gradients_to_the_planes():
     """prepare (from plane vectors that need gradients, as learned planes do) and apply_q / k / v / o
     around SDPA in one graph; a transform prepared outside is applied in a compiled function too."""

@@ -191,6 +191,17 @@ def test_per_view_facts_match_the_blocks(name):
     torch.testing.assert_close(D_inv @ G[:, :, None] @ A, torch.eye(4, dtype=torch.float64).expand_as(A))
 
 
+@pytest.mark.parametrize("name", ["prope", "rope2d"])
+def test_tokens_in_any_memory_layout(name, rotary):
+    """A non-contiguous x (tokens strided, as after a transpose) gives what its contiguous copy gives."""
+    m = module(name, torch.float64)
+    x, cameras, planes, params = inputs(name, torch.float64)
+    strided = x.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not strided.is_contiguous()
+    out = m(strided, cameras, GRID, planes=planes, params=params)
+    assert relative_error(out, m(x, cameras, GRID, planes=planes, params=params)) <= 1e-15  # measured 0
+
+
 @pytest.mark.parametrize("name", FOLDING)
 def test_fold_default_follows_the_device(name, monkeypatch):
     """fold=None (the default) does not fold on the CPU; fold=False never does; both equal the

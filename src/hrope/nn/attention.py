@@ -316,7 +316,7 @@ def _per_view_linear(x: Tensor, weight_t: Tensor, bias: Tensor | None) -> Tensor
     """``x (B, V * P, in)`` (view-major) times per-view ``weight_t (B, V, in, out)`` plus ``bias
     (B, V, out)``: ``(B, V, P, out)`` as a new tensor (not a view)."""
     B, V = weight_t.shape[:2]
-    y = x.view(B, V, -1, x.shape[-1]) @ weight_t
+    y = x.reshape(B, V, -1, x.shape[-1]) @ weight_t
     return y if bias is None else y.add_(bias[:, :, None])
 
 
