@@ -57,11 +57,10 @@ class Factors:
     :class:`~hrope.MixedTokens` when some tokens have no camera): the per-call path, used where
     nothing folds. ``view`` G_c and ``view_inv`` G_c^-1 ``(B, V, b, b)`` (geometry dtype), tiled
     ``num_blocks`` times per head, or None when nothing folds; ``residual``: the per-token rest A_t
-    (same token layout as ``full``). ``tokens``: the camera-token layout. ``phase``: when every
+    (same token layout as ``full``). ``tokens``: the camera-token layout. ``rope_dim``: when every
     token is a camera token and what is left per token is the 2D RoPE alone (the rest of a
-    ``"blocks"`` encoding, or an encoding that is RoPE only, ``rope2d``), its e^{iθ} ``(P,
-    rope_dim // 2)`` complex128 (:func:`~.rotary.rope_phase`): the module then rotates in place
-    (:mod:`.rotary`, :meth:`phase_for`); else None.
+    ``"blocks"`` encoding, or an encoding that is RoPE only, ``rope2d``), the RoPE's channels per
+    head: the module then rotates them in place (:mod:`.rotary`, :meth:`phase_for`); else 0.
     """
 
     full: Prepared
@@ -70,7 +69,6 @@ class Factors:
     num_blocks: int
     residual: Prepared | None
     tokens: TokenLayout
-    phase: Tensor | None = None
     rope_dim: int = 0
 
     @property
@@ -80,10 +78,11 @@ class Factors:
     def rotary(self, dtype: torch.dtype) -> bool:
         """Whether the RoPE left per token is rotated in place for tensors of ``dtype`` (float32
         and float64, which have complex twins)."""
-        return self.phase is not None and dtype in COMPLEX
+        return self.rope_dim > 0 and dtype in COMPLEX
 
     def phase_for(self, dtype: torch.dtype) -> Tensor:
-        """``phase`` as the complex twin of ``dtype`` (``rotary(dtype)`` must hold)."""
+        """e^{iθ} ``(P, rope_dim // 2)`` of the rotated RoPE (:func:`~.rotary.rope_phase`) as the
+        complex twin of ``dtype`` (``rotary(dtype)`` must hold)."""
         full = cast(TokenTransform, self.full)
         return rope_phase(tuple(full.grid), self.rope_dim, full.rope_base, full.device, dtype)
 
@@ -179,20 +178,19 @@ def factorize(
         transform = cast(TokenTransform, full)  # relative encodings prepare a TokenTransform
         view, view_inv, residual = _residual(enc, transform, cameras, planes)
         num_blocks = transform.layout.num_blocks
-    phase = _rope_only_phase(enc, full, view is not None) if camera_tokens is None else None
+    rope_dim = _rotated_rope_dim(enc, full, view is not None) if camera_tokens is None else 0
     if camera_tokens is not None:
         full = MixedTokens(full, camera_tokens, tokens.length)
         residual = None if residual is None else MixedTokens(residual, camera_tokens, tokens.length)
-    rope_dim = 0 if phase is None else cast(TokenTransform, full).layout.rope_dim
-    return Factors(full, view, view_inv, num_blocks, residual, tokens, phase, rope_dim)
+    return Factors(full, view, view_inv, num_blocks, residual, tokens, rope_dim)
 
 
-def _rope_only_phase(encoding: Encoding, full: Prepared, split: bool) -> Tensor | None:
-    """e^{iθ} of the RoPE when it is all that is left per token: the rest of a ``per_view ==
-    "blocks"`` encoding whose factor was split off (``split``), or a transform without geometric
-    blocks; else None."""
+def _rotated_rope_dim(encoding: Encoding, full: Prepared, split: bool) -> int:
+    """The RoPE's channels per head when the RoPE is all that is left per token: the rest of a
+    ``per_view == "blocks"`` encoding whose factor was split off (``split``), or a transform
+    without geometric blocks; else 0."""
     if not isinstance(full, TokenTransform) or not full.layout.rope or encoding.query_frame:
-        return None
+        return 0
     if (split and encoding.per_view == "blocks") or full.geometric_blocks() is None:
-        return rope_phase(tuple(full.grid), full.layout.rope_dim, full.rope_base, full.device, torch.float64)
-    return None
+        return full.layout.rope_dim
+    return 0
