@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m ruff check src tests benchmarks examples mkdocs_hooks.py
-	$(PY) -m ruff format --check src tests benchmarks examples mkdocs_hooks.py
+	$(PY) -m ruff check src tests benchmarks experiments examples mkdocs_hooks.py
+	$(PY) -m ruff format --check src tests benchmarks experiments examples mkdocs_hooks.py
 	$(PY) -m mypy
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 	$(PY) -m pytest -n 2 -q

@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from hrope.nvs.atomic import write_json, write_text
+from hrope.nvs.running.atomic import write_json, write_text
 import hrope
-from provenance import describe, provenance
+from hrope.nvs.running.provenance import describe, provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

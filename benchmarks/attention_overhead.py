@@ -44,10 +44,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from hrope.nvs.atomic import write_json, write_text
+from hrope.nvs.running.atomic import write_json, write_text
 import hrope
 from prope_einsum import prope_einsum_apply, prope_einsum_attention, prope_einsum_tables
-from provenance import describe, provenance
+from hrope.nvs.running.provenance import describe, provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TRAILING_SHAPES = {"depth_sigma": (2,)}  # per-token params with more than one number per token

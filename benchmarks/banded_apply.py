@@ -27,11 +27,11 @@ from pathlib import Path
 
 import torch
 
-from hrope.nvs.atomic import write_json, write_text
+from hrope.nvs.running.atomic import write_json, write_text
 from hrope.encodings import fused_triton
 from hrope.encodings.banded import banded_operator, banded_product
 from hrope.encodings.layout import HeadLayout, rope_tables
-from provenance import describe, provenance
+from hrope.nvs.running.provenance import describe, provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # layout name -> (block size, per token, RoPE)

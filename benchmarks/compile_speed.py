@@ -3,7 +3,7 @@
 Rows: ``hrope.multiview_attention`` forward + backward (prepare included, as a model calls it per
 batch) for each ``--encodings`` at ``--views`` views of a ``--grid`` patch grid, ``--heads`` heads of
 ``--head-dim`` channels, batch 1; and one training step of the ``tiny`` LVSM
-(:func:`hrope.nvs.train_step.train_step`, batch 2 scenes x (2 context + 1 target) views at 64x64)
+(:func:`hrope.nvs.running.train_step.train_step`, batch 2 scenes x (2 context + 1 target) views at 64x64)
 for each ``--models`` encoding, the model compiled in place (``nn.Module.compile``). Eager and
 compiled calls alternate in ``--rounds`` rounds of ``--reps`` calls after the warm-up, which
 holds the compilation (its time is reported); the ratio is eager time / compiled time (> 1:
@@ -25,14 +25,14 @@ from pathlib import Path
 import torch
 
 import hrope
-from hrope.nvs.atomic import write_json, write_text
+from hrope.nvs.running.atomic import write_json, write_text
 from hrope.nvs.config import resolve
 from hrope.nvs.data.batch import collate_scenes
 from hrope.nvs.data.synthetic import make_scene
 from hrope.nvs.model import build_model
-from hrope.nvs.train_step import make_optimizer, train_step
+from hrope.nvs.running.train_step import make_optimizer, train_step
 from hrope.testing import encoding_inputs, random_cameras, random_qkv
-from provenance import describe, provenance
+from hrope.nvs.running.provenance import describe, provenance
 
 VARIANTS = ("eager", "compiled")
 

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from hrope.nvs.atomic import write_json
+from hrope.nvs.running.atomic import write_json
 import hrope
 import hrope.reference
 from hrope.testing import encoding_inputs, random_cameras, random_qkv
-from provenance import provenance
+from hrope.nvs.running.provenance import provenance
 
 
 RESULTS = Path(__file__).resolve().parent / "results"

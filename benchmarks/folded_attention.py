@@ -51,10 +51,10 @@ import attention_overhead
 import hrope
 import hrope.nn
 from hrope.nn.rotary import rotate_
-from hrope.nvs.atomic import write_json, write_text
+from hrope.nvs.running.atomic import write_json, write_text
 from hrope.nvs.data.batch import collate_scenes
 from hrope.nvs.data.synthetic import make_scene
-from provenance import describe, provenance
+from hrope.nvs.running.provenance import describe, provenance
 from train_throughput import BATCH_SIZE, step_function
 
 RESULTS = Path(__file__).resolve().parent / "results"

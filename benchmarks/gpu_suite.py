@@ -41,8 +41,8 @@ import sys
 import time
 from pathlib import Path
 
-from provenance import describe, provenance
-from hrope.nvs.atomic import write_json, write_text
+from hrope.nvs.running.provenance import describe, provenance
+from hrope.nvs.running.atomic import write_json, write_text
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "gpu"

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 
-from hrope.nvs.atomic import write_json, write_text
+from hrope.nvs.running.atomic import write_json, write_text
 from hrope.encodings import get_encoding
 from hrope.nvs.config import resolve
 from hrope.nvs.build_data import build_dataset, collate
 from hrope.planes import Planes, clamp_plane_vectors
-from provenance import describe, provenance
+from hrope.nvs.running.provenance import describe, provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CAPS = (None, 5.0, 2.0)

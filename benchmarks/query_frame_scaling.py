@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from hrope.nvs.atomic import write_json, write_text
+from hrope.nvs.running.atomic import write_json, write_text
 import hrope
-from provenance import describe, provenance
+from hrope.nvs.running.provenance import describe, provenance
 
 GRID = (32, 32)
 HEADS, HEAD_DIM = 8, 64

@@ -3,8 +3,8 @@
 Builds a COLMAP-like fixture of large JPEGs (``--images`` photos of ``--size``, default 10 of
 2832x2128, a real capture's size: smooth random colours plus noise, quality 90, a SIMPLE_RADIAL
 camera with k = -0.05, so every view is undistorted), then times training steps as ``hrope train``
-takes them: the batch from ``hrope.nvs.train.StepLoader`` (which loads the next step's scenes in
-one background thread) collated, then :func:`hrope.nvs.train_step.train_step` (schedule, forward,
+takes them: the batch from ``hrope.nvs.running.train.StepLoader`` (which loads the next step's scenes in
+one background thread) collated, then :func:`hrope.nvs.running.train_step.train_step` (schedule, forward,
 loss, backward, gradient clipping, the non-finite check, AdamW), at 64x64, batch 4 x (2 context +
 1 target). Three data sets, timed in interleaved rounds:
 
@@ -38,13 +38,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from hrope.nvs.atomic import save_image, write_json, write_text
+from hrope.nvs.running.atomic import save_image, write_json, write_text
 from hrope.nvs.config import resolve
 from hrope.nvs.build_data import build_dataset, collate
 from hrope.nvs.model import build_model
-from hrope.nvs.train import StepLoader
-from hrope.nvs.train_step import make_optimizer, perceptual_loss, train_step
-from provenance import describe, provenance
+from hrope.nvs.running.train import StepLoader
+from hrope.nvs.running.train_step import make_optimizer, perceptual_loss, train_step
+from hrope.nvs.running.provenance import describe, provenance
 
 BATCH_SIZE = 4
 KINDS = ("synthetic", "real, cached", "real, uncached")
@@ -73,7 +73,7 @@ def make_fixture(folder: Path, count: int, size: tuple[int, int], seed: int = 0)
 
 
 def make_step(config: dict):
-    """One training step of ``config``'s model on a batch (CPU): :func:`hrope.nvs.train_step.train_step`,
+    """One training step of ``config``'s model on a batch (CPU): :func:`hrope.nvs.running.train_step.train_step`,
     each call the next step of the schedule."""
     torch.manual_seed(0)
     model = build_model(config)

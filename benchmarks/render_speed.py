@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from hrope.nvs.atomic import write_json, write_text
+from hrope.nvs.running.atomic import write_json, write_text
 from hrope.nvs.data import SyntheticDataset, collate_scenes, make_scene
 from hrope.nvs.data.synthetic import scene_setup
 from hrope.nvs.data.synthetic.render import render
-from provenance import describe, provenance
+from hrope.nvs.running.provenance import describe, provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_S = 0.5

@@ -1,6 +1,6 @@
 """Training throughput of the `tiny` LVSM preset per encoding (DESIGN.md §8).
 
-One training step = :func:`hrope.nvs.train_step.train_step`, the step ``hrope train`` takes
+One training step = :func:`hrope.nvs.running.train_step.train_step`, the step ``hrope train`` takes
 (learning-rate schedule, forward, loss, backward, gradient clipping, the non-finite check, AdamW;
 fp32 and MSE only, as the default ``train.bf16`` and ``train.perceptual_weight``) on a fixed
 synthetic batch (data loading excluded), batch 4 scenes x (2 context + 1 target) views at 64x64.
@@ -25,21 +25,21 @@ from pathlib import Path
 
 import torch
 
-from hrope.nvs.atomic import write_json, write_text
+from hrope.nvs.running.atomic import write_json, write_text
 from hrope.nvs.data.batch import collate_scenes
 from hrope.nvs.data.synthetic import make_scene
 from hrope.nvs.config import resolve
 from hrope.nvs.model import count_parameters, encoding_names
 from hrope.nvs.model import build_model
-from hrope.nvs.train_step import make_optimizer, perceptual_loss, train_step
-from provenance import describe, provenance
+from hrope.nvs.running.train_step import make_optimizer, perceptual_loss, train_step
+from hrope.nvs.running.provenance import describe, provenance
 
 BATCH_SIZE = 4
 
 
 def step_function(encoding: str, batch, model_options: dict | None = None):
     """One training step of the ``tiny`` preset with ``encoding`` (and ``model_options``, other
-    keys of the model section) on ``batch`` (on its device): :func:`hrope.nvs.train_step.train_step`
+    keys of the model section) on ``batch`` (on its device): :func:`hrope.nvs.running.train_step.train_step`
     with the default config's optimiser, schedule and loss, each call the next step of the schedule."""
     torch.manual_seed(0)
     config = resolve({"model": {"preset": "tiny", "encoding": encoding, **(model_options or {})}})

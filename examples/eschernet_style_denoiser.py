@@ -13,7 +13,7 @@ so the encoding is a name. A linear head predicts the noise (MSE loss).
 Planes for the plane encodings (hrope, hrope-lift) come from the REFERENCE views only: fitted to
 their depth maps (``--planes reference``, standing in for a monocular depth model) or predicted by
 a zero-initialised head on their tokens (``--planes learned``), and carried into the target
-cameras by ``hrope.nvs.transfer.transfer_planes``; target patches no reference surface reaches
+cameras by ``hrope.nvs.sources.transfer.transfer_planes``; target patches no reference surface reaches
 get the encoding's neutral plane. A target view's own depth is never read.
 
 For each number of input views (Table 5's axis: 1, 5, 10) and each encoding it trains a fresh
@@ -39,7 +39,7 @@ from hrope.geometry import patchify
 from hrope.integrations.diffusers import MultiViewAttnProcessor, SceneGeometry, set_processor
 from hrope.nvs.data.synthetic import make_scene
 from hrope.nvs.sources import parameter_specs
-from hrope.nvs.transfer import transfer_planes
+from hrope.nvs.sources.transfer import transfer_planes
 
 RELATIVE = [name for name, cls in hrope.ENCODINGS.items() if not cls.query_frame]
 

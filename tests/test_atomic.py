@@ -1,4 +1,4 @@
-"""Outputs are written whole (hrope.nvs.atomic): an interrupted write keeps the previous file and
+"""Outputs are written whole (hrope.nvs.running.atomic): an interrupted write keeps the previous file and
 leaves no temporary file, and every writer of src/ and benchmarks/ goes through the module."""
 
 from __future__ import annotations
@@ -11,9 +11,17 @@ from pathlib import Path
 
 import pytest
 
-import hrope.nvs.atomic as atomic
-from hrope.nvs.atomic import append_line, atomic_open, save_figure, save_image, write_bytes, write_json, write_text
-from hrope.nvs.plane_accuracy import read_log
+import hrope.nvs.running.atomic as atomic
+from hrope.nvs.running.atomic import (
+    append_line,
+    atomic_open,
+    save_figure,
+    save_image,
+    write_bytes,
+    write_json,
+    write_text,
+)
+from hrope.nvs.evaluation.plane_accuracy import read_log
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,7 +106,7 @@ def protocol_results(psnr: float) -> list[dict]:
 def test_an_interrupted_protocol_report_keeps_the_previous_figure(tmp_path, monkeypatch):
     from matplotlib.figure import Figure
 
-    from hrope.nvs.protocol_report import write_results
+    from hrope.nvs.evaluation.protocol_report import write_results
 
     write_results(protocol_results(20.0), tmp_path)
     before = (tmp_path / "metrics.png").read_bytes()
@@ -143,7 +151,7 @@ def test_every_writer_goes_through_the_atomic_module():
 
 APPENDER = """
 import sys
-from hrope.nvs.atomic import append_line
+from hrope.nvs.running.atomic import append_line
 for i in range(60):
     append_line(sys.argv[1], '{"step": %d, "writer": "%s", "pad": "%s"}' % (i, sys.argv[2], "x" * 2000))
 """

@@ -13,10 +13,10 @@ from PIL import Image
 import hrope
 import hrope.reference
 from hrope.nvs import cli
-from hrope.nvs.attention_probe import AttentionRecorder, landing_points, probe, query_token, query_weights
+from hrope.nvs.evaluation.attention_probe import AttentionRecorder, landing_points, probe, query_token, query_weights
 from hrope.nvs.model import build_model
-from hrope.nvs.train import train
-from hrope.nvs.viz import VizError
+from hrope.nvs.running.train import train
+from hrope.nvs.viz.figures import VizError
 from hrope.testing import encoding_params, random_cameras, random_planes, random_qkv
 
 GRID = (2, 3)

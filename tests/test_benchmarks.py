@@ -5,7 +5,6 @@ would time a different function."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,9 +13,8 @@ import hrope
 
 from helpers import random_cameras, random_qkv
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from prope_einsum import prope_einsum_attention  # noqa: E402
+from prope_einsum import prope_einsum_attention
 
 
 @pytest.mark.parametrize(("views", "grid", "head_dim"), [(2, (3, 5), 32), (3, (4, 2), 64), (4, (2, 2), 48)])
@@ -94,13 +92,13 @@ def test_device_check_passes_here_and_fails_when_the_tolerance_is_impossible(tmp
 
 
 def test_train_throughput_times_the_toolkits_training_step(tmp_path, monkeypatch):
-    """benchmarks/train_throughput.py times hrope.nvs.train_step.train_step: per encoding a warm-up
+    """benchmarks/train_throughput.py times hrope.nvs.running.train_step.train_step: per encoding a warm-up
     step, then the next steps of the schedule in each round; one row per encoding, none first."""
     import json
 
     import train_throughput
 
-    from hrope.nvs.train_step import train_step
+    from hrope.nvs.running.train_step import train_step
 
     calls = []
 
@@ -184,9 +182,9 @@ def test_banded_apply_times_every_layout_and_backend(tmp_path):
 
 
 def test_learning_curve_summary_pairs_every_step_with_the_reference():
-    """benchmarks/learning_curve.py: at each step a row's PSNR is averaged over seeds and paired,
+    """experiments/learning_curve.py: at each step a row's PSNR is averaged over seeds and paired,
     seed by seed and scene by scene, with the first row's; plane errors are averaged over seeds."""
-    from learning_curve import summarise
+    from experiments.learning_curve import summarise
 
     def curve(row, seed, offset, planes=None):
         points = []

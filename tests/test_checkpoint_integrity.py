@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-import hrope.nvs.checkpoints as checkpoints
-from hrope.nvs.checkpoints import (
+import hrope.nvs.running.checkpoints as checkpoints
+from hrope.nvs.running.checkpoints import (
     CHECKPOINT_NAME,
     LEGACY_FORMAT,
     CheckpointError,
@@ -28,8 +28,8 @@ from hrope.nvs.checkpoints import (
 )
 from hrope.nvs.cli import run
 from hrope.nvs.model import build_model
-from hrope.nvs.train import train
-from hrope.nvs.train_step import make_optimizer
+from hrope.nvs.running.train import train
+from hrope.nvs.running.train_step import make_optimizer
 
 
 def read(path: Path) -> tuple[dict, dict]:
@@ -143,7 +143,7 @@ def test_v1_checkpoints_without_a_checksum_load_with_a_warning(run_copy, caplog)
     tensors, metadata = read(path)
     del metadata["checksum"]
     save_file(tensors, str(path), metadata={**metadata, "format": LEGACY_FORMAT})
-    with caplog.at_level(logging.WARNING, logger="hrope.nvs.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="hrope.nvs.running.checkpoints"):
         model, _ = load_model(path)
     assert "has no checksum" in caplog.text and LEGACY_FORMAT in caplog.text
     for key, value in model.state_dict().items():

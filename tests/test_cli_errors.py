@@ -13,10 +13,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from hrope.nvs import cli
-from hrope.nvs.checkpoints import CheckpointError, load_checkpoint, load_model, save_checkpoint
+from hrope.nvs.running.checkpoints import CheckpointError, load_checkpoint, load_model, save_checkpoint
 from hrope.nvs.config import ConfigError, apply_overrides, load_config
 from hrope.nvs.model import build_model
-from hrope.nvs.train_step import make_optimizer
+from hrope.nvs.running.train_step import make_optimizer
 
 TINY = str(Path(__file__).parents[1] / "configs" / "tiny.yaml")
 SMALL = [

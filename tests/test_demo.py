@@ -11,7 +11,7 @@ from PIL import Image
 
 from hrope.nvs.build_data import build_dataset
 from hrope.nvs.demo import COST_ORDER, DEMO_MODELS, _train_and_score, default_jobs, demo_config, main, reading
-from hrope.nvs.demo_figures import save_comparison, save_results_bar
+from hrope.nvs.viz.demo_figures import save_comparison, save_results_bar
 
 
 @pytest.mark.slow

@@ -13,11 +13,11 @@ from hrope.encodings import get_encoding, sample_ray_depths
 from hrope.nvs.build_data import build_dataset
 from hrope.nvs.config import ConfigError, resolve
 from hrope.nvs.data.dataset import SyntheticDataset
-from hrope.nvs.evaluate import evaluate_model
+from hrope.nvs.evaluation.evaluate import evaluate_model
 from hrope.nvs.model import LVSM, ModelConfig, ModelError, build_model
 from hrope.nvs.sources import ExternalSource, PredictorError, build_parameter_source, external, parameter_specs
-from hrope.nvs.train_step import make_optimizer, train_step
-from hrope.nvs.transfer import transfer_depth
+from hrope.nvs.running.train_step import make_optimizer, train_step
+from hrope.nvs.sources.transfer import transfer_depth
 
 TRANSFER = {"targets": "transfer", "use_normals": False}
 KNOWN = {"encoding": "rayrope", "encoding_options": {"depth": "known"}, "predictor": "external"}

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from _lvsm_helpers import small_config
 
-from hrope.nvs.checkpoints import load_checkpoint, load_model
+from hrope.nvs.running.checkpoints import load_checkpoint, load_model
 from hrope.nvs.config import save_config
-from hrope.nvs.folder_lock import FolderLock
+from hrope.nvs.running.folder_lock import FolderLock
 
 SCRIPT = textwrap.dedent("""
     import os, signal, sys
-    import hrope.nvs.train as training
+    import hrope.nvs.running.train as training
     from hrope.nvs.cli import run
     from hrope.nvs.data.scene import SceneError
 

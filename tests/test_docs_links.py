@@ -35,8 +35,8 @@ def links(path: Path) -> list[str]:
 
 
 def test_anchor_rule():
-    # "## Training (`hrope.nvs.train.train`, `hrope train`)"
-    assert "training-hropenvstraintrain-hrope-train" in anchors(ROOT / "docs" / "model.md")
+    # "## Training (`hrope.nvs.running.train.train`, `hrope train`)"
+    assert "training-hropenvsrunningtraintrain-hrope-train" in anchors(ROOT / "docs" / "model.md")
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda path: path.relative_to(ROOT).as_posix())

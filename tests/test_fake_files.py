@@ -14,7 +14,7 @@ import torch
 from _lvsm_helpers import small_config
 
 from hrope.nvs import cli
-from hrope.nvs.checkpoints import CheckpointError, load_checkpoint, load_model, save_checkpoint
+from hrope.nvs.running.checkpoints import CheckpointError, load_checkpoint, load_model, save_checkpoint
 from hrope.nvs.data.real.loaders import load_scene
 from hrope.nvs.data.scene import SceneError
 from hrope.nvs.model import build_model

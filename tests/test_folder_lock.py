@@ -17,20 +17,20 @@ import torch
 from _lvsm_helpers import small_config
 
 from hrope.nvs import checkpoints
-from hrope.nvs.checkpoints import CHECKPOINT_NAME, load_checkpoint, load_model, save_checkpoint
+from hrope.nvs.running.checkpoints import CHECKPOINT_NAME, load_checkpoint, load_model, save_checkpoint
 from hrope.nvs.cli import run
 from hrope.nvs.config import save_config
 from hrope.nvs.data.real.image_cache import ImageCache
 from hrope.nvs.model import build_model
-from hrope.nvs.folder_lock import LOCK_NAME, FolderInUseError, FolderLock, holder_of
-from hrope.nvs.train import train
+from hrope.nvs.running.folder_lock import LOCK_NAME, FolderInUseError, FolderLock, holder_of
+from hrope.nvs.running.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
 
 HOLDER = """
 import sys, time
-from hrope.nvs.folder_lock import FolderLock
+from hrope.nvs.running.folder_lock import FolderLock
 FolderLock(sys.argv[1], "train.out").acquire()
 print("held", flush=True)
 time.sleep(120)
@@ -68,7 +68,7 @@ def test_a_second_train_into_a_held_folder_is_refused_then_taken_over_when_its_h
     assert holder_of(out)["pid"] == holder.pid
     (out / ".checkpoint.safetensors.1a2b3c4d.tmp").write_bytes(b"half a checkpoint")  # what a kill leaves
     (out / "notes.tmp").write_text("the user's")
-    with caplog.at_level(logging.WARNING, logger="hrope.nvs.folder_lock"):
+    with caplog.at_level(logging.WARNING, logger="hrope.nvs.running.folder_lock"):
         assert train(tiny_config(out), progress=False).step == 2
     assert f"taking over from process {holder.pid}" in caplog.text
     assert [p.name for p in out.glob("*.tmp")] == ["notes.tmp"] and load_checkpoint(out)["step"] == 2
@@ -89,7 +89,7 @@ WRITER = """
 import sys, time, torch
 sys.path.insert(0, sys.argv[2])
 from _lvsm_helpers import small_config
-from hrope.nvs.checkpoints import save_checkpoint
+from hrope.nvs.running.checkpoints import save_checkpoint
 from hrope.nvs.model import build_model
 config = small_config(encoding="prope")
 model = build_model(config)

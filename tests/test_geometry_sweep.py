@@ -1,13 +1,11 @@
-"""The geometry sweep (benchmarks/geometry_sweep.py): its geometry helpers (view angle, surface slant,
+"""The geometry sweep (experiments/geometry_sweep.py): its geometry helpers (view angle, surface slant,
 bins) on cases with known answers, and the whole sweep on two toy cells trained here."""
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,12 +14,11 @@ from hrope.cameras import Cameras
 from hrope.geometry import pixel_rays
 from hrope.nvs.data.synthetic.generator import make_scene
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from geometry_sweep import SweepError, main, run  # noqa: E402
-from nvs_cells import CellRunner  # noqa: E402
-from nvs_rows import BUDGETS, Cell, Row  # noqa: E402
-from view_geometry import (  # noqa: E402
+from experiments.geometry_sweep import SweepError, main, run
+from experiments.cells import CellRunner
+from experiments.rows import BUDGETS, Cell, Row
+from experiments.view_geometry import (
     bin_index,
     nearest_context_angle,
     nearest_context_distance,

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from intervals import crossed_bootstrap  # noqa: E402
+from experiments.intervals import crossed_bootstrap
 
 # Variance components of the committed experiments' paired PSNR differences (two-way ANOVA of
 # the (3 seeds x 64 scenes) tables against prope, typical values): seed 0.05, scene 0.5, residual 0.22 dB.

@@ -15,8 +15,8 @@ from skimage.metrics import structural_similarity
 
 from _lvsm_helpers import random_lpips_weights
 
-from hrope.nvs.evaluate import available_st_lpips, markdown_table
-from hrope.nvs.metrics import LPIPS, STLPIPS, MetricError, image_metrics, psnr, ssim, st_lpips_weights
+from hrope.nvs.evaluation.evaluate import available_st_lpips, markdown_table
+from hrope.nvs.evaluation.metrics import LPIPS, STLPIPS, MetricError, image_metrics, psnr, ssim, st_lpips_weights
 
 
 def test_psnr_per_image():

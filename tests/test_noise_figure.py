@@ -1,16 +1,14 @@
-"""The noise set of plane_evidence.py and its figure (benchmarks/noise_figure.py) on made-up cells."""
+"""The noise set of plane_evidence.py and its figure (experiments/noise_figure.py) on made-up cells."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import experiments.noise_figure as noise_figure
+import experiments.plane_evidence as plane_evidence
 
-import noise_figure  # noqa: E402
-import plane_evidence  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_noise_set_holds_the_planned_depth_rows_with_user_depth():

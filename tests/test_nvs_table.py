@@ -1,4 +1,4 @@
-"""The NVS comparison benchmark (benchmarks/nvs_table.py) on a toy budget: finite metrics for
+"""The NVS comparison benchmark (experiments/nvs_table.py) on a toy budget: finite metrics for
 every row, per-cell cache that resumes, Markdown/JSON/PNG outputs, the noise rule. Stale cells
 (earlier code versions): tests/test_provenance.py."""
 
@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,14 +14,13 @@ import pytest
 
 from hrope.nvs.model import APE_ENCODINGS, encoding_names
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-import nvs_rows  # noqa: E402
-from nvs_cells import TRAINING_NAME  # noqa: E402
-from nvs_report import compare, stat  # noqa: E402
-from nvs_rows import ABLATIONS, BUDGETS, Cell, Row, cell_config, cell_settings, config_hash, tables  # noqa: E402
-from nvs_store import CELLS_NAME, CellStore  # noqa: E402
-from nvs_table import main, run_benchmark  # noqa: E402
+import experiments.rows as nvs_rows
+from experiments.cells import TRAINING_NAME
+from experiments.report import compare, stat
+from experiments.rows import ABLATIONS, BUDGETS, Cell, Row, cell_config, cell_settings, config_hash, tables
+from experiments.store import CELLS_NAME, CellStore
+from experiments.nvs_table import main, run_benchmark
 
 TOY = replace(
     BUDGETS["quick"],
@@ -208,8 +206,8 @@ def test_noise_rule():
 
 
 def test_plane_evidence_report_pairs_rows_with_prope_and_labels_target_geometry():
-    from plane_evidence import markdown, row_report, uses_target_geometry
-    from nvs_rows import Row
+    from experiments.plane_evidence import markdown, row_report, uses_target_geometry
+    from experiments.rows import Row
 
     def record(seed, psnr, planes=None):
         return {"seed": seed, "metrics": {"psnr": sum(psnr) / len(psnr)}, "per_scene": {"psnr": psnr}, "planes": planes}

@@ -1,4 +1,5 @@
-"""Accuracy of predicted planes (hrope.nvs.plane_accuracy): the definitions, evaluation, training log, figure."""
+"""Accuracy of predicted planes (hrope.nvs.evaluation.plane_accuracy): the definitions, evaluation, training log,
+figure."""
 
 import json
 import math
@@ -10,10 +11,10 @@ from _lvsm_helpers import small_config, synthetic_batch
 
 from hrope import Planes
 from hrope.nvs.cli import run
-from hrope.nvs.evaluate import evaluate
+from hrope.nvs.evaluation.evaluate import evaluate
 from hrope.nvs.model import build_model
-from hrope.nvs.plane_accuracy import GROUPS, LOG_NAME, METRICS, measures_planes, plane_accuracy, read_log
-from hrope.nvs.train import train
+from hrope.nvs.evaluation.plane_accuracy import GROUPS, LOG_NAME, METRICS, measures_planes, plane_accuracy, read_log
+from hrope.nvs.running.train import train
 
 NUM_CONTEXT = 2
 

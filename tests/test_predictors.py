@@ -13,7 +13,7 @@ from torch import nn
 from hrope import Planes, get_encoding
 from hrope.encodings import Encoding
 from hrope.nvs.model import LVSM, ModelConfig
-from hrope.nvs.plane_fitting import patch_planes_from_normals
+from hrope.nvs.sources.plane_fitting import patch_planes_from_normals
 from hrope.nvs.sources import (
     PredictorError,
     axis_angle_to_matrix,
@@ -441,7 +441,7 @@ def per_head_pair(encoding="hrope-lift", targets="transfer", seed=0):
 def test_per_head_planes_that_agree_reproduce_shared_planes(encoding, targets, batch):
     """Every head predicting the shared planes gives the shared model's images, planes and plane
     errors (per head: a heads axis after N, each head's targets transferred on their own)."""
-    from hrope.nvs.plane_accuracy import plane_accuracy
+    from hrope.nvs.evaluation.plane_accuracy import plane_accuracy
 
     shared, per_head = per_head_pair(encoding, targets)
     expected, got = shared(batch), per_head(batch)

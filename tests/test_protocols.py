@@ -15,8 +15,8 @@ from hrope.nvs.data.scene import Scene
 from hrope.nvs.data.synthetic import scene_setup
 from hrope.nvs.data.synthetic.render import render
 from hrope.nvs.model import LVSM, ModelConfig
-from hrope.nvs.protocol_report import write_results
-from hrope.nvs.protocols import NUM_TARGETS, SyntheticVideos, protocol_plans, run_protocol, zoom_views
+from hrope.nvs.evaluation.protocol_report import write_results
+from hrope.nvs.evaluation.protocols import NUM_TARGETS, SyntheticVideos, protocol_plans, run_protocol, zoom_views
 
 
 @pytest.fixture(scope="module")

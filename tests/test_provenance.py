@@ -1,5 +1,5 @@
-"""Provenance of benchmark results (benchmarks/provenance.py, on hrope.nvs.runs.code_provenance) and
-the NVS cell cache's refusal of cells trained on an earlier code version (benchmarks/nvs_cells.py,
+"""Provenance of benchmark results (benchmarks/provenance.py, on hrope.nvs.running.provenance.code_provenance) and
+the NVS cell cache's refusal of cells trained on an earlier code version (experiments/cells.py,
 ``--allow-stale``)."""
 
 from __future__ import annotations
@@ -7,23 +7,21 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from hrope.nvs.runs import code_provenance
+from hrope.nvs.running.provenance import code_provenance
+
+from experiments.cells import METRICS_NAME, CellRunner, StaleCellsError
+from experiments.rows import BUDGETS, Cell, Row
+from experiments.store import CELLS_NAME, CellStore
+from experiments.nvs_table import main
+from hrope.nvs.running.provenance import describe, provenance, source_fingerprint
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO_ROOT / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-
-from nvs_cells import METRICS_NAME, CellRunner, StaleCellsError  # noqa: E402
-from nvs_rows import BUDGETS, Cell, Row  # noqa: E402
-from nvs_store import CELLS_NAME, CellStore  # noqa: E402
-from nvs_table import main  # noqa: E402
-from provenance import describe, provenance, source_fingerprint  # noqa: E402
 
 
 def _git(root: Path, *args: str) -> str:
@@ -168,7 +166,7 @@ def test_committed_cells_need_allow_stale_and_cells_of_dropped_encodings_are_ski
     """The committed quick-budget cells predate provenance and RESULTS_VERSION 1: under version 0
     they are found (no retraining needed), refused without the option; the two cells of the dropped
     hrope-pf-ape are skipped with a note. Under the current version none of them is reused."""
-    import nvs_rows
+    import experiments.rows as nvs_rows
 
     shutil.copy(BENCHMARKS / "results" / "nvs_quick" / CELLS_NAME, tmp_path / CELLS_NAME)
     current = main(["--quick", "--report-only", "--allow-stale", "--out", str(tmp_path)])["progress"]

@@ -17,7 +17,7 @@ from PIL import Image
 from hrope.nvs.cli import run
 from hrope.nvs.config import resolve
 from hrope.nvs.data import SceneDataset, SceneError, make_scene, normalize_scene, resize_crop_scene
-from hrope.nvs.protocols import SourceVideos, protocol_plans
+from hrope.nvs.evaluation.protocols import SourceVideos, protocol_plans
 from hrope.nvs.build_data import build_dataset, build_scene_source
 
 TINY = str(Path(__file__).parents[1] / "configs" / "tiny.yaml")

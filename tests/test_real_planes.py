@@ -28,7 +28,7 @@ from hrope.nvs.data.real.colmap_points import rotation_to_quaternion, write_colm
 from hrope.nvs.data.real.depth_maps import with_depth_maps
 from hrope.nvs.data.real.frames import Frame, pinhole
 from hrope.nvs.data.real.loaders import SceneFolderSource
-from hrope.nvs.plane_fitting import robust_patch_planes
+from hrope.nvs.sources.plane_fitting import robust_patch_planes
 from hrope.nvs.sources import PredictorError, build_parameter_source, parameter_specs
 
 TINY = str(Path(__file__).parents[1] / "configs" / "tiny.yaml")

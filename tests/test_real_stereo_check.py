@@ -1,15 +1,12 @@
-"""The real-image check's verdict (benchmarks/real_stereo_check.py) on made-up per-window PSNRs."""
+"""The real-image check's verdict (experiments/real_stereo_check.py) on made-up per-window PSNRs."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from real_stereo_check import SYNTHETIC_ORDER, ordering, verdict  # noqa: E402
+from experiments.real_stereo_check import SYNTHETIC_ORDER, ordering, verdict
 
 
 def _records(offsets: list[float], noise: float = 0.01) -> dict:

@@ -14,35 +14,44 @@ import json
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+import experiments.learning_curve as learning_curve
+import experiments.cells as nvs_cells
+import experiments.report as nvs_report
+import experiments.rows as nvs_rows
+import experiments.nvs_table as nvs_table
+import experiments.plane_evidence as plane_evidence
+import experiments.real_stereo_check as real_stereo_check
+from experiments.store import CELLS_NAME, CellStore
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 RESULTS = BENCHMARKS / "results"
-sys.path.insert(0, str(BENCHMARKS))
 
-import learning_curve  # noqa: E402
-import nvs_cells  # noqa: E402
-import nvs_report  # noqa: E402
-import nvs_rows  # noqa: E402
-import nvs_table  # noqa: E402
-import plane_evidence  # noqa: E402
-import real_stereo_check  # noqa: E402
-from nvs_store import CELLS_NAME, CellStore  # noqa: E402
 
 EXPERIMENTS = sorted(path.parent.name for path in RESULTS.glob(f"*/{CELLS_NAME}"))
 
 
-CELL_REPORTERS = ("benchmarks/nvs_table.py", "benchmarks/plane_evidence.py", "benchmarks/real_stereo_check.py")
+CELL_REPORTERS = ("nvs_table", "plane_evidence", "real_stereo_check")
+
+
+def _command(report: dict) -> tuple[str | None, list[str]]:
+    """The experiment and the arguments of a report's recorded command: ``python -m experiments.NAME ...``,
+    or ``python benchmarks/NAME.py ...`` as reports made before the harness was a package record it."""
+    words = shlex.split(report.get("command", ""))
+    if words[1:2] == ["-m"] and len(words) > 2:
+        return words[2].removeprefix("experiments."), words[3:]
+    if len(words) > 1:
+        return Path(words[1]).stem, words[2:]
+    return None, []
 
 
 def _script(report: dict) -> str | None:
-    """The benchmark script of a report's recorded command (``python <script> ...``), None without one."""
-    words = shlex.split(report.get("command", ""))
-    return words[1] if len(words) > 1 else None
+    """The experiment of a report's recorded command, None without one."""
+    return _command(report)[0]
 
 
 def test_every_cell_report_keeps_its_cells_and_no_cache_is_committed():
@@ -69,12 +78,12 @@ def test_committed_report_regenerates_from_its_cells_alone(name, tmp_path, monke
     shutil.copy(folder / CELLS_NAME, tmp_path / CELLS_NAME)
     monkeypatch.setattr(nvs_cells, "code_provenance", lambda: committed["provenance"])
     monkeypatch.setattr(nvs_rows, "RESULTS_VERSION", committed["provenance"]["results_version"])
-    argv = shlex.split(committed["command"])[2:] + ["--report-only", "--allow-stale", "--out", str(tmp_path)]
+    argv = _command(committed)[1] + ["--report-only", "--allow-stale", "--out", str(tmp_path)]
     if table:
         monkeypatch.setattr(nvs_table, "plots", lambda report, out: committed["plots"])
         report = nvs_table.main(argv)
         render, same = nvs_report.markdown, ("tables", "fig6", "claims", "progress", "stale_cells", "obsolete_cells")
-    elif _script(committed) == "benchmarks/real_stereo_check.py":
+    elif _script(committed) == "real_stereo_check":
         report = real_stereo_check.main(argv)
         render, same = real_stereo_check.markdown, ("rows", "ordering", "verdict")
     else:
@@ -106,7 +115,7 @@ def test_committed_learning_curve_regenerates_from_its_report_alone(name, tmp_pa
     shutil.copy(folder / learning_curve.REPORT_NAME, tmp_path / learning_curve.REPORT_NAME)
     monkeypatch.setattr(learning_curve, "train_curve", _trains_nothing)
     monkeypatch.setattr(learning_curve, "write", lambda report, out: None)
-    report = learning_curve.main(shlex.split(committed["command"])[2:] + ["--out", str(tmp_path)])
+    report = learning_curve.main(_command(committed)[1] + ["--out", str(tmp_path)])
     assert report["curves"] == committed["curves"] and report["summary"] == committed["summary"]
     monkeypatch.undo()
     learning_curve.write({**report, "command": committed["command"]}, tmp_path)

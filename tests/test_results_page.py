@@ -1,20 +1,18 @@
-"""docs/results.md's generated tables (benchmarks/results_page.py) and the planned / cap benchmark sets."""
+"""docs/results.md's generated tables (experiments/results_page.py) and the planned / cap benchmark sets."""
 
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-import plane_evidence  # noqa: E402
-import results_page  # noqa: E402
-from nvs_rows import BUDGETS, Cell, Row, cell_config, cell_settings, config_hash  # noqa: E402
-from nvs_store import CELLS_NAME  # noqa: E402
+import experiments.plane_evidence as plane_evidence
+import experiments.results_page as results_page
+from experiments.rows import BUDGETS, Cell, Row, cell_config, cell_settings, config_hash
+from experiments.store import CELLS_NAME
 
 
 def test_the_page_matches_the_committed_cells():
@@ -91,9 +89,9 @@ def test_planned_rows_give_every_rival_the_same_depth():
 
 
 def test_a_cell_whose_training_stopped_early_gets_no_record(tmp_path, monkeypatch):
-    """SIGTERM ends hrope.nvs.train.train early (checkpoint saved): the runner must not evaluate
+    """SIGTERM ends hrope.nvs.running.train.train early (checkpoint saved): the runner must not evaluate
     and record that model as the finished cell."""
-    import nvs_cells
+    import experiments.cells as nvs_cells
 
     class Stopped:
         step, skipped_steps, last_loss = 3, 0, 1.0

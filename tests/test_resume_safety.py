@@ -22,14 +22,15 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 import hrope
-import hrope.nvs.runs as runs_module
-from hrope.nvs.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
+import hrope.nvs.running.runs as runs_module
+import hrope.nvs.running.provenance as provenance_module
+from hrope.nvs.running.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 from hrope.nvs.cli import run
 from hrope.nvs.config import ConfigError
 from hrope.nvs.model import PRESETS, ModelConfig, build_model
-from hrope.nvs.runs import SEGMENTS_NAME, resume_differences
-from hrope.nvs.train import train
-from hrope.nvs.train_step import make_optimizer
+from hrope.nvs.running.runs import SEGMENTS_NAME, resume_differences
+from hrope.nvs.running.train import train
+from hrope.nvs.running.train_step import make_optimizer
 
 # (section, key, another value): each changes the trajectory, so a resume with it is refused
 REFUSED = [
@@ -266,12 +267,12 @@ def test_segments_record_provenance(runs, tmp_path):
     assert (first["start_step"], first["end_step"], first["checkpoint_step"]) == (0, 4, 4)
     outside = tmp_path / "runs.py"  # a copy outside any git checkout
     outside.write_text("")
-    assert runs_module.code_provenance(outside) == {"commit": None, "dirty": None}
+    assert provenance_module.code_provenance(outside) == {"commit": None, "dirty": None}
 
 
 def test_provenance_without_git(monkeypatch):
     monkeypatch.setenv("PATH", "")  # no git executable at all
-    assert runs_module.code_provenance() == {"commit": None, "dirty": None}
+    assert provenance_module.code_provenance() == {"commit": None, "dirty": None}
 
 
 def run_cli_until_signal(tmp_path: Path, signum: int) -> tuple[Path, int, str, str]:

@@ -12,7 +12,7 @@ from hrope.nvs.data.rng import Rng
 from hrope.nvs.data.synthetic.config import SyntheticConfig
 from hrope.nvs.data.synthetic.layouts import object_layout
 from hrope.nvs.build_data import build_dataset
-from hrope.nvs.protocols import build_videos
+from hrope.nvs.evaluation.protocols import build_videos
 
 
 def horizontal_fov_deg(scene) -> float:

@@ -16,15 +16,15 @@ from _lvsm_helpers import random_lpips_weights, small_config, synthetic_batch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-import hrope.nvs.train as train_module
+import hrope.nvs.running.train as train_module
 from hrope.nvs.config import ConfigError, apply_overrides, load_config, resolve
-from hrope.nvs.evaluate import evaluate_model
-from hrope.nvs.checkpoints import CheckpointError, load_checkpoint, load_model, save_checkpoint
+from hrope.nvs.evaluation.evaluate import evaluate_model
+from hrope.nvs.running.checkpoints import CheckpointError, load_checkpoint, load_model, save_checkpoint
 from hrope.nvs.build_data import build_dataset
 from hrope.nvs.model import build_model
 from hrope import InputError
-from hrope.nvs.train import TrainingError, train
-from hrope.nvs.train_step import learning_rate, make_optimizer, train_step
+from hrope.nvs.running.train import TrainingError, train
+from hrope.nvs.running.train_step import learning_rate, make_optimizer, train_step
 
 
 def config_in(tmp_path: Path, name: str = "run", **model) -> dict:
@@ -262,7 +262,7 @@ DDP_SCRIPT = textwrap.dedent("""
     import os, sys, torch
     sys.path.insert(0, {tests!r})
     from _lvsm_helpers import small_config
-    from hrope.nvs.train import train
+    from hrope.nvs.running.train import train
     from safetensors.torch import save_file
     config = small_config(encoding="prope")
     config["train"].update(out={out!r}, steps=2)

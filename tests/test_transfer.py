@@ -1,11 +1,11 @@
-"""hrope.nvs.transfer: the z-buffer and the transfer of context geometry into target cameras."""
+"""hrope.nvs.sources.transfer: the z-buffer and the transfer of context geometry into target cameras."""
 
 from __future__ import annotations
 
 import torch
 from _lvsm_helpers import synthetic_batch
 
-from hrope.nvs.transfer import nearest_per_cell, transfer_depth, transfer_planes
+from hrope.nvs.sources.transfer import nearest_per_cell, transfer_depth, transfer_planes
 
 GRID = (4, 4)
 

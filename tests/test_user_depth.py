@@ -1,4 +1,4 @@
-"""Depth as users have it (hrope.nvs.user_depth) and the external source's depth_noise / depth_sparse."""
+"""Depth as users have it (hrope.nvs.sources.user_depth) and the external source's depth_noise / depth_sparse."""
 
 import dataclasses
 
@@ -9,7 +9,7 @@ from _lvsm_helpers import SMALL_MODEL, synthetic_batch
 from hrope import get_encoding
 from hrope.nvs.model import LVSM, ModelConfig
 from hrope.nvs.sources import PredictorError, build_parameter_source, parameter_specs, token_rays
-from hrope.nvs.user_depth import NOISE_LEVELS, noisy_depth, sparse_depth, view_seeds
+from hrope.nvs.sources.user_depth import NOISE_LEVELS, noisy_depth, sparse_depth, view_seeds
 
 GRID = (4, 4)
 SPECS = parameter_specs(get_encoding("hrope-lift"))

@@ -21,11 +21,11 @@ from PIL import Image
 from hrope import Planes
 from hrope.geometry import patch_rays
 from hrope.nvs import cli
-from hrope.nvs.checkpoints import save_checkpoint
+from hrope.nvs.running.checkpoints import save_checkpoint
 from hrope.nvs.data.synthetic import make_scene
 from hrope.nvs.model import build_model
 from hrope.nvs.pretrained import export_run
-from hrope.nvs.scene3d import (
+from hrope.nvs.viz.scene3d import (
     CORNERS,
     QUAD_SHRINK,
     TARGET_COLOUR,
@@ -38,7 +38,7 @@ from hrope.nvs.scene3d import (
     rotation_to_wxyz,
     run_scene,
 )
-from hrope.nvs.viz import VizError
+from hrope.nvs.viz.figures import VizError
 from hrope.testing import random_rotation
 
 GRID = (4, 4)
@@ -323,7 +323,7 @@ def test_the_viewer_page_and_its_export_show_the_scene_in_a_browser(tmp_path, or
     headless Chromium draws the scene of both (WebGL in software) within two minutes. Real time, not
     ``--virtual-time-budget``: the page's websocket can hold virtual time still, and Chromium then never
     takes its screenshot."""
-    from hrope.nvs.viewer3d import HOST, _free_port
+    from hrope.nvs.viz.viewer3d import HOST, _free_port
 
     chromium()
     exported = tmp_path / "scene.html"
@@ -364,7 +364,7 @@ def listening_addresses(port: int) -> list[str]:
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the socket table of Linux")
 def test_the_server_binds_localhost_only(scene):
-    from hrope.nvs.viewer3d import HOST, _free_port, serve
+    from hrope.nvs.viz.viewer3d import HOST, _free_port, serve
 
     assert HOST == "127.0.0.1"
     empty = Scene3D([], [], np.array([0, 0, 1.0]), np.zeros(3), np.ones(3), 0.3)
@@ -411,7 +411,7 @@ def test_cli_errors_are_one_line(oracle_run, tmp_path, capsys, arguments, messag
 
 
 def test_without_viser_the_viewer_names_the_extra(monkeypatch):
-    from hrope.nvs.viewer3d import serve
+    from hrope.nvs.viz.viewer3d import serve
 
     monkeypatch.setitem(sys.modules, "viser", None)  # `import viser` now raises ImportError
     empty = Scene3D([], [], np.array([0, 0, 1.0]), np.zeros(3), np.ones(3), 0.3)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from ..about import environment, report, version_line
 from ..errors import InputError
-from .checkpoints import run_folder
+from .running.checkpoints import run_folder
 from .config import (
     SHORTCUTS,
     ConfigError,
@@ -54,13 +54,13 @@ from .config import (
     resolve,
 )
 from .config_docs import describe_config
-from .evaluate import evaluate
+from .evaluation.evaluate import evaluate
 from .model import ModelConfig, count_parameters
 from .pretrained import export_run
-from .protocol_report import write_results
-from .protocols import run_protocol
-from .train import train
-from .viz import plot_plane_accuracy, visualize_planes
+from .evaluation.protocol_report import write_results
+from .evaluation.protocols import run_protocol
+from .running.train import train
+from .viz.figures import plot_plane_accuracy, visualize_planes
 
 __all__ = ["main", "run", "USER_ERRORS"]
 
@@ -234,7 +234,7 @@ def _add_viz_attention(viz_commands) -> None:
 
 def run_viz_3d(args) -> None:
     """Serve the viewer, or write its snapshot with ``--export``."""
-    from .viewer3d import export_html, load_scene3d, show
+    from .viz.viewer3d import export_html, load_scene3d, show
 
     device = str(check_device(args.device, "--device"))
     views = None if args.views is None else _integers(args.views, "--views")
@@ -263,7 +263,7 @@ def _integers(text: str, key: str) -> list[int]:
 
 
 def run_viz_attention(args) -> None:
-    from .viz_attention import parse_query, visualize_attention
+    from .viz.attention import parse_query, visualize_attention
 
     _check_out(args.out, "--out")
     device = str(check_device(args.device, "--device"))

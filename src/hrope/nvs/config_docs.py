@@ -8,7 +8,7 @@ import math
 
 import yaml
 
-from .atomic import write_text
+from .running.atomic import write_text
 from .config import SETTINGS, SHORTCUTS, SOURCE_OPTIONS, PredictorOptions, Setting, settings_of
 from .data.synthetic import SyntheticConfig
 

@@ -30,15 +30,15 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .atomic import write_json, write_text
+from .running.atomic import write_json, write_text
 from .build_data import build_dataset, collate
 from .config import resolve
-from .demo_figures import save_comparison, save_results_bar
-from .evaluate import available_st_lpips, evaluate_model, markdown_table, planes_table
-from .plane_accuracy import PlaneAccuracy, measures_planes
-from .runs import code_provenance
-from .train import train
-from .viz import plane_normal_rows, save_image_grid
+from .viz.demo_figures import save_comparison, save_results_bar
+from .evaluation.evaluate import available_st_lpips, evaluate_model, markdown_table, planes_table
+from .evaluation.plane_accuracy import PlaneAccuracy, measures_planes
+from .running.provenance import code_provenance
+from .running.train import train
+from .viz.figures import plane_normal_rows, save_image_grid
 
 __all__ = ["DemoModel", "DEMO_MODELS", "demo_config", "reading", "main"]
 
@@ -204,7 +204,7 @@ def _run_rows(out: Path, steps: int, scenes: tuple, jobs: int, start: float) -> 
 
 
 def _commit_line(code: dict) -> str:
-    """``Commit: `<sha>`.`` of a :func:`hrope.nvs.runs.code_provenance` dict (its dirty flag in words)."""
+    """``Commit: `<sha>`.`` of a :func:`hrope.nvs.running.provenance.code_provenance` dict (its dirty flag in words)."""
     if code["commit"] is None:
         return "Commit: unknown (not run from a git checkout)."
     return f"Commit: `{code['commit']}`" + (" + uncommitted changes." if code["dirty"] else ".")
@@ -214,7 +214,7 @@ def _report(
     steps: int, elapsed: float, device, results: list[dict], normals_of: str | None, jobs: int, code: dict
 ) -> str:
     """The text of ``results.md``: the setup (with the commit of ``code``, a
-    :func:`hrope.nvs.runs.code_provenance` dict), the table and its reading, the plane accuracy of the
+    :func:`hrope.nvs.running.provenance.code_provenance` dict), the table and its reading, the plane accuracy of the
     rows that predict planes and the figures' legend (``normals_of``: the row in ``normals.png``)."""
     columns = " | ".join(["context views", "ground truth", *(r["name"] for r in results)])
     accuracy = "".join(

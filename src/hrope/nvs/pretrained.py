@@ -7,7 +7,7 @@ A saved model is a folder of three files:
   its ``data`` and ``eval`` sections the held-out split ``hrope eval`` scores) and ``evaluation``
   (the run's ``eval/results.json`` when it was evaluated, else None);
 - ``model.safetensors``: the model's ``state_dict`` (the names of :class:`~hrope.nvs.model.LVSM`'s),
-  with a sha256 ``checksum`` in its metadata (:func:`hrope.nvs.checkpoints.checksum`);
+  with a sha256 ``checksum`` in its metadata (:func:`hrope.nvs.running.checkpoints.checksum`);
 - ``README.md``: a generated model card (what the model is, its evaluation when known, its config,
   how to load it).
 
@@ -35,8 +35,8 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from .. import __version__
-from .atomic import atomic_path, write_json, write_text
-from .checkpoints import (
+from .running.atomic import atomic_path, write_json, write_text
+from .running.checkpoints import (
     CHECKPOINT_NAME,
     CheckpointError,
     checksum,

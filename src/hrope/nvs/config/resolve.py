@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..atomic import write_text
+from ..running.atomic import write_text
 from .fields import ConfigError, Field, did_you_mean, one_line
 from .schema import DEVICES, OPEN_SECTIONS, SETTINGS, SHORTCUTS, defaults
 
@@ -153,7 +153,7 @@ def parse_overrides(args: list[str]) -> dict:
 
 
 def save_config(config: dict, folder: str | Path) -> Path:
-    """Write the resolved config to ``folder/config.yaml`` (whole: :mod:`hrope.nvs.atomic`)."""
+    """Write the resolved config to ``folder/config.yaml`` (whole: :mod:`hrope.nvs.running.atomic`)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "config.yaml"

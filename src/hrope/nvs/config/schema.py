@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from ...encodings.base import BACKENDS
 from ...rays import RAY_FRAMES
-from ..plane_fitting import FALLBACKS, FITS
 from .fields import ConfigError, Field, Setting, did_you_mean, setting, settings_of
 
 __all__ = [
@@ -51,6 +50,8 @@ PLANE_DECODERS = ("direct", "normal-depth")  # hrope.nvs.sources.parameter_specs
 TARGETS = ("hidden", "neutral", "transfer")  # what target tokens (no image) get: hrope.nvs.sources.ParameterSource
 SCOPES = ("context", "all")
 ALIGNS = ("median", "none")
+FITS = ("least-squares", "robust")  # how planes are fitted to depth: hrope.nvs.sources.plane_fitting
+FALLBACKS = ("median", "infinity")  # what a patch without a clean fit gets
 # Known geometry (oracle, external): planes closer to the camera centre than 1/2 of the context
 # baseline (scenes are normalised to a unit baseline) are moved out to that distance. Measured in
 # docs/notebook.md ("Why geometry hurts on `object`"): uncapped, a few such planes destabilise
@@ -199,13 +200,13 @@ class PredictorOptions:
     depth_noise: int = setting(
         0,
         Field("int", low=0, high=3),
-        "simulated depth-estimator noise on the data's depth: 0 (off) to 3 (poor), hrope.nvs.user_depth",
+        "simulated depth-estimator noise on the data's depth: 0 (off) to 3 (poor), hrope.nvs.sources.user_depth",
         sources=("external",),
     )
     depth_sparse: int = setting(
         0,
         Field("int", low=0),
-        "keep this many SfM-like points of the data's depth per view (0: all), hrope.nvs.user_depth",
+        "keep this many SfM-like points of the data's depth per view (0: all), hrope.nvs.sources.user_depth",
         sources=("external",),
     )
     module: object = setting(

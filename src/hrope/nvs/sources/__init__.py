@@ -12,7 +12,7 @@ how a raw head output decodes into one such input; a source produces the inputs:
 - ``external`` (:class:`ExternalSource`): per-pixel depth (+ optional normals) of the batch (synthetic
   depth, depth maps or sparse COLMAP points: ``data.depth``) or of a frozen user depth model,
   fitted per patch by least squares (:meth:`hrope.Planes.from_depth`) or robustly
-  (:func:`hrope.nvs.plane_fitting.robust_patch_planes`).
+  (:func:`hrope.nvs.sources.plane_fitting.robust_patch_planes`).
 - ``oracle`` (:class:`OracleSource`): the batch's ground-truth planes (``batch.planes(p)``).
 
 Values are dicts ``{name: tensor (B, N, ...)}``; planes travel as their plane vector

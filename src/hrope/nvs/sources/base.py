@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from ...cameras import Cameras
-from ..transfer import transfer_planes
+from .transfer import transfer_planes
 from .specs import ParameterSpec
 
 __all__ = ["ParameterSource", "fold_heads", "unfold_heads", "zero_linear", "camera_views"]
@@ -20,7 +20,7 @@ class ParameterSource(nn.Module):
     ``targets`` says where the target views' values come from (a target view has no image):
     ``hidden`` (the target tokens' own hidden states; learned only), ``neutral`` (the decoders'
     zero-output values, e.g. hrope-lift's plane at infinity) or ``transfer`` (geometry carried over
-    from the context views, :mod:`hrope.nvs.transfer`; target patches no context surface reaches
+    from the context views, :mod:`hrope.nvs.sources.transfer`; target patches no context surface reaches
     stay neutral). ``scope="all"`` (oracle, external) reads the target views' own ground truth
     instead: an upper bound that uses target geometry, labelled as such (:meth:`describe`).
     """

@@ -11,9 +11,9 @@ from ...encodings import sample_ray_depths
 from ...geometry import patchify
 from ...planes import Planes
 from ..config import DEFAULT_MAX_INVERSE_DISTANCE
-from ..plane_fitting import fit_patch_planes
-from ..transfer import transfer_depth
-from ..user_depth import user_depth
+from .plane_fitting import fit_patch_planes
+from .transfer import transfer_depth
+from .user_depth import user_depth
 from .base import camera_views
 from .errors import PredictorError
 from .known_planes import GeometrySource
@@ -58,11 +58,11 @@ class ExternalSource(GeometrySource):
     used as it is, in scene units (``align="none"``).
 
     ``depth_noise`` (1-3) and ``depth_sparse`` (points per view) turn the data's depth into depth
-    as users have it (:func:`hrope.nvs.user_depth.user_depth`: estimator noise, then SfM-like
+    as users have it (:func:`hrope.nvs.sources.user_depth.user_depth`: estimator noise, then SfM-like
     sparse points) before any fit or transfer, view by view, on the views read (the context views
     only unless ``scope="all"``); the data's exact normals are then not used. Both 0: unchanged.
 
-    The fit is :func:`hrope.nvs.plane_fitting.fit_patch_planes`: ``fit="least-squares"``,
+    The fit is :func:`hrope.nvs.sources.plane_fitting.fit_patch_planes`: ``fit="least-squares"``,
     :meth:`hrope.Planes.from_depth` (or ``patch_planes_from_normals``), patches without valid depth
     getting the plane at infinity; ``fit="robust"``, ``robust_patch_planes`` with ``min_points``,
     ``inlier_threshold`` and ``fallback`` (normals unused). Depth-like inputs of planes that miss
@@ -70,7 +70,7 @@ class ExternalSource(GeometrySource):
 
     ``scope="context"`` (default) reads the context views' depth only; the target views get neutral
     values or (``targets="transfer"``) planes fitted to the context depth splatted into each target
-    camera (:func:`hrope.nvs.transfer.transfer_depth`; target patches without splatted depth stay
+    camera (:func:`hrope.nvs.sources.transfer.transfer_depth`; target patches without splatted depth stay
     neutral). ``scope="all"`` fits every view's own depth: an upper bound with target geometry.
 
     ``data_params`` (names in :data:`DEPTH_PARAMS`): inputs read off the same depth maps rather

@@ -6,7 +6,7 @@ import torch
 
 from ...planes import Planes
 from ..config import DEFAULT_MAX_INVERSE_DISTANCE
-from ..transfer import transfer_planes
+from .transfer import transfer_planes
 from .base import camera_views
 from .errors import PredictorError
 from .known_planes import GeometrySource

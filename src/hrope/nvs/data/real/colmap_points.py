@@ -27,7 +27,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from ...atomic import save_image, write_text
+from ...running.atomic import save_image, write_text
 from ..scene import Scene, SceneError
 from .colmap import _check_count, _floats, _integer, _read_model_file
 from .frames import Frame

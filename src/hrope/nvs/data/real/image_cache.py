@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from torch import Tensor
 
-from ...atomic import atomic_open
+from ...running.atomic import atomic_open
 
 __all__ = ["FORMAT_VERSION", "default_cache_dir", "ImageCache"]
 

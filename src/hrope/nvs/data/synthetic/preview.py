@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ...atomic import save_image
+from ...running.atomic import save_image
 from ..scene import Scene
 from .generator import KINDS, make_scene
 
