@@ -221,9 +221,7 @@ class LVSM(nn.Module):
         self.context_tokenizer = nn.Linear(9 * p2, c.dim, bias=False)
         self.target_tokenizer = nn.Linear(6 * p2, c.dim, bias=False)
         self.input_norm = nn.LayerNorm(c.dim, bias=False)
-        self.blocks = nn.ModuleList(
-            Block(c.dim, c.heads, c.mlp_ratio, c.qk_norm) for _ in range(c.layers)
-        )
+        self.blocks = nn.ModuleList(Block(c.dim, c.heads, c.mlp_ratio, c.qk_norm) for _ in range(c.layers))
         self.output_norm = nn.LayerNorm(c.dim, bias=False)
         self.head = nn.Linear(c.dim, 3 * p2, bias=False)
         self._init_weights()
