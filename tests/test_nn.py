@@ -198,7 +198,8 @@ def test_tokens_in_any_memory_layout(name, rotary):
     strided = x.transpose(1, 2).contiguous().transpose(1, 2)
     assert not strided.is_contiguous()
     out = m(strided, cameras, GRID, planes=planes, params=params)
-    assert relative_error(out, m(x, cameras, GRID, planes=planes, params=params)) <= 1e-15  # measured 0
+    # measured <= 1.5e-15 (rope2d): the projection of a strided x may take another GEMM path
+    assert relative_error(out, m(x, cameras, GRID, planes=planes, params=params)) <= 1e-13
 
 
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk_norm"])
