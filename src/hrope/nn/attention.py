@@ -224,10 +224,9 @@ class MultiviewAttention(_Folded):
         return self.output(F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs), factors, True)
 
     def _rotary(self, x: Tensor, factors: Factors, sdpa_kwargs: dict[str, Any]) -> Tensor:
-        """:meth:`forward` where the RoPE is all that is left per token (``factors.rotary``):
-        q, k (unless QK-norm keeps them unfolded)
-        and v with their channels interleaved, the per-view factor folded as in :meth:`forward`,
-        the RoPE rotated in place (:mod:`.rotary`)."""
+        """:meth:`forward` where the RoPE is all that is left per token (``factors.rotary``): q, k
+        (unless QK-norm keeps them unfolded) and v with their channels interleaved, the per-view
+        factor folded as in :meth:`forward`, the RoPE rotated in place (:mod:`.rotary`)."""
         B, L, _ = x.shape
         H, d, V = self.heads, self.head_dim, factors.tokens.num_views
         fold_qk = factors.folds and not self.qk_norm
@@ -317,8 +316,8 @@ class MultiviewCrossAttention(_Folded):
     2 * heads * head_dim)``, rows k then v), ``out``, and ``q_norm`` / ``k_norm`` with
     ``qk_norm``. The query side's per-view factor folds into W_q and W_o, the key side's into
     W_k and W_v where that side's factors were made with ``fold=True`` (``fold`` as in
-    :class:`MultiviewAttention`; by default nothing folds). Query-frame
-    encodings are refused (EncodingError), as in :func:`hrope.cross_attention`.
+    :class:`MultiviewAttention`; by default nothing folds). Query-frame encodings are refused
+    (EncodingError), as in :func:`hrope.cross_attention`.
     """
 
     def __init__(
