@@ -13,11 +13,12 @@ repetitions of the ratio measured within a repetition):
 
 * ``modules``: one attention layer ``(B=1, L=V*grid^2, dim=heads*head_dim) -> same``, default
   2 views x 32x32 patches, 8 heads of 64: a plain module (Linear, SDPA, Linear), and
-  :class:`hrope.nn.MultiviewAttention` with ``rope2d`` and with ``prope``, ``gta`` and
-  ``hrope-lift`` (planes as attention_overhead.py draws them) both ``folded`` (``fold=True``) and
-  ``unfolded`` (``fold=False``: the per-call transforms inside the module; the module's default
-  on a CPU), all with the same weights; each call computes the module's factors (one layer of a
-  model). Forward (no grad) and forward+backward (gradients to x and the weights).
+  :class:`hrope.nn.MultiviewAttention` with ``rope2d`` (``fold=True``: its RoPE rotated in place
+  in float32 and float64) and with ``prope``, ``gta`` and ``hrope-lift`` (planes as
+  attention_overhead.py draws them) both ``folded`` (``fold=True``) and ``unfolded``
+  (``fold=False``, the modules' default: the per-call transforms inside the module), all with the
+  same weights; each call computes the module's factors (one layer of a model). Forward (no grad)
+  and forward+backward (gradients to x and the weights).
 * ``passes``: forward (no grad) milliseconds of each pass of the ``rope2d`` and ``prope`` modules
   beside the plain module's (same weights and shape as ``modules``): the factors, the q, k, v
   projection (prope's with its per-view factor folded in), the in-place RoPE of q, k and v, SDPA,
@@ -94,7 +95,7 @@ def module_rows(args: argparse.Namespace) -> tuple[dict[str, Callable], torch.Te
     for name in MODULE_ENCODINGS:
         geometry = attention_overhead.example_inputs(name, cameras, grid, gen)
         folds = hrope.get_encoding(name).per_view is not None
-        variants = {f"{name} folded": True, f"{name} unfolded": False} if folds else {name: None}
+        variants = {f"{name} folded": True, f"{name} unfolded": False} if folds else {name: True}
         for row, fold in variants.items():
             module = hrope.nn.MultiviewAttention(dim, args.heads, name, fold=fold).to(args.device, x.dtype)
             module.load_state_dict(plain.state_dict())

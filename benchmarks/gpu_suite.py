@@ -19,15 +19,17 @@ recorded and the others still run; the whole run stays inside ``--budget-s``):
 3. ``folded_n{2048,8192,32768}``: the attention modules of :mod:`hrope.nn` (``prope``, ``gta``,
    ``hrope-lift`` each with ``fold=True`` and ``fold=False``; ``rope2d``; a plain
    Linear-SDPA-Linear module) in bfloat16 with flash SDPA, forward and forward+backward
-   (benchmarks/folded_attention.py ``--parts modules``): whether folding pays on a GPU, which
-   decides the modules' default there.
+   (benchmarks/folded_attention.py ``--parts modules``): whether folding pays on a GPU. The
+   modules do not fold unless asked (``fold=False``); the summary's ``fold`` section says which
+   default these numbers support (``fold_recommended``, from the measured folded / unfolded ratios).
 4. ``banded_apply``: the block-diagonal transform alone (y = D x, the op around SDPA) by the
    fused Triton kernel, the unfused banded passes and ``torch.compile`` of the unfused passes,
    with each one's max error against the banded passes in float64 on the same inputs.
 5. ``train_throughput``: steps/s of the tiny LVSM preset per encoding; ``folded_training``: the
    same with ``model.folded_attention`` off and on (folded_attention.py ``--parts training``).
 
-``summary.json`` / ``summary.md`` list every step's status and time and the overhead table.
+``summary.json`` / ``summary.md`` list every step's status and time, the overhead table, and the
+folded / unfolded time ratios with the default they support (:func:`fold_decision`).
 """
 
 from __future__ import annotations
@@ -36,18 +38,23 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from hrope.nvs.running.provenance import describe, provenance
+from hrope.encodings import ENCODINGS
 from hrope.nvs.running.atomic import write_json, write_text
+from hrope.nvs.running.provenance import describe, provenance
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "gpu"
 ROWS = ["prope", "hrope", "hrope-lift", "prope-einsum"]
 SIZES = {2048: 2, 8192: 8, 32768: 32}  # tokens -> views of 32x32 patches
+# folded / unfolded time at or below which folding counts as faster: beyond the few-percent spread
+# of interleaved repetitions (docs/benchmarks.md, "Folded attention")
+FOLD_MARGIN = 0.97
 
 
 def steps(device: str, out: Path, quick: bool) -> list[tuple[str, list[str], float]]:
@@ -187,6 +194,80 @@ def overhead_table(out: Path, device: str) -> list[str]:
     return lines
 
 
+def fold_ratios(times: dict[str, list], column: int, unfolded: str) -> dict[str, float]:
+    """Per encoding, from one timed part's ``seconds_per_repetition`` (folded_attention.py): the
+    median over repetitions of the time of row ``<name> folded`` / that of row
+    ``unfolded.format(name)`` in the same repetition (``column`` 0: wall-clock, 1: CPU time)."""
+    ratios = {}
+    for row, folded in times.items():
+        name = row.removesuffix(" folded")
+        if name != row and unfolded.format(name) in times:
+            base = times[unfolded.format(name)]
+            ratios[name] = round(statistics.median(f[column] / u[column] for f, u in zip(folded, base, strict=True)), 4)
+    return ratios
+
+
+def fold_decision(out: Path, device: str) -> dict:
+    """What the suite measured of folding against not folding (the default): ``modules``, per N
+    and mode, the hrope.nn modules in bfloat16, and ``training``, model.folded_attention off and
+    on: ``{N: {mode: {encoding: folded / unfolded time}}}`` (wall-clock on a GPU, CPU time on a
+    CPU). ``fold_recommended``: True when folding is faster by :data:`FOLD_MARGIN` in every module
+    row of an encoding with a per-view factor to fold (``Encoding.per_view``), False when not (the
+    default ``fold=False`` stands), None when no such row was read;
+    ``folded_attention_recommended``: the same for training."""
+    device_part = "" if device == "cpu" else f"_{device}"
+    column = 1 if device == "cpu" else 0
+    modules = {}
+    for path in out.glob(f"folded_attention{device_part}_bfloat16_n*.json"):
+        match = re.fullmatch(rf"folded_attention{device_part}_bfloat16_n(\d+)", path.stem)
+        if match:
+            parts = json.loads(path.read_text()).get("modules", {})
+            ratios = {
+                mode: fold_ratios(r["seconds_per_repetition"], column, "{} unfolded") for mode, r in parts.items()
+            }
+            modules[int(match[1])] = ratios
+    training = {}
+    training_path = out / f"folded_attention{device_part}_training.json"
+    if training_path.exists() and "training" in (runs := json.loads(training_path.read_text())):
+        training["tiny"] = {"training": fold_ratios(runs["training"]["seconds_per_repetition"], column, "{}")}
+
+    def verdict(measured: dict) -> bool | None:
+        tables = [rows for modes in measured.values() for rows in modes.values()]
+        values = [r for rows in tables for name, r in rows.items() if ENCODINGS[name].per_view is not None]
+        return all(r <= FOLD_MARGIN for r in values) if values else None
+
+    return {
+        "margin": FOLD_MARGIN,
+        "modules": {str(n): modules[n] for n in sorted(modules)},
+        "training": training,
+        "fold_recommended": verdict(modules),
+        "folded_attention_recommended": verdict(training),
+    }
+
+
+def fold_lines(decision: dict) -> list[str]:
+    """Markdown: the folded / unfolded ratios and, in words, the default they support."""
+    lines = ["| part | N | mode | encoding | folded / unfolded time |", "|---|---|---|---|---|"]
+    for part in ("modules", "training"):
+        for n, modes in decision[part].items():
+            for mode, rows in modes.items():
+                lines += [f"| {part} | {n} | {mode} | {name} | {ratio:.3f} |" for name, ratio in rows.items()]
+    margin = f"{1 - decision['margin']:.0%}"
+    words = {
+        None: "not measured (no run read): the default stays",
+        True: f"folding is faster by {margin} or more in every row: these numbers support folding by default",
+        False: f"folding is not faster by {margin} in every row: these numbers support not folding by default",
+    }
+    modules, model = decision["fold_recommended"], decision["folded_attention_recommended"]
+    return [
+        *lines,
+        "",
+        f"`fold_recommended: {json.dumps(modules)}` (hrope.nn modules, default `fold=False`): {words[modules]}.",
+        f"`folded_attention_recommended: {json.dumps(model)}` (the LVSM model's `model.folded_attention`, "
+        f"default false): {words[model]}.",
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda")
@@ -198,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     # on a CPU the fused kernel runs in Triton's interpreter (a check of the script, not a timing)
     env = {"TRITON_INTERPRET": "1"} if args.device == "cpu" else None
     records = run_steps(steps(args.device, args.out.resolve(), args.quick), args.budget_s, env)
+    decision = fold_decision(args.out, args.device)
     summary = {"device": args.device, "quick": args.quick, "provenance": provenance(), "steps": records}
+    summary["fold"] = decision
     write_json(args.out / "summary.json", summary)
     lines = [
         f"GPU suite on `{args.device}`{' (quick shapes)' if args.quick else ''}, commit "
@@ -209,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         *(f"| {r['step']} | {r['status']} | {r['seconds']} |" for r in records),
         "",
         *overhead_table(args.out, args.device),
+        "",
+        *fold_lines(decision),
     ]
     write_text(args.out / "summary.md", "\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -150,6 +150,13 @@ def test_recording_a_query_frame_encoding_changes_nothing(batch):
     torch.testing.assert_close(recorder.stacked().sum(-1), torch.ones(2, 1, 2), rtol=0, atol=1e-6)
 
 
+def test_a_folded_model_is_refused_in_one_line(batch):
+    """The probe reads the unfolded transform; a model built with model.folded_attention says so."""
+    model = build_model(small_config(encoding="prope", folded_attention=True)).eval()
+    with torch.no_grad(), AttentionRecorder(model, 40), pytest.raises(VizError, match="folded_attention false"):
+        model(batch)
+
+
 def test_landing_point_of_a_view_seen_from_the_same_camera_is_the_patch_centre():
     """A context camera equal to the target camera sees the query patch's plane point at that patch's centre."""
     cameras = random_cameras(1, 2, (24, 36), seed=5)

@@ -164,6 +164,42 @@ def test_gpu_suite_records_every_step_and_tabulates_the_overheads(tmp_path):
     assert "| 8192 | einsum | prope-einsum | 1.300 | 1.300 | n/a | n/a |" in table
 
 
+def test_gpu_suite_states_the_fold_default_its_numbers_support(tmp_path):
+    """summary's ``fold`` section: per-repetition folded / unfolded time ratios (wall-clock on a GPU)
+    read from the module and training runs, and fold_recommended from them, not written in."""
+    import json
+
+    import gpu_suite
+
+    assert gpu_suite.fold_decision(tmp_path, "cuda")["fold_recommended"] is None  # nothing measured
+
+    def write(name: str, part: str, times: dict) -> None:
+        timed = {"seconds_per_repetition": times}
+        body = {"forward": timed, "forward_backward": timed} if part == "modules" else timed
+        (tmp_path / name).write_text(json.dumps({part: body}))
+
+    # wall-clock seconds (first column) per repetition; the second column (CPU time) must be ignored
+    fast = {
+        "prope folded": [[0.90, 9.0], [0.80, 9.0], [1.0, 9.0]],
+        "prope unfolded": [[1.0, 1.0]] * 3,
+        "rope2d": [[1, 1]] * 3,
+    }
+    write("folded_attention_cuda_bfloat16_n2048.json", "modules", fast)
+    write("folded_attention_cuda_bfloat16_n8192.json", "modules", fast)
+    training = {"prope": [[1.0, 1]] * 3, "prope folded": [[0.99, 1]] * 3, "none": [[1, 1]], "none folded": [[1, 1]]}
+    write("folded_attention_cuda_training.json", "training", training)  # none: nothing to fold, not counted
+    decision = gpu_suite.fold_decision(tmp_path, "cuda")
+    assert decision["modules"]["2048"]["forward"] == {"prope": 0.9}  # the median of 0.9, 0.8, 1.0
+    assert decision["training"] == {"tiny": {"training": {"prope": 0.99, "none": 1.0}}}
+    assert decision["fold_recommended"] is True and decision["folded_attention_recommended"] is False
+    assert "`fold_recommended: true`" in "\n".join(gpu_suite.fold_lines(decision))
+    slow = {**fast, "gta folded": [[1.0, 1]] * 3, "gta unfolded": [[1.0, 1]] * 3}  # one row where folding does not pay
+    write("folded_attention_cuda_bfloat16_n8192.json", "modules", slow)
+    decision = gpu_suite.fold_decision(tmp_path, "cuda")
+    assert decision["fold_recommended"] is False
+    assert "these numbers support not folding by default" in "\n".join(gpu_suite.fold_lines(decision))
+
+
 def test_banded_apply_times_every_layout_and_backend(tmp_path):
     import json
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -366,3 +367,26 @@ def test_the_model_option_selects_the_backend():
     torch.testing.assert_close(images["triton"], images["torch"], rtol=1e-5, atol=1e-6)
     with pytest.raises(hrope.EncodingError, match="backend must be one of torch, auto"):
         hrope.get_encoding("urope").use_backend("triton")
+
+
+def test_nothing_selects_the_fused_kernel_by_default(monkeypatch):
+    """The kernel is opt-in (``use_backend("triton")``, or ``"auto"`` on CUDA): every encoding, the
+    transforms they prepare, hrope.nn's factors (folded or not) and the LVSM model's config default
+    to the banded passes, even for a CUDA tensor with triton at hand."""
+    from _lvsm_helpers import SMALL_MODEL
+
+    import hrope.nn
+    from hrope.nvs.model import LVSM, ModelConfig
+    from hrope.testing import random_cameras
+
+    monkeypatch.setattr(fused_triton, "is_available", lambda: True)
+    on_cuda = types.SimpleNamespace(is_cuda=True)  # all the backend choice reads of a tensor
+    assert all(hrope.get_encoding(name).backend == "torch" for name in hrope.ENCODINGS)
+    cameras = random_cameras(B=1, V=2, seed=0)
+    for fold in (False, True):
+        factors = hrope.nn.factorize("prope", cameras, GRID, 32, fold=fold)
+        for transform in (factors.full, factors.residual) if fold else (factors.full,):
+            assert transform.backend == "torch" and not transform._fused(on_cuda)
+    assert ModelConfig(**SMALL_MODEL).transform_backend == "torch"
+    assert LVSM(ModelConfig(**SMALL_MODEL, encoding="prope")).encoding.backend == "torch"
+    assert hrope.get_encoding("prope").use_backend("auto").prepare(cameras, GRID, 32)._fused(on_cuda)  # can fail

@@ -470,7 +470,7 @@ def test_per_head_planes_give_each_head_its_own_transform(batch):
     generator = torch.Generator().manual_seed(3)
     m = 0.3 * torch.randn(B, N, heads, 3, generator=generator)
     q, k, v = (torch.randn(B, heads, N, 24, generator=generator) for _ in range(3))
-    got = model._prepare(cameras, {"planes": m}).attention(q, k, v)
+    got = model._prepare(cameras, {"planes": m}).full.attention(q, k, v)
     for h in range(heads):
         alone = hrope.multiview_attention(
             q[:, h : h + 1],

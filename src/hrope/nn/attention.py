@@ -2,16 +2,19 @@
 
 :class:`MultiviewAttention` (self-attention) and :class:`MultiviewCrossAttention` compute
 ``Linear -> hrope.multiview_attention / hrope.cross_attention -> Linear`` exactly (to float
-rounding). Where the encoding's D_t has a per-view factor G_c (its ``per_view`` fact) and the
-module folds (``fold``; by default on CUDA only), G_c is multiplied into per-view copies of the
-projection weights once per forward (:mod:`.folding`) and only the per-token rest is applied to
-the tokens (:mod:`.factors`); elsewhere the prepared transform runs per call. Tokens are
+rounding). By default (``fold=False``) that is literally what they run: the projection, the
+prepared transform around SDPA, the output projection. With ``fold=True`` (opt-in: no measurement
+has shown it faster yet, docs/encodings.md "When it pays, and the default") the encoding's
+per-view factor G_c (its ``per_view`` fact) is multiplied into per-view copies of the projection
+weights once per forward (:mod:`.folding`) and only the per-token rest is applied to the tokens
+(:mod:`.factors`). Whether a call folds is decided once, by :func:`~.factors.factorize`'s
+``fold``: the :class:`~.factors.Factors` it returns carry it to every layer. Tokens are
 ``(B, L, dim)`` (batch first); the output is ``(B, L, dim)``, like
 ``nn.MultiheadAttention(batch_first=True)``'s first output (no attention weights: SDPA).
 
-Where all that is left per token is the 2D RoPE (``prope`` and ``gta`` folded, or ``rope2d``)
-and every token has a camera, self-attention permutes its projection rows so that
-RoPE pairs are adjacent and rotates them in place (:mod:`.rotary`, float32 and float64).
+With ``fold=True``, where all that is left per token is the 2D RoPE (``prope`` and ``gta``
+folded, or ``rope2d``) and every token has a camera, self-attention permutes its projection rows
+so that RoPE pairs are adjacent and rotates them in place (:mod:`.rotary`, float32 and float64).
 """
 
 from __future__ import annotations
@@ -39,9 +42,7 @@ _Relative = TokenTransform | MixedTokens  # a relative encoding's transform (has
 class _Folded(nn.Module):
     """What both modules share: the encoding, the head split, the optional QK-norm and the output projection."""
 
-    def __init__(
-        self, dim: int, heads: int, encoding: str | Encoding | None, head_dim: int | None, fold: bool | None
-    ) -> None:
+    def __init__(self, dim: int, heads: int, encoding: str | Encoding | None, head_dim: int | None, fold: bool) -> None:
         super().__init__()
         self.fold = fold
         self.heads = heads
@@ -69,9 +70,8 @@ class _Folded(nn.Module):
         camera_tokens: CameraTokens | None = None,
         length: int | None = None,
     ) -> Factors:
-        """:func:`hrope.nn.factorize` with this module's encoding and head_dim (the per-view factor
-        split off only where this module folds on ``cameras``' device): compute once per forward
-        pass and pass it to every layer as ``factors=``."""
+        """:func:`hrope.nn.factorize` with this module's encoding, head_dim and ``fold``: compute
+        once per forward pass and pass it to every layer as ``factors=``."""
         if self.encoding is None:
             raise EncodingError("this module was built with encoding=None: pass factors= (hrope.nn.factorize)")
         return factorize(
@@ -83,20 +83,8 @@ class _Folded(nn.Module):
             params=params,
             camera_tokens=camera_tokens,
             length=length,
-            fold=self.folds_on(cameras.device),
+            fold=self.fold,
         )
-
-    def folds_on(self, device: torch.device) -> bool:
-        """``fold``, or where it is None (the default) whether ``device`` is a CUDA device. On the
-        CPU the per-call transforms were measured faster than folding (docs/benchmarks.md,
-        "Folded attention"); GPUs are where folding is meant to pay (long sequences, few memory
-        passes)."""
-        return self.fold if self.fold is not None else device.type == "cuda"
-
-    def folds(self, factors: Factors | None, x: Tensor) -> bool:
-        """Whether this call folds ``factors``' per-view factor into the weights: ``factors`` has
-        one split off and the module folds on ``x``'s device (:meth:`folds_on`)."""
-        return factors is not None and factors.folds and self.folds_on(x.device)
 
     def split_heads(self, y: Tensor, parts: int) -> tuple[Tensor, ...]:
         """``(B, L, parts * inner)`` -> ``parts`` tensors ``(B, heads, L, head_dim)``."""
@@ -161,9 +149,10 @@ class MultiviewAttention(_Folded):
         qk_norm: RMS-normalise q and k per head before the encoding (as the LVSM model). The
             norm sits between projection and encoding, so q and k are then encoded per call;
             v and the output still fold.
-        fold: fold the per-view factor into the weights (True), apply the whole transform per
-            call (False), or None: fold on CUDA devices only (:meth:`folds_on`). The outputs
-            are the same to float rounding either way.
+        fold: what :meth:`factorize` (so ``forward(x, cameras, grid)``) does: False (the
+            default) applies the whole prepared transform per call; True folds the per-view
+            factor into the weights and rotates a RoPE left alone in place. The outputs agree to
+            float rounding. With ``factors=`` given, the factors decide (``factorize(fold=...)``).
 
     Parameters ``qkv`` (``nn.Linear(dim, 3 * heads * head_dim)``, rows q, k, v, each head-major),
     ``out``, ``q_norm`` / ``k_norm``: the same names and layout as a plain attention module, so
@@ -181,7 +170,7 @@ class MultiviewAttention(_Folded):
         out_bias: bool = False,
         qk_norm: bool = False,
         head_dim: int | None = None,
-        fold: bool | None = None,
+        fold: bool = False,
     ) -> None:
         super().__init__(dim, heads, encoding, head_dim, fold)
         self.qkv = nn.Linear(dim, 3 * self.inner, bias=qkv_bias)
@@ -209,9 +198,9 @@ class MultiviewAttention(_Folded):
             factors = self.factorize(
                 cameras, grid, planes=planes, params=params, camera_tokens=camera_tokens, length=x.shape[1]
             )
-        fold = self.folds(factors, x)
-        if factors.rotary(x.dtype) and (fold or not factors.folds):
+        if factors.rotary(x.dtype):  # only factors made with fold=True rotate in place
             return self._rotary(x, factors, sdpa_kwargs)
+        fold = factors.folds
         fold_qk = fold and not self.qk_norm
         fold_v = fold and factors.transform_values
         if fold_qk:
@@ -235,10 +224,9 @@ class MultiviewAttention(_Folded):
         return self.output(F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs), factors, True)
 
     def _rotary(self, x: Tensor, factors: Factors, sdpa_kwargs: dict[str, Any]) -> Tensor:
-        """:meth:`forward` where the RoPE is all that is left per token (``factors.rotary``, and
-        this call folds what ``factors`` splits off): q, k (unless QK-norm keeps them unfolded)
-        and v with their channels interleaved, the per-view factor folded as in :meth:`forward`,
-        the RoPE rotated in place (:mod:`.rotary`)."""
+        """:meth:`forward` where the RoPE is all that is left per token (``factors.rotary``): q, k
+        (unless QK-norm keeps them unfolded) and v with their channels interleaved, the per-view
+        factor folded as in :meth:`forward`, the RoPE rotated in place (:mod:`.rotary`)."""
         B, L, _ = x.shape
         H, d, V = self.heads, self.head_dim, factors.tokens.num_views
         fold_qk = factors.folds and not self.qk_norm
@@ -327,8 +315,9 @@ class MultiviewCrossAttention(_Folded):
     Parameters ``q`` (``nn.Linear(dim, heads * head_dim)``), ``kv`` (``nn.Linear(context_dim,
     2 * heads * head_dim)``, rows k then v), ``out``, and ``q_norm`` / ``k_norm`` with
     ``qk_norm``. The query side's per-view factor folds into W_q and W_o, the key side's into
-    W_k and W_v (``fold`` as in :class:`MultiviewAttention`, decided per side). Query-frame
-    encodings are refused (EncodingError), as in :func:`hrope.cross_attention`.
+    W_k and W_v where that side's factors were made with ``fold=True`` (``fold`` as in
+    :class:`MultiviewAttention`; by default nothing folds). Query-frame encodings are refused
+    (EncodingError), as in :func:`hrope.cross_attention`.
     """
 
     def __init__(
@@ -342,7 +331,7 @@ class MultiviewCrossAttention(_Folded):
         out_bias: bool = False,
         qk_norm: bool = False,
         head_dim: int | None = None,
-        fold: bool | None = None,
+        fold: bool = False,
     ) -> None:
         super().__init__(dim, heads, encoding, head_dim, fold)
         self.q = nn.Linear(dim, self.inner, bias=qkv_bias)
@@ -361,7 +350,7 @@ class MultiviewCrossAttention(_Folded):
                     f"MultiviewCrossAttention: {name} has a query-frame encoding, which re-encodes keys per "
                     "query view: use MultiviewAttention over both sets' cameras with an attn_mask"
                 )
-        fold_query, fold_key = self.folds(query, x), self.folds(key, context)
+        fold_query, fold_key = query is not None and query.folds, key is not None and key.folds
         fold_q = fold_query and not self.qk_norm
         fold_k = fold_key and not self.qk_norm
         fold_v = fold_key and cast(Factors, key).transform_values

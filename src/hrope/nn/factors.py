@@ -56,11 +56,12 @@ class Factors:
     ``full``: the whole transform (:meth:`hrope.Encoding.prepare`, wrapped in
     :class:`~hrope.MixedTokens` when some tokens have no camera): the per-call path, used where
     nothing folds. ``view`` G_c and ``view_inv`` G_c^-1 ``(B, V, b, b)`` (geometry dtype), tiled
-    ``num_blocks`` times per head, or None when nothing folds; ``residual``: the per-token rest A_t
-    (same token layout as ``full``). ``tokens``: the camera-token layout. ``rope_dim``: when every
-    token is a camera token and what is left per token is the 2D RoPE alone (the rest of a
-    ``"blocks"`` encoding, or an encoding that is RoPE only, ``rope2d``), the RoPE's channels per
-    head: the module then rotates them in place (:mod:`.rotary`, :meth:`phase_for`); else 0.
+    ``num_blocks`` times per head, or None when nothing folds (``fold=False``, or no per-view
+    factor); ``residual``: the per-token rest A_t (same token layout as ``full``). ``tokens``: the
+    camera-token layout. ``rope_dim``: with ``fold=True``, when every token is a camera token and
+    what is left per token is the 2D RoPE alone (the rest of a ``"blocks"`` encoding, or an
+    encoding that is RoPE only, ``rope2d``), the RoPE's channels per head: the module then rotates
+    them in place (:mod:`.rotary`, :meth:`phase_for`); else 0.
     """
 
     full: Prepared
@@ -147,7 +148,7 @@ def factorize(
     params: dict[str, Tensor] | None = None,
     camera_tokens: CameraTokens | None = None,
     length: int | None = None,
-    fold: bool = True,
+    fold: bool = False,
 ) -> Factors:
     """Bind ``encoding`` to one batch and split off its per-view factor (module docstring).
 
@@ -157,8 +158,11 @@ def factorize(
         head_dim: channels per head.
         camera_tokens, length: where the V * grid_h * grid_w camera tokens sit among ``length``
             tokens (:class:`~hrope.MixedTokens`); None: all tokens are camera tokens.
-        fold: False binds the encoding without splitting off its per-view factor (``full``
-            only, what a module that does not fold uses).
+        fold: False (the default) binds the encoding only (``full``): the modules then apply
+            the whole transform per call, exactly ``hrope.multiview_attention``. True (opt-in,
+            docs/encodings.md "When it pays, and the default") also splits off the per-view
+            factor, which the modules fold into their weights, and marks a RoPE left alone for
+            rotation in place (``rope_dim``).
 
     Encodings whose ``per_view`` fact is None (``none``, ``rope2d``, ``hrope``, the ablations) and
     query-frame encodings return Factors that fold nothing (``full`` only).
@@ -178,7 +182,7 @@ def factorize(
         transform = cast(TokenTransform, full)  # relative encodings prepare a TokenTransform
         view, view_inv, residual = _residual(enc, transform, cameras, planes)
         num_blocks = transform.layout.num_blocks
-    rope_dim = _rotated_rope_dim(enc, full, view is not None) if camera_tokens is None else 0
+    rope_dim = _rotated_rope_dim(enc, full, view is not None) if fold and camera_tokens is None else 0
     if camera_tokens is not None:
         full = MixedTokens(full, camera_tokens, tokens.length)
         residual = None if residual is None else MixedTokens(residual, camera_tokens, tokens.length)

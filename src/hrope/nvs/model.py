@@ -18,17 +18,17 @@ adds the same embedding of ``<name>``'s parameters on top of any encoding withou
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import cast
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from ..cameras import Cameras
-from ..encodings import ENCODINGS, Encoding, get_encoding
+from ..encodings import ENCODINGS, Encoding, Prepared, get_encoding
 from ..errors import InputError
 from ..geometry import patchify
-from ..nn import MultiviewAttention, factorize
+from ..nn import Factors, MultiviewAttention, factorize
 from .config import PREDICTORS, ModelSettings, check_fields, did_you_mean
 from .sources import (
     ParameterSource,
@@ -68,9 +68,10 @@ class ModelConfig(ModelSettings):
     ``*-ape``, camera frame for relative encodings), ``world`` or ``camera``. ``predictor`` is used
     only by encodings that need per-token parameters. ``transform_backend``: how the encoding's
     transforms are applied (:data:`hrope.encodings.base.BACKENDS`; ``auto`` uses the fused Triton
-    kernel on CUDA). ``folded_attention``: attention by :class:`hrope.nn.MultiviewAttention`, which
-    folds the encoding's per-view factor into the projection weights (same parameters and
-    outputs up to float rounding; off by default)."""
+    kernel on CUDA; ``torch`` by default). ``folded_attention``: the attention layers
+    (:class:`hrope.nn.MultiviewAttention` either way) fold the encoding's per-view factor into the
+    projection weights (``fold=True``; same parameters and outputs up to float rounding; off by
+    default)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "model", ModelError)
@@ -176,45 +177,24 @@ def count_parameters(module: nn.Module) -> dict[str, int]:
     return {"total": total, "trainable": trainable}
 
 
-class Attention(nn.Module):
-    """Multi-head self-attention; q and k are RMS-normalised per head before the encoding."""
-
-    def __init__(self, dim: int, heads: int, qk_norm: bool) -> None:
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
-        self.out = nn.Linear(dim, dim, bias=False)
-        head_dim = dim // heads
-        self.q_norm = nn.RMSNorm(head_dim) if qk_norm else nn.Identity()
-        self.k_norm = nn.RMSNorm(head_dim) if qk_norm else nn.Identity()
-
-    def forward(self, x: Tensor, prepared) -> Tensor:
-        B, N, D = x.shape
-        q, k, v = self.qkv(x).reshape(B, N, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
-        out = prepared.attention(self.q_norm(q), self.k_norm(k), v)
-        return self.out(out.transpose(1, 2).reshape(B, N, D))
-
-
 class Block(nn.Module):
-    """Pre-norm transformer block; ``forward(x, prepared)`` attends through the encoding's
-    prepared transform (:meth:`hrope.Encoding.prepare`). ``normed``: ``norm1(x)`` when the
-    caller has already computed it."""
+    """Pre-norm transformer block; ``forward(x, factors)`` attends through the encoding bound to
+    the batch (:func:`hrope.nn.factorize`; unfolded: its prepared transform,
+    :meth:`hrope.Encoding.prepare`). Attention: :class:`hrope.nn.MultiviewAttention` without
+    biases, QK-norm (RMS per head, before the encoding) with ``qk_norm``; parameters ``qkv``,
+    ``out``, ``q_norm``, ``k_norm``. ``normed``: ``norm1(x)`` when the caller has already computed it."""
 
-    def __init__(self, dim: int, heads: int, mlp_ratio: float, qk_norm: bool, folded: bool = False) -> None:
+    def __init__(self, dim: int, heads: int, mlp_ratio: float, qk_norm: bool) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, bias=False)
-        self.folded = folded  # attention by hrope.nn.MultiviewAttention (same parameter names)
-        if folded:  # folding asked for: on every device (the module's default folds on CUDA only)
-            self.attn: nn.Module = MultiviewAttention(dim, heads, None, qk_norm=qk_norm, fold=True)
-        else:
-            self.attn = Attention(dim, heads, qk_norm)
+        self.attn = MultiviewAttention(dim, heads, None, qk_norm=qk_norm)
         self.norm2 = nn.LayerNorm(dim, bias=False)
         hidden = int(dim * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden, bias=False), nn.GELU(), nn.Linear(hidden, dim, bias=False))
 
-    def forward(self, x: Tensor, prepared, normed: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, factors: Factors, normed: Tensor | None = None) -> Tensor:
         h = self.norm1(x) if normed is None else normed
-        x = x + (self.attn(h, factors=prepared) if self.folded else self.attn(h, prepared))
+        x = x + self.attn(h, factors=factors)
         return x + self.mlp(self.norm2(x))
 
 
@@ -241,9 +221,7 @@ class LVSM(nn.Module):
         self.context_tokenizer = nn.Linear(9 * p2, c.dim, bias=False)
         self.target_tokenizer = nn.Linear(6 * p2, c.dim, bias=False)
         self.input_norm = nn.LayerNorm(c.dim, bias=False)
-        self.blocks = nn.ModuleList(
-            Block(c.dim, c.heads, c.mlp_ratio, c.qk_norm, c.folded_attention) for _ in range(c.layers)
-        )
+        self.blocks = nn.ModuleList(Block(c.dim, c.heads, c.mlp_ratio, c.qk_norm) for _ in range(c.layers))
         self.output_norm = nn.LayerNorm(c.dim, bias=False)
         self.head = nn.Linear(c.dim, 3 * p2, bias=False)
         self._init_weights()
@@ -392,34 +370,44 @@ class LVSM(nn.Module):
         out = torch.sigmoid(unpatchify(out.reshape(B, Vt, P, -1), c.patch_size, grid))
         return LVSMOutput(images=out, parameters=parameters)
 
-    def _prepare(self, cameras: Cameras, values: dict[str, Tensor]):
+    def _prepare(self, cameras: Cameras, values: dict[str, Tensor]) -> Factors:
         """The encoding bound to the folded cameras and per-token ``values`` (with a heads axis
-        after N for a per-head source: then one transform per head, :class:`HeadsInBatch`)."""
+        after N for a per-head source: then one transform per head, :class:`HeadsInBatch`), split
+        for folding where ``model.folded_attention`` asks (the one place that decides it)."""
         heads = self.source.attention_heads if self.source is not None and values else 1
         if heads > 1:
             values = {name: fold_heads(value) for name, value in values.items()}
             cameras = cameras.repeat_batch(heads)
         planes, params = encoding_inputs(values)
         head_dim = self.config.dim // self.config.heads
-        if self.config.folded_attention:  # per-head sources are refused at construction
-            return factorize(self.encoding, cameras, self.config.grid, head_dim, planes=planes, params=params)
-        prepared = self.encoding.prepare(cameras, self.config.grid, head_dim, planes=planes, **params)
-        return prepared if heads == 1 else HeadsInBatch(prepared, heads)
+        fold = self.config.folded_attention  # per-head sources are refused with it at construction
+        factors = factorize(self.encoding, cameras, self.config.grid, head_dim, planes=planes, params=params, fold=fold)
+        return factors if heads == 1 else replace(factors, full=HeadsInBatch(factors.full, heads))
 
 
-class HeadsInBatch:
+class HeadsInBatch(Prepared):
     """A transform prepared per attention head, on a batch of ``B * heads`` (element ``b * heads +
     h``): ``attention(q, k, v)`` with ``(B, heads, N, head_dim)`` runs every head as its own batch
     element with one head, in one SDPA call."""
 
-    def __init__(self, prepared, heads: int) -> None:
+    def __init__(self, prepared: Prepared, heads: int) -> None:
         self.prepared, self.heads = prepared, heads
+        self.batch_size, self.device = prepared.batch_size // heads, prepared.device
+        self.query_frame, self.transform_values = prepared.query_frame, prepared.transform_values
 
-    def attention(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    @property
+    def head_dim(self) -> int:
+        return self.prepared.head_dim
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prepared.num_tokens
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs: Any) -> Tensor:
         B, H, N, d = q.shape
         if H != self.heads:
             raise ModelError(f"the transform was prepared for {self.heads} heads, got {H}")
-        out = self.prepared.attention(*(x.reshape(B * H, 1, N, d) for x in (q, k, v)))
+        out = self.prepared.attention(*(x.reshape(B * H, 1, N, d) for x in (q, k, v)), **sdpa_kwargs)
         return out.reshape(B, H, N, d)
 
 

@@ -2,7 +2,7 @@
 
 :class:`AttentionRecorder` records, for one query token, the attention weights of every layer of
 an :class:`hrope.nvs.model.LVSM` without changing what the model computes: a forward pre-hook on
-each block's attention hands it a wrapper of the layer's prepared transform whose ``attention``
+each block's attention hands it factors whose prepared transform is wrapped: its ``attention``
 first computes ``softmax((encoded q_i) · (encoded k_j) / sqrt(head_dim))`` for the chosen query i
 (:func:`query_weights`, from the transform's own ``apply_q`` / ``apply_k``, or ``apply_kv`` in the
 query's frame for the query-frame encodings), then calls the wrapped ``attention`` with the same
@@ -17,7 +17,7 @@ of the model's own plane for the target token (plane encodings), in pixel coordi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -57,12 +57,12 @@ class _Recording:
     def __init__(self, prepared, recorder: AttentionRecorder, layer: int) -> None:
         self.prepared, self.recorder, self.layer = prepared, recorder, layer
 
-    def attention(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs) -> Tensor:
         with torch.no_grad():
             self.recorder.weights[self.layer] = query_weights(
                 self.prepared, q.detach(), k.detach(), self.recorder.index
             )
-        return self.prepared.attention(q, k, v)
+        return self.prepared.attention(q, k, v, **sdpa_kwargs)
 
 
 class AttentionRecorder:
@@ -77,12 +77,14 @@ class AttentionRecorder:
 
     def __enter__(self) -> AttentionRecorder:
         for layer, block in enumerate(self.model.blocks):
-            self._handles.append(block.attn.register_forward_pre_hook(partial(self._wrap, layer)))
+            self._handles.append(block.attn.register_forward_pre_hook(partial(self._wrap, layer), with_kwargs=True))
         return self
 
-    def _wrap(self, layer: int, module, args: tuple) -> tuple:
-        x, prepared = args
-        return x, _Recording(prepared, self, layer)
+    def _wrap(self, layer: int, module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        factors = kwargs["factors"]
+        if factors.folds or factors.rope_dim:
+            raise VizError("the attention probe reads the unfolded transform: set model.folded_attention false")
+        return args, {**kwargs, "factors": replace(factors, full=_Recording(factors.full, self, layer))}
 
     def __exit__(self, *exc) -> None:
         for handle in self._handles:
