@@ -16,7 +16,7 @@ import pytest
 import torch
 from _lvsm_helpers import small_config
 
-from hrope.nvs import checkpoints
+from hrope.nvs.running import checkpoints
 from hrope.nvs.running.checkpoints import CHECKPOINT_NAME, load_checkpoint, load_model, save_checkpoint
 from hrope.nvs.cli import run
 from hrope.nvs.config import save_config
