@@ -34,8 +34,8 @@ hrope.errors.InputError: m must have shape (2, N, 3), got (2, 8)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NoReturn
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn, cast
 
 import torch
 from torch import Tensor
@@ -70,52 +70,52 @@ def check_shapes(
 ) -> dict[str, int]:
     """Check ``tensors`` (argument name -> ``(tensor, pattern)``) and return the size of every named dim.
 
-    The checks, in this order, each with its kind of failure:
-
-    - ``type``, ``shape``: each argument is a tensor whose dims fit its pattern (rank, literal
-      sizes, the sizes given in ``dims``, a name used twice in it);
-    - ``dims``: a name shared by two tensors has one size;
-    - ``device``: each tensor lies on ``device`` (if given); ``same_device``: all on the first
-      one's device (if True);
-    - ``floating``: each is a floating-point tensor (if True); ``same_dtype``: all have the
-      first one's dtype (if True).
+    The checks, in this order, each with its kind of failure: argument by argument, ``type`` and
+    ``shape`` (a tensor whose dims fit its pattern: rank, literal sizes, the sizes in ``dims``, a
+    name used twice in it), then ``dims`` (the names it shares with the arguments before it have
+    their sizes); ``device`` (each tensor on ``device``, if given) and ``same_device`` (all on the
+    first one's device, if True); ``floating`` (each a floating-point tensor, if True) and
+    ``same_dtype`` (all of the first one's dtype, if True).
 
     Args:
         tensors: the arguments in the order they are checked, each with its pattern (module doc).
         error: the :class:`~hrope.errors.InputError` subclass raised.
         dims: sizes known beforehand, e.g. ``{"B": cameras.batch_size}``.
-        device, same_device, floating, same_dtype: the checks above.
         messages: one template for every kind, or templates by kind (:data:`MESSAGES` for the
-            others). ``str.format`` fields: ``name``, ``shape`` (a tuple, or the type name of a
-            non-tensor), ``dtype`` and ``device`` of the failing argument; ``expected`` (``type``
-            and ``shape``: the pattern with the sizes of ``dims``; ``device``: that device;
-            ``same_*``: the first tensor's device or dtype); ``other`` (``dims`` and ``same_*``:
-            the argument it disagrees with); ``names``, ``bound``, ``got`` (``dims``: the names the
-            two share, their sizes in ``other`` and in ``name``); ``dims`` (the sizes bound so
-            far) and ``shapes``, ``dtypes``, ``devices`` (of every argument, by name).
+            others), with the ``str.format`` fields ``name``, ``shape`` (a tuple, or the type name
+            of a non-tensor), ``dtype``, ``device`` of the failing argument; ``expected`` (``type``,
+            ``shape``: the pattern with the sizes of ``dims``; ``device``: that device; ``same_*``:
+            the first tensor's device or dtype); ``other`` (``dims``, ``same_*``: the argument it
+            disagrees with); ``names``, ``bound``, ``got`` (``dims``: the names the two share, their
+            sizes in ``other`` and in ``name``); ``dims`` (the sizes bound so far); ``shapes``,
+            ``dtypes``, ``devices`` (of every argument, by name).
 
-    Returns ``dims`` and the sizes bound by the tensors, name -> size. Raises ``error`` with the
-    message; ValueError for a malformed pattern.
+    Returns ``dims`` and the sizes bound by the tensors; raises ``error`` (ValueError for a malformed pattern).
     """
-    given = dict(dims or {})
+    given = dims or {}
 
     def fail(kind: str, name: str, known: Mapping[str, int], **fields: Any) -> NoReturn:
         template = messages if isinstance(messages, str) else (messages or {}).get(kind, MESSAGES[kind])
         raise error(_format(template, tensors, name, known, fields))
 
-    checked, named = _fit(tensors, given, fail)
-    known = _bind(named, given, fail)
-    first = next(iter(checked), "")  # the argument same_device and same_dtype compare with
-    for name, x in checked.items():
-        if device is not None and x.device != device:
-            fail("device", name, known, expected=device)
-        if same_device and x.device != checked[first].device:
-            fail("same_device", name, known, other=first, expected=checked[first].device)
-    for name, x in checked.items():
-        if floating and not x.is_floating_point():
-            fail("floating", name, known)
-        if same_dtype and x.dtype != checked[first].dtype:
-            fail("same_dtype", name, known, other=first, expected=checked[first].dtype)
+    checked: dict[str, Tensor] = {}
+    named: dict[str, dict[str, int]] = {}  # each argument's named dims (those of dims left out)
+    known = dict(given)  # the size of each name
+    owner: dict[str, str] = {}  # the argument that bound it
+    for name, (x, pattern) in tensors.items():
+        tokens = pattern.split()
+        sizes = _named_sizes(tokens, x.shape, given) if isinstance(x, Tensor) else None
+        if sizes is None:
+            fail("shape" if isinstance(x, Tensor) else "type", name, given, expected=_render(tokens, given))
+        checked[name], named[name] = cast(Tensor, x), sizes
+        for dim, size in sizes.items():
+            if known.setdefault(dim, size) != size:
+                fail("dims", name, known, **_disagreement(named, name, owner[dim]))
+            owner.setdefault(dim, name)
+    failure = _placement(checked, device, same_device, floating, same_dtype)
+    if failure is not None:
+        kind, name, fields = failure
+        fail(kind, name, known, **fields)
     return known
 
 
@@ -142,58 +142,29 @@ def check_finite(
             raise error(message.format(name=name, dtype=x.dtype))
 
 
-def _fit(
-    tensors: Mapping[str, tuple[object, str]], given: Mapping[str, int], fail: Callable[..., NoReturn]
-) -> tuple[dict[str, Tensor], dict[str, dict[str, int]]]:
-    """The ``type`` and ``shape`` checks: the tensors, and the sizes of each one's named dims, by argument."""
-    checked: dict[str, Tensor] = {}
-    named: dict[str, dict[str, int]] = {}
-    for name, (x, pattern) in tensors.items():
-        tokens = _tokens(pattern)
-        if not isinstance(x, Tensor):
-            fail("type", name, given, expected=_render(tokens, given))
-        sizes = _named_sizes(tokens, x.shape, given)
-        if sizes is None:
-            fail("shape", name, given, expected=_render(tokens, given))
-        checked[name], named[name] = x, sizes
-    return checked, named
-
-
-def _bind(
-    named: Mapping[str, dict[str, int]], given: Mapping[str, int], fail: Callable[..., NoReturn]
-) -> dict[str, int]:
-    """The ``dims`` check: ``given`` and the size of every name the arguments share, each bound once."""
-    known = dict(given)
-    owner: dict[str, str] = {}  # the argument that bound each name
-    for name, sizes in named.items():
-        for dim, size in sizes.items():
-            if known.setdefault(dim, size) != size:
-                theirs = named[owner[dim]]
-                shared = [d for d in sizes if d in theirs]
-                fail(
-                    "dims",
-                    name,
-                    known,
-                    other=owner[dim],
-                    names=_group(shared),
-                    bound=_group([theirs[d] for d in shared]),
-                    got=_group([sizes[d] for d in shared]),
-                )
-            owner.setdefault(dim, name)
-    return known
-
-
-def _tokens(pattern: str) -> list[str]:
-    """The dims of ``pattern`` (ValueError for more than one ``...``; :func:`_name` checks the names)."""
-    if pattern.count("...") > 1:
-        raise ValueError(f"shape pattern {pattern!r} has more than one '...'")
-    return pattern.split()
+def _placement(
+    checked: Mapping[str, Tensor], device: torch.device | None, same_device: bool, floating: bool, same_dtype: bool
+) -> tuple[str, str, dict[str, Any]] | None:
+    """The first failure of the device and dtype checks of :func:`check_shapes`: (kind, argument,
+    its fields), or None."""
+    first = next(iter(checked), "")  # the argument same_device and same_dtype compare with
+    for name, x in checked.items():
+        if device is not None and x.device != device:
+            return "device", name, {"expected": device}
+        if same_device and x.device != checked[first].device:
+            return "same_device", name, {"other": first, "expected": checked[first].device}
+    for name, x in checked.items():
+        if floating and not x.is_floating_point():
+            return "floating", name, {}
+        if same_dtype and x.dtype != checked[first].dtype:
+            return "same_dtype", name, {"other": first, "expected": checked[first].dtype}
+    return None
 
 
 def _name(token: str) -> str:
     """``token``, the name of a dim (ValueError for anything else, e.g. ``-1`` or ``a-b``)."""
     if not token.isidentifier():
-        raise ValueError(f"shape pattern: {token!r} is not a name, an integer or '...'")
+        raise ValueError(f"shape pattern: {token!r} is not a name, an integer or the one '...'")
     return token
 
 
@@ -216,15 +187,30 @@ def _named_sizes(tokens: list[str], shape: Sequence[int], given: Mapping[str, in
         elif token.isdigit():
             if int(token) != size:
                 return None
-        elif sizes.setdefault(_name(token), size) != size:
+        elif sizes.setdefault(_name(token), size) != size:  # a second "..." fails _name
             return None
     return sizes
 
 
 def _render(tokens: list[str], sizes: Mapping[str, int]) -> str:
-    """A pattern as a shape tuple, with the sizes known in ``sizes``: ``(2, N, 3)``."""
+    """A pattern as a shape tuple, with the sizes known in ``sizes``: ``(2, N, 3)`` (ValueError for
+    a malformed pattern)."""
+    if tokens.count("...") > 1:
+        raise ValueError(f"shape pattern {' '.join(tokens)!r} has more than one '...'")
     parts = [t if t.isdigit() or t == "..." else str(sizes.get(_name(t), t)) for t in tokens]
     return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+
+
+def _disagreement(named: Mapping[str, dict[str, int]], name: str, other: str) -> dict[str, str]:
+    """The ``dims`` fields: ``other``, the names it shares with ``name``, and their sizes in each."""
+    mine, theirs = named[name], named[other]
+    shared = [d for d in mine if d in theirs]
+    return {
+        "other": other,
+        "names": _group(shared),
+        "bound": _group([theirs[d] for d in shared]),
+        "got": _group([mine[d] for d in shared]),
+    }
 
 
 def _group(items: Sequence[object]) -> str:
