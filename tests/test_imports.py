@@ -21,6 +21,7 @@ SOURCE = ROOT / "src"
 LAYERS = {
     "hrope.errors": 0,
     "hrope.geometry": 0,
+    "hrope.shapes": 0.5,
     "hrope.cameras": 1,
     "hrope.planes": 2,
     "hrope.rays": 2,

@@ -100,6 +100,37 @@ def test_camera_shape_errors():
         hrope.Cameras(base.K, bottom, (32, 48))
 
 
+def test_tensor_shape_errors_name_the_argument_and_its_dims():
+    """The messages docs/errors.md quotes, word for word (hrope.shapes.check_shapes writes them)."""
+    base = random_cameras(B=1, V=2, seed=0)
+    cases = [
+        (
+            lambda: hrope.Cameras(base.K, base.world_to_cam[..., :3, :], (32, 48)),
+            hrope.CameraError,
+            "world_to_cam must have shape (B, V, 4, 4), got (1, 2, 3, 4)",
+        ),
+        (
+            lambda: hrope.Cameras(base.K, base.world_to_cam[:, :1], (32, 48)),
+            hrope.CameraError,
+            "K has (B, V) = (1, 2) but world_to_cam has (1, 1)",
+        ),
+        (
+            lambda: hrope.Planes(torch.ones(1, 8, 3), torch.ones(1, 7)),
+            hrope.PlaneError,
+            "normal has (B, N) = (1, 8) but depth has (1, 7)",
+        ),
+        (
+            lambda: hrope.Planes.from_depth(torch.ones(1, 2, 30, 48), base, 2),
+            hrope.PlaneError,
+            "depth must have shape (1, 2, 32, 48) (the cameras' B, V and image size), got (1, 2, 30, 48)",
+        ),
+    ]
+    for call, error, expected in cases:
+        with pytest.raises(error) as info:
+            call()
+        assert str(info.value) == expected
+
+
 def test_qkv_shape_errors():
     cameras = random_cameras(B=1, V=2, seed=0)
     q, k, v = random_qkv(1, 2, 8, 16)

@@ -19,9 +19,23 @@ from .cameras import Cameras
 from .encodings import Encoding, EncodingError, Prepared, TokenTransform, get_encoding
 from .encodings.base import check_mask_options
 from .planes import Planes
+from .shapes import check_shapes
 from .tokens import CameraTokens, MixedTokens
 
 __all__ = ["multiview_attention", "check_qkv", "cross_attention", "KVCache"]
+
+_QKV_SHAPE = (
+    "q, k, v must share one shape (B, heads, N, head_dim) (with enable_gqa=True, k and v may have "
+    "a divisor of q's heads); got {shapes[q]}, {shapes[k]}, {shapes[v]}"
+)
+_QKV_PLACE = (
+    "q, k, v must share one dtype and device; got {dtypes[q]} on {devices[q]}, {dtypes[k]} on {devices[k]}, "
+    "{dtypes[v]} on {devices[v]}"
+)
+_QKV_MESSAGES = {
+    **dict.fromkeys(("type", "shape", "dims"), _QKV_SHAPE),
+    **dict.fromkeys(("same_device", "same_dtype"), _QKV_PLACE),
+}
 
 
 def check_qkv(
@@ -40,19 +54,18 @@ def check_qkv(
         raise EncodingError(f"cameras must be hrope.Cameras, got {type(cameras).__name__}")
     if len(grid) != 2 or min(grid) <= 0:
         raise EncodingError(f"grid must be (grid_h, grid_w) with positive entries, got {grid}")
-    same_but_heads = q.ndim == 4 and k.shape == v.shape and k.shape[:1] + k.shape[2:] == q.shape[:1] + q.shape[2:]
-    heads_ok = k.shape[1] == q.shape[1] or (enable_gqa and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0)
-    if not (same_but_heads and heads_ok):
-        raise EncodingError(
-            "q, k, v must share one shape (B, heads, N, head_dim) (with enable_gqa=True, k and v may have "
-            f"a divisor of q's heads); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    if not (q.dtype == k.dtype == v.dtype and q.device == k.device == v.device):
-        raise EncodingError(
-            f"q, k, v must share one dtype and device; got {q.dtype} on {q.device}, {k.dtype} on {k.device}, "
-            f"{v.dtype} on {v.device}"
-        )
-    B, _, N, _ = q.shape
+    kv = "B heads N head_dim" if not enable_gqa else "B heads_kv N head_dim"
+    dims = check_shapes(
+        {"q": (q, "B heads N head_dim"), "k": (k, kv), "v": (v, kv)},
+        error=EncodingError,
+        same_device=True,
+        same_dtype=True,
+        messages=_QKV_MESSAGES,
+    )
+    heads, heads_kv = dims["heads"], dims.get("heads_kv", dims["heads"])
+    if heads_kv != heads and (heads_kv == 0 or heads % heads_kv):
+        raise EncodingError(_QKV_SHAPE.format(shapes={"q": tuple(q.shape), "k": tuple(k.shape), "v": tuple(v.shape)}))
+    B, N = dims["B"], dims["N"]
     expected = cameras.num_views * grid[0] * grid[1]
     if N != expected and camera_tokens is None:
         raise EncodingError(f"N = {N} tokens, but {cameras.num_views} views x grid {tuple(grid)} = {expected}")
@@ -171,9 +184,20 @@ def cross_attention(
     return out if query is None else query.apply_o(out)
 
 
-def _chunk_signature(x: Tensor) -> tuple[int, int, int, torch.dtype, torch.device]:
-    """What every chunk of a cache shares: batch, heads, head_dim, dtype and device."""
-    return x.shape[0], x.shape[1], x.shape[3], x.dtype, x.device
+# KVCache's messages (check_shapes templates)
+_CHUNK_SHAPE = "KVCache: k and v must share one shape (B, heads, tokens, head_dim), got {shapes[k]}, {shapes[v]}"
+_CACHE_MISMATCH = (
+    "KVCache: new keys {shapes[k]} {dtypes[k]} on {devices[k]} must match the cache's (B, heads, ., head_dim) = "
+    "{shapes[cache]} {dtypes[cache]} on {devices[cache]}"
+)
+_CHUNK_QUERIES = (
+    "KVCache.attention: q and k must be (B, heads, L, head_dim) alike but for the heads (the new chunk's L tokens "
+    "each), got {shapes[q]}, {shapes[k]}"
+)
+_CHUNK_MASK = (
+    "KVCache.attention: attn_mask must end in (new tokens, cached + new tokens) = ({dims[L]}, {dims[T]}), "
+    "got {shapes[attn_mask]}"
+)
 
 
 class KVCache:
@@ -203,16 +227,15 @@ class KVCache:
         """Transform the new chunk's k, v ``(B, heads_kv, Lk, d)`` (``apply_k``, ``apply_v``), append
         them and return the whole cache ``(B, heads_kv, T, d)``. The cache is unchanged on an error."""
         transform = _relative(transform, "KVCache")
-        if not (isinstance(k, Tensor) and isinstance(v, Tensor) and k.ndim == 4 and k.shape == v.shape):
-            shapes = [tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__ for x in (k, v)]
-            raise EncodingError(
-                f"KVCache: k and v must share one shape (B, heads, tokens, head_dim), got {shapes[0]}, {shapes[1]}"
-            )
-        if self.keys is not None and _chunk_signature(k) != _chunk_signature(self.keys):
-            cached = self.keys
-            raise EncodingError(
-                f"KVCache: new keys {tuple(k.shape)} {k.dtype} on {k.device} must match the cache's "
-                f"(B, heads, ., head_dim) = {tuple(cached.shape)} {cached.dtype} on {cached.device}"
+        chunk = "B heads tokens head_dim"
+        check_shapes({"k": (k, chunk), "v": (v, chunk)}, error=EncodingError, messages=_CHUNK_SHAPE)
+        if self.keys is not None:
+            check_shapes(
+                {"cache": (self.keys, "B heads cached head_dim"), "k": (k, chunk)},
+                error=EncodingError,
+                same_device=True,
+                same_dtype=True,
+                messages=_CACHE_MISMATCH,
             )
         if transform is not None:
             k, v = transform.apply_k(k), transform.apply_v(v)
@@ -242,22 +265,18 @@ class KVCache:
         SDPA's lower-right causal bias). ``attn_mask`` ``(..., L, T)``: the caller's own.
         """
         check_mask_options({"is_causal": is_causal, "attn_mask": attn_mask})
-        if not (
-            isinstance(q, Tensor)
-            and isinstance(k, Tensor)
-            and q.ndim == k.ndim == 4
-            and (q.shape[0], *q.shape[2:]) == (k.shape[0], *k.shape[2:])
-        ):
-            shapes = [tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__ for x in (q, k)]
-            raise EncodingError(
-                f"KVCache.attention: q and k must be (B, heads, L, head_dim) alike but for the heads "
-                f"(the new chunk's L tokens each), got {shapes[0]}, {shapes[1]}"
-            )
+        check_shapes(
+            {"q": (q, "B heads L head_dim"), "k": (k, "B heads_kv L head_dim")},
+            error=EncodingError,
+            messages=_CHUNK_QUERIES,
+        )
         total = len(self) + k.shape[2]
-        if attn_mask is not None and attn_mask.shape[-1] != total:
-            raise EncodingError(
-                f"KVCache.attention: attn_mask must end in (new tokens, cached + new tokens) = "
-                f"({q.shape[2]}, {total}), got {tuple(attn_mask.shape)}"
+        if attn_mask is not None:
+            check_shapes(
+                {"attn_mask": (attn_mask, "... T")},
+                error=EncodingError,
+                dims={"L": q.shape[2], "T": total},
+                messages=_CHUNK_MASK,
             )
         q = q if transform is None else _relative(transform, "KVCache").apply_q(q)
         keys, values = self.append(k, v, transform)

@@ -15,6 +15,7 @@ from torch.types import Device
 
 from .errors import InputError, checking_values
 from .geometry import geometry_dtype, invert_se3, normalize_intrinsics
+from .shapes import check_shapes
 
 __all__ = ["Cameras", "CameraError", "MAX_TRANSLATION", "FOCAL_RANGE", "MAX_PRINCIPAL_OFFSET"]
 
@@ -108,18 +109,12 @@ class Cameras:
     # ------------------------------------------------------------------ validation
     def _validate(self, atol: float) -> None:
         K, E = self.K, self.world_to_cam
-        if not isinstance(K, Tensor) or not isinstance(E, Tensor):
-            raise CameraError("K and world_to_cam must be torch tensors")
-        if K.ndim != 4 or K.shape[-2:] != (3, 3):
-            raise CameraError(f"K must have shape (B, V, 3, 3), got {tuple(K.shape)}")
-        if E.ndim != 4 or E.shape[-2:] != (4, 4):
-            raise CameraError(f"world_to_cam must have shape (B, V, 4, 4), got {tuple(E.shape)}")
-        if K.shape[:2] != E.shape[:2]:
-            raise CameraError(f"K has (B, V) = {tuple(K.shape[:2])} but world_to_cam has {tuple(E.shape[:2])}")
-        if not (K.is_floating_point() and E.is_floating_point()):
-            raise CameraError("K and world_to_cam must be floating point tensors")
-        if K.device != E.device:
-            raise CameraError(f"K is on {K.device} but world_to_cam is on {E.device}; put them on one device")
+        check_shapes(
+            {"K": (K, "B V 3 3"), "world_to_cam": (E, "B V 4 4")},
+            error=CameraError,
+            same_device=True,
+            floating=True,
+        )
         height, width = self.image_size
         if height <= 0 or width <= 0:
             raise CameraError(f"image_size must be positive (H, W), got {self.image_size}")

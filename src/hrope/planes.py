@@ -14,6 +14,7 @@ from torch import Tensor
 from .cameras import Cameras
 from .errors import InputError, checking_values
 from .geometry import patch_rays, patchify, pixel_rays
+from .shapes import check_finite, check_shapes
 
 __all__ = [
     "Planes",
@@ -83,22 +84,14 @@ class PlaneError(InputError):
     """Invalid plane input."""
 
 
-def _check_floating(x: Tensor, name: str) -> None:
-    if not x.is_floating_point():
-        raise PlaneError(f"{name} must be a floating-point tensor, got {x.dtype}")
-
-
 def check_depth_maps(depth: Tensor, cameras: Cameras, patch_size: int) -> None:
     """A clear :class:`PlaneError` unless ``depth`` is ``(B, V, H, W)`` for ``cameras`` (same B, V and
     image size) with H and W divisible by ``patch_size``."""
-    if depth.ndim != 4:
-        raise PlaneError(f"depth must have shape (B, V, H, W), got {tuple(depth.shape)}")
-    B, V, H, W = depth.shape
-    if (B, V) != (cameras.batch_size, cameras.num_views) or (H, W) != cameras.image_size:
-        raise PlaneError(
-            f"depth {tuple(depth.shape)} does not match cameras (B={cameras.batch_size}, "
-            f"V={cameras.num_views}, image_size={cameras.image_size})"
-        )
+    height, width = cameras.image_size
+    dims = {"B": cameras.batch_size, "V": cameras.num_views, "H": height, "W": width}
+    shape = "depth must have shape {expected} (the cameras' B, V and image size), got {shape}"
+    check_shapes({"depth": (depth, "B V H W")}, error=PlaneError, dims=dims, messages={"type": shape, "shape": shape})
+    H, W = depth.shape[-2:]
     if H % patch_size or W % patch_size:
         raise PlaneError(f"image size {(H, W)} is not divisible by patch_size {patch_size}")
 
@@ -115,14 +108,9 @@ class Planes:
     """
 
     def __init__(self, normal: Tensor, depth: Tensor) -> None:
-        if normal.ndim != 3 or normal.shape[-1] != 3:
-            raise PlaneError(f"normal must have shape (B, N, 3), got {tuple(normal.shape)}")
-        if depth.shape != normal.shape[:2]:
-            raise PlaneError(f"depth must have shape {tuple(normal.shape[:2])}, got {tuple(depth.shape)}")
-        _check_floating(normal, "normal")
-        _check_floating(depth, "depth")
-        if normal.device != depth.device:
-            raise PlaneError(f"normal is on {normal.device} but depth is on {depth.device}")
+        check_shapes(
+            {"normal": (normal, "B N 3"), "depth": (depth, "B N")}, error=PlaneError, same_device=True, floating=True
+        )
         self._check_values(normal, depth)
         self.normal: Tensor | None = normal / normal.norm(dim=-1, keepdim=True)
         self.depth: Tensor | None = depth
@@ -130,11 +118,11 @@ class Planes:
 
     @staticmethod
     def _check_values(normal: Tensor, depth: Tensor) -> None:
+        finite = "normal and depth must be finite (found NaN or inf)"
+        check_finite({"normal": normal, "depth": depth}, error=PlaneError, message=finite)
         if not checking_values():
             return
-        if not (torch.isfinite(normal).all() and torch.isfinite(depth).all()):
-            raise PlaneError("normal and depth must be finite (found NaN or inf)")
-        if checking_values() and (depth <= 0).any():
+        if (depth <= 0).any():
             raise PlaneError(f"depth must be positive, min is {float(depth.min()):g}")
         if (normal.norm(dim=-1) < 1e-6).any():
             raise PlaneError("normal has (near) zero length; a plane needs a direction")
@@ -142,11 +130,8 @@ class Planes:
     @classmethod
     def from_m(cls, m: Tensor) -> Planes:
         """Planes from the plane vector ``m = n / d`` ``(B, N, 3)`` in each token's camera frame."""
-        if m.ndim != 3 or m.shape[-1] != 3:
-            raise PlaneError(f"m must have shape (B, N, 3), got {tuple(m.shape)}")
-        _check_floating(m, "m")
-        if checking_values() and not torch.isfinite(m).all():
-            raise PlaneError("m must be finite (found NaN or inf)")
+        check_shapes({"m": (m, "B N 3")}, error=PlaneError, floating=True)
+        check_finite({"m": m}, error=PlaneError)
         planes = cls.__new__(cls)
         planes.normal = planes.depth = None
         planes._m = m

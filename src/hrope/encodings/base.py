@@ -21,8 +21,9 @@ from torch import Tensor, nn
 from ..cameras import Cameras
 from . import fused_triton
 from .banded import BandedOperator, RopeTables, banded_operator, banded_product, inverse_rope, is_small
-from ..errors import EncodingError, checking_values
+from ..errors import EncodingError
 from ..planes import Planes
+from ..shapes import check_finite, check_shapes
 from .layout import ROPE_BASE, HeadLayout, rope_tables
 
 __all__ = [
@@ -49,34 +50,41 @@ def per_token_param(
     finite (unless ``torch.compile`` traces: :func:`hrope.errors.checking_values`), reshaped to
     ``(B, V, P, *trailing)``."""
     B, V, P = cameras.batch_size, cameras.num_views, grid[0] * grid[1]
-    expected = (B, V * P, *trailing)
-    if not isinstance(x, Tensor):
-        raise EncodingError(f"{what} must be a tensor of shape {expected}, got {type(x).__name__}")
-    if tuple(x.shape) != expected:
-        raise EncodingError(f"{what} must have shape {expected}, got {tuple(x.shape)}")
-    if x.device != cameras.device:
-        raise EncodingError(f"{what} is on {x.device} but the cameras are on {cameras.device}")
-    if not x.is_floating_point():
-        raise EncodingError(f"{what} must be a floating-point tensor, got {x.dtype}")
+    pattern = " ".join(["B N", *map(str, trailing)])
+    check_shapes(
+        {what: (x, pattern)},
+        error=EncodingError,
+        dims={"B": B, "N": V * P},
+        device=cameras.device,
+        floating=True,
+        messages={"device": "{name} is on {device} but the cameras are on {expected}"},
+    )
     x = x.to(dtype)
-    if checking_values() and not torch.isfinite(x).all():
-        raise EncodingError(f"{what} must be finite in {dtype} (found NaN or inf)")
+    check_finite({what: x}, error=EncodingError, message="{name} must be finite in {dtype} (found NaN or inf)")
     return x.reshape(B, V, P, *trailing)
+
+
+# a prepared transform's input: one message for the shape, whatever is wrong with it
+_PREPARED_SHAPE = "expected {expected} (the prepared B, N, head_dim), got {shape}"
+_PREPARED_MESSAGES = {
+    "type": _PREPARED_SHAPE,
+    "shape": _PREPARED_SHAPE,
+    "device": "transform prepared on {expected}, applied to a tensor on {device}",
+    "floating": "expected a floating-point tensor, got {dtype}",
+}
 
 
 def check_prepared_input(x: Tensor, batch_size: int, tokens: int, head_dim: int, device: torch.device) -> None:
     """A prepared transform's input check: x ``(batch_size, heads, tokens, head_dim)``, floating
     point, on ``device`` (metadata only, no data pass); one-line :class:`EncodingError` otherwise."""
-    expected = (batch_size, tokens, head_dim)
-    if not isinstance(x, Tensor) or x.ndim != 4 or (x.shape[0], *x.shape[2:]) != expected:
-        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise EncodingError(
-            f"expected ({batch_size}, heads, {tokens}, {head_dim}) (the prepared B, N, head_dim), got {shape}"
-        )
-    if x.device != device:
-        raise EncodingError(f"transform prepared on {device}, applied to a tensor on {x.device}")
-    if not x.is_floating_point():
-        raise EncodingError(f"expected a floating-point tensor, got {x.dtype}")
+    check_shapes(
+        {"x": (x, "B heads N head_dim")},
+        error=EncodingError,
+        dims={"B": batch_size, "N": tokens, "head_dim": head_dim},
+        device=device,
+        floating=True,
+        messages=_PREPARED_MESSAGES,
+    )
 
 
 def check_mask_options(sdpa_kwargs: dict[str, Any]) -> None:

@@ -28,6 +28,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..shapes import check_shapes
 from .base import EncodingError
 from .query_frame import sinc
 
@@ -121,8 +122,7 @@ def sample_ray_depths(depth_map: Tensor, grid: tuple[int, int]) -> Tensor:
     ``known_depth``. H and W must be multiples of the grid. Zero or negative map values stay as
     they are (``known_depth`` reads them as missing).
     """
-    if depth_map.ndim != 4:
-        raise EncodingError(f"depth_map must have shape (B, V, H, W), got {tuple(depth_map.shape)}")
+    check_shapes({"depth_map": (depth_map, "B V H W")}, error=EncodingError)
     B, V, H, W = depth_map.shape
     gh, gw = grid
     if H % gh or W % gw:
