@@ -88,8 +88,8 @@ class _Folded(nn.Module):
 
     def folds_on(self, device: torch.device) -> bool:
         """``fold``, or where it is None (the default) whether ``device`` is a CUDA device. On the
-        CPU the per-call transforms were measured faster than folding (docs/benchmarks.md,
-        "Folded attention"); GPUs are where folding is meant to pay (long sequences, few memory
+        CPU the per-call transforms were measured faster than folding
+        (docs/benchmarks/folded_attention.md); GPUs are where folding is meant to pay (long sequences, few memory
         passes)."""
         return self.fold if self.fold is not None else device.type == "cuda"
 
