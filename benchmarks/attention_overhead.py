@@ -321,6 +321,9 @@ def main(argv: list[str] | None = None) -> None:
     results["saved_for_backward_ratio"] = saved_ratios(rows)
     results["load_average"] = [round(x, 2) for x in os.getloadavg()]
     results["provenance"] = provenance()
+    results["command"] = " ".join(
+        ["python", "benchmarks/attention_overhead.py", *(sys.argv[1:] if argv is None else argv)]
+    )
     results["config"] = run_config(args, rows)
     write(results, rows.names, args.out, output_stem(args))
 

@@ -184,7 +184,32 @@ def planned_ref(key: str, dataset: str) -> Ref:
 DATASETS = ("room", "object")
 
 
+# The cells a table read: experiment -> {(dataset, row, seed): commit}.
+Used = dict[str, dict[tuple[str, str, int], str]]
+
+
+def _use(used: Used, ref: Ref, records: dict[int, dict]) -> dict[int, dict]:
+    """``records`` of ``ref``, noted in ``used`` for :func:`_commits`."""
+    for seed, record in records.items():
+        commit = describe(record.get("provenance"), short=True)
+        used.setdefault(ref.experiment, {})[(record["dataset"], record["row"], seed)] = commit
+    return records
+
+
+def _commits(used: Used) -> str:
+    """``Cells by commit: `exp`: 21 at `c4b395fdf4`, 9 at `65d7cd1960`; ...`` of the cells a table read."""
+    parts = []
+    for experiment in sorted(used):
+        counts: dict[str, int] = {}
+        for commit in used[experiment].values():
+            counts[commit] = counts.get(commit, 0) + 1
+        ordered = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+        parts.append(f"`{experiment}`: " + ", ".join(f"{n} at `{commit}`" for commit, n in ordered))
+    return "Cells by commit: " + "; ".join(parts) + "."
+
+
 def _choices_table() -> list[str]:
+    used: Used = {}
     lines = [
         "| inputs | configuration | room PSNR ↑ | room Δ vs `prope` [95% CI] | object PSNR ↑ "
         "| object Δ vs `prope` [95% CI] | seeds | cells |",
@@ -197,8 +222,8 @@ def _choices_table() -> list[str]:
                 cells += ["not run", "not run"]
                 continue
             ref, prope = where[dataset]
-            records = row_records(ref, dataset)
-            delta = "—" if ref == prope else _delta(records, row_records(prope, dataset))[0]
+            records = _use(used, ref, row_records(ref, dataset))
+            delta = "—" if ref == prope else _delta(records, _use(used, prope, row_records(prope, dataset)))[0]
             cells += [_psnr(records), delta]
             if records:
                 seeds.add(len(records))
@@ -206,18 +231,19 @@ def _choices_table() -> list[str]:
         links = ", ".join(f"`{e}`" for e in experiments)
         count = "/".join(str(n) for n in sorted(seeds)) or "0"
         lines.append(f"| {inputs} | {name} | {' | '.join(cells)} | {count} | {links} |")
-    return lines
+    return lines + ["", _commits(used)]
 
 
 def _planned_table() -> list[str]:
+    used: Used = {}
     lines = ["| # | comparison (a − b) | dataset | Δ PSNR [95% CI] | seeds | cells |", "|---|---|---|---|---|---|"]
     for label, first, second in PLANNED:
         for dataset in DATASETS:
             a, b = planned_ref(first, dataset), planned_ref(second, dataset)
-            delta, seeds = _delta(row_records(a, dataset), row_records(b, dataset))
+            delta, seeds = _delta(_use(used, a, row_records(a, dataset)), _use(used, b, row_records(b, dataset)))
             cells = ", ".join(f"`{e}`" for e in sorted({a.experiment, b.experiment}))
             lines.append(f"| {label} | {a.name} − {b.name} | {dataset} | {delta} | {seeds} | {cells} |")
-    return lines
+    return lines + ["", _commits(used)]
 
 
 def _noise_table() -> str:

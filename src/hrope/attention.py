@@ -105,6 +105,22 @@ def multiview_attention(
 
     Returns ``(B, heads, N, head_dim)``, like SDPA. Geometry is computed in float32 (float64 for
     float64 q) and cast to q's dtype.
+
+    Example: two views of 4x4 patches, the second camera 0.5 to the right of the first, every
+    patch on the plane z = 3 of its camera (``hrope-lift`` needs planes, ``prope`` does not):
+
+        >>> import torch, hrope
+        >>> K = torch.tensor([[40.0, 0, 16], [0, 40.0, 16], [0, 0, 1]]).repeat(1, 2, 1, 1)  # pixels
+        >>> world_to_cam = torch.eye(4).repeat(1, 2, 1, 1)              # (B, V, 4, 4), OpenCV axes
+        >>> world_to_cam[0, 1, 0, 3] = -0.5
+        >>> cameras = hrope.Cameras(K, world_to_cam, image_size=(32, 32))
+        >>> q, k, v = torch.randn(3, 1, 8, 2 * 4 * 4, 64)               # each (B, heads, N, head_dim)
+        >>> planes = hrope.Planes(normal=torch.tensor([0.0, 0, -1]).expand(1, 32, 3), depth=torch.full((1, 32), 3.0))
+        >>> out = hrope.multiview_attention(q, k, v, encoding="hrope-lift", cameras=cameras, grid=(4, 4), planes=planes)
+        >>> out.shape
+        torch.Size([1, 8, 32, 64])
+        >>> hrope.multiview_attention(q, k, v, encoding="prope", cameras=cameras, grid=(4, 4)).shape
+        torch.Size([1, 8, 32, 64])
     """
     check_qkv(q, k, v, cameras, grid, enable_gqa=sdpa_kwargs.get("enable_gqa", False), camera_tokens=camera_tokens)
     if q.dtype == torch.float64 and cameras.K.dtype != torch.float64:

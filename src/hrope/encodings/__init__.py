@@ -1,8 +1,16 @@
 """The encoding registry: every encoding by name, and a factory.
 
->>> enc = get_encoding("hrope-lift")
->>> transform = enc.prepare(cameras, grid, head_dim, planes=planes)
->>> out = transform.apply_o(sdpa(transform.apply_q(q), transform.apply_k(k), transform.apply_v(v)))
+    >>> import torch
+    >>> from hrope.testing import random_cameras, random_planes, random_qkv
+    >>> cameras, planes = random_cameras(B=1, V=2), random_planes(B=1, N=2 * 4 * 4)   # 2 views of 4x4 patches
+    >>> q, k, v = random_qkv(B=1, heads=2, N=32, head_dim=32)                           # (B, heads, N, head_dim)
+    >>> transform = get_encoding("hrope-lift").prepare(cameras, (4, 4), 32, planes=planes)
+    >>> sdpa = torch.nn.functional.scaled_dot_product_attention
+    >>> out = transform.apply_o(sdpa(transform.apply_q(q), transform.apply_k(k), transform.apply_v(v)))
+    >>> out.shape
+    torch.Size([1, 2, 32, 32])
+    >>> torch.allclose(out, transform.attention(q, k, v))
+    True
 
 ``prepare`` returns a :class:`TokenTransform` for the relative encodings and a
 :class:`QueryFrameTransform` for the query-frame ones (rayrope, urope, worldrope), which
@@ -51,7 +59,15 @@ ENCODINGS: dict[str, type[Encoding]] = {
 
 
 def get_encoding(name: str | Encoding, **options: Any) -> Encoding:
-    """An encoding instance from its registry name (options go to its constructor)."""
+    """An encoding instance from its registry name (options go to its constructor); an instance is
+    returned as it is.
+
+        >>> enc = get_encoding("prope")
+        >>> enc.name, enc.encodes_pose, enc.needs_planes
+        ('prope', True, False)
+        >>> get_encoding(enc) is enc
+        True
+    """
     if isinstance(name, Encoding):
         if options:
             raise EncodingError("options can only be given with an encoding name")

@@ -49,7 +49,7 @@ RopeTables = tuple[Tensor, Tensor, Tensor]
 Product = Callable[[Tensor, Tensor | None, int, RopeTables | None], Tensor]
 # Below this many bytes per tensor the fixed cost of each op (launch, dispatch, autograd node)
 # outweighs its memory traffic, and the faster paths are the ones with fewer ops (CPU, measured
-# in docs/benchmarks.md "Where the time goes").
+# in docs/benchmarks/train_throughput.md, "Where the time goes").
 SMALL_BYTES = 1 << 20
 
 

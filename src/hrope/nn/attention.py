@@ -158,6 +158,14 @@ class MultiviewAttention(_Folded):
     ``out``, ``q_norm`` / ``k_norm``: the same names and layout as a plain attention module, so
     state dicts carry over. Exactly ``out(D_i o_i)`` of :func:`hrope.multiview_attention` on
     ``q, k, v = qkv(x)`` split into heads (tested to float rounding and gradients).
+
+        >>> import torch, hrope.nn
+        >>> from hrope.testing import random_cameras
+        >>> cameras = random_cameras(B=1, V=2, image_size=(32, 32), dtype=torch.float32)
+        >>> attn = hrope.nn.MultiviewAttention(dim=64, heads=4, encoding="prope")
+        >>> x = torch.randn(1, 2 * 4 * 4, 64)                 # (B, L, dim): 2 views of 4x4 patches
+        >>> attn(x, cameras, (4, 4)).shape
+        torch.Size([1, 32, 64])
     """
 
     def __init__(
