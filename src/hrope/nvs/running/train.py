@@ -49,7 +49,7 @@ from torch import Tensor, nn
 from ... import __version__
 from ...errors import InputError
 from .atomic import StorageError
-from .checkpoints import CHECKPOINT_NAME, CheckpointError, load_checkpoint, save_checkpoint
+from .checkpoints import CHECKPOINT_NAME, checkpoint_step, load_checkpoint, resumable, save_checkpoint
 from ..config import ConfigError, check_config, save_config
 from ..data.rng import stream_seed
 from ..build_data import build_dataset, collate
@@ -444,29 +444,6 @@ def _first_sentence(error: Exception) -> str:
     return re.split(r"(?<=\.)\s", line)[0][:200] or type(error).__name__
 
 
-def _checkpoint_step(checkpoint: Path) -> int | None:
-    """The step of the checkpoint on disk (its metadata), None when there is none."""
-    try:
-        return load_checkpoint(checkpoint)["step"]
-    except CheckpointError:
-        return None
-
-
-@contextmanager
-def _resumable(out: Path) -> Iterator[None]:
-    """A :class:`StorageError` of the block (a checkpoint, log or config the file system refused) says
-    which checkpoint is intact and how to resume from it."""
-    try:
-        yield
-    except StorageError as error:
-        step = _checkpoint_step(out / CHECKPOINT_NAME)
-        if step is None:
-            raise error.keeping("no checkpoint was written") from error
-        # --out: the config.yaml of a run resumed in a moved folder still names the old one
-        resume = f"run `hrope train {out / 'config.yaml'} --out {out}` to resume"
-        raise error.keeping(f"the checkpoint of step {step} is intact", resume) from error
-
-
 def _fail_together(error: Exception, ctx: DistContext, checkpoint: Path) -> None:
     """Under DDP: publish this rank's failure (:func:`hrope.nvs.running.distributed.publish_failure`); a
     collective that failed because another rank failed or cannot be reached becomes a
@@ -475,7 +452,7 @@ def _fail_together(error: Exception, ctx: DistContext, checkpoint: Path) -> None
     first = publish_failure(error, ctx)
     if not is_communication_error(error):
         return
-    step = _checkpoint_step(checkpoint)
+    step = checkpoint_step(checkpoint)
     last = "no checkpoint was written" if step is None else f"last checkpoint: step {step} in {checkpoint}"
     if first is not None and not first.startswith(f"rank {ctx.rank}: "):
         raise RankFailedError(f"{first}; rank {ctx.rank} stopped too ({last})") from error
@@ -508,7 +485,7 @@ def train(config: dict, *, stop_at: int | None = None, progress: bool = True, da
     # failed, never kills this rank before it has raised its error
     with _Sigterm() as sigterm:
         try:
-            with _resumable(Path(config["train"]["out"])), _locked_run_folder(Path(config["train"]["out"]), ctx):
+            with resumable(Path(config["train"]["out"])), _locked_run_folder(Path(config["train"]["out"]), ctx):
                 return Trainer(config, ctx, stop_at).run(dataset, progress, sigterm)
         except Exception as error:
             if ctx.world_size > 1:
