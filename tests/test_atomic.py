@@ -138,6 +138,25 @@ def test_a_refused_write_is_one_storage_error_naming_the_file_and_what_was_kept(
             assert leftovers(path.parent) == []
 
 
+def test_a_line_a_full_disk_cuts_short_is_taken_back(tmp_path, monkeypatch):
+    log = tmp_path / "segments.jsonl"
+    append_line(log, '{"step": 1}')
+    write = os.write
+
+    def half_then_full(descriptor, data):
+        if len(data) < 20:  # the rest of the line
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return write(descriptor, bytes(data[: len(data) // 2]))
+
+    monkeypatch.setattr(atomic.os, "write", half_then_full)
+    with pytest.raises(StorageError, match="the previous segments.jsonl is intact"):
+        append_line(log, '{"step": 2, "loss": 0.5}')
+    monkeypatch.undo()
+    assert log.read_text() == '{"step": 1}\n'
+    append_line(log, '{"step": 2, "loss": 0.5}')  # once there is room, the log reads whole
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2]
+
+
 def test_a_rust_writers_storage_fault_is_a_storage_error_and_other_errors_pass(tmp_path):
     """safetensors (Rust) raises its own error whose message ends in ``(os error N)``; an error that
     is no storage fault (no errno, an I/O error, a missing file) passes unchanged."""

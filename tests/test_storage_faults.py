@@ -6,8 +6,10 @@ why. The same faults injected without a mount: tests/test_atomic.py, test_cli_er
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -25,7 +27,7 @@ from hrope.nvs import cli
 from hrope.nvs.config import apply_overrides, load_config
 from hrope.nvs.data.real.loaders import load_scene
 from hrope.nvs.model import build_model
-from hrope.nvs.running.atomic import StorageError, atomic_path, write_bytes
+from hrope.nvs.running.atomic import StorageError, append_line, atomic_path, write_bytes
 from hrope.nvs.running.checkpoints import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from hrope.nvs.running.folder_lock import LOCK_NAME, FolderLock
 from hrope.nvs.running.train import train
@@ -115,6 +117,16 @@ def test_writes_that_do_not_fit_leave_the_previous_file_and_no_partial_one(small
         with atomic_path(fs / "b.safetensors") as temporary:  # safetensors' writer is Rust: no OSError
             save_file({"x": torch.zeros(300 * 1024 // 4)}, str(temporary))
     assert path.read_bytes() == b"old" and sorted(p.name for p in fs.iterdir()) == ["a.bin"]
+
+
+def test_a_log_line_that_does_not_fit_is_taken_back(small_fs):
+    fs = small_fs(256 * 1024)
+    log = fs / "plane_accuracy.jsonl"
+    append_line(log, '{"step": 1}')
+    fill(fs, leave=0)  # the log's page has room for part of the next line, the disk for no more
+    with pytest.raises(StorageError, match=f"cannot write {log}: {re.escape(FULL)}; the previous"):
+        append_line(log, json.dumps({"step": 2, "pad": "x" * 8000}))
+    assert log.read_text() == '{"step": 1}\n'
 
 
 @pytest.fixture

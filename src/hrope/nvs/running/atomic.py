@@ -216,15 +216,29 @@ def append_line(path: str | Path, line: str) -> None:
     """Append ``line`` plus a newline to ``path`` (created, with its folder, when missing) in one
     ``write`` on an ``O_APPEND`` descriptor, then fsync: concurrent appenders never interleave
     within a line; a process killed during the call can leave at most its own line incomplete,
-    which readers skip. A storage fault raises :class:`StorageError`."""
+    which readers skip. A storage fault raises :class:`StorageError`, the part of the line written
+    before it taken back."""
     data = (line.rstrip("\n") + "\n").encode("utf-8")
     with storage_faults(path):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+        written = 0
         try:
-            view = memoryview(data)
-            while view:  # one call unless the OS writes short
-                view = view[os.write(descriptor, view) :]
+            while written < len(data):  # one call unless the OS writes short
+                written += os.write(descriptor, data[written:])
             os.fsync(descriptor)
+        except BaseException:
+            if 0 < written < len(data):
+                _take_back(descriptor, written)
+            raise
         finally:
             os.close(descriptor)
+
+
+def _take_back(descriptor: int, count: int) -> None:
+    """Remove the last ``count`` bytes ``descriptor`` appended (a line a full disk cut short), unless
+    another writer has appended since."""
+    end = os.lseek(descriptor, 0, os.SEEK_CUR)  # with O_APPEND: the end of this descriptor's last write
+    with suppress(OSError):
+        if os.fstat(descriptor).st_size == end:
+            os.ftruncate(descriptor, end - count)
