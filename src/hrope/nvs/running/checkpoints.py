@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import os
+import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -320,5 +321,5 @@ def resumable(out: Path) -> Iterator[None]:
         if step is None:
             raise error.keeping("no checkpoint was written") from error
         # --out: the config.yaml of a run resumed in a moved folder still names the old one
-        resume = f"run `hrope train {out / 'config.yaml'} --out {out}` to resume"
+        resume = f"run `{shlex.join(['hrope', 'train', str(out / 'config.yaml'), '--out', str(out)])}` to resume"
         raise error.keeping(f"the checkpoint of step {step} is intact", resume) from error
