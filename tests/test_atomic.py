@@ -3,17 +3,23 @@ leaves no temporary file, and every writer of src/ and benchmarks/ goes through 
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from safetensors import SafetensorError
 
 import hrope.nvs.running.atomic as atomic
+from hrope import InputError
 from hrope.nvs.running.atomic import (
+    StorageError,
     append_line,
+    atomic_path,
     atomic_open,
     save_figure,
     save_image,
@@ -82,6 +88,91 @@ def test_an_interruption_just_before_the_rename_keeps_the_old_file(tmp_path, mon
     with pytest.raises(Interrupted):
         write(path)
     assert path.read_text() == "old" and leftovers(tmp_path) == []
+
+
+STORAGE_ERRNOS = [errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM]
+
+
+def refused(code: int):
+    def refuse(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
+
+    return refuse
+
+
+class RefusedFigure:
+    """A figure whose save writes part of a file, then meets a file system that refuses the rest."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def savefig(self, handle, **options) -> None:
+        handle.write(b"\x89PNG half a figure")
+        raise OSError(self.code, os.strerror(self.code))
+
+
+@pytest.mark.parametrize("code", STORAGE_ERRNOS, ids=[errno.errorcode[c] for c in STORAGE_ERRNOS])
+def test_a_refused_write_is_one_storage_error_naming_the_file_and_what_was_kept(tmp_path, monkeypatch, code):
+    """Refused while writing, at the fsync, at the rename, or appending a line: a StorageError (an
+    InputError) naming the file, its previous version intact, no temporary file left."""
+    reason = f"{os.strerror(code)} ({errno.errorcode[code]})"
+    writes = {
+        "figure.png": (lambda path: save_figure(RefusedFigure(code), path), None),
+        "results.md": (lambda path: write_text(path, "new"), (atomic.os, "fsync")),
+        "results.json": (lambda path: write_json(path, {"new": 1}), (atomic.os, "replace")),
+        "log.jsonl": (lambda path: append_line(path, '{"new": 1}'), (atomic.os, "write")),
+    }
+    for name, (write, where) in writes.items():
+        for path, kept in ((tmp_path / name, f"the previous {name} is intact"), (tmp_path / "new" / name, None)):
+            if kept:
+                path.write_text("old\n")
+            with monkeypatch.context() as patch:
+                if where is not None:
+                    patch.setattr(*where, refused(code))
+                with pytest.raises(StorageError) as caught:
+                    write(path)
+            assert isinstance(caught.value, InputError) and (caught.value.path, caught.value.code) == (path, code)
+            assert str(caught.value).startswith(f"cannot write {path}: {reason}; {kept or 'nothing was written'}; ")
+            left = path.read_text() if path.exists() else None  # a log that was not there is left empty
+            assert left == ("old\n" if kept else "" if name == "log.jsonl" else None)
+            assert leftovers(path.parent) == []
+
+
+def test_a_line_a_full_disk_cuts_short_is_taken_back(tmp_path, monkeypatch):
+    log = tmp_path / "segments.jsonl"
+    append_line(log, '{"step": 1}')
+    write = os.write
+
+    def half_then_full(descriptor, data):
+        if len(data) < 20:  # the rest of the line
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return write(descriptor, bytes(data[: len(data) // 2]))
+
+    monkeypatch.setattr(atomic.os, "write", half_then_full)
+    with pytest.raises(StorageError, match="the previous segments.jsonl is intact"):
+        append_line(log, '{"step": 2, "loss": 0.5}')
+    monkeypatch.undo()
+    assert log.read_text() == '{"step": 1}\n'
+    append_line(log, '{"step": 2, "loss": 0.5}')  # once there is room, the log reads whole
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2]
+
+
+def test_a_rust_writers_storage_fault_is_a_storage_error_and_other_errors_pass(tmp_path):
+    """safetensors (Rust) raises its own error whose message ends in ``(os error N)``; an error that
+    is no storage fault (no errno, an I/O error, a missing file) passes unchanged."""
+    path = tmp_path / "checkpoint.safetensors"
+    for error, code in (
+        (SafetensorError(f"Error while serializing: I/O error: No space left (os error {errno.ENOSPC})"), errno.ENOSPC),
+        (SafetensorError(f"Error while serializing: I/O error: No such file (os error {errno.ENOENT})"), None),
+        (OSError("disk on fire"), None),
+        (OSError(errno.EIO, os.strerror(errno.EIO)), None),
+    ):
+        with pytest.raises(StorageError if code else type(error)) as caught:
+            with atomic_path(path) as temporary:
+                temporary.write_bytes(b"half a checkpoint")
+                raise error
+        assert (caught.value.code == code) if code else caught.value is error
+        assert list(tmp_path.iterdir()) == []
 
 
 def test_a_value_that_is_not_json_leaves_no_file(tmp_path):

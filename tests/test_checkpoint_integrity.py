@@ -2,8 +2,10 @@
 stray temporary files, pickle payloads and mismatched tensors: never a silent load, never a raw
 traceback."""
 
+import errno
 import json
 import logging
+import os
 import pickle
 import shutil
 from pathlib import Path
@@ -13,7 +15,7 @@ import torch
 from _lvsm_helpers import small_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 import hrope.nvs.running.checkpoints as checkpoints
@@ -28,6 +30,7 @@ from hrope.nvs.running.checkpoints import (
 )
 from hrope.nvs.cli import run
 from hrope.nvs.model import build_model
+from hrope.nvs.running.atomic import StorageError
 from hrope.nvs.running.train import train
 from hrope.nvs.running.train_step import make_optimizer
 
@@ -153,19 +156,39 @@ def test_v1_checkpoints_without_a_checksum_load_with_a_warning(run_copy, caplog)
         load_model(path)
 
 
-def test_a_failed_write_leaves_the_previous_checkpoint(run_copy, monkeypatch):
+# what safetensors' writer (Rust) raises on a full disk, and an OSError of a disk quota
+DISK_FAULTS = {
+    "full": (
+        SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+        "No space left on device (ENOSPC)",
+        "free space",
+    ),
+    "quota": (
+        OSError(errno.EDQUOT, os.strerror(errno.EDQUOT)),
+        "Disk quota exceeded (EDQUOT)",
+        "free space within the quota",
+    ),
+}
+
+
+@pytest.mark.parametrize("fault,reason,remedy", DISK_FAULTS.values(), ids=DISK_FAULTS.keys())
+def test_a_failed_write_leaves_the_previous_checkpoint(run_copy, monkeypatch, fault, reason, remedy):
     path = run_copy / CHECKPOINT_NAME
     before = path.read_bytes()
 
     def partial_then_fail(tensors, filename, metadata=None):
         Path(filename).write_bytes(before[: len(before) // 2])
-        raise OSError("No space left on device")
+        raise fault
 
     monkeypatch.setattr(checkpoints, "save_file", partial_then_fail)
     config = small_config(encoding="prope")
     config["train"]["out"] = str(run_copy)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(StorageError) as caught:
         train(config, progress=False)  # resumes at step 2, fails to write the step-4 checkpoint
+    assert str(caught.value) == (
+        f"cannot write {path}: {reason}; the checkpoint of step 2 is intact; {remedy}, then run "
+        f"`hrope train {run_copy / 'config.yaml'} --out {run_copy}` to resume"
+    )
     assert path.read_bytes() == before and not list(run_copy.glob("*.tmp"))
     assert load_checkpoint(path, build_model(config))["step"] == 2
     segment = json.loads((run_copy / "segments.jsonl").read_text().splitlines()[-1])

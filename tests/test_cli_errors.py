@@ -3,7 +3,10 @@ before any work where it can be; anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ from _lvsm_helpers import small_config
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+import hrope.nvs.running.checkpoints as checkpoints
 from hrope.nvs import cli
 from hrope.nvs.running.checkpoints import CheckpointError, load_checkpoint, load_model, save_checkpoint
 from hrope.nvs.config import ConfigError, apply_overrides, load_config
@@ -205,6 +209,56 @@ def test_os_errors_for_user_paths_and_one_line_messages(tmp_path, capsys, monkey
 
     assert "Permission denied" in one_error_line(capsys, fail(PermissionError(13, "Permission denied", "x")))
     assert one_error_line(capsys, fail(ConfigError("first\n  second"))) == "hrope train: error: first second"
+
+
+# errno -> the reason and the remedy the one line gives
+STORAGE_FAULTS = {
+    errno.ENOSPC: ("No space left on device (ENOSPC)", "free space"),
+    errno.EDQUOT: ("Disk quota exceeded (EDQUOT)", "free space within the quota"),
+    errno.EROFS: ("Read-only file system (EROFS)", "make the file system writable"),
+}
+
+
+def refuse(code: int):
+    def refused(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
+
+    return refused
+
+
+@pytest.mark.parametrize("code", STORAGE_FAULTS, ids=[errno.errorcode[c] for c in STORAGE_FAULTS])
+def test_storage_faults_of_eval_and_export_are_one_line(run_dir, tmp_path, capsys, monkeypatch, code):
+    reason, remedy = STORAGE_FAULTS[code]
+    monkeypatch.setattr(os, "fsync", refuse(code))  # where a full disk's deferred write error surfaces
+    out, model = tmp_path / "eval", tmp_path / "model"
+    for argv, path, kept in (
+        (["eval", str(run_dir), "--out", str(out)], out / "config.yaml", "nothing was written"),
+        (["export", str(run_dir), str(model)], model, "nothing was written and no temporary folder is left"),
+    ):
+        line = one_error_line(capsys, cli.run(argv))
+        again = shlex.join(["hrope", *argv])
+        assert (
+            line == f"hrope {argv[0]}: error: cannot write {path}: {reason}; {kept}; {remedy}, then run `{again}` again"
+        )
+    assert [p.name for p in tmp_path.iterdir()] == ["eval"] and list(out.iterdir()) == []  # no partial file
+
+
+def test_a_checkpoint_the_disk_refuses_is_one_line(tmp_path, capsys, monkeypatch):
+    def partial_then_refused(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"half a checkpoint")
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(checkpoints, "save_file", partial_then_refused)
+    out = tmp_path / "run"
+    argv = ["train", TINY, *SMALL, "--out", str(out)]
+    code = cli.run(argv)
+    *progress, line = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and all(bar.startswith("train none:") for bar in progress)  # the progress bar, then the line
+    assert line == (
+        f"hrope train: error: cannot write {out / 'checkpoint.safetensors'}: Read-only file system (EROFS); no "
+        f"checkpoint was written; make the file system writable, then run `{shlex.join(['hrope', *argv])}` again"
+    )
+    assert not [p for p in out.iterdir() if p.name.startswith(".") or p.name.startswith("checkpoint")]
 
 
 @pytest.mark.parametrize(

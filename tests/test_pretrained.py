@@ -4,8 +4,11 @@ missing file is a one-line error that never unpickles."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ from test_cli import SMALL, TINY
 
 from hrope.nvs.cli import run
 from hrope.nvs.model import LVSM, ModelConfig
+from hrope.nvs.running.atomic import StorageError
 from hrope.nvs.pretrained import (
     CARD_NAME,
     CONFIG_NAME,
@@ -82,12 +86,17 @@ def test_saving_never_replaces_what_it_should_not(saved, tmp_path, monkeypatch):
     save_pretrained(small_model("hrope-lift"), target)
     before = {p.name: p.read_bytes() for p in target.iterdir()}
 
-    def fail(*args, **kwargs):
-        raise OSError("disk full")
+    def fail(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"half a model")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr("hrope.nvs.pretrained.save_file", fail)  # the write fails half way
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(StorageError) as caught:
         save_pretrained(model, target, overwrite=True)
+    assert str(caught.value) == (
+        f"cannot write {target}: No space left on device (ENOSPC); the previous saved model in {target} is "
+        "intact and no temporary folder is left; free space"
+    )
     assert {p.name: p.read_bytes() for p in target.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "model", "notes"]  # no temporary left
     monkeypatch.undo()

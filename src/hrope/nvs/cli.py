@@ -23,10 +23,11 @@ Overrides go after the CONFIG/CHECKPOINT argument (``--key VALUE`` before it is 
 table/plot (``--out`` is required for several). ``config`` prints the resolved config (the defaults
 without CONFIG) with each key's doc.
 
-Errors: every user error (a :class:`hrope.InputError`: a bad option, config value, file contents;
-or a missing / unreadable user-given path) ends with one line ``hrope <command>: error: ...`` on
-stderr and exit status 2, before any work where it can be checked up front (config values, the
-device, an ``--out`` that is an existing file). Any other exception is a bug and keeps its traceback.
+Errors: every user error (a :class:`hrope.InputError`: a bad option, config value, file contents, a
+write the file system refused; or a missing / unreadable user-given path) ends with one line
+``hrope <command>: error: ...`` on stderr and exit status 2, before any work where it can be
+checked up front (config values, the device, an ``--out`` that is an existing file). Any other
+exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 
 from ..about import environment, report, version_line
 from ..errors import InputError
+from .running.atomic import StorageError
 from .running.checkpoints import run_folder
 from .config import (
     SHORTCUTS,
@@ -429,6 +432,8 @@ def run(argv: list[str]) -> int:
             path = visualize_planes(args.checkpoint, args.out, args.num_scenes, args.layer, device, args.head)
             print(f"wrote {path}")
     except USER_ERRORS as error:
+        if isinstance(error, StorageError) and error.then is None:  # what to run once the disk has room
+            error = error.keeping(error.kept, f"run `{shlex.join(['hrope', *argv])}` again")
         # one write, newline included: torchrun ranks share stderr, and a rank stopped by torchrun
         # between print's two writes would glue its line to the next rank's
         sys.stderr.write(f"{command}: error: {one_line(error)}\n")

@@ -35,7 +35,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from .. import __version__
-from .running.atomic import atomic_path, write_json, write_text
+from .running.atomic import StorageError, atomic_path, storage_faults, write_json, write_text
 from .running.checkpoints import (
     CHECKPOINT_NAME,
     CheckpointError,
@@ -209,14 +209,25 @@ def save_pretrained(
         "config": _run_config(model, config),
         "evaluation": evaluation,
     }
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    temporary = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
-    try:
-        _write_files(temporary, tensors, info)
-        _replace_folder(temporary, folder)
-    finally:
-        shutil.rmtree(temporary, ignore_errors=True)  # gone already after a successful rename
+    _write_folder(folder, tensors, info)
     return folder
+
+
+def _write_folder(folder: Path, tensors: dict[str, Tensor], info: dict) -> None:
+    """The saved model into a temporary sibling folder, then renamed to ``folder``; a write the file
+    system refuses is a :class:`~hrope.nvs.running.atomic.StorageError` naming ``folder`` and what it holds."""
+    try:
+        with storage_faults(folder):
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            temporary = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+            try:
+                _write_files(temporary, tensors, info)
+                _replace_folder(temporary, folder)
+            finally:
+                shutil.rmtree(temporary, ignore_errors=True)  # gone already after a successful rename
+    except StorageError as error:
+        kept = f"the previous saved model in {folder} is intact" if is_pretrained(folder) else "nothing was written"
+        raise error.keeping(f"{kept} and no temporary folder is left", path=folder) from error
 
 
 def _evaluation_of(checkpoint: Path) -> dict | None:

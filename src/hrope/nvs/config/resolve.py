@@ -154,8 +154,6 @@ def parse_overrides(args: list[str]) -> dict:
 
 def save_config(config: dict, folder: str | Path) -> Path:
     """Write the resolved config to ``folder/config.yaml`` (whole: :mod:`hrope.nvs.running.atomic`)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "config.yaml"
+    path = Path(folder) / "config.yaml"
     write_text(path, yaml.safe_dump(config, sort_keys=False))
     return path

@@ -122,7 +122,6 @@ def write_results(results: list[dict], out) -> dict[str, Path]:
     if not results or len({r["protocol"] for r in results}) != 1:
         raise ValueError("write_results needs results of one protocol")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "results.json", "markdown": out / "results.md"}
     write_json(paths["json"], results)
     write_text(paths["markdown"], markdown(results))

@@ -13,20 +13,31 @@ safetensors' ``save_file``); :func:`atomic_open` yields an open file; :func:`wri
 :func:`write_json`, :func:`write_bytes`, :func:`save_figure` (matplotlib) and :func:`save_image`
 (PIL) cover the common outputs. :func:`append_line` adds one line to a log (``segments.jsonl``,
 ``plane_accuracy.jsonl``) in a single ``write`` call on an ``O_APPEND`` descriptor.
+
+Storage faults: a write the file system refuses (full: ENOSPC; over quota: EDQUOT; read-only:
+EROFS; not permitted: EACCES, EPERM) raises a :class:`StorageError` naming the file and saying
+what was kept (its previous version, or nothing written) and what to do; its caller may add what
+else was kept and the command to run next (:meth:`StorageError.keeping`: the checkpoint a run
+resumes from). :func:`storage_faults` turns the faults of any block of writes into this error.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import secrets
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
 
+from ...errors import InputError
+
 __all__ = [
+    "StorageError",
+    "storage_faults",
     "atomic_path",
     "atomic_open",
     "write_text",
@@ -39,6 +50,62 @@ __all__ = [
 ]
 
 _TEMPORARY = re.compile(r"\..+\.[0-9a-f]{8}\.tmp")
+
+# the storage faults, each with what the user does about it
+_REMEDIES = {
+    errno.ENOSPC: "free space",
+    errno.EDQUOT: "free space within the quota",
+    errno.EROFS: "make the file system writable",
+    errno.EACCES: "make the folder writable",
+    errno.EPERM: "make the folder writable",
+}
+# how Rust's std::io::Error ends its message (safetensors' writer is Rust and raises no OSError)
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+class StorageError(InputError):
+    """A write the file system refused (module doc): ``cannot write PATH: REASON (CODE); KEPT;
+    REMEDY[, then NEXT]`` in one line. ``path``, ``code`` (the errno), ``kept`` and ``then`` are
+    attributes."""
+
+    def __init__(self, path: str | Path, code: int, kept: str, then: str | None = None) -> None:
+        self.path, self.code, self.kept, self.then = Path(path), code, kept, then
+        remedy = _REMEDIES[code] + (f", then {then}" if then else "")
+        super().__init__(f"cannot write {path}: {os.strerror(code)} ({errno.errorcode[code]}); {kept}; {remedy}")
+
+    def keeping(self, kept: str, then: str | None = None, path: str | Path | None = None) -> StorageError:
+        """The same fault with the caller's ``kept`` and ``then`` (and ``path``, e.g. the folder a
+        temporary file belonged to)."""
+        return StorageError(self.path if path is None else path, self.code, kept, then)
+
+
+def _storage_errno(error: BaseException) -> int | None:
+    """The errno of ``error`` when it is a storage fault (ENOSPC, EDQUOT, EROFS, EACCES, EPERM), else
+    None: an ``OSError``'s, or the ``(os error N)`` at the end of a Rust writer's message."""
+    if isinstance(error, OSError):
+        code = error.errno
+    else:
+        match = _RUST_OS_ERROR.search(str(error))
+        code = int(match.group(1)) if match else None
+    return code if code in _REMEDIES else None
+
+
+@contextmanager
+def storage_faults(path: str | Path) -> Iterator[None]:
+    """Raise a storage fault of the block (an ``OSError``, or a Rust writer's error, with one of the
+    module doc's errnos) as a :class:`StorageError` naming ``path`` and saying whether its previous
+    version (the one there when the block began) is intact; other errors pass unchanged."""
+    existed = os.path.exists(path)
+    try:
+        yield
+    except StorageError:
+        raise
+    except Exception as error:
+        code = _storage_errno(error)
+        if code is None:
+            raise
+        kept = f"the previous {Path(path).name} is intact" if existed else "nothing was written"
+        raise StorageError(path, code, kept) from error
 
 
 def is_temporary(name: str) -> bool:
@@ -69,18 +136,21 @@ def _fsync_file(path: Path) -> None:
 def atomic_path(path: str | Path, *, durable: bool = True) -> Iterator[Path]:
     """Yield a temporary path beside ``path`` for the caller to write; on a clean exit it replaces
     ``path`` (fsynced first when ``durable``), on any exception it is removed and ``path`` is left
-    as it was. The parent folder is created when missing."""
+    as it was. The parent folder is created when missing. A storage fault raises
+    :class:`StorageError`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        yield temporary
-        if durable:
-            _fsync_file(temporary)
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+    with storage_faults(path):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            yield temporary
+            if durable:
+                _fsync_file(temporary)
+            os.replace(temporary, path)
+        except BaseException:
+            with suppress(OSError):  # none was made, or a read-only file system refuses even this
+                temporary.unlink()
+            raise
     if durable:
         _fsync_folder(path.parent)
 
@@ -143,15 +213,32 @@ def save_image(image: Any, path: str | Path, **options: Any) -> Path:
 
 
 def append_line(path: str | Path, line: str) -> None:
-    """Append ``line`` plus a newline to ``path`` (created when missing) in one ``write`` on an
-    ``O_APPEND`` descriptor, then fsync: concurrent appenders never interleave within a line; a
-    process killed during the call can leave at most its own line incomplete, which readers skip."""
+    """Append ``line`` plus a newline to ``path`` (created, with its folder, when missing) in one
+    ``write`` on an ``O_APPEND`` descriptor, then fsync: concurrent appenders never interleave
+    within a line; a process killed during the call can leave at most its own line incomplete,
+    which readers skip. A storage fault raises :class:`StorageError`, the part of the line written
+    before it taken back."""
     data = (line.rstrip("\n") + "\n").encode("utf-8")
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
-    try:
-        view = memoryview(data)
-        while view:  # one call unless the OS writes short
-            view = view[os.write(descriptor, view) :]
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    with storage_faults(path):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+        written = 0
+        try:
+            while written < len(data):  # one call unless the OS writes short
+                written += os.write(descriptor, data[written:])
+            os.fsync(descriptor)
+        except BaseException:
+            if 0 < written < len(data):
+                _take_back(descriptor, written)
+            raise
+        finally:
+            os.close(descriptor)
+
+
+def _take_back(descriptor: int, count: int) -> None:
+    """Remove the last ``count`` bytes ``descriptor`` appended (a line a full disk cut short), unless
+    another writer has appended since."""
+    end = os.lseek(descriptor, 0, os.SEEK_CUR)  # with O_APPEND: the end of this descriptor's last write
+    with suppress(OSError):
+        if os.fstat(descriptor).st_size == end:
+            os.ftruncate(descriptor, end - count)

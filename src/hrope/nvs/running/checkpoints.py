@@ -1,7 +1,9 @@
 """Checkpoints: one atomic safetensors file per run folder with the model, optimizer and RNG state.
 
 ``save_checkpoint`` writes it, ``load_checkpoint`` restores a model / optimizer / RNG from it, and
-``load_model`` rebuilds the model of a finished run from the config stored in its metadata.
+``load_model`` rebuilds the model of a finished run from the config stored in its metadata. A write
+the file system refuses while a run trains (a full disk) names the checkpoint that is intact and
+the command that resumes from it (:func:`resumable`).
 
 Integrity: the metadata holds a sha256 ``checksum`` over the other metadata and every tensor
 (name, dtype, shape, bytes), verified whenever tensors are read; model weights must be finite
@@ -15,13 +17,16 @@ import hashlib
 import json
 import logging
 import os
+import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from safetensors.torch import load, save_file
 from torch import Tensor, nn
 
-from .atomic import atomic_path
+from .atomic import StorageError, atomic_path
 from ..config import ConfigError, resolve
 from ...errors import InputError
 from ..model import LVSM, ModelError, build_model
@@ -35,6 +40,8 @@ __all__ = [
     "load_checkpoint",
     "load_model",
     "load_model_state",
+    "checkpoint_step",
+    "resumable",
     "run_folder",
     "checksum",
     "read_safetensors",
@@ -292,3 +299,27 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[LV
         raise CheckpointError(f"{path}: its config metadata is invalid: {error}") from None
     load_model_state(model, _model_state(tensors), path)
     return model.to(device).eval(), config
+
+
+def checkpoint_step(path: str | Path) -> int | None:
+    """The step of the checkpoint ``path`` (file or run folder) from its metadata; None when there is
+    none (or it is no readable checkpoint)."""
+    try:
+        return load_checkpoint(path)["step"]
+    except CheckpointError:
+        return None
+
+
+@contextmanager
+def resumable(out: Path) -> Iterator[None]:
+    """A :class:`~hrope.nvs.running.atomic.StorageError` of the block, training into the run folder
+    ``out``, says which checkpoint is intact and the command that resumes from it."""
+    try:
+        yield
+    except StorageError as error:
+        step = checkpoint_step(out / CHECKPOINT_NAME)
+        if step is None:
+            raise error.keeping("no checkpoint was written") from error
+        # --out: the config.yaml of a run resumed in a moved folder still names the old one
+        resume = f"run `{shlex.join(['hrope', 'train', str(out / 'config.yaml'), '--out', str(out)])}` to resume"
+        raise error.keeping(f"the checkpoint of step {step} is intact", resume) from error

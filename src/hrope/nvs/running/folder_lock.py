@@ -29,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ...errors import InputError
-from .atomic import is_temporary
+from .atomic import is_temporary, storage_faults
 
 try:
     import fcntl
@@ -93,8 +93,9 @@ class FolderLock:
         if fcntl is None:
             logger.warning("no fcntl on this platform: %s is not locked against other processes", self.folder)
             return self
-        self.folder.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
+        with storage_faults(self.folder / LOCK_NAME):  # a full or read-only file system: StorageError
+            self.folder.mkdir(parents=True, exist_ok=True)
+            descriptor = os.open(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:  # BlockingIOError: another open file holds it
@@ -107,17 +108,22 @@ class FolderLock:
         stale = _read(descriptor)
         if stale is not None:
             logger.warning("%s: taking over from %s, which ended without releasing it", self.folder, _describe(stale))
-        for leftover in self.folder.iterdir():
-            if is_temporary(leftover.name):
-                leftover.unlink(missing_ok=True)
         record = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300] if sys.argv else "python",
         }
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, (json.dumps(record) + "\n").encode(), 0)
+        try:
+            with storage_faults(self.folder / LOCK_NAME):
+                for leftover in self.folder.iterdir():
+                    if is_temporary(leftover.name):
+                        leftover.unlink(missing_ok=True)
+                os.ftruncate(descriptor, 0)
+                os.pwrite(descriptor, (json.dumps(record) + "\n").encode(), 0)
+        except BaseException:
+            os.close(descriptor)
+            raise
         self._descriptor = descriptor
         return self
 

@@ -72,5 +72,4 @@ def config_hash(config: dict) -> str:
 
 def append_segment(out: Path, record: dict) -> None:
     """One JSON line per training segment in ``out/segments.jsonl`` (:func:`hrope.nvs.running.atomic.append_line`)."""
-    out.mkdir(parents=True, exist_ok=True)
     append_line(out / SEGMENTS_NAME, json.dumps(record))

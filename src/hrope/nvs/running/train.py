@@ -48,7 +48,8 @@ from torch import Tensor, nn
 
 from ... import __version__
 from ...errors import InputError
-from .checkpoints import CHECKPOINT_NAME, CheckpointError, load_checkpoint, save_checkpoint
+from .atomic import StorageError
+from .checkpoints import CHECKPOINT_NAME, checkpoint_step, load_checkpoint, resumable, save_checkpoint
 from ..config import ConfigError, check_config, save_config
 from ..data.rng import stream_seed
 from ..build_data import build_dataset, collate
@@ -381,13 +382,19 @@ class Trainer:
             self.outcome = "completed" if self.reached == self.opts["steps"] else "stopped"
 
     def close(self) -> None:
-        """Release the prefetch thread and the log writer (on errors too) and record the segment."""
+        """Release the prefetch thread and the log writer (on errors too) and record the segment; a
+        failed segment the file system refuses to record is logged, so that its own error goes on."""
         self.bar.close()
         self.loader.close()
         if self.writer is not None:
             self.writer.close()
         if self.ctx.is_main:
-            append_segment(self.out, self.segment())
+            try:
+                append_segment(self.out, self.segment())
+            except StorageError as error:
+                if self.outcome not in ("failed", "diverged"):  # no error of the segment's own is under way
+                    raise
+                logger.warning("the segment is not recorded: %s", error)
 
     def segment(self) -> dict:
         """This segment's line of ``segments.jsonl``: steps, outcome, origin, timing and provenance."""
@@ -445,10 +452,8 @@ def _fail_together(error: Exception, ctx: DistContext, checkpoint: Path) -> None
     first = publish_failure(error, ctx)
     if not is_communication_error(error):
         return
-    try:
-        last = f"last checkpoint: step {load_checkpoint(checkpoint)['step']} in {checkpoint}"
-    except CheckpointError:
-        last = "no checkpoint was written"
+    step = checkpoint_step(checkpoint)
+    last = "no checkpoint was written" if step is None else f"last checkpoint: step {step} in {checkpoint}"
     if first is not None and not first.startswith(f"rank {ctx.rank}: "):
         raise RankFailedError(f"{first}; rank {ctx.rank} stopped too ({last})") from error
     reason = _first_sentence(error)
@@ -468,8 +473,10 @@ def train(config: dict, *, stop_at: int | None = None, progress: bool = True, da
     another process training into it raises :class:`FolderInUseError` naming the holder.
     Under torchrun a rank whose peers failed raises :class:`RankFailedError`
     (:mod:`hrope.nvs.running.distributed`, "Failure").
-    Raises :class:`ConfigError` for a resume under a config that changes the trajectory and
-    :class:`TrainingError` after ``train.max_nonfinite_steps`` consecutive non-finite steps; on
+    Raises :class:`ConfigError` for a resume under a config that changes the trajectory,
+    :class:`TrainingError` after ``train.max_nonfinite_steps`` consecutive non-finite steps and
+    :class:`StorageError` for a write the file system refused (full, read-only: it names the
+    checkpoint that is intact and the command that resumes from it); on
     SIGTERM it saves the step reached and returns (``outcome == "terminated"``).
     """
     check_config(config)  # also a config dict edited after resolve()
@@ -478,7 +485,7 @@ def train(config: dict, *, stop_at: int | None = None, progress: bool = True, da
     # failed, never kills this rank before it has raised its error
     with _Sigterm() as sigterm:
         try:
-            with _locked_run_folder(Path(config["train"]["out"]), ctx):
+            with resumable(Path(config["train"]["out"])), _locked_run_folder(Path(config["train"]["out"]), ctx):
                 return Trainer(config, ctx, stop_at).run(dataset, progress, sigterm)
         except Exception as error:
             if ctx.world_size > 1:

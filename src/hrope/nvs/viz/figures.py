@@ -62,7 +62,6 @@ def save_image_grid(rows: list[list[Tensor]], path: str | Path) -> Path:
             y, x = PAD + i * (H + PAD), PAD + j * (W + PAD)
             canvas[:, y : y + H, x : x + W] = image.detach().float().cpu().clamp(0, 1)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     array = (canvas.permute(1, 2, 0).numpy() * 255 + 0.5).astype(np.uint8)
     save_image(Image.fromarray(array), path)
     return path

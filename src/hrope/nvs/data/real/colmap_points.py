@@ -169,8 +169,6 @@ def write_colmap_model(scene: Scene, folder: str | Path, points_per_view: int = 
         raise SceneError(f"{scene.name}: write_colmap_model needs a scene with depth")
     folder = Path(folder)
     model = folder / "sparse" / "0"
-    (folder / "images").mkdir(parents=True, exist_ok=True)
-    model.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(seed)
     H, W = scene.image_size
     cameras: list[str] = []

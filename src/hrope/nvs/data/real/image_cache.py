@@ -19,7 +19,8 @@ decoded, undistorted and resized + centre-cropped once, and later reads load its
 - **Safety.** An entry is written to a temporary file in its folder, then moved into place
   (``os.replace``, atomic): a crash or a second writer (threads, DDP ranks) never leaves a partial
   entry under a key. An unreadable entry counts as a miss and is rewritten. A folder that cannot
-  be written logs one warning and the cache stops writing (views are then decoded every time).
+  be written (a full or read-only file system, a path through a file) logs one warning naming it
+  and the cache stops writing (views are then decoded every time).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pathlib import Path
 import numpy as np
 from torch import Tensor
 
-from ...running.atomic import atomic_open
+from ...running.atomic import StorageError, atomic_open
 
 __all__ = ["FORMAT_VERSION", "default_cache_dir", "ImageCache"]
 
@@ -111,6 +112,6 @@ class ImageCache:
         try:  # not fsynced: an entry a power loss empties reads as a miss
             with atomic_open(self.path(key), "wb", durable=False) as file:
                 np.save(file, entry, allow_pickle=False)
-        except OSError as error:
+        except (StorageError, OSError) as error:  # a full or read-only file system, a path through a file
             self.writable = False
-            logger.warning("image cache %s cannot be written (%s); views are decoded every time", self.folder, error)
+            logger.warning("image cache %s cannot be written; views are decoded every time: %s", self.folder, error)
