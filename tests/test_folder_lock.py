@@ -16,10 +16,10 @@ import pytest
 import torch
 from _lvsm_helpers import small_config
 
-from hrope.nvs import checkpoints
+from hrope.nvs.running import checkpoints
 from hrope.nvs.running.checkpoints import CHECKPOINT_NAME, load_checkpoint, load_model, save_checkpoint
 from hrope.nvs.cli import run
-from hrope.nvs.config import save_config
+from hrope.nvs.config import save_config, update_config
 from hrope.nvs.data.real.image_cache import ImageCache
 from hrope.nvs.model import build_model
 from hrope.nvs.running.folder_lock import LOCK_NAME, FolderInUseError, FolderLock, holder_of
@@ -46,7 +46,7 @@ def hold(folder: Path) -> subprocess.Popen:
 
 def tiny_config(out: Path) -> dict:
     config = small_config(encoding="prope")
-    config["train"].update(out=str(out), steps=2, image_every=0)
+    config = update_config(config, {"train": dict(out=str(out), steps=2, image_every=0)})
     return config
 
 

@@ -40,10 +40,16 @@ LAYERS = {
     "hrope.nvs.running.atomic": 9,
     "hrope.nvs.running.provenance": 9,
     "hrope.nvs.running.folder_lock": 10,
-    "hrope.nvs.config.": 10,
+    # the settings (fields, schema, the model section) below the data, which declares its own with them;
+    # the run config above it, since it checks data.kind against the data registries
+    "hrope.nvs.config.fields": 10,
+    "hrope.nvs.config.options": 10.1,
+    "hrope.nvs.config.schema": 10.2,
+    "hrope.nvs.config.model_config": 10.4,
     "hrope.nvs.evaluation.metrics": 10,
     "hrope.nvs.data.": 11,
     "hrope.nvs.running.distributed": 11,
+    "hrope.nvs.config.": 11.5,
     "hrope.nvs.sources.": 12,  # the plane sources with the geometry they use (plane fitting, transfer, user depth)
     "hrope.nvs.config_docs": 12,
     "hrope.nvs.model": 13,

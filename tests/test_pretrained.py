@@ -55,7 +55,7 @@ def test_a_round_trip_gives_the_same_outputs_and_files(saved):
         assert torch.equal(model(batch).images, expected)
     assert not model.training and isinstance(from_pretrained(folder), LVSM)
     assert info["format"] == PRETRAINED_FORMAT and info["step"] == 7 and info["evaluation"] is None
-    assert info["config"]["model"]["encoding"] == "hrope-lift" and info["config"]["data"]["num_scenes"] == 2
+    assert info["config"].model.encoding == "hrope-lift" and info["config"].data.num_scenes == 2
     card = (folder / CARD_NAME).read_text()
     assert card.startswith("---\nlibrary_name: hrope\n") and "- hrope-lift\n" in card
     assert "trained for 7 steps" in card and "Not evaluated" in card

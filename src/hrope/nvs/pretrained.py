@@ -45,8 +45,8 @@ from .running.checkpoints import (
     load_model_state,
     read_safetensors,
 )
-from .config import ConfigError, resolve
-from .model import LVSM, ModelError, build_model
+from .config import ConfigError, RunConfig, resolve
+from .model import LVSM, build_model
 
 __all__ = [
     "PRETRAINED_FORMAT",
@@ -77,41 +77,42 @@ def is_pretrained(path: str | Path) -> bool:
 
 
 # ----------------------------------------------------------------------------------- writing
-def _run_config(model: LVSM, config: dict | None) -> dict:
-    """The resolved run config to store: ``config`` with the model's architecture, or the defaults
-    around it."""
+def _run_config(model: LVSM, config: RunConfig | None) -> RunConfig:
+    """The run config to store: ``config`` with the model's architecture, or the defaults around it."""
+    plain = config.to_dict() if config is not None else {}
     try:
-        text = json.dumps({**(config or {}), "model": {**model.config.to_dict(), "preset": None}})
+        text = json.dumps({**plain, "model": {**model.config.to_dict(), "preset": None}})
     except (TypeError, ValueError) as error:  # e.g. an nn.Module in predictor_options (Python API)
         raise PretrainedError(f"the model's config cannot be saved as JSON ({error})") from None
     return resolve(json.loads(text))
 
 
 def model_card(info: dict) -> str:
-    """The ``README.md`` of a saved model from its ``config.json`` contents ``info``."""
+    """The ``README.md`` of a saved model from its ``config.json`` contents ``info`` (its ``config``
+    a :class:`~hrope.nvs.config.RunConfig`)."""
     config, evaluation = info["config"], info.get("evaluation")
-    model, data = config["model"], config["data"]
+    model, data = config.model, config.data
     steps = f"{info['step']} steps" if info.get("step") is not None else "an unknown number of steps"
     lines = [
         "---",
         "library_name: hrope",
         "tags:",
-        *(f"- {tag}" for tag in ("novel-view-synthesis", "lvsm", "hrope", model["encoding"])),
+        *(f"- {tag}" for tag in ("novel-view-synthesis", "lvsm", "hrope", model.encoding)),
         "---",
         "",
-        f"# LVSM with the `{model['encoding']}` encoding",
+        f"# LVSM with the `{model.encoding}` encoding",
         "",
-        f"A decoder-only LVSM novel-view-synthesis model (`hrope.nvs.model.LVSM`) with the `{model['encoding']}` "
-        f"positional encoding, trained for {steps} on `{data['kind']}` data ({data['num_context']} context views, "
-        f"{model['image_size']}x{model['image_size']} pixels). Saved by hrope {info['hrope_version']}.",
+        f"A decoder-only LVSM novel-view-synthesis model (`hrope.nvs.model.LVSM`) with the `{model.encoding}` "
+        f"positional encoding, trained for {steps} on `{data.kind}` data ({data.num_context} context views, "
+        f"{model.image_size}x{model.image_size} pixels). Saved by hrope {info['hrope_version']}.",
         "",
         "## Evaluation",
         "",
     ]
     if evaluation:
         lines += [
-            f"`{evaluation.get('name', model['encoding'])}` on {evaluation.get('num_scenes', '?')} held-out scenes "
-            f"of `{data['kind']}` ({evaluation.get('num_context', '?')} context views), as `hrope eval` reported it:",
+            f"`{evaluation.get('name', model.encoding)}` on {evaluation.get('num_scenes', '?')} held-out scenes "
+            f"of `{data.kind}` ({evaluation.get('num_context', '?')} context views), as `hrope eval` reported it:",
             "",
             "| metric | value |",
             "|---|---|",
@@ -120,7 +121,7 @@ def model_card(info: dict) -> str:
     else:
         lines.append("Not evaluated when it was saved: `hrope eval FOLDER` scores it on the held-out split below.")
     lines += ["", "## Model", "", "| setting | value |", "|---|---|"]
-    lines += [f"| `model.{key}` | `{json.dumps(value)}` |" for key, value in model.items()]
+    lines += [f"| `model.{key}` | `{json.dumps(value)}` |" for key, value in config.to_dict()["model"].items()]
     lines += [
         "",
         "## Use",
@@ -147,7 +148,7 @@ def _write_files(folder: Path, tensors: dict[str, Tensor], info: dict) -> None:
     metadata["checksum"] = checksum(tensors, metadata)
     with atomic_path(folder / WEIGHTS_NAME) as temporary:
         save_file(tensors, str(temporary), metadata=metadata)
-    write_json(folder / CONFIG_NAME, info, newline=True)
+    write_json(folder / CONFIG_NAME, {**info, "config": info["config"].to_dict()}, newline=True)
     write_text(folder / CARD_NAME, model_card(info))
 
 
@@ -184,7 +185,7 @@ def save_pretrained(
     model: LVSM,
     folder: str | Path,
     *,
-    config: dict | None = None,
+    config: RunConfig | None = None,
     step: int | None = None,
     evaluation: dict | None = None,
     overwrite: bool = False,
@@ -281,15 +282,12 @@ def _read_weights(folder: Path) -> dict[str, Tensor]:
 
 def load_pretrained(folder: str | Path, device: str | torch.device = "cpu") -> tuple[LVSM, dict]:
     """The model (in eval mode, on ``device``) and the ``config.json`` contents of a saved model
-    folder (``info["config"]``: the resolved run config)."""
+    folder (``info["config"]``: the :class:`~hrope.nvs.config.RunConfig`)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise PretrainedError(f"saved model folder not found: {folder}")
     info = _read_info(folder)
-    try:
-        model = build_model(info["config"])
-    except ModelError as error:
-        raise PretrainedError(f"{folder / CONFIG_NAME}: its model config is invalid: {error}") from None
+    model = build_model(info["config"])
     load_model_state(model, _read_weights(folder), folder / WEIGHTS_NAME)
     return model.to(device).eval(), info
 
@@ -299,8 +297,8 @@ def from_pretrained(folder: str | Path, device: str | torch.device = "cpu") -> L
     return load_pretrained(folder, device)[0]
 
 
-def load_trained(path: str | Path, device: str | torch.device = "cpu") -> tuple[LVSM, dict]:
-    """Model and resolved run config of a run folder, a checkpoint file or a saved model folder."""
+def load_trained(path: str | Path, device: str | torch.device = "cpu") -> tuple[LVSM, RunConfig]:
+    """Model and run config of a run folder, a checkpoint file or a saved model folder."""
     path = Path(path)
     if is_pretrained(path):
         model, info = load_pretrained(path, device)

@@ -22,9 +22,9 @@ from safetensors.torch import load, save_file
 from torch import Tensor, nn
 
 from .atomic import atomic_path
-from ..config import ConfigError, resolve
+from ..config import ConfigError, RunConfig, resolve
 from ...errors import InputError
-from ..model import LVSM, ModelError, build_model
+from ..model import LVSM, build_model
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -80,7 +80,7 @@ def save_checkpoint(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     step: int,
-    config: dict,
+    config: RunConfig,
     state: dict | None = None,
 ) -> Path:
     """Write ``path`` atomically (temp file, fsync, ``os.replace``) as safetensors; refuses non-finite
@@ -100,7 +100,7 @@ def save_checkpoint(
     metadata = {
         "format": CHECKPOINT_FORMAT,
         "step": str(step),
-        "config": json.dumps(config),
+        "config": json.dumps(config.to_dict()),
         "scheduler": json.dumps({"kind": "warmup_cosine", "step": step}),
         "state": json.dumps(state or {}),
     }
@@ -225,7 +225,7 @@ def load_checkpoint(
     restore_rng: bool = False,
 ) -> dict:
     """Load a checkpoint into ``model`` / ``optimizer`` (either optional); returns
-    ``{"step": int, "config": dict, "state": dict}`` (only the metadata is read when nothing is
+    ``{"step": int, "config": RunConfig, "state": dict}`` (only the metadata is read when nothing is
     loaded). ``path`` may be the file or its run folder."""
     loads = model is not None or optimizer is not None or restore_rng
     tensors, metadata = _read_checkpoint(path, with_tensors=loads)
@@ -267,8 +267,8 @@ def _metadata_json(metadata: dict[str, str], key: str, path, default: str | None
         raise CheckpointError(f"{path}: its {key} metadata is not JSON ({error})") from None
 
 
-def _metadata_config(metadata: dict[str, str], path):
-    """The resolved run config stored in the checkpoint (validated like any config)."""
+def _metadata_config(metadata: dict[str, str], path) -> RunConfig:
+    """The run config stored in the checkpoint (checked like any config)."""
     try:
         return resolve(_metadata_json(metadata, "config", path))
     except ConfigError as error:
@@ -282,13 +282,10 @@ def _metadata_step(metadata: dict[str, str], path) -> int:
     return int(step)
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[LVSM, dict]:
-    """Model and resolved config from a checkpoint (file or run folder), read once."""
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[LVSM, RunConfig]:
+    """Model and run config from a checkpoint (file or run folder), read once."""
     tensors, metadata = _read_checkpoint(path)
     config = _metadata_config(metadata, path)
-    try:
-        model = build_model(config)
-    except ModelError as error:
-        raise CheckpointError(f"{path}: its config metadata is invalid: {error}") from None
+    model = build_model(config)
     load_model_state(model, _model_state(tensors), path)
     return model.to(device).eval(), config
