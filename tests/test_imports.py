@@ -39,6 +39,7 @@ LAYERS = {
     "hrope.nvs.viz": 9,
     "hrope.nvs.running.atomic": 9,
     "hrope.nvs.running.provenance": 9,
+    "hrope.nvs.running.tensor_files": 10,
     "hrope.nvs.running.folder_lock": 10,
     # the settings (fields, schema, the model section) below the data, which declares its own with them;
     # the run config above it, since it checks data.kind against the data registries
@@ -52,6 +53,7 @@ LAYERS = {
     "hrope.nvs.config.": 11.5,
     "hrope.nvs.sources.": 12,  # the plane sources with the geometry they use (plane fitting, transfer, user depth)
     "hrope.nvs.config_docs": 12,
+    "hrope.nvs.model_folder": 12.8,  # the saved-model folder: LVSM.from_pretrained / save_pretrained
     "hrope.nvs.model": 13,
     "hrope.nvs.running.runs": 14,
     "hrope.nvs.build_data": 14,

@@ -29,6 +29,7 @@ from ..encodings import Encoding, get_encoding
 from ..geometry import patchify
 from ..nn import MultiviewAttention, factorize
 from .config import APE_ENCODINGS, PRESETS, ModelConfig, ModelError, RunConfig, encoding_names
+from .model_folder import PretrainedMixin
 from .sources import (
     ParameterSource,
     build_parameter_source,
@@ -122,10 +123,11 @@ class LVSMOutput:
     parameters: list[dict[str, Tensor]]
 
 
-class LVSM(nn.Module):
+class LVSM(PretrainedMixin, nn.Module):
     """Decoder-only LVSM. ``forward(batch)`` with ``batch.images (B, V, 3, H, W)`` (first
     ``batch.num_context`` views are the context), ``batch.cameras`` (B, V) and, for geometric
-    predictors, ``batch.depth`` / ``batch.normals`` / ``batch.planes(p)``."""
+    predictors, ``batch.depth`` / ``batch.normals`` / ``batch.planes(p)``. ``LVSM.from_pretrained(folder)``
+    and ``model.save_pretrained(folder)`` read and write a saved model folder (:mod:`hrope.nvs.model_folder`)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
