@@ -462,3 +462,51 @@ def test_source_options_complete_the_defaults_per_source():
     assert isinstance(external.model.predictor_options, ExternalOptions)
     assert external.model.predictor_options.fit == "robust" and external.model.predictor_options.min_points == 5
     assert external.to_dict()["model"]["predictor_options"] == {"fit": "robust"}
+
+
+# (values over the defaults, the error's class, its message): the rules across keys, checked when the config is built
+RULES_ACROSS_KEYS = [
+    ({"data": {"kind": "xyz"}}, ConfigError, "unknown data.kind 'xyz'; expected room, object or one of ["),
+    ({"data": {"root": "x"}}, ConfigError, "data.root, data.eval_root, data.eval_index and data.depth are for real"),
+    ({"data": {"num_scenes": None}}, ConfigError, "data.num_scenes must be a number for synthetic data"),
+    ({"eval": {"num_scenes": None}}, ConfigError, "eval.num_scenes must be a number for synthetic data"),
+    ({"data": {"kind": "colmap"}}, ConfigError, "data.root is required for data.kind 'colmap' (the dataset folder)"),
+    (
+        {"data": {"kind": "colmap", "root": "x", "eval_index": "i.json"}},
+        ConfigError,
+        "data.eval_index is for data.kind",
+    ),
+    ({"data": {"kind": "re10k", "root": "x", "depth": "maps"}}, ConfigError, "data.depth 'maps' is for scene folders"),
+    ({"data": {"kind": "re10k", "root": "x", "image_factor": 2}}, ConfigError, "data.image_factor is for the scene-"),
+    ({"data": {"kind": "re10k", "root": "x"}, "eval": {"split": "val"}}, ConfigError, "eval.split 'val' (validation"),
+    ({"train": {"perceptual_weight": 0.5}}, ConfigError, "train.perceptual_weight > 0 needs local LPIPS weights"),
+    ({"model": {"encoding": "rayrope", "encoding_options": {"anchors": [1.0]}}}, ModelError, "model.encoding_options"),
+    (
+        {"model": {"encoding": "rayrope", "encoding_options": {"numerics": "x"}}},
+        ModelError,
+        "rayrope: numerics must be one of",
+    ),
+    (
+        {"model": {"encoding": "hrope-lift", "folded_attention": True, "predictor_options": {"per_head": True}}},
+        ModelError,
+        "model.folded_attention folds one transform per view",
+    ),
+    (
+        {"model": {"encoding": "hrope-depth", "predictor_options": {"targets": "transfer"}}},
+        PredictorError,
+        "predictor_options.targets 'transfer' carries planes",
+    ),
+    (
+        {"model": {"encoding": "hrope", "predictor": "backbone"}},
+        PredictorError,
+        "the 'backbone' predictor needs predictor_options.module",
+    ),
+]
+
+
+@pytest.mark.parametrize("values, error, message", RULES_ACROSS_KEYS, ids=[m[:30] for _, _, m in RULES_ACROSS_KEYS])
+def test_rules_across_keys_are_checked_when_the_config_is_built(values, error, message):
+    with pytest.raises(error) as caught:
+        resolve(values)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+    assert isinstance(caught.value, ConfigError)  # every config error is one, for the command and load_config

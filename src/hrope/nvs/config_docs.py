@@ -95,6 +95,12 @@ def config_reference() -> str:
         "Overrides are `--section.key VALUE`; resuming a run accepts changes only to the keys marked",
         '"may change on resume" (and `eval.lpips_weights` only without a perceptual loss).',
         "",
+        "In Python a resolved config is one frozen, typed tree (`hrope.nvs.config.RunConfig`), checked once",
+        "when it is built (`resolve`, `load_config`, `update_config`), its keys read as attributes:",
+        "`config.model.heads` (a `ModelConfig`, the preset applied), `config.model.predictor_options.targets`",
+        "(the options class of `config.model.predictor`, below), `config.data.num_context`,",
+        "`config.train.lr`, `config.eval.split`. `config.to_dict()` is its plain form, the YAML below.",
+        "",
     ]
     for section, entries in SETTINGS.items():
         lines += [f"## `{section}`", ""]

@@ -125,9 +125,9 @@ def harmless_on_resume(key: str, config: RunConfig) -> bool:
 
 def synthetic_settings(data: DataSettings):
     """The :class:`hrope.nvs.data.SyntheticConfig` of ``data.synthetic`` (its overrides of the defaults)."""
-    _, _, synthetic_config = _data_registries()
+    _, _, generator_settings = _data_registries()
     values = data.synthetic or {}
-    known = [f.name for f in fields(synthetic_config)]
+    known = [f.name for f in fields(generator_settings)]
     unknown = sorted(set(values) - set(known))
     if unknown:
         raise ConfigError(
@@ -135,6 +135,6 @@ def synthetic_settings(data: DataSettings):
             f"known: {sorted(known)}"
         )
     try:
-        return synthetic_config(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+        return generator_settings(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
     except ValueError as error:
         raise ConfigError(f"data.synthetic: {error}") from None
