@@ -5,8 +5,9 @@
 ``config.train`` a :class:`TrainSettings` and ``config.eval`` an :class:`EvalSettings`. Each section
 checks its own values; :class:`RunConfig` checks the rules across sections and those that need the
 data registries (kinds, loaders, the synthetic generator's settings). :meth:`RunConfig.to_dict` is
-the plain form that config files, checkpoints and config hashes hold, key for key what the resolved
-config was before it had types. :func:`hrope.nvs.config.resolve` builds one.
+the plain form that config files, checkpoints and config hashes hold (every ``data``, ``train`` and
+``eval`` key; in ``model`` the preset, the encoding, the predictor and the keys given), which
+stored runs and committed results are keyed by. :func:`hrope.nvs.config.resolve` builds one.
 """
 
 from __future__ import annotations
