@@ -81,8 +81,8 @@ def model_step(name: str, args: argparse.Namespace):
         model = build_model(config)
         if compiled:
             model.compile(fullgraph=True, backend=args.backend)
-        optimizer, counter = make_optimizer(model, config["train"]), itertools.count()
-        return lambda: train_step(model, optimizer, batch, next(counter), config["train"], None)
+        optimizer, counter = make_optimizer(model, config.train), itertools.count()
+        return lambda: train_step(model, optimizer, batch, next(counter), config.train, None)
 
     return step(False), step(True)
 

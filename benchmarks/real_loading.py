@@ -39,7 +39,7 @@ import torch
 from PIL import Image
 
 from hrope.nvs.running.atomic import save_image, write_json, write_text
-from hrope.nvs.config import resolve
+from hrope.nvs.config import RunConfig, resolve
 from hrope.nvs.build_data import build_dataset, collate
 from hrope.nvs.model import build_model
 from hrope.nvs.running.train import StepLoader
@@ -72,17 +72,17 @@ def make_fixture(folder: Path, count: int, size: tuple[int, int], seed: int = 0)
     write_text(folder / "sparse" / "0" / "images.txt", "\n".join(lines) + "\n")
 
 
-def make_step(config: dict):
+def make_step(config: RunConfig):
     """One training step of ``config``'s model on a batch (CPU): :func:`hrope.nvs.running.train_step.train_step`,
     each call the next step of the schedule."""
     torch.manual_seed(0)
     model = build_model(config)
-    optimizer = make_optimizer(model, config["train"])
+    optimizer = make_optimizer(model, config.train)
     perceptual = perceptual_loss(config, torch.device("cpu"))
     counter = itertools.count()
 
     def step(batch) -> None:
-        train_step(model, optimizer, batch, next(counter), config["train"], perceptual)
+        train_step(model, optimizer, batch, next(counter), config.train, perceptual)
 
     return step
 

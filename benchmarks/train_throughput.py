@@ -44,12 +44,12 @@ def step_function(encoding: str, batch, model_options: dict | None = None):
     torch.manual_seed(0)
     config = resolve({"model": {"preset": "tiny", "encoding": encoding, **(model_options or {})}})
     model = build_model(config).to(batch.images.device)
-    optimizer = make_optimizer(model, config["train"])
+    optimizer = make_optimizer(model, config.train)
     perceptual = perceptual_loss(config, batch.images.device)
     counter = itertools.count()
 
     def step():
-        train_step(model, optimizer, batch, next(counter), config["train"], perceptual)
+        train_step(model, optimizer, batch, next(counter), config.train, perceptual)
 
     return step, count_parameters(model)["total"]
 

@@ -30,6 +30,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from hrope.nvs.config import RunConfig
 from hrope.nvs.running.atomic import write_json
 from hrope.nvs.running.checkpoints import CHECKPOINT_NAME, load_checkpoint
 from hrope.nvs.build_data import build_dataset
@@ -103,7 +104,7 @@ class CellRunner:
         self.trained: list[Cell] = []  # cells trained (not read from the cache) by this runner
 
     # ------------------------------------------------------------------ paths and configs
-    def config(self, cell: Cell, folder: Path) -> dict:
+    def config(self, cell: Cell, folder: Path) -> RunConfig:
         return cell_config(
             self.budget,
             cell,
@@ -183,9 +184,9 @@ class CellRunner:
             if key.split(".")[0] not in known
         }
 
-    def dataset(self, config: dict, split: str):
+    def dataset(self, config: RunConfig, split: str):
         """The rendered (in-memory) dataset of ``config``'s data section, shared by cells."""
-        key = (config["data"]["kind"], config["data"]["num_context"], split)
+        key = (config.data.kind, config.data.num_context, split)
         if key not in self._datasets:
             while len(self._datasets) >= self.max_datasets:
                 self._datasets.pop(next(iter(self._datasets)))
@@ -196,7 +197,7 @@ class CellRunner:
         return self._datasets[key]
 
     # ------------------------------------------------------------------ one cell
-    def _train(self, folder: Path, config: dict):
+    def _train(self, folder: Path, config: RunConfig):
         """``hrope.nvs.running.train`` of the cell, resuming its checkpoint only when the current code started
         it (``training.json``); returns ``(result, start step, seconds)``."""
         checkpoint, marker = folder / CHECKPOINT_NAME, folder / TRAINING_NAME
@@ -227,9 +228,9 @@ class CellRunner:
         folder = self.folder(cell)
         config = self.config(cell, folder)
         result, start, seconds = self._train(folder, config)
-        if result.step < config["train"]["steps"]:
+        if result.step < config.train.steps:
             raise StoppedCellError(
-                f"{self.cell_id(cell)}: training stopped at step {result.step} of {config['train']['steps']}; "
+                f"{self.cell_id(cell)}: training stopped at step {result.step} of {config.train.steps}; "
                 "its checkpoint is kept and the same command resumes it"
             )
         trained = result.step - start
@@ -239,8 +240,8 @@ class CellRunner:
         metrics, per_scene, _ = evaluate_model(
             model,
             self.dataset(config, self.split),
-            config["data"]["num_context"],
-            batch_size=config["eval"]["batch_size"],
+            config.data.num_context,
+            batch_size=config.eval.batch_size,
             lpips=self._lpips,
             device=self.device,
             planes=planes,

@@ -137,9 +137,7 @@ def _sweep_cell(runner: CellRunner, cell: Cell, record: dict, device: str) -> di
     """:func:`sweep_model` of one finished cell on its test scenes, with its recorded PSNR."""
     model, config = load_trained(runner.folder(cell), device)
     dataset = runner.dataset(config, "eval")
-    sweep = sweep_model(
-        model, dataset, config["data"]["num_context"], batch_size=config["eval"]["batch_size"], device=device
-    )
+    sweep = sweep_model(model, dataset, config.data.num_context, batch_size=config.eval.batch_size, device=device)
     recomputed = sum(sweep["psnr"]) / len(sweep["psnr"])
     sweep["psnr_difference"] = abs(recomputed - record["metrics"]["psnr"])
     sweep["stale"] = runner.is_stale(record)

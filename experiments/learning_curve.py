@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 
 
+from hrope.nvs.config import update_config
 from hrope.nvs.running.atomic import save_figure, write_json, write_text
 from hrope.nvs.build_data import build_dataset
 from hrope.nvs.evaluation.evaluate import evaluate_model
@@ -68,8 +69,9 @@ def train_curve(
 ) -> dict:
     """Train one (row, seed) run to ``steps``, evaluating every ``every`` steps; its curve dict."""
     budget = replace(BUDGETS["full"], steps=steps, seeds=(seed,))
-    config = cell_config(budget, Cell(dataset_kind, row, seed), folder)
-    config["train"]["checkpoint_every"] = every
+    config = update_config(
+        cell_config(budget, Cell(dataset_kind, row, seed), folder), {"train": {"checkpoint_every": every}}
+    )
     for split in ("train", "eval"):
         if split not in datasets:
             datasets[split] = build_dataset(config, split)
@@ -81,8 +83,8 @@ def train_curve(
         means, per_scene, _ = evaluate_model(
             model,
             datasets["eval"],
-            config["data"]["num_context"],
-            batch_size=config["eval"]["batch_size"],
+            config.data.num_context,
+            batch_size=config.eval.batch_size,
             planes=planes,
         )
         point = {"step": stop, "psnr": means["psnr"], "ssim": means["ssim"], "per_scene_psnr": per_scene["psnr"]}

@@ -21,8 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hrope.nvs.config import resolve
-from hrope.nvs.model import APE_ENCODINGS
+from hrope.nvs.config import APE_ENCODINGS, RunConfig, resolve
 
 __all__ = [
     "Row",
@@ -295,8 +294,8 @@ def cell_config(
     threads: int = 1,
     lpips_weights: str | None = None,
     split: str = "eval",
-) -> dict:
-    """The resolved ``hrope.nvs.running.train`` config of one cell (its run folder is ``out``)."""
+) -> RunConfig:
+    """The ``hrope.nvs.running.train`` config of one cell (its run folder is ``out``)."""
     values = cell_settings(budget, cell, lpips_weights, split)
     values["train"] = {
         **values["train"],

@@ -19,8 +19,8 @@ def synthetic_batch(num_scenes: int = 1, num_views: int = 3, num_context: int = 
     return collate_scenes(scenes, num_context)
 
 
-def small_config(**model) -> dict:
-    """A resolved run config for a 2-layer 32x32 model on a handful of synthetic scenes."""
+def small_config(**model):
+    """A run config (RunConfig) for a 2-layer 32x32 model on a handful of synthetic scenes."""
     from hrope.nvs.config import resolve
 
     return resolve(

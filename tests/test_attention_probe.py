@@ -12,6 +12,7 @@ from PIL import Image
 
 import hrope
 import hrope.reference
+from hrope.nvs.config import update_config
 from hrope.nvs import cli
 from hrope.nvs.evaluation.attention_probe import AttentionRecorder, landing_points, probe, query_token, query_weights
 from hrope.nvs.model import build_model
@@ -188,10 +189,10 @@ def trained_runs(tmp_path_factory) -> list[Path]:
     runs = []
     for encoding in ("prope", "urope"):
         config = small_config(encoding=encoding)
-        config["train"].update(steps=2, image_every=0, checkpoint_every=2)
-        config["train"]["out"] = str(tmp_path_factory.mktemp(encoding))
+        config = update_config(config, {"train": dict(steps=2, image_every=0, checkpoint_every=2)})
+        config = update_config(config, {"train": {"out": str(tmp_path_factory.mktemp(encoding))}})
         train(config)
-        runs.append(Path(config["train"]["out"]))
+        runs.append(Path(config.train.out))
     return runs
 
 

@@ -19,6 +19,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 import hrope.nvs.running.checkpoints as checkpoints
+from hrope.nvs.config import update_config
 from hrope.nvs.running.checkpoints import (
     CHECKPOINT_NAME,
     LEGACY_FORMAT,
@@ -44,9 +45,9 @@ def read(path: Path) -> tuple[dict, dict]:
 def trained(tmp_path_factory) -> Path:
     """A 4-step prope run stopped at step 2 (copy it before changing it)."""
     config = small_config(encoding="prope")
-    config["train"]["out"] = str(tmp_path_factory.mktemp("trained") / "run")
+    config = update_config(config, {"train": {"out": str(tmp_path_factory.mktemp("trained") / "run")}})
     train(config, stop_at=2, progress=False)
-    return Path(config["train"]["out"])
+    return Path(config.train.out)
 
 
 @pytest.fixture
@@ -83,7 +84,7 @@ def test_damaged_tensor_bytes_are_refused_everywhere(run_copy, capsys):
         with pytest.raises(CheckpointError, match=rf"^{path}: checksum mismatch: the file is damaged$"):
             load()
     config = small_config(encoding="prope")
-    config["train"]["out"] = str(run_copy)
+    config = update_config(config, {"train": {"out": str(run_copy)}})
     with pytest.raises(CheckpointError, match="checksum mismatch"):  # resuming reads it too
         train(config, progress=False)
     assert run(["eval", str(run_copy)]) == 2
@@ -121,7 +122,7 @@ def test_non_finite_weights_are_never_written(run_copy):
         match=r"refusing to write .*: non-finite model weights in "
         r"model\.blocks\.0\.attn\.qkv\.weight, model\.head\.weight$",
     ):
-        save_checkpoint(path, model, make_optimizer(model, config["train"]), 9, config)
+        save_checkpoint(path, model, make_optimizer(model, config.train), 9, config)
     assert path.read_bytes() == before and not list(run_copy.glob("*.tmp"))
 
 
@@ -182,7 +183,7 @@ def test_a_failed_write_leaves_the_previous_checkpoint(run_copy, monkeypatch, fa
 
     monkeypatch.setattr(checkpoints, "save_file", partial_then_fail)
     config = small_config(encoding="prope")
-    config["train"]["out"] = str(run_copy)
+    config = update_config(config, {"train": {"out": str(run_copy)}})
     with pytest.raises(StorageError) as caught:
         train(config, progress=False)  # resumes at step 2, fails to write the step-4 checkpoint
     assert str(caught.value) == (
@@ -201,13 +202,13 @@ def test_a_stray_temporary_file_is_never_a_checkpoint(run_copy, tmp_path):
     (run_copy / (CHECKPOINT_NAME + ".tmp")).write_bytes(b"half a checkpoint")  # an older version's name
     (run_copy / f".{CHECKPOINT_NAME}.0123abcd.tmp").write_bytes(b"half a checkpoint")
     config = small_config(encoding="prope")
-    config["train"]["out"] = str(run_copy)
+    config = update_config(config, {"train": {"out": str(run_copy)}})
     assert train(config, stop_at=3, progress=False).step == 3  # resumed from step 2, not from a .tmp
     assert not (run_copy / f".{CHECKPOINT_NAME}.0123abcd.tmp").exists()  # removed when the folder is taken
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     (fresh / (CHECKPOINT_NAME + ".tmp")).write_bytes(b"half a checkpoint")
-    config["train"]["out"] = str(fresh)
+    config = update_config(config, {"train": {"out": str(fresh)}})
     result = train(config, stop_at=1, progress=False)
     segment = json.loads((fresh / "segments.jsonl").read_text())
     assert result.step == 1 and segment["resumed_from_step"] is None  # a new run
@@ -231,7 +232,7 @@ def test_a_pickle_payload_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match="is not a readable safetensors checkpoint"):
         load_model(folder)
     config = small_config(encoding="prope")
-    config["train"]["out"] = str(folder)
+    config = update_config(config, {"train": {"out": str(folder)}})
     with pytest.raises(CheckpointError, match="is not a readable safetensors checkpoint"):
         train(config, progress=False)
     assert not marker.exists()

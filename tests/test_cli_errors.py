@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 import hrope.nvs.running.checkpoints as checkpoints
 from hrope.nvs import cli
 from hrope.nvs.running.checkpoints import CheckpointError, load_checkpoint, load_model, save_checkpoint
-from hrope.nvs.config import ConfigError, apply_overrides, load_config
+from hrope.nvs.config import ConfigError, apply_overrides, load_config, update_config
 from hrope.nvs.model import build_model
 from hrope.nvs.running.train_step import make_optimizer
 
@@ -61,9 +61,9 @@ def run_dir(tmp_path_factory) -> Path:
     """A run folder with an untrained small model's checkpoint (made directly, no training)."""
     folder = tmp_path_factory.mktemp("run")
     config = small_config(encoding="hrope-lift")
-    config["train"]["out"] = str(folder)
+    config = update_config(config, {"train": {"out": str(folder)}})
     model = build_model(config)
-    save_checkpoint(folder / "checkpoint.safetensors", model, make_optimizer(model, config["train"]), 1, config)
+    save_checkpoint(folder / "checkpoint.safetensors", model, make_optimizer(model, config.train), 1, config)
     return folder
 
 
@@ -192,7 +192,7 @@ def test_tampered_step_metadata(tmp_path, capsys):
     out = tmp_path / "run"
     config = apply_overrides(load_config(TINY), [*SMALL, "--out", str(out)])
     model = build_model(config)
-    source = save_checkpoint(tmp_path / "source.safetensors", model, make_optimizer(model, config["train"]), 0, config)
+    source = save_checkpoint(tmp_path / "source.safetensors", model, make_optimizer(model, config.train), 0, config)
     path = tamper(source, out / "checkpoint.safetensors", step="one")
     with pytest.raises(CheckpointError, match="step"):
         load_checkpoint(path)

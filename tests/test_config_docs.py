@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from hrope.nvs.cli import run
-from hrope.nvs.config import SETTINGS, PredictorOptions, apply_overrides, resolve, settings_of
+from hrope.nvs.config import SETTINGS, SOURCE_OPTIONS, apply_overrides, resolve, settings_of
 from hrope.nvs.config_docs import REFERENCE_PATH, config_reference, describe_config
 from hrope.nvs.data.synthetic import SyntheticConfig
 
@@ -26,8 +26,10 @@ def test_the_reference_names_every_setting():
     for section, entries in SETTINGS.items():
         for key in entries:
             assert f"| `{section}.{key}` |" in text
-    for key in settings_of(PredictorOptions):
-        assert f"| `{key}` |" in text
+    for name, options in SOURCE_OPTIONS.items():
+        section = text[text.index(f"### `{name}` (`{options.__name__}`)") :]
+        for key in settings_of(options):
+            assert f"| `{key}` |" in section.split("\n### ")[0]
     for key in settings_of(SyntheticConfig):
         assert f"| `data.synthetic.{key}` |" in text
 
@@ -47,7 +49,7 @@ def test_described_config_loads_back_and_documents_every_key():
         ],
     )
     text = describe_config(config)
-    assert yaml.safe_load(text) == config
+    assert yaml.safe_load(text) == config.to_dict()
     for line in text.splitlines():
         assert line.endswith(":") and not line.startswith(" ") or " # " in line, line
     assert "    fov_deg: [30, 40]  # horizontal field of view" in text
@@ -57,7 +59,7 @@ def test_described_config_loads_back_and_documents_every_key():
 
 def test_hrope_config_prints_the_resolved_config(capsys):
     assert run(["config"]) == 0
-    assert yaml.safe_load(capsys.readouterr().out) == resolve()
+    assert yaml.safe_load(capsys.readouterr().out) == resolve().to_dict()
     assert run(["config", TINY, "--steps", "7", "--train.lr=1e-3"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["train"]["steps"] == 7 and printed["train"]["lr"] == 1e-3

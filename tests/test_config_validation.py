@@ -1,5 +1,6 @@
 """Every config value is validated: types (a bool is never a number), ranges, choices, null; the
-model section by ModelConfig; the device where it is chosen; fuzzed overrides and YAML files."""
+model section by ModelConfig; the rules across keys by RunConfig; the device where it is chosen;
+fuzzed overrides and YAML files."""
 
 from __future__ import annotations
 
@@ -18,21 +19,25 @@ from hrope.nvs.config import (
     SETTINGS,
     SHORTCUTS,
     SOURCE_OPTIONS,
+    SOURCE_TARGETS,
     ConfigError,
+    ExternalOptions,
     Field,
-    PredictorOptions,
+    LearnedOptions,
+    OracleOptions,
+    RunConfig,
     apply_overrides,
-    check_config,
     check_device,
     defaults,
     load_config,
     parse_value,
     resolve,
     settings_of,
+    source_options,
     update_config,
 )
-from hrope.nvs.config.schema import source_options
-from hrope.nvs.build_data import synthetic_config
+from hrope.nvs.data import LOADERS
+from hrope.nvs.data.synthetic import KINDS
 from hrope.nvs.model import ModelConfig, ModelError
 from hrope.nvs.sources import PredictorError, build_parameter_source, parameter_specs
 
@@ -97,26 +102,28 @@ def field_of(key: str) -> Field:
 
 
 def test_the_resolved_defaults_are_exactly_the_saved_ones():
-    assert json.dumps(resolve()) == json.dumps(RESOLVED_DEFAULTS)  # keys, order, values and their types
-    assert resolve() is not resolve() and resolve()["data"]["synthetic"] is not resolve()["data"]["synthetic"]
+    plain = resolve().to_dict()
+    assert json.dumps(plain) == json.dumps(RESOLVED_DEFAULTS)  # keys, order, values and their types
+    assert resolve() is not resolve() and resolve().data.synthetic is not resolve().data.synthetic
+    assert plain is not resolve().to_dict() and plain["data"]["synthetic"] is not resolve().data.synthetic
 
 
 def test_every_default_passes_its_check():
     for section, entries in SETTINGS.items():
         for key, declared in entries.items():
             assert declared.check.accepts(declared.default), f"{section}.{key}"
-    options = settings_of(PredictorOptions)
-    for name, values in SOURCE_OPTIONS.items():  # every source's defaults, targets included
-        for key, value in values.items():
-            assert options[key].check.accepts(value) and name in options[key].sources, f"{name}: {key}"
-    assert {key for values in SOURCE_OPTIONS.values() for key in values} == set(options)  # all 18 reach a source
+    for name, options in SOURCE_OPTIONS.items():  # every source's defaults, targets included
+        assert options.source == name and options().targets == SOURCE_TARGETS[name][0]
+        for key, declared in settings_of(options).items():
+            assert declared.check.accepts(declared.default), f"{name}: {key}"
+    assert sum(len(settings_of(options)) for options in SOURCE_OPTIONS.values()) == 29  # 4 + 7 + 15 + 3
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_every_shipped_config_validates(path):
     config = load_config(path)
-    ModelConfig.from_dict(config["model"])
-    assert check_config(config) is config
+    assert isinstance(config, RunConfig) and isinstance(config.model, ModelConfig)
+    assert resolve(config.to_dict()) == config and resolve(config.to_dict()).to_dict() == config.to_dict()
 
 
 # (override, key named in the error): the issue's cases first
@@ -172,7 +179,11 @@ def test_accepted_values():
             "--train.grad_clip",
             "0.5",
             "--data.num_scenes",
-            "null",
+            "null",  # all scenes: real data only
+            "--data.kind",
+            "colmap",
+            "--data.root",
+            "scenes",
             "--data.context_gap",
             "[1, 5]",
             "--train.init_from",
@@ -183,8 +194,8 @@ def test_accepted_values():
             "0",
         ],
     )
-    assert config["train"]["lr"] == 1 and config["train"]["grad_clip"] == 0.5  # an int is a number
-    assert config["data"]["num_scenes"] is None and config["data"]["context_gap"] == [1, 5]
+    assert config.train.lr == 1 and config.train.grad_clip == 0.5  # an int is a number
+    assert config.data.num_scenes is None and config.data.context_gap == [1, 5]
 
 
 def test_every_entry_point_validates(tmp_path):
@@ -294,11 +305,12 @@ def test_fuzzed_overrides_only_raise_config_errors(draws):
     except ConfigError as error:
         assert "\n" not in str(error)
         return
+    plain = config.to_dict()
     for key, text in last.items():  # accepted: the config holds the last value given for each key
         section, name = key.split(".")
-        assert config[section][name] == parse_value(text)
+        assert plain[section][name] == parse_value(text)
         if section != "model":
-            assert field_of(key).accepts(config[section][name])
+            assert field_of(key).accepts(plain[section][name])
 
 
 @settings(max_examples=150, deadline=None)
@@ -309,17 +321,39 @@ def test_fuzzed_overrides_only_raise_config_errors(draws):
 )
 def test_fuzzed_valid_overrides_pass(draws):
     args = [text for key, value in draws for text in ("--" + key, as_text(value))]
-    given_values = dict(draws)
-    num_context = given_values.get("data.num_context", DEFAULTS["data"]["num_context"])
-    gap = given_values.get("data.context_gap", DEFAULTS["data"]["context_gap"])
-    if gap is not None and gap[0] < num_context - 1:  # the one rule across keys
-        with pytest.raises(ConfigError, match="data.context_gap"):
+    broken = breaks_a_rule_across_keys(dict(draws))
+    if broken:
+        with pytest.raises(ConfigError, match=broken):
             apply_overrides(resolve(), args)
         return
-    config = apply_overrides(resolve(), args)
+    if broken is None:  # a real-data kind: its own rules (tests/test_real_data_pipeline.py)
+        return
+    config = apply_overrides(resolve(), args).to_dict()
     for key, value in draws:
         section, name = key.split(".")
         assert config[section][name] == parse_value(as_text(value)) == value
+
+
+def breaks_a_rule_across_keys(given: dict) -> str | None | bool:
+    """The key named by the first rule across keys (RunConfig) that ``given`` (``{"section.key":
+    value}`` over the defaults) breaks; False when it breaks none, None for a real-data kind."""
+
+    def value(key):
+        section, name = key.split(".")
+        return given.get(key, DEFAULTS[section][name])
+
+    gap = value("data.context_gap")
+    if gap is not None and gap[0] < value("data.num_context") - 1:
+        return "data.context_gap"
+    if value("train.perceptual_weight") and not value("eval.lpips_weights"):
+        return "train.perceptual_weight"
+    if value("data.kind") not in KINDS:
+        return "data.kind" if value("data.kind") not in LOADERS else None
+    if any(value(f"data.{key}") for key in ("root", "eval_root", "eval_index")) or value("data.depth") != "none":
+        return "data.root"
+    if value("data.num_scenes") is None or value("eval.num_scenes") is None:
+        return "num_scenes must be a number"
+    return "data.synthetic" if value("data.synthetic") else False
 
 
 YAML_SCALARS = st.one_of(st.text(max_size=8), st.integers(-(10**6), 10**6), st.floats(), st.booleans(), st.none())
@@ -351,11 +385,11 @@ def test_fuzzed_yaml_files_only_raise_config_errors(tmp_path_factory, text):
     except ConfigError as error:
         assert "\n" not in str(error)
         return
-    document = yaml.safe_load(text) or {}
+    document, plain = yaml.safe_load(text) or {}, config.to_dict()
     for section in CHECKED:  # accepted: the file's values, the defaults elsewhere
         for key, declared in SETTINGS[section].items():
             expected = document.get(section, {}).get(key, DEFAULTS[section][key])
-            assert config[section][key] == expected and declared.check.accepts(expected)
+            assert plain[section][key] == expected and declared.check.accepts(expected)
 
 
 @pytest.mark.parametrize(
@@ -378,7 +412,7 @@ def test_unknown_nested_keys_suggest_the_closest():
     with pytest.raises(ModelError, match=r"unknown model options \['dimm'\]; did you mean model.dim\? known"):
         ModelConfig.from_dict({"dimm": 4})
     with pytest.raises(ConfigError, match=r"keys \['fov'\]; did you mean data.synthetic.fov_deg"):
-        synthetic_config({"data": {"synthetic": {"fov": [1, 2]}}})
+        resolve({"data": {"synthetic": {"fov": [1, 2]}}})
     specs = parameter_specs(get_encoding("hrope-lift"))
     with pytest.raises(
         PredictorError,
@@ -408,21 +442,71 @@ BAD_PREDICTOR_OPTIONS = [
 )
 def test_every_predictor_option_is_checked(source, options, message):
     with pytest.raises(PredictorError) as error:
-        source_options(source, options, PredictorError)
+        source_options(source, options)
+    assert str(error.value).startswith(message)
+    with pytest.raises(PredictorError) as error:  # the same through a run config
+        resolve({"model": {"encoding": "hrope-lift", "predictor": source, "predictor_options": options}})
     assert str(error.value).startswith(message)
 
 
 def test_source_options_complete_the_defaults_per_source():
-    assert source_options("learned", None) == {
-        "plane_decoder": None,
-        "per_layer": True,
-        "per_head": False,
-        "targets": "hidden",
-    }
-    assert source_options("oracle", {"scope": "all"}) == {
-        "targets": "neutral",
-        "scope": "all",
-        "max_inverse_distance": 2.0,
-    }
+    learned = source_options("learned", None)
+    assert learned == LearnedOptions(plane_decoder=None, per_layer=True, per_head=False, targets="hidden")
+    assert learned.to_dict() == {}  # only the options given are written back
+    oracle = source_options("oracle", {"scope": "all"})
+    assert (oracle.targets, oracle.scope, oracle.max_inverse_distance) == ("neutral", "all", 2.0)
+    assert isinstance(oracle, OracleOptions) and oracle.to_dict() == {"scope": "all"}
     backbone = source_options("backbone", {"module": "pkg.mod:factory", "feature_dim": 8})
-    assert backbone["hidden_dim"] == 64 and backbone["module_kwargs"] == {} and backbone["checkpoint"] is None
+    assert backbone.hidden_dim == 64 and backbone.module_kwargs == {} and backbone.checkpoint is None
+    external = resolve({"model": {"predictor": "external", "predictor_options": {"fit": "robust"}}})
+    assert isinstance(external.model.predictor_options, ExternalOptions)
+    assert external.model.predictor_options.fit == "robust" and external.model.predictor_options.min_points == 5
+    assert external.to_dict()["model"]["predictor_options"] == {"fit": "robust"}
+
+
+# (values over the defaults, the error's class, its message): the rules across keys, checked when the config is built
+RULES_ACROSS_KEYS = [
+    ({"data": {"kind": "xyz"}}, ConfigError, "unknown data.kind 'xyz'; expected room, object or one of ["),
+    ({"data": {"root": "x"}}, ConfigError, "data.root, data.eval_root, data.eval_index and data.depth are for real"),
+    ({"data": {"num_scenes": None}}, ConfigError, "data.num_scenes must be a number for synthetic data"),
+    ({"eval": {"num_scenes": None}}, ConfigError, "eval.num_scenes must be a number for synthetic data"),
+    ({"data": {"kind": "colmap"}}, ConfigError, "data.root is required for data.kind 'colmap' (the dataset folder)"),
+    (
+        {"data": {"kind": "colmap", "root": "x", "eval_index": "i.json"}},
+        ConfigError,
+        "data.eval_index is for data.kind",
+    ),
+    ({"data": {"kind": "re10k", "root": "x", "depth": "maps"}}, ConfigError, "data.depth 'maps' is for scene folders"),
+    ({"data": {"kind": "re10k", "root": "x", "image_factor": 2}}, ConfigError, "data.image_factor is for the scene-"),
+    ({"data": {"kind": "re10k", "root": "x"}, "eval": {"split": "val"}}, ConfigError, "eval.split 'val' (validation"),
+    ({"train": {"perceptual_weight": 0.5}}, ConfigError, "train.perceptual_weight > 0 needs local LPIPS weights"),
+    ({"model": {"encoding": "rayrope", "encoding_options": {"anchors": [1.0]}}}, ModelError, "model.encoding_options"),
+    (
+        {"model": {"encoding": "rayrope", "encoding_options": {"numerics": "x"}}},
+        ModelError,
+        "rayrope: numerics must be one of",
+    ),
+    (
+        {"model": {"encoding": "hrope-lift", "folded_attention": True, "predictor_options": {"per_head": True}}},
+        ModelError,
+        "model.folded_attention folds one transform per view",
+    ),
+    (
+        {"model": {"encoding": "hrope-depth", "predictor_options": {"targets": "transfer"}}},
+        PredictorError,
+        "predictor_options.targets 'transfer' carries planes",
+    ),
+    (
+        {"model": {"encoding": "hrope", "predictor": "backbone"}},
+        PredictorError,
+        "the 'backbone' predictor needs predictor_options.module",
+    ),
+]
+
+
+@pytest.mark.parametrize("values, error, message", RULES_ACROSS_KEYS, ids=[m[:30] for _, _, m in RULES_ACROSS_KEYS])
+def test_rules_across_keys_are_checked_when_the_config_is_built(values, error, message):
+    with pytest.raises(error) as caught:
+        resolve(values)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+    assert isinstance(caught.value, ConfigError)  # every config error is one, for the command and load_config

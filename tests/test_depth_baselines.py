@@ -11,7 +11,7 @@ from _lvsm_helpers import SMALL_MODEL, small_config, synthetic_batch
 
 from hrope.encodings import get_encoding, sample_ray_depths
 from hrope.nvs.build_data import build_dataset
-from hrope.nvs.config import ConfigError, resolve
+from hrope.nvs.config import ConfigError, update_config
 from hrope.nvs.data.dataset import SyntheticDataset
 from hrope.nvs.evaluation.evaluate import evaluate_model
 from hrope.nvs.model import LVSM, ModelConfig, ModelError, build_model
@@ -187,9 +187,9 @@ def test_known_depth_reads_the_depth_models_output_and_nothing_else(batch):
 def test_known_depth_row_trains_a_step_and_evaluates():
     config = small_config(**KNOWN, predictor_options={"targets": "transfer"})
     model = build_model(config)
-    optimizer = make_optimizer(model, config["train"])
+    optimizer = make_optimizer(model, config.train)
     before = [p.detach().clone() for p in model.parameters()]
-    assert train_step(model, optimizer, synthetic_batch(), 0, config["train"]).finite
+    assert train_step(model, optimizer, synthetic_batch(), 0, config.train).finite
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
     psnr = evaluate_model(model.eval(), build_dataset(config, "eval"), 2, batch_size=2).means["psnr"]
     assert 0 < psnr < 60
@@ -239,13 +239,13 @@ def test_validation_scenes_are_deterministic_and_disjoint_from_train_and_test():
 
 def test_eval_split_selects_the_scored_scenes_and_val_needs_synthetic_data(tmp_path):
     config = small_config()
-    assert config["eval"]["split"] == "eval"
-    val = resolve({**config, "eval": {**config["eval"], "split": "val"}})
+    assert config.eval.split == "eval"
+    val = update_config(config, {"eval": {"split": "val"}})
     assert [s.images.numpy().tobytes() for s in build_dataset(val, "val")] != [
         s.images.numpy().tobytes() for s in build_dataset(config, "eval")
     ]
     with pytest.raises(ConfigError, match="eval.split"):
-        resolve({**config, "eval": {**config["eval"], "split": "test"}})
-    real = {**config, "data": {**config["data"], "kind": "colmap", "root": str(tmp_path), "num_scenes": None}}
-    with pytest.raises(ConfigError, match="eval.split 'val'"):
-        build_dataset(real, "val")
+        update_config(config, {"eval": {"split": "test"}})
+    real = {"kind": "colmap", "root": str(tmp_path), "num_scenes": None}
+    with pytest.raises(ConfigError, match="eval.split 'val'"):  # when the config is built
+        update_config(val, {"data": real})

@@ -16,7 +16,7 @@ import pytest
 from _lvsm_helpers import small_config
 
 from hrope.nvs.running.checkpoints import load_checkpoint, load_model
-from hrope.nvs.config import save_config
+from hrope.nvs.config import save_config, update_config
 from hrope.nvs.running.folder_lock import FolderLock
 
 SCRIPT = textwrap.dedent("""
@@ -52,7 +52,7 @@ SCRIPT = textwrap.dedent("""
 
 def torchrun(tmp_path: Path, mode: str) -> tuple[subprocess.CompletedProcess, Path]:
     config = small_config(encoding="prope")
-    config["train"].update(steps=8, checkpoint_every=2, image_every=0, dist_timeout=60)
+    config = update_config(config, {"train": dict(steps=8, checkpoint_every=2, image_every=0, dist_timeout=60)})
     config_file = save_config(config, tmp_path / "config")
     script = tmp_path / "failing_rank.py"
     script.write_text(SCRIPT)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from _lvsm_helpers import small_config
 
+from hrope.nvs.config import update_config
 from hrope.nvs import cli
 from hrope.nvs.running.checkpoints import CheckpointError, load_checkpoint, load_model, save_checkpoint
 from hrope.nvs.data.real.loaders import load_scene
@@ -36,7 +37,7 @@ def checkpoint_bytes(tmp_path_factory) -> bytes:
     """The bytes of a valid checkpoint of a small untrained model."""
     folder = tmp_path_factory.mktemp("run")
     config = small_config(encoding="prope")
-    config["train"]["out"] = str(folder)
+    config = update_config(config, {"train": {"out": str(folder)}})
     save_checkpoint(folder / "checkpoint.safetensors", build_model(config), None, 1, config)
     return (folder / "checkpoint.safetensors").read_bytes()
 

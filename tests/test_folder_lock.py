@@ -16,10 +16,10 @@ import pytest
 import torch
 from _lvsm_helpers import small_config
 
-from hrope.nvs.running import checkpoints
+from hrope.nvs.running import tensor_files
 from hrope.nvs.running.checkpoints import CHECKPOINT_NAME, load_checkpoint, load_model, save_checkpoint
 from hrope.nvs.cli import run
-from hrope.nvs.config import save_config
+from hrope.nvs.config import save_config, update_config
 from hrope.nvs.data.real.image_cache import ImageCache
 from hrope.nvs.model import build_model
 from hrope.nvs.running.folder_lock import LOCK_NAME, FolderInUseError, FolderLock, holder_of
@@ -46,7 +46,7 @@ def hold(folder: Path) -> subprocess.Popen:
 
 def tiny_config(out: Path) -> dict:
     config = small_config(encoding="prope")
-    config["train"].update(out=str(out), steps=2, image_every=0)
+    config = update_config(config, {"train": dict(out=str(out), steps=2, image_every=0)})
     return config
 
 
@@ -142,7 +142,7 @@ def test_a_checkpoint_replaced_while_it_is_read_is_read_whole(tmp_path, monkeypa
             os.replace(newer, path)  # the next checkpoint lands while this one is being read
         return handle
 
-    monkeypatch.setattr(checkpoints, "open", open_then_replace, raising=False)
+    monkeypatch.setattr(tensor_files, "open", open_then_replace, raising=False)
     loaded, _ = load_model(path)
     assert all(torch.all(p == 0.01) for p in loaded.parameters())
     monkeypatch.undo()

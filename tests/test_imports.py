@@ -37,16 +37,24 @@ LAYERS = {
     # the toolkit: hrope.nvs and its rooms (running, evaluation, viz, sources), each module at its own layer
     "hrope.nvs.running": 9,
     "hrope.nvs.evaluation": 9,
-    "hrope.nvs.viz": 9,
+    "hrope.nvs.viz.figures": 9,
     "hrope.nvs.running.atomic": 9,
     "hrope.nvs.running.provenance": 9,
+    "hrope.nvs.running.tensor_files": 10,
     "hrope.nvs.running.folder_lock": 10,
-    "hrope.nvs.config.": 10,
+    # the settings (fields, schema, the model section) below the data, which declares its own with them;
+    # the run config above it, since it checks data.kind against the data registries
+    "hrope.nvs.config.fields": 10,
+    "hrope.nvs.config.options": 10.1,
+    "hrope.nvs.config.schema": 10.2,
+    "hrope.nvs.config.model_config": 10.4,
     "hrope.nvs.evaluation.metrics": 10,
     "hrope.nvs.data.": 11,
     "hrope.nvs.running.distributed": 11,
+    "hrope.nvs.config.": 11.5,
     "hrope.nvs.sources.": 12,  # the plane sources with the geometry they use (plane fitting, transfer, user depth)
     "hrope.nvs.config_docs": 12,
+    "hrope.nvs.model_folder": 12.8,  # the saved-model folder: LVSM.from_pretrained / save_pretrained
     "hrope.nvs.model": 13,
     "hrope.nvs.running.runs": 14,
     "hrope.nvs.build_data": 14,

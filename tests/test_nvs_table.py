@@ -167,8 +167,8 @@ def test_config_hash_tracks_the_budget_not_paths_or_device(tmp_path):
     assert config_hash(cell_settings(TOY, Cell("room", Row("hrope", "external"), 0))) != base
     # The run config holds the settings plus paths/device/logging, which the key leaves out.
     config = cell_config(TOY, cell, tmp_path / "a", device="cuda", threads=4)
-    assert config["train"]["out"] == str(tmp_path / "a") and config["train"]["steps"] == TOY.steps
-    assert config["model"]["encoding"] == "hrope" and config["model"]["predictor"] == "oracle"
+    assert config.train.out == str(tmp_path / "a") and config.train.steps == TOY.steps
+    assert config.model.encoding == "hrope" and config.model.predictor == "oracle"
 
 
 def test_results_version_is_in_the_cache_key(monkeypatch):

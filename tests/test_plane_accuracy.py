@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from _lvsm_helpers import small_config, synthetic_batch
 
+from hrope.nvs.config import update_config
 from hrope import Planes
 from hrope.nvs.cli import run
 from hrope.nvs.evaluation.evaluate import evaluate
@@ -121,8 +122,8 @@ def test_only_predicted_planes_are_measured():
 
 def trained(tmp_path_factory, encoding: str):
     config = small_config(encoding=encoding)
-    config["train"].update(steps=4, checkpoint_every=2)
-    config["train"]["out"] = str(tmp_path_factory.mktemp(encoding))
+    config = update_config(config, {"train": dict(steps=4, checkpoint_every=2)})
+    config = update_config(config, {"train": {"out": str(tmp_path_factory.mktemp(encoding))}})
     train(config, stop_at=3, progress=False)
     return config
 
@@ -133,7 +134,7 @@ def lift_run(tmp_path_factory):
 
 
 def test_training_logs_plane_accuracy_and_resume_appends(lift_run):
-    out = lift_run["train"]["out"]
+    out = lift_run.train.out
     records = read_log(f"{out}/{LOG_NAME}")
     assert [r["step"] for r in records] == [1, 2, 3]
     for record in records:
@@ -150,7 +151,7 @@ def test_training_logs_plane_accuracy_and_resume_appends(lift_run):
 
 
 def test_evaluate_writes_plane_accuracy_for_predicted_planes_only(lift_run, tmp_path_factory, tmp_path, capsys):
-    results = evaluate(lift_run["train"]["out"], tmp_path / "lift")
+    results = evaluate(lift_run.train.out, tmp_path / "lift")
     assert set(results["planes"]) == {"context", "target", "per_layer"}
     for group in GROUPS:
         assert set(results["planes"][group]) == set(METRICS)
@@ -158,14 +159,14 @@ def test_evaluate_writes_plane_accuracy_for_predicted_planes_only(lift_run, tmp_
     assert "| target |" in (tmp_path / "lift" / "results.md").read_text()
 
     prope = trained(tmp_path_factory, "prope")
-    assert "planes" not in evaluate(prope["train"]["out"], tmp_path / "prope")
+    assert "planes" not in evaluate(prope.train.out, tmp_path / "prope")
     assert "| target |" not in (tmp_path / "prope" / "results.md").read_text()
-    assert run(["viz", "plane-accuracy", prope["train"]["out"]]) == 2  # prope logs no plane accuracy
-    assert f"no {prope['train']['out']}/{LOG_NAME}" in capsys.readouterr().err
+    assert run(["viz", "plane-accuracy", prope.train.out]) == 2  # prope logs no plane accuracy
+    assert f"no {prope.train.out}/{LOG_NAME}" in capsys.readouterr().err
 
 
 def test_viz_plane_accuracy(lift_run, tmp_path, capsys):
-    assert run(["viz", "plane-accuracy", lift_run["train"]["out"], "--out", str(tmp_path)]) == 0
+    assert run(["viz", "plane-accuracy", lift_run.train.out, "--out", str(tmp_path)]) == 0
     assert (tmp_path / "plane_accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert run(["viz", "plane-accuracy", str(tmp_path / "nothing")]) == 2
     assert "run not found" in capsys.readouterr().err

@@ -377,15 +377,8 @@ def test_predictor_options_are_validated():
     ):
         with pytest.raises(PredictorError, match=message):
             build_parameter_source(name, specs, dim=4, num_layers=1, patch_size=8, options=options)
-    with pytest.raises(PredictorError, match="needs an encoding that takes planes"):
-        build_parameter_source(
-            "learned",
-            parameter_specs(get_encoding("hrope-depth")),
-            dim=4,
-            num_layers=1,
-            patch_size=8,
-            options={"targets": "transfer"},
-        )
+    with pytest.raises(PredictorError, match="needs an encoding that takes planes"):  # a rule of the model config
+        ModelConfig(**SMALL_MODEL, encoding="hrope-depth", predictor_options={"targets": "transfer"})
     with pytest.raises(PredictorError, match="normal-depth"):
         parameter_specs(get_encoding("hrope-pf"), plane_decoder="direct")
 

@@ -18,6 +18,7 @@ from test_cli import SMALL, TINY
 from hrope.nvs.cli import run
 from hrope.nvs.model import LVSM, ModelConfig
 from hrope.nvs.running.atomic import StorageError
+from hrope.nvs.running.tensor_files import read_safetensors
 from hrope.nvs.pretrained import (
     CARD_NAME,
     CONFIG_NAME,
@@ -28,6 +29,8 @@ from hrope.nvs.pretrained import (
     load_pretrained,
     save_pretrained,
 )
+
+DATA = Path(__file__).parent / "data"
 
 
 def small_model(encoding: str = "hrope-lift", **options) -> LVSM:
@@ -59,12 +62,61 @@ def test_a_round_trip_gives_the_same_outputs_and_files(saved):
         assert torch.equal(model(batch).images, expected)
     assert not model.training and isinstance(from_pretrained(folder), LVSM)
     assert info["format"] == PRETRAINED_FORMAT and info["step"] == 7 and info["evaluation"] is None
-    assert info["config"]["model"]["encoding"] == "hrope-lift" and info["config"]["data"]["num_scenes"] == 2
+    assert info["config"].model.encoding == "hrope-lift" and info["config"].data.num_scenes == 2
     card = (folder / CARD_NAME).read_text()
     assert card.startswith("---\nlibrary_name: hrope\n") and "- hrope-lift\n" in card
     assert "trained for 7 steps" in card and "Not evaluated" in card
     assert "| `model.dim` | `48` |" in card
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no temporary folder left
+
+
+def test_the_model_class_saves_and_loads_itself(saved, tmp_path):
+    """``LVSM.from_pretrained`` / ``model.save_pretrained``: the functions above are these methods."""
+    folder, batch, expected = saved
+    model = LVSM.from_pretrained(folder)
+    with torch.no_grad():
+        assert torch.equal(model(batch).images, expected) and not model.training
+    info = load_pretrained(folder)[1]
+    again = model.save_pretrained(tmp_path / "again", config=info["config"], step=info["step"])
+    for name in (CONFIG_NAME, CARD_NAME):  # the same folder
+        assert (again / name).read_bytes() == (folder / name).read_bytes(), name
+    assert same_weights_file(again, folder)
+
+
+def test_a_folder_saved_before_the_typed_config_loads_and_saves_the_same(tmp_path):
+    """tests/data/saved_model_v1: a saved hrope-lift model written by the code before the run config had
+    types (seeded, with non-zero plane heads); it loads, and saving it again gives the same config.json
+    and weights."""
+    folder = DATA / "saved_model_v1"
+    model, info = load_pretrained(folder)
+    assert isinstance(model, LVSM) and info["step"] == 3
+    config = info["config"]
+    assert (config.model.encoding, config.model.dim, config.model.predictor_options.per_layer) == (
+        "hrope-lift",
+        16,
+        False,
+    )
+    with torch.no_grad():
+        out = model(synthetic_batch_of(16))
+    assert out.images.shape == (1, 1, 3, 16, 16) and out.parameters[0]["planes"].abs().max() > 0
+    again = model.save_pretrained(tmp_path / "again", config=config, step=info["step"])
+    assert (again / CONFIG_NAME).read_bytes() == (folder / CONFIG_NAME).read_bytes()
+    assert same_weights_file(again, folder)
+
+
+def same_weights_file(a: Path, b: Path) -> bool:
+    """The same tensors and metadata (checksum included) in both ``model.safetensors``; the order of the
+    metadata keys in the header is safetensors' own, not stable from one write to the next."""
+    (tensors_a, metadata_a), (tensors_b, metadata_b) = (read_safetensors(f / WEIGHTS_NAME) for f in (a, b))
+    same = tensors_a.keys() == tensors_b.keys() and all(torch.equal(tensors_a[k], tensors_b[k]) for k in tensors_a)
+    return same and metadata_a == metadata_b
+
+
+def synthetic_batch_of(size: int):
+    from hrope.nvs.data.batch import collate_scenes
+    from hrope.nvs.data.synthetic import make_scene
+
+    return collate_scenes([make_scene(0, 0, "room", num_views=3, image_size=(size, size))], 2)
 
 
 def test_saving_never_replaces_what_it_should_not(saved, tmp_path, monkeypatch):
@@ -90,7 +142,7 @@ def test_saving_never_replaces_what_it_should_not(saved, tmp_path, monkeypatch):
         Path(filename).write_bytes(b"half a model")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr("hrope.nvs.pretrained.save_file", fail)  # the write fails half way
+    monkeypatch.setattr("hrope.nvs.model_folder.save_file", fail)  # the write fails half way
     with pytest.raises(StorageError) as caught:
         save_pretrained(model, target, overwrite=True)
     assert str(caught.value) == (

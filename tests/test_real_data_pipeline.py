@@ -295,4 +295,4 @@ def test_example_configs_resolve(name):
     from hrope.nvs.data import LOADERS
 
     config = load_config(Path(__file__).parents[1] / "configs" / f"{name}.yaml")
-    assert config["data"]["kind"] in LOADERS and config["data"]["root"]
+    assert config.data.kind in LOADERS and config.data.root

@@ -59,8 +59,8 @@ def test_validation_scoring_keeps_the_test_cells_keys():
     assert "split" not in cell_settings(budget, cell)["eval"]
     assert cell_settings(budget, cell, split="val")["eval"]["split"] == "val"
     assert config_hash(cell_settings(budget, cell, split="val")) != config_hash(cell_settings(budget, cell))
-    assert cell_config(budget, cell, Path("out"), split="val")["eval"]["split"] == "val"
-    assert cell_config(budget, cell, Path("out"))["eval"]["split"] == "eval"
+    assert cell_config(budget, cell, Path("out"), split="val").eval.split == "val"
+    assert cell_config(budget, cell, Path("out")).eval.split == "eval"
 
 
 def test_planned_rows_give_every_rival_the_same_depth():

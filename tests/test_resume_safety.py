@@ -2,7 +2,6 @@
 so, ``train.init_from`` fine-tunes into a new folder, ``segments.jsonl`` records every segment, and
 SIGTERM / SIGKILL in a real ``hrope train`` process leave a checkpoint that resumes bit-exactly."""
 
-import copy
 import json
 import os
 import re
@@ -17,7 +16,7 @@ import pytest
 import torch
 import yaml
 from _lvsm_helpers import small_config
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
@@ -26,8 +25,8 @@ import hrope.nvs.running.runs as runs_module
 import hrope.nvs.running.provenance as provenance_module
 from hrope.nvs.running.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 from hrope.nvs.cli import run
-from hrope.nvs.config import ConfigError
-from hrope.nvs.model import PRESETS, ModelConfig, build_model
+from hrope.nvs.config import ConfigError, resolve, update_config
+from hrope.nvs.model import PRESETS, build_model
 from hrope.nvs.running.runs import SEGMENTS_NAME, resume_differences
 from hrope.nvs.running.train import train
 from hrope.nvs.running.train_step import make_optimizer
@@ -40,8 +39,8 @@ REFUSED = [
     ("model", "layers", 3),
     ("model", "image_size", 64),
     ("model", "predictor", "oracle"),
-    ("model", "encoding_options", {"x": 1}),
-    ("data", "kind", "object"),
+    ("model", "encoding_options", {"rope_base": 50.0}),
+    ("data", "kind", "dl3dv"),
     ("data", "root", "elsewhere"),
     ("data", "num_scenes", 5),
     ("data", "num_context", 3),
@@ -80,13 +79,13 @@ HARMLESS = [
 ]
 
 
-def config_in(folder: Path, **changes) -> dict:
-    config = small_config(encoding="prope")
-    config["train"]["out"] = str(folder)
+def config_in(folder: Path, **changes):
+    """The 4-step prope run config training into ``folder``, with ``changes`` (``section__key=value``)."""
+    values: dict = {"train": {"out": str(folder)}}
     for dotted, value in changes.items():
         section, key = dotted.split("__")
-        config[section][key] = value
-    return config
+        values.setdefault(section, {})[key] = value
+    return update_config(small_config(encoding="prope"), values)
 
 
 def weights(folder: Path) -> dict:
@@ -116,27 +115,31 @@ def runs(tmp_path_factory):
 @given(st.sets(st.sampled_from(range(len(REFUSED) + len(HARMLESS))), max_size=6))
 @settings(max_examples=40, deadline=None)
 def test_resume_differences_refuse_exactly_the_trajectory_keys(chosen):
-    stored = small_config(encoding="prope")
-    requested = copy.deepcopy(stored)
+    # real data, so that data.root and the evaluation keys are the config's to change
+    stored = update_config(small_config(encoding="prope"), {"data": {"kind": "re10k", "root": "scenes"}})
     changes = {f"{s}.{k}": (s, k, v) for s, k, v in ((REFUSED + HARMLESS)[i] for i in sorted(chosen))}
+    values: dict = {}
     for section, key, value in changes.values():
-        requested[section][key] = value
+        values.setdefault(section, {})[key] = value
+    try:
+        requested = update_config(stored, values)
+    except ConfigError:  # changes that break a rule across keys (e.g. eval_index with dl3dv): no config
+        assume(False)
     refused, harmless = resume_differences(stored, requested)
     expected = {name for name, change in changes.items() if change in REFUSED}
     if "train.perceptual_weight" in expected and "eval.lpips_weights" in changes:
         expected.add("eval.lpips_weights")  # the perceptual loss trains with these weights
     assert set(refused) == expected and set(harmless) == set(changes) - expected
-    model = ModelConfig.from_dict(stored["model"]).to_dict()  # model fields: the preset / defaults applied
+    model, plain = stored.model.to_dict(), stored.to_dict()  # model fields: the preset / defaults applied
     for name, (section, key, value) in changes.items():
-        old = model[key] if section == "model" else stored[section][key]
+        old = model[key] if section == "model" else plain[section][key]
         assert {**refused, **harmless}[name] == (old, value)
 
 
 def test_a_preset_and_its_explicit_fields_are_the_same_model():
-    preset = small_config(encoding="prope")
-    preset["model"] = {"preset": "tiny", "encoding": "prope"}
-    explicit = copy.deepcopy(preset)
-    explicit["model"] = {"preset": None, "encoding": "prope", **PRESETS["tiny"]}
+    preset = resolve({**small_config().to_dict(), "model": {"preset": "tiny", "encoding": "prope"}})
+    explicit = resolve({**preset.to_dict(), "model": {"preset": None, "encoding": "prope", **PRESETS["tiny"]}})
+    assert preset.to_dict() != explicit.to_dict() and preset.model == explicit.model
     assert resume_differences(preset, explicit) == ({}, {})
 
 
@@ -157,14 +160,13 @@ def test_resume_under_another_config_is_refused_and_changes_nothing(runs, tmp_pa
     folder = tmp_path / "run"
     shutil.copytree(runs / "half", folder)
     before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
-    config = config_in(folder)
-    config[section][key] = value
+    config = config_in(folder, **{f"{section}__{key}": value})
     with pytest.raises(ConfigError) as error:
         train(config, progress=False)
     message = str(error.value)
     assert (
         "\n" not in message
-        and f"{section}.{key} {small_config(encoding='prope')[section][key]!r} -> {value!r}" in message
+        and f"{section}.{key} {small_config(encoding='prope').to_dict()[section][key]!r} -> {value!r}" in message
         and "train.init_from" in message
     )
     assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before  # config.yaml too
@@ -175,7 +177,7 @@ def test_another_number_of_ranks_is_refused(runs, tmp_path):
     shutil.copytree(runs / "half", folder)
     config = config_in(folder)
     model = build_model(config)
-    optimizer = make_optimizer(model, config["train"])
+    optimizer = make_optimizer(model, config.train)
     step = load_checkpoint(folder, model, optimizer)["step"]
     save_checkpoint(folder / "checkpoint.safetensors", model, optimizer, step, config, {"world_size": 2})
     with pytest.raises(ConfigError, match=r"torchrun ranks 2 -> 1"):
@@ -191,7 +193,8 @@ def test_harmless_changes_resume_exactly_and_keep_the_run_config(runs, tmp_path)
     assert result.step == 4 and result.outcome == "completed"
     assert_same_weights(runs / "whole", folder)
     assert (folder / "config.yaml").read_text() == config_yaml  # not rewritten with the changed keys
-    assert load_checkpoint(folder)["config"] == config_in(runs / "half")  # the run's config stays its own
+    stored = load_checkpoint(folder)["config"]
+    assert stored == config_in(runs / "half") and stored.to_dict() == config_in(runs / "half").to_dict()  # its own
     first, second = segments(folder)
     assert first["outcome"] == "stopped" and (first["start_step"], first["end_step"]) == (0, 2)
     assert second["resumed_from_step"] == 2 and second["end_step"] == second["checkpoint_step"] == 4
@@ -213,7 +216,7 @@ def test_a_finished_run_reports_already_trained(runs, tmp_path, capsys):
     result = train(config_in(folder), progress=False)
     assert (result.outcome, result.step, result.last_loss) == ("already trained", 4, last_loss)
     assert 0 < last_loss < 1
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config_in(folder)))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config_in(folder).to_dict()))
     assert run(["train", str(tmp_path / "config.yaml")]) == 0
     printed = capsys.readouterr().out
     assert f"trained 4 steps (0 skipped), last loss {last_loss:.5f}" in printed and "nan" not in printed
@@ -255,7 +258,7 @@ def test_init_from_needs_the_same_architecture(runs, tmp_path):
     with pytest.raises(CheckpointError, match="checkpoint not found"):
         train(config_in(tmp_path / "x", train__init_from=str(tmp_path / "nothing")), progress=False)
     with pytest.raises(ConfigError, match=r"train.init_from must be null or a path \(a non-empty string\), got 3"):
-        train(config_in(tmp_path / "y", train__init_from=3), progress=False)
+        config_in(tmp_path / "y", train__init_from=3)
 
 
 def test_segments_record_provenance(runs, tmp_path):
@@ -280,7 +283,7 @@ def run_cli_until_signal(tmp_path: Path, signum: int) -> tuple[Path, int, str, s
     (step 5); returns the run folder, the exit status, stdout and stderr."""
     folder = tmp_path / "run"
     config = config_in(folder, train__steps=40, train__checkpoint_every=5, train__image_every=0)
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config.to_dict()))
     process = subprocess.Popen(
         [sys.executable, "-m", "hrope.nvs.cli", "train", str(tmp_path / "config.yaml")],
         stdout=subprocess.PIPE,

@@ -29,8 +29,10 @@ def test_data_synthetic_reaches_the_training_and_evaluation_scenes(split):
 
 
 def test_data_synthetic_reaches_the_protocol_videos():
-    config = update_config(small_config(), {"data": {"synthetic": {"num_frames": 60, "fov_deg": [30, 30]}}})
-    videos = build_videos(config, num_scenes=1)
+    config = update_config(
+        small_config(), {"data": {"synthetic": {"num_frames": 60, "fov_deg": [30, 30]}}, "eval": {"num_scenes": 1}}
+    )
+    videos = build_videos(config)
     assert videos.num_frames(0) == 60
     scene = videos.load(0, [0, 59], (32, 32))
     assert horizontal_fov_deg(scene) == pytest.approx(30.0, abs=1e-3)
@@ -45,9 +47,9 @@ def test_data_synthetic_reaches_the_protocol_videos():
     ],
 )
 def test_bad_synthetic_overrides_name_the_key(synthetic, message):
-    """Caught when the config is updated (its type) or when the dataset is built (its keys)."""
+    """Caught when the config is built: its type, its keys and their values."""
     with pytest.raises(ConfigError, match=message):
-        build_dataset(update_config(small_config(), {"data": {"synthetic": synthetic}}), "train")
+        update_config(small_config(), {"data": {"synthetic": synthetic}})
 
 
 def test_object_layout_follows_its_config():

@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import hrope.nvs.running.train as train_module
-from hrope.nvs.config import ConfigError, apply_overrides, load_config, resolve
+from hrope.nvs.config import ConfigError, TrainSettings, apply_overrides, load_config, resolve, update_config
 from hrope.nvs.evaluation.evaluate import evaluate_model
 from hrope.nvs.running.checkpoints import CheckpointError, load_checkpoint, load_model, save_checkpoint
 from hrope.nvs.build_data import build_dataset
@@ -27,14 +27,12 @@ from hrope.nvs.running.train import TrainingError, train
 from hrope.nvs.running.train_step import learning_rate, make_optimizer, train_step
 
 
-def config_in(tmp_path: Path, name: str = "run", **model) -> dict:
-    config = small_config(**model)
-    config["train"]["out"] = str(tmp_path / name)
-    return config
+def config_in(tmp_path: Path, name: str = "run", **model):
+    return update_config(small_config(**model), {"train": {"out": str(tmp_path / name)}})
 
 
 def test_learning_rate_warmup_then_cosine():
-    opts = {"lr": 1.0, "warmup": 4, "steps": 20, "min_lr_ratio": 0.1}
+    opts = TrainSettings(lr=1.0, warmup=4, steps=20, min_lr_ratio=0.1)
     lrs = [learning_rate(s, opts) for s in range(20)]
     assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
     assert all(a >= b for a, b in zip(lrs[3:], lrs[4:]))  # non-increasing after warmup
@@ -47,13 +45,13 @@ def test_train_step_schedules_clips_updates_and_skips_a_non_finite_batch():
     MSE of the target views, the gradient clipped to train.grad_clip, the update applied; NaN targets
     change no parameter and no optimiser state; bf16 autocast with train.bf16."""
     config = small_config(encoding="hrope-lift")
-    config["train"].update(parameter_lr_scale=10.0, grad_clip=1e-3)
+    config = update_config(config, {"train": dict(parameter_lr_scale=10.0, grad_clip=1e-3)})
     model = build_model(config)
-    optimizer = make_optimizer(model, config["train"])
+    optimizer = make_optimizer(model, config.train)
     batch = synthetic_batch()
     before = [p.detach().clone() for p in model.parameters()]
-    result = train_step(model, optimizer, batch, 0, config["train"], measure_heads=True)
-    assert result.finite and result.lr == learning_rate(0, config["train"])
+    result = train_step(model, optimizer, batch, 0, config.train, measure_heads=True)
+    assert result.finite and result.lr == learning_rate(0, config.train)
     assert {g["lr"] for g in optimizer.param_groups} == {result.lr, 10 * result.lr}
     target = batch.images[:, batch.num_context :]
     assert torch.equal(result.loss, torch.nn.functional.mse_loss(result.output.images.float(), target).detach())
@@ -64,19 +62,19 @@ def test_train_step_schedules_clips_updates_and_skips_a_non_finite_batch():
     updated = [p.detach().clone() for p in model.parameters()]
     steps = [float(optimizer.state[p]["step"]) for p in model.parameters()]
     batch.images[:, batch.num_context :] = float("nan")  # the targets: a NaN loss and gradient
-    skipped = train_step(model, optimizer, batch, 1, config["train"])
-    assert not skipped.finite and skipped.heads_norm is None and skipped.lr == learning_rate(1, config["train"])
+    skipped = train_step(model, optimizer, batch, 1, config.train)
+    assert not skipped.finite and skipped.heads_norm is None and skipped.lr == learning_rate(1, config.train)
     assert all(torch.equal(a, b) for a, b in zip(updated, model.parameters()))
     assert steps == [float(optimizer.state[p]["step"]) for p in model.parameters()]
-    config["train"]["bf16"] = True
-    assert train_step(model, optimizer, synthetic_batch(), 2, config["train"]).output.images.dtype == torch.bfloat16
+    config = update_config(config, {"train": {"bf16": True}})
+    assert train_step(model, optimizer, synthetic_batch(), 2, config.train).output.images.dtype == torch.bfloat16
 
 
 @pytest.mark.slow
 def test_overfitting_one_scene_drives_psnr_up(tmp_path):
     config = config_in(tmp_path, encoding="prope")
-    config["data"].update(num_scenes=1)
-    config["train"].update(steps=60, lr=3e-3, warmup=5, checkpoint_every=60, image_every=0)
+    config = update_config(config, {"data": dict(num_scenes=1)})
+    config = update_config(config, {"train": dict(steps=60, lr=3e-3, warmup=5, checkpoint_every=60, image_every=0)})
     dataset = build_dataset(config, "train")
     before = evaluate_model(build_model(config), dataset, 2).means
     model = train(config, progress=False).model
@@ -87,14 +85,14 @@ def test_overfitting_one_scene_drives_psnr_up(tmp_path):
 def test_checkpoint_round_trip(tmp_path):
     config = config_in(tmp_path, encoding="hrope")
     model = build_model(config)
-    optimizer = make_optimizer(model, config["train"])
+    optimizer = make_optimizer(model, config.train)
     batch = synthetic_batch()
     model(batch).images.mean().backward()
     optimizer.step()
     path = save_checkpoint(tmp_path / "ckpt.safetensors", model, optimizer, 7, config)
     assert not list(tmp_path.glob("*.tmp"))  # written through a temporary file, then renamed
     fresh = build_model(config)
-    fresh_optimizer = make_optimizer(fresh, config["train"])
+    fresh_optimizer = make_optimizer(fresh, config.train)
     info = load_checkpoint(path, fresh, fresh_optimizer)
     assert info["step"] == 7 and info["config"] == config
     for a, b in zip(model.state_dict().values(), fresh.state_dict().values()):
@@ -143,7 +141,7 @@ def poison_batches(monkeypatch, calls: set[int]) -> None:
 
 def test_non_finite_loss_skips_the_step(tmp_path, monkeypatch):
     config = config_in(tmp_path, encoding="prope")
-    config["train"].update(steps=3)
+    config = update_config(config, {"train": dict(steps=3)})
     poison_batches(monkeypatch, {2})
     result = train(config, progress=False)
     assert result.skipped_steps == 1 and result.step == 3
@@ -152,7 +150,7 @@ def test_non_finite_loss_skips_the_step(tmp_path, monkeypatch):
 
 def test_only_consecutive_non_finite_steps_count(tmp_path, monkeypatch):
     config = config_in(tmp_path, encoding="prope")
-    config["train"].update(steps=7, max_nonfinite_steps=3)
+    config = update_config(config, {"train": dict(steps=7, max_nonfinite_steps=3)})
     poison_batches(monkeypatch, {2, 3, 5, 6})
     result = train(config, progress=False)
     assert (result.step, result.skipped_steps, result.outcome) == (7, 4, "completed")
@@ -160,7 +158,7 @@ def test_only_consecutive_non_finite_steps_count(tmp_path, monkeypatch):
 
 def test_a_diverged_run_stops_with_an_error_and_keeps_its_last_checkpoint(tmp_path, monkeypatch):
     config = config_in(tmp_path, encoding="prope")
-    config["train"].update(steps=10, checkpoint_every=3, max_nonfinite_steps=3)
+    config = update_config(config, {"train": dict(steps=10, checkpoint_every=3, max_nonfinite_steps=3)})
     poison_batches(monkeypatch, set(range(5, 11)))  # steps 4, 5, 6, ... are non-finite
     with pytest.raises(TrainingError) as error:
         train(config, progress=False)
@@ -174,18 +172,17 @@ def test_a_diverged_run_stops_with_an_error_and_keeps_its_last_checkpoint(tmp_pa
     segment = json.loads((tmp_path / "run" / "segments.jsonl").read_text())
     assert (segment["outcome"], segment["end_step"], segment["checkpoint_step"]) == ("diverged", 7, 6)
     fresh = config_in(tmp_path, "fresh", encoding="prope")
-    fresh["train"].update(steps=10, max_nonfinite_steps=2)
+    fresh = update_config(fresh, {"train": dict(steps=10, max_nonfinite_steps=2)})
     poison_batches(monkeypatch, {1, 2})
     with pytest.raises(TrainingError, match=r"last good checkpoint: none was written$"):
         train(fresh, progress=False)
-    fresh["train"]["max_nonfinite_steps"] = 0
     with pytest.raises(ConfigError, match="train.max_nonfinite_steps must be a positive integer, got 0"):
-        train(fresh, progress=False)
+        update_config(fresh, {"train": {"max_nonfinite_steps": 0}})
 
 
 def test_sigterm_finishes_the_step_saves_and_restores_the_handler(tmp_path, monkeypatch):
     config = config_in(tmp_path, encoding="prope")
-    config["train"].update(steps=4, checkpoint_every=10)  # no scheduled checkpoint before the end
+    config = update_config(config, {"train": dict(steps=4, checkpoint_every=10)})  # no checkpoint before the end
     real_collate = train_module.collate
     count = []
 
@@ -212,7 +209,7 @@ def test_sigterm_finishes_the_step_saves_and_restores_the_handler(tmp_path, monk
 
 def test_training_off_the_main_thread_installs_no_handler(tmp_path):
     config = config_in(tmp_path, encoding="prope")
-    config["train"].update(steps=1)
+    config = update_config(config, {"train": dict(steps=1)})
     results = []
     worker = threading.Thread(target=lambda: results.append(train(config, progress=False)))
     worker.start()
@@ -237,8 +234,8 @@ def test_config_files_and_overrides(tmp_path):
     config = load_config(Path(__file__).parents[1] / "configs" / "tiny.yaml")
     overrides = ["--encoding", "hrope", "--steps", "7", "--train.lr=1e-3", "--data.cache", "false"]
     config = apply_overrides(config, overrides)
-    assert config["model"]["encoding"] == "hrope" and config["train"]["steps"] == 7
-    assert config["train"]["lr"] == 1e-3 and config["data"]["cache"] is False
+    assert config.model.encoding == "hrope" and config.train.steps == 7
+    assert config.train.lr == 1e-3 and config.data.cache is False
     with pytest.raises(ConfigError, match="unknown config key 'train.stepz'"):
         apply_overrides(config, ["--train.stepz", "3"])
     with pytest.raises(ConfigError, match="unknown option --stepz"):
@@ -262,10 +259,11 @@ DDP_SCRIPT = textwrap.dedent("""
     import os, sys, torch
     sys.path.insert(0, {tests!r})
     from _lvsm_helpers import small_config
+    from hrope.nvs.config import update_config
     from hrope.nvs.running.train import train
     from safetensors.torch import save_file
     config = small_config(encoding="prope")
-    config["train"].update(out={out!r}, steps=2)
+    config = update_config(config, {{"train": dict(out={out!r}, steps=2)}})
     model = train(config, progress=False).model
     rank = os.environ["RANK"]
     save_file({{k: v.contiguous() for k, v in model.state_dict().items()}}, {out!r} + f"/rank{{rank}}.safetensors")
@@ -297,22 +295,24 @@ def test_ddp_two_cpu_processes_keep_identical_parameters(tmp_path):
 @pytest.mark.slow
 def test_perceptual_loss_needs_local_weights(tmp_path):
     config = config_in(tmp_path, encoding="none")
-    config["train"].update(steps=1, perceptual_weight=0.5)
-    with pytest.raises(ConfigError, match="lpips_weights"):
-        train(config, progress=False)
+    with pytest.raises(
+        ConfigError, match="train.perceptual_weight > 0 needs local LPIPS weights in eval.lpips_weights"
+    ):
+        update_config(config, {"train": dict(steps=1, perceptual_weight=0.5)})
     random_lpips_weights(tmp_path / "lpips.safetensors")
-    config["eval"]["lpips_weights"] = str(tmp_path / "lpips.safetensors")
+    weights = {"lpips_weights": str(tmp_path / "lpips.safetensors")}
+    config = update_config(config, {"train": dict(steps=1, perceptual_weight=0.5), "eval": weights})
     with_lpips = train(config, progress=False).last_loss
     plain = config_in(tmp_path, "plain", encoding="none")
-    plain["train"].update(steps=1)
+    plain = update_config(plain, {"train": dict(steps=1)})
     assert with_lpips > train(plain, progress=False).last_loss + 1e-4  # same first batch, plus 0.5 LPIPS
 
 
 def test_parameter_lr_scale_applies_to_the_parameter_heads_only(tmp_path):
     config = config_in(tmp_path, encoding="hrope-lift")
-    config["train"]["parameter_lr_scale"] = 10.0
+    config = update_config(config, {"train": {"parameter_lr_scale": 10.0}})
     model = build_model(config)
-    optimizer = make_optimizer(model, config["train"])
+    optimizer = make_optimizer(model, config.train)
     heads = {id(p) for p in model.source.parameters()}
     for group in optimizer.param_groups:
         inside = {id(p) in heads for p in group["params"]}

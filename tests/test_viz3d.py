@@ -18,6 +18,7 @@ import torch
 from _lvsm_helpers import small_config
 from PIL import Image
 
+from hrope.nvs.config import update_config
 from hrope import Planes
 from hrope.geometry import patch_rays
 from hrope.nvs import cli
@@ -147,7 +148,7 @@ def oracle_run(tmp_path_factory) -> Path:
     """An (untrained) hrope-lift run with oracle planes carried into the target: a checkpoint to read."""
     folder = tmp_path_factory.mktemp("oracle_run")
     config = small_config(encoding="hrope-lift", predictor="oracle", predictor_options={"targets": "transfer"})
-    config["train"]["out"] = str(folder)
+    config = update_config(config, {"train": {"out": str(folder)}})
     save_checkpoint(folder / "checkpoint.safetensors", build_model(config), None, 0, config)
     return folder
 

@@ -58,7 +58,7 @@ from .config import (
 )
 from .config_docs import describe_config
 from .evaluation.evaluate import evaluate
-from .model import ModelConfig, count_parameters
+from .model import count_parameters
 from .pretrained import export_run
 from .evaluation.protocol_report import write_results
 from .evaluation.protocols import run_protocol
@@ -382,10 +382,9 @@ def run_eval(args, extra: list[str]) -> None:
 
 
 def run_config(extra: list[str]) -> None:
-    """Print the config of ``[CONFIG] [overrides]`` (validated, the model section too) with its docs."""
+    """Print the config of ``[CONFIG] [overrides]`` (checked, the model section too) with its docs."""
     path, overrides = (extra[0], extra[1:]) if extra and not extra[0].startswith("--") else (None, extra)
     config = apply_overrides(load_config(path) if path else resolve(), overrides)
-    ModelConfig.from_dict(config["model"])
     print(describe_config(config), end="")
 
 
@@ -402,8 +401,8 @@ def run(argv: list[str]) -> int:
             _check_override_order(argv, args, extra)
         if args.command == "train":
             config = apply_overrides(load_config(args.config), extra)
-            check_device(config["train"]["device"], "train.device")
-            _check_out(config["train"]["out"], "train.out")
+            check_device(config.train.device, "train.device")
+            _check_out(config.train.out, "train.out")
             result = train(config)
             counts = count_parameters(result.model)
             if os.environ.get("RANK", "0") == "0":  # torchrun: report once

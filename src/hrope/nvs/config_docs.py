@@ -1,6 +1,6 @@
 """The settings in words: a resolved config with each key's doc (``hrope config``) and the reference
 of every setting (docs/config.md), both read from the schema (:data:`hrope.nvs.config.SETTINGS`,
-:class:`hrope.nvs.config.PredictorOptions`, :class:`hrope.nvs.data.SyntheticConfig`)."""
+the sources' :data:`hrope.nvs.config.SOURCE_OPTIONS`, :class:`hrope.nvs.data.SyntheticConfig`)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,12 @@ import math
 import yaml
 
 from .running.atomic import write_text
-from .config import SETTINGS, SHORTCUTS, SOURCE_OPTIONS, PredictorOptions, Setting, settings_of
+from .config import SETTINGS, SHORTCUTS, SOURCE_OPTIONS, RunConfig, Setting, settings_of
 from .data.synthetic import SyntheticConfig
 
 __all__ = ["describe_config", "config_reference", "REFERENCE_PATH"]
 
 REFERENCE_PATH = "docs/config.md"
-# the settings of a mapping-valued key, by its dotted name
-NESTED = {"model.predictor_options": PredictorOptions, "data.synthetic": SyntheticConfig}
 
 
 def _yaml(value) -> str:
@@ -34,15 +32,19 @@ def _lines(key: str, value, declared: Setting | None, indent: str, nested: dict[
     return [f"{indent}{key}: {_yaml(value)}{comment}"]
 
 
-def describe_config(config: dict) -> str:
-    """``config`` (a resolved run config) as YAML with each key's one-line doc as a comment; it
-    loads back (``yaml.safe_load``) as ``config``."""
+def describe_config(config: RunConfig) -> str:
+    """``config`` as YAML with each key's one-line doc as a comment; it loads back
+    (``yaml.safe_load``) as ``config.to_dict()``."""
+    # the settings of a mapping-valued key, by its dotted name
+    nested = {
+        "model.predictor_options": settings_of(SOURCE_OPTIONS[config.model.predictor]),
+        "data.synthetic": settings_of(SyntheticConfig),
+    }
     lines = []
-    for section, values in config.items():
+    for section, values in config.to_dict().items():
         lines.append(f"{section}:")
         for key, value in values.items():
-            nested = NESTED.get(f"{section}.{key}")
-            lines += _lines(key, value, SETTINGS[section].get(key), "  ", settings_of(nested) if nested else {})
+            lines += _lines(key, value, SETTINGS[section].get(key), "  ", nested.get(f"{section}.{key}", {}))
     return "\n".join(lines) + "\n"
 
 
@@ -68,10 +70,15 @@ def _table(entries: dict[str, Setting], prefix: str) -> list[str]:
 
 
 def _predictor_options() -> list[str]:
-    lines = ["| option | sources (default) | accepts | what it is |", "|---|---|---|---|"]
-    for name, declared in settings_of(PredictorOptions).items():
-        sources = ", ".join(f"{source} (`{_cell(_yaml(SOURCE_OPTIONS[source][name]))}`)" for source in declared.sources)
-        lines.append(f"| `{name}` | {sources} | {_cell(declared.check.describe())} | {_cell(declared.doc)} |")
+    """One table per parameter source: its options class, each option's default, what it accepts and its doc."""
+    lines = []
+    for source, options in SOURCE_OPTIONS.items():
+        lines += [f"### `{source}` (`{options.__name__}`)", "", (options.__doc__ or "").split("\n")[0], ""]
+        lines += ["| option | default | accepts | what it is |", "|---|---|---|---|"]
+        for name, declared in settings_of(options).items():
+            accepts, doc = _cell(declared.check.describe()), _cell(declared.doc)
+            lines.append(f"| `{name}` | `{_cell(_yaml(declared.default))}` | {accepts} | {doc} |")
+        lines.append("")
     return lines
 
 
@@ -88,6 +95,12 @@ def config_reference() -> str:
         "Overrides are `--section.key VALUE`; resuming a run accepts changes only to the keys marked",
         '"may change on resume" (and `eval.lpips_weights` only without a perceptual loss).',
         "",
+        "In Python a resolved config is one frozen, typed tree (`hrope.nvs.config.RunConfig`), checked once",
+        "when it is built (`resolve`, `load_config`, `update_config`), its keys read as attributes:",
+        "`config.model.heads` (a `ModelConfig`, the preset applied), `config.model.predictor_options.targets`",
+        "(the options class of `config.model.predictor`, below), `config.data.num_context`,",
+        "`config.train.lr`, `config.eval.split`. `config.to_dict()` is its plain form, the YAML below.",
+        "",
     ]
     for section, entries in SETTINGS.items():
         lines += [f"## `{section}`", ""]
@@ -101,11 +114,12 @@ def config_reference() -> str:
     lines += [
         "## `model.predictor_options`",
         "",
-        "Each parameter source (`model.predictor`) accepts the options that name it; the default is per",
-        "source. `targets`: `learned` also accepts `hidden`, its default.",
+        "Each parameter source (`model.predictor`) has its own options class, `config.model.predictor_options`",
+        "in a resolved config (`hrope.nvs.config.SOURCE_OPTIONS`); the options a config leaves out take",
+        "these defaults.",
         "",
     ]
-    lines += _predictor_options() + [""]
+    lines += _predictor_options()
     lines += [
         "## `data.synthetic`",
         "",

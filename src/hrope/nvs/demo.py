@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .running.atomic import write_json, write_text
 from .build_data import build_dataset, collate
-from .config import resolve
+from .config import RunConfig, resolve
 from .viz.demo_figures import save_comparison, save_results_bar
 from .evaluation.evaluate import available_st_lpips, evaluate_model, markdown_table, planes_table
 from .evaluation.plane_accuracy import PlaneAccuracy, measures_planes
@@ -77,8 +77,8 @@ SAME_RAYS = "prope (world rays)"  # what the world-rays rows' planes add to
 TRAIN_SCENES, EVAL_SCENES, BATCH_SIZE = 256, 32, 4
 
 
-def demo_config(row: DemoModel, out: Path, steps: int) -> dict:
-    """The resolved config of one demo run."""
+def demo_config(row: DemoModel, out: Path, steps: int) -> RunConfig:
+    """The config of one demo run."""
     return resolve(
         {
             "model": {
@@ -143,9 +143,9 @@ def _train_and_score(index: int, out: Path, steps: int, scenes: tuple, progress:
     metrics, _, rows = evaluate_model(
         model,
         eval_scenes,
-        config["data"]["num_context"],
+        config.data.num_context,
         device=device,
-        num_grid_scenes=config["eval"]["num_grid_scenes"],
+        num_grid_scenes=config.eval.num_grid_scenes,
         planes=planes,
         st_lpips=available_st_lpips(device, model.config.image_size),
     )
@@ -153,7 +153,7 @@ def _train_and_score(index: int, out: Path, steps: int, scenes: tuple, progress:
     normals = None
     if planes is not None:
         result["planes"] = planes.means()
-        batch = collate([eval_scenes[i] for i in range(2)], config["data"]["num_context"], device)
+        batch = collate([eval_scenes[i] for i in range(2)], config.data.num_context, device)
         normals = plane_normal_rows(model, batch)
     result["seconds"] = round(time.perf_counter() - started, 1)
     result["cpu_seconds"] = round(time.process_time() - cpu, 1)

@@ -18,18 +18,18 @@ adds the same embedding of ``<name>``'s parameters on top of any encoding withou
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from ..cameras import Cameras
-from ..encodings import ENCODINGS, Encoding, Prepared, get_encoding
-from ..errors import InputError
+from ..encodings import Encoding, Prepared, get_encoding
 from ..geometry import patchify
 from ..nn import Factors, MultiviewAttention, factorize
-from .config import PREDICTORS, ModelSettings, check_fields, did_you_mean
+from .config import APE_ENCODINGS, PRESETS, ModelConfig, ModelError, RunConfig, encoding_names
+from .model_folder import PretrainedMixin
 from .sources import (
     ParameterSource,
     build_parameter_source,
@@ -52,112 +52,6 @@ __all__ = [
     "encoding_names",
     "build_model",
 ]
-
-APE_SUFFIX = "-ape"
-
-
-class ModelError(InputError):
-    """Invalid model configuration or input."""
-
-
-@dataclass
-class ModelConfig(ModelSettings):
-    """LVSM hyper-parameters: the fields of :class:`hrope.nvs.config.ModelSettings` (defaults, what
-    each accepts, docs), checked, with the encoding and predictor names checked against their
-    registries and the shapes against each other. ``rays``: ``auto`` (world for ``none`` and
-    ``*-ape``, camera frame for relative encodings), ``world`` or ``camera``. ``predictor`` is used
-    only by encodings that need per-token parameters. ``transform_backend``: how the encoding's
-    transforms are applied (:data:`hrope.encodings.base.BACKENDS`; ``auto`` uses the fused Triton
-    kernel on CUDA; ``torch`` by default). ``folded_attention``: the attention layers
-    (:class:`hrope.nn.MultiviewAttention` either way) fold the encoding's per-view factor into the
-    projection weights (``fold=True``; same parameters and outputs up to float rounding; off by
-    default)."""
-
-    def __post_init__(self) -> None:
-        check_fields(self, "model", ModelError)
-        if self.image_size % self.patch_size:
-            raise ModelError(f"image_size {self.image_size} is not divisible by patch_size {self.patch_size}")
-        if self.dim % self.heads or (self.dim // self.heads) % 2:
-            raise ModelError(f"dim {self.dim} must split into {self.heads} heads of even size")
-        if self.encoding not in encoding_names():
-            raise ModelError(f"unknown encoding {self.encoding!r}; available: {', '.join(encoding_names())}")
-        if self.predictor not in PREDICTORS:
-            raise ModelError(f"unknown predictor {self.predictor!r}; available: {', '.join(PREDICTORS)}")
-        if self.additive is not None:
-            if self.additive not in APE_ENCODINGS:
-                raise ModelError(
-                    f"model.additive {self.additive!r} is not an encoding with embeddable per-token values; "
-                    f"available: {', '.join(APE_ENCODINGS)}"
-                )
-            if self.is_ape or ENCODINGS[self.encoding].takes_token_inputs():
-                raise ModelError(
-                    f"model.additive needs an encoding without per-token inputs, got {self.encoding!r} "
-                    "(its values and the added ones would need two parameter sources)"
-                )
-
-    @property
-    def is_ape(self) -> bool:
-        return self.encoding.endswith(APE_SUFFIX)
-
-    @property
-    def base_encoding(self) -> str:
-        return self.encoding[: -len(APE_SUFFIX)] if self.is_ape else self.encoding
-
-    @property
-    def embedded_encoding(self) -> str | None:
-        """The encoding whose per-token values are added to the tokens (``<name>-ape``: ``<name>``;
-        else ``additive``), or None."""
-        return self.base_encoding if self.is_ape else self.additive
-
-    @property
-    def ray_frame(self) -> str:
-        if self.rays != "auto":
-            return self.rays
-        # camera-frame rays need an encoding that carries the relative pose; none and rope2d do not
-        return "world" if self.is_ape or not ENCODINGS[self.encoding].encodes_pose else "camera"
-
-    @property
-    def grid(self) -> tuple[int, int]:
-        side = self.image_size // self.patch_size
-        return side, side
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> ModelConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(values) - known - {"preset"}
-        if unknown:
-            suggestion = did_you_mean(min(unknown), sorted(known), "model.")
-            raise ModelError(
-                f"unknown model options {sorted(unknown)}; {suggestion}known: {sorted(known | {'preset'})}"
-            )
-        values = dict(values)
-        preset = values.pop("preset", None)
-        if preset is not None:
-            if not isinstance(preset, str) or preset not in PRESETS:
-                raise ModelError(f"unknown model preset {preset!r}; available: {', '.join(PRESETS)}")
-            values = {**PRESETS[preset], **values}
-        return cls(**values)
-
-
-PRESETS: dict[str, dict] = {
-    "tiny": dict(image_size=64, patch_size=8, dim=128, layers=4, heads=4),
-    "small": dict(image_size=128, patch_size=8, dim=384, layers=6, heads=8),
-    "paper": dict(image_size=256, patch_size=8, dim=768, layers=6, heads=16),
-}
-
-
-# Encodings whose ``<name>-ape`` variant is a distinct model: every encoding with per-token inputs
-# except hrope-pf, whose APE variant would embed hrope's planes with hrope's decoder (hrope-ape),
-# and hrope-lift-uv, whose would embed hrope-lift's planes with hrope-lift's decoder (hrope-lift-ape).
-APE_ENCODINGS = ("hrope-lift", "hrope", "hrope-depth", "hrope-so3", "hrope-se3", "hrope-full", "rayrope", "worldrope")
-
-
-def encoding_names() -> list[str]:
-    """Registry names plus ``<name>-ape`` for every name in :data:`APE_ENCODINGS`."""
-    return list(ENCODINGS) + [name + APE_SUFFIX for name in APE_ENCODINGS]
 
 
 def unpatchify(x: Tensor, patch_size: int, grid: tuple[int, int]) -> Tensor:
@@ -208,10 +102,11 @@ class LVSMOutput:
     parameters: list[dict[str, Tensor]]
 
 
-class LVSM(nn.Module):
+class LVSM(PretrainedMixin, nn.Module):
     """Decoder-only LVSM. ``forward(batch)`` with ``batch.images (B, V, 3, H, W)`` (first
     ``batch.num_context`` views are the context), ``batch.cameras`` (B, V) and, for geometric
-    predictors, ``batch.depth`` / ``batch.normals`` / ``batch.planes(p)``."""
+    predictors, ``batch.depth`` / ``batch.normals`` / ``batch.planes(p)``. ``LVSM.from_pretrained(folder)``
+    and ``model.save_pretrained(folder)`` read and write a saved model folder (:mod:`hrope.nvs.model_folder`)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -226,21 +121,15 @@ class LVSM(nn.Module):
         self.head = nn.Linear(c.dim, 3 * p2, bias=False)
         self._init_weights()
         # Geometric encoding (a module: learnable options such as GTA's translation scale train).
-        base = get_encoding(c.base_encoding, **c.encoding_options)
+        base = c.encoding_module()
         self.encoding: Encoding = (get_encoding("none") if c.is_ape else base).use_backend(c.transform_backend)
-        embedded = c.embedded_encoding
-        parameterised = base if embedded is None or c.is_ape else get_encoding(embedded)
-        plane_decoder = c.predictor_options.get("plane_decoder")
+        parameterised = c.parameterised_encoding(base)
+        plane_decoder = getattr(c.predictor_options, "plane_decoder", None)  # learned and backbone options
         specs = (
             parameter_specs(parameterised, c.depth_init, plane_decoder) if parameterised.takes_token_inputs() else []
         )
         self.source: ParameterSource | None = None
         self.ape: nn.ModuleList | None = None
-        if c.is_ape and base.data_param_names:
-            raise ModelError(
-                f"{c.encoding} adds its per-token values to the tokens and attends with no encoding, so "
-                f"{list(base.data_param_names)} would go unused: use model.encoding {c.base_encoding!r}"
-            )
         if specs:
             self.source = build_parameter_source(
                 c.predictor,
@@ -253,17 +142,7 @@ class LVSM(nn.Module):
                 attention_heads=c.heads,
                 data_params=parameterised.data_param_names,
             )
-            if c.folded_attention and self.source.attention_heads > 1:
-                raise ModelError(
-                    "model.folded_attention folds one transform per view into the weights; "
-                    "predictor_options.per_head prepares one per head: turn one of them off"
-                )
-            if embedded is not None and self.source.attention_heads > 1:
-                raise ModelError(
-                    f"predictor_options.per_head needs a relative encoding; {embedded!r} adds its "
-                    "parameters to the tokens, once for all heads"
-                )
-            if embedded is not None:
+            if c.embedded_encoding is not None:
                 embed_dim = sum(s.embed_dim for s in specs)
                 count = c.layers if self.source.per_layer else 1
                 self.ape = nn.ModuleList(nn.Linear(embed_dim, c.dim, bias=False) for _ in range(count))
@@ -411,6 +290,6 @@ class HeadsInBatch(Prepared):
         return out.reshape(B, H, N, d)
 
 
-def build_model(config: dict) -> LVSM:
-    """The LVSM of a run config's ``model`` section (``config["model"]``)."""
-    return LVSM(ModelConfig.from_dict(config["model"]))
+def build_model(config: RunConfig) -> LVSM:
+    """The LVSM of a run config's ``model`` section (``config.model``)."""
+    return LVSM(config.model)

@@ -16,11 +16,32 @@ from torch import nn
 
 from ...errors import InputError
 
-__all__ = ["ConfigError", "Field", "Setting", "setting", "settings_of", "check_fields", "did_you_mean", "one_line"]
+__all__ = [
+    "ConfigError",
+    "ModelError",
+    "PredictorError",
+    "Field",
+    "Setting",
+    "setting",
+    "settings_of",
+    "check_fields",
+    "given_field",
+    "given_values",
+    "did_you_mean",
+    "one_line",
+]
 
 
 class ConfigError(InputError):
     """A malformed config file or override (the message names the key)."""
+
+
+class ModelError(ConfigError):
+    """Invalid model configuration or input."""
+
+
+class PredictorError(ConfigError):
+    """Invalid predictor configuration or missing inputs (the message says what to supply)."""
 
 
 def one_line(text: object) -> str:
@@ -149,8 +170,7 @@ class Setting:
 
     ``resume``: the value may differ when a run resumes (it does not change the trajectory);
     ``shown``: written into the resolved config when not given (only ``model`` has unshown keys: their
-    values come from the preset); ``shortcut``: a command-line alias (``--lr``); ``sources``: the
-    parameter sources that accept a predictor option.
+    values come from the preset); ``shortcut``: a command-line alias (``--lr``).
     """
 
     name: str
@@ -160,12 +180,11 @@ class Setting:
     resume: bool = False
     shown: bool = True
     shortcut: str | None = None
-    sources: tuple[str, ...] = ()
 
 
 def setting(default, check: Field, doc: str, **flags):
     """A dataclass field declaring one :class:`Setting` (``flags``: its ``resume``, ``shown``,
-    ``shortcut``, ``sources``); a mapping default is copied for every instance."""
+    ``shortcut``); a mapping default is copied for every instance."""
     metadata = {"setting": (check, doc, flags)}
     if isinstance(default, dict):
         return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
@@ -176,6 +195,8 @@ def settings_of(section) -> dict[str, Setting]:
     """``{name: Setting}`` of a dataclass declared with :func:`setting`, in declaration order."""
     out = {}
     for entry in fields(section):
+        if "setting" not in entry.metadata:  # bookkeeping, e.g. given_field()
+            continue
         check, doc, flags = entry.metadata["setting"]
         default = entry.default if entry.default_factory is MISSING else entry.default_factory()
         out[entry.name] = Setting(entry.name, default, check, doc, **flags)
@@ -187,3 +208,16 @@ def check_fields(instance, prefix: str, error: type[Exception]) -> None:
     ``<prefix>.<field>`` and what it accepts."""
     for name, declared in settings_of(type(instance)).items():
         declared.check.check(f"{prefix}.{name}", getattr(instance, name), error)
+
+
+def given_field():
+    """A dataclass field holding the names of the settings given explicitly, in the order given
+    (None: every setting): a section whose plain form lists only those (:func:`given_values`)."""
+    return field(default=None, kw_only=True, compare=False, repr=False)
+
+
+def given_values(instance) -> dict:
+    """``{name: value}`` of the settings of ``instance`` named by its ``given`` field (every setting
+    when it is None), in that order: the section as a config file writes it."""
+    names = settings_of(type(instance)) if instance.given is None else instance.given
+    return {name: getattr(instance, name) for name in names}

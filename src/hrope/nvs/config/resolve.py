@@ -1,17 +1,17 @@
 """Resolving a run config: the defaults (:mod:`hrope.nvs.config.schema`) updated from a YAML file and
-``--section.key value`` overrides, validated (:func:`check_config`)."""
+``--section.key value`` overrides, checked once as a :class:`~hrope.nvs.config.RunConfig`."""
 
 from __future__ import annotations
 
 import copy
 from pathlib import Path
 
-import torch
 import yaml
 
 from ..running.atomic import write_text
-from .fields import ConfigError, Field, did_you_mean, one_line
-from .schema import DEVICES, OPEN_SECTIONS, SETTINGS, SHORTCUTS, defaults
+from .fields import ConfigError, did_you_mean, one_line
+from .run import RunConfig
+from .schema import OPEN_SECTIONS, SETTINGS, SHORTCUTS, defaults
 
 __all__ = [
     "load_config",
@@ -20,8 +20,6 @@ __all__ = [
     "parse_value",
     "update_config",
     "resolve",
-    "check_config",
-    "check_device",
     "save_config",
 ]
 
@@ -46,50 +44,20 @@ def _merge(base: dict, update: dict, where: str = "") -> dict:
     return out
 
 
-def check_config(config: dict) -> dict:
-    """``config`` itself when its setting (:data:`hrope.nvs.config.schema.SETTINGS`) accepts every
-    ``data`` / ``train`` / ``eval`` value; otherwise a :class:`ConfigError` naming the first bad key
-    (``model`` values are checked by :class:`hrope.nvs.model.ModelConfig`)."""
-    for section, entries in SETTINGS.items():
-        if section not in OPEN_SECTIONS:
-            for key, declared in entries.items():
-                declared.check.check(f"{section}.{key}", config[section][key])
-    data = config["data"]
-    if data["context_gap"] is not None and data["context_gap"][0] < data["num_context"] - 1:
-        raise ConfigError(
-            f"data.context_gap {data['context_gap']} must have low >= data.num_context - 1 = "
-            f"{data['num_context'] - 1} (distinct context frames)"
-        )
-    return config
-
-
-def check_device(name, key: str = "train.device") -> torch.device:
-    """The torch device of a device option (one of :data:`DEVICES`; ``auto`` is CUDA when
-    available); a :class:`ConfigError` naming ``key`` otherwise, and for ``cuda`` without CUDA."""
-    Field("str", choices=DEVICES).check(key, name)
-    available = torch.cuda.is_available()
-    if name == "cuda" and not available:
-        raise ConfigError(
-            f"{key} is 'cuda' but torch.cuda.is_available() is False (no CUDA device or a CPU-only "
-            f"torch build); use cpu or auto"
-        )
-    return torch.device("cuda" if available and name != "cpu" else "cpu")
-
-
-def resolve(values: dict | None = None) -> dict:
-    """Defaults updated with ``values``, validated (:func:`check_config`; unknown sections/keys
-    raise :class:`ConfigError` too)."""
+def resolve(values: dict | None = None) -> RunConfig:
+    """The defaults updated with ``values`` (``{section: {key: value}}``), checked (unknown sections
+    and keys raise :class:`ConfigError` too)."""
     if values is not None and not isinstance(values, dict):
         raise ConfigError(f"a config must be a mapping of sections, got {type(values).__name__}")
-    return check_config(_merge(defaults(), values or {}))
+    return RunConfig.from_dict(_merge(defaults(), values or {}))
 
 
-def update_config(config: dict, values: dict) -> dict:
-    """``config`` updated with ``{section: {key: value}}``, validated (unknown sections/keys raise)."""
-    return check_config(_merge(config, values))
+def update_config(config: RunConfig, values: dict) -> RunConfig:
+    """``config`` updated with ``{section: {key: value}}``, checked (unknown sections/keys raise)."""
+    return RunConfig.from_dict(_merge(config.to_dict(), values))
 
 
-def load_config(path: str | Path) -> dict:
+def load_config(path: str | Path) -> RunConfig:
     """Read and resolve a YAML config file."""
     path = Path(path)
     if not path.is_file():
@@ -102,8 +70,8 @@ def load_config(path: str | Path) -> dict:
         raise ConfigError(f"{path} is not valid YAML: {one_line(error)}") from None
     try:
         return resolve(values)
-    except ConfigError as error:
-        raise ConfigError(f"{path}: {error}") from None
+    except ConfigError as error:  # its class kept (a ModelError, a PredictorError)
+        raise type(error)(f"{path}: {error}") from None
 
 
 def parse_value(text: str):
@@ -120,7 +88,7 @@ def parse_value(text: str):
     return value
 
 
-def apply_overrides(config: dict, args: list[str]) -> dict:
+def apply_overrides(config: RunConfig, args: list[str]) -> RunConfig:
     """Apply ``["--train.lr", "1e-3", "--encoding", "prope", ...]`` (also ``--key=value``), validated."""
     return update_config(config, parse_overrides(args))
 
@@ -152,8 +120,8 @@ def parse_overrides(args: list[str]) -> dict:
     return updates
 
 
-def save_config(config: dict, folder: str | Path) -> Path:
-    """Write the resolved config to ``folder/config.yaml`` (whole: :mod:`hrope.nvs.running.atomic`)."""
+def save_config(config: RunConfig, folder: str | Path) -> Path:
+    """Write the config's plain form to ``folder/config.yaml`` (whole: :mod:`hrope.nvs.running.atomic`)."""
     path = Path(folder) / "config.yaml"
-    write_text(path, yaml.safe_dump(config, sort_keys=False))
+    write_text(path, yaml.safe_dump(config.to_dict(), sort_keys=False))
     return path

@@ -1,12 +1,12 @@
 """Every setting of a run config, declared once: its default, what it accepts and a one-line doc.
 
-Sections (frozen dataclasses, fields declared with :func:`hrope.nvs.config.fields.setting`):
-``model`` (:data:`PRESET` plus :class:`ModelSettings`, the fields of
-:class:`hrope.nvs.model.ModelConfig`), ``data`` (:class:`DataSettings`), ``train``
+Sections (frozen dataclasses, fields declared with :func:`hrope.nvs.config.fields.setting`, each
+checking its values when built): ``model`` (:data:`PRESET` plus :class:`ModelSettings`, the fields
+of :class:`hrope.nvs.config.ModelConfig`), ``data`` (:class:`DataSettings`), ``train``
 (:class:`TrainSettings`) and ``eval`` (:class:`EvalSettings`); :data:`SETTINGS` holds them as
-``{section: {key: Setting}}``. ``model.predictor_options`` are :class:`PredictorOptions` (each
-accepted by the sources named in its ``sources``; ``targets`` per source: :data:`SOURCE_TARGETS`);
-``data.synthetic`` takes :class:`hrope.nvs.data.SyntheticConfig` fields.
+``{section: {key: Setting}}``. ``model.predictor_options`` are the options of the predictor, one
+class per source (:mod:`hrope.nvs.config.options`); ``data.synthetic`` takes
+:class:`hrope.nvs.data.SyntheticConfig` fields.
 """
 
 from __future__ import annotations
@@ -14,64 +14,35 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+import torch
+
 from ...encodings.base import BACKENDS
 from ...rays import RAY_FRAMES
-from .fields import ConfigError, Field, Setting, did_you_mean, setting, settings_of
+from .fields import ConfigError, Field, Setting, check_fields, setting, settings_of
+from .options import PREDICTORS, SourceOptions
 
 __all__ = [
     "DEVICES",
     "DEPTH_SOURCES",
-    "PLANE_DECODERS",
-    "TARGETS",
-    "SCOPES",
-    "FITS",
-    "FALLBACKS",
-    "ALIGNS",
-    "DEFAULT_MAX_INVERSE_DISTANCE",
-    "SOURCE_TARGETS",
-    "PREDICTORS",
     "PRESET",
     "ModelSettings",
-    "PredictorOptions",
     "DataSettings",
     "TrainSettings",
     "EvalSettings",
     "SETTINGS",
-    "SOURCE_OPTIONS",
     "SHORTCUTS",
     "OPEN_SECTIONS",
     "defaults",
-    "source_options",
+    "check_device",
 ]
 
 DEVICES = ("auto", "cpu", "cuda")
 DEPTH_SOURCES = ("none", "points", "maps")  # data.depth (hrope.nvs.data.real.depth_maps)
-PLANE_DECODERS = ("direct", "normal-depth")  # hrope.nvs.sources.parameter_specs
-TARGETS = ("hidden", "neutral", "transfer")  # what target tokens (no image) get: hrope.nvs.sources.ParameterSource
-SCOPES = ("context", "all")
-ALIGNS = ("median", "none")
-FITS = ("least-squares", "robust")  # how planes are fitted to depth: hrope.nvs.sources.plane_fitting
-FALLBACKS = ("median", "infinity")  # what a patch without a clean fit gets
-# Known geometry (oracle, external): planes closer to the camera centre than 1/2 of the context
-# baseline (scenes are normalised to a unit baseline) are moved out to that distance. Measured in
-# docs/notebook.md ("Why geometry hurts on `object`"): uncapped, a few such planes destabilise
-# training (object -0.95 dB, room +0.47 dB with transferred context depth; capped +0.05 and +0.80).
-DEFAULT_MAX_INVERSE_DISTANCE = 2.0
-# the parameter sources (model.predictor) and the targets each accepts; the first is its default
-SOURCE_TARGETS = {
-    "learned": TARGETS,
-    "backbone": ("neutral", "transfer"),
-    "external": ("neutral", "transfer"),
-    "oracle": ("neutral", "transfer"),
-}
-PREDICTORS = tuple(SOURCE_TARGETS)
 
 _COUNT = Field("int", low=1)
 _SEED = Field("int", low=0, high=2**63 - 1)
 _NON_NEGATIVE = Field("float", low=0)
 _OPTIONAL_PATH = Field("path", nullable=True)
-_USER_MODULE = ("backbone", "external")
-_GEOMETRY = ("external", "oracle")
 
 PRESET = Setting(
     "preset",
@@ -83,10 +54,10 @@ PRESET = Setting(
 )
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelSettings:
-    """The model section's fields (:class:`hrope.nvs.model.ModelConfig` checks them and the
-    encoding / predictor names against their registries)."""
+    """The model section's fields (:class:`hrope.nvs.config.ModelConfig` checks them, the encoding
+    and predictor names against their registries, and the rules across them)."""
 
     image_size: int = setting(64, _COUNT, "square image side in pixels (a multiple of patch_size)", shown=False)
     patch_size: int = setting(8, _COUNT, "patch side in pixels (one token per patch)", shown=False)
@@ -111,7 +82,9 @@ class ModelSettings:
         "parameter source of encodings with per-token inputs: " + ", ".join(PREDICTORS),
         shortcut="predictor",
     )
-    predictor_options: dict = setting({}, Field("mapping"), "options of the predictor (PredictorOptions)", shown=False)
+    predictor_options: SourceOptions = setting(
+        {}, Field("mapping"), "options of the predictor (its SourceOptions: model.predictor_options below)", shown=False
+    )
     depth_init: float = setting(
         1.0,
         Field("float", above=0),
@@ -136,113 +109,19 @@ class ModelSettings:
     folded_attention: bool = setting(
         False,
         Field("bool"),
-        "attention by hrope.nn.MultiviewAttention: per-view camera factors folded into the projection "
-        "weights (same weights and outputs up to float rounding)",
+        "fold the encoding's per-view camera factors into the attention projection weights "
+        "(hrope.nn fold=True; same weights and outputs up to float rounding)",
         shown=False,
         resume=True,
     )
 
 
 @dataclass(frozen=True)
-class PredictorOptions:
-    """``model.predictor_options``: each option is accepted by the sources in its ``sources``."""
-
-    plane_decoder: str | None = setting(
-        None,
-        Field("str", choices=PLANE_DECODERS, nullable=True),
-        "plane head decoding: direct or normal-depth (null: the encoding's default)",
-        sources=("learned", "backbone"),
-    )
-    per_layer: bool = setting(
-        True, Field("bool"), "one head per layer (false: once, on the first block's input)", sources=("learned",)
-    )
-    per_head: bool = setting(
-        False, Field("bool"), "one set of values per attention head (relative encodings)", sources=("learned",)
-    )
-    targets: str = setting(
-        None,
-        Field("str", choices=TARGETS),
-        "target tokens' values: hidden (own prediction), neutral or transfer (from the context "
-        "views); choices and default per source: SOURCE_TARGETS",
-        sources=PREDICTORS,
-    )
-    scope: str = setting(
-        "context",
-        Field("str", choices=SCOPES),
-        "views whose geometry is read: context, or all (the targets' own too; no targets option)",
-        sources=_GEOMETRY,
-    )
-    use_normals: bool = setting(True, Field("bool"), "use the data's normals when present", sources=("external",))
-    depth: str = setting(
-        "data",
-        Field("str", choices=("data", "model")),
-        "depth from the data (data.depth) or a frozen depth model (module)",
-        sources=("external",),
-    )
-    fit: str = setting(
-        "least-squares",
-        Field("str", choices=FITS),
-        "per-patch plane fit: least-squares or robust",
-        sources=("external",),
-    )
-    min_points: int = setting(
-        5, Field("int", low=3), "fewest valid pixels a patch's plane is fitted from", sources=("external",)
-    )
-    inlier_threshold: float = setting(
-        0.02, Field("float", above=0), "robust fit: inlier distance (scene units)", sources=("external",)
-    )
-    fallback: str = setting(
-        "median",
-        Field("str", choices=FALLBACKS),
-        "plane of a patch without enough points: median (fronto-parallel) or infinity",
-        sources=("external",),
-    )
-    depth_noise: int = setting(
-        0,
-        Field("int", low=0, high=3),
-        "simulated depth-estimator noise on the data's depth: 0 (off) to 3 (poor), hrope.nvs.sources.user_depth",
-        sources=("external",),
-    )
-    depth_sparse: int = setting(
-        0,
-        Field("int", low=0),
-        "keep this many SfM-like points of the data's depth per view (0: all), hrope.nvs.sources.user_depth",
-        sources=("external",),
-    )
-    module: object = setting(
-        None,
-        Field("module", nullable=True),
-        "backbone or depth model: an nn.Module or an import path 'package.module:factory'",
-        sources=_USER_MODULE,
-    )
-    module_kwargs: dict = setting({}, Field("mapping"), "keyword arguments of the module factory", sources=_USER_MODULE)
-    checkpoint: str | None = setting(
-        None, _OPTIONAL_PATH, "local weights file loaded into the module", sources=_USER_MODULE
-    )
-    align: str = setting(
-        "median",
-        Field("str", choices=ALIGNS),
-        "depth model output: median (scaled to the data's depth per view) or none (scene units)",
-        sources=("external",),
-    )
-    feature_dim: int | None = setting(
-        None,
-        Field("int", low=1, nullable=True),
-        "channels C of the backbone's features (required)",
-        sources=("backbone",),
-    )
-    hidden_dim: int = setting(64, _COUNT, "hidden width of the backbone's trainable head", sources=("backbone",))
-    max_inverse_distance: float | None = setting(
-        DEFAULT_MAX_INVERSE_DISTANCE,
-        Field("float", above=0, nullable=True),
-        "cap on |m|: planes nearer than 1 / cap move out to it (null: no cap)",
-        sources=_GEOMETRY,
-    )
-
-
-@dataclass(frozen=True)
 class DataSettings:
     """The data section (``data.kind`` is checked where the dataset is built, :mod:`hrope.nvs.build_data`)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "data", ConfigError)
 
     kind: str = setting(
         "room", Field("str"), "synthetic: room | object; real (hrope.nvs.data.LOADERS): re10k | co3d | dl3dv | ..."
@@ -311,6 +190,9 @@ class DataSettings:
 class TrainSettings:
     """The train section."""
 
+    def __post_init__(self) -> None:
+        check_fields(self, "train", ConfigError)
+
     out: str = setting(
         "runs/default", Field("path"), "run folder (config, checkpoint, logs)", resume=True, shortcut="out"
     )
@@ -351,6 +233,9 @@ class TrainSettings:
 class EvalSettings:
     """The eval section (it may change on resume, except ``lpips_weights`` under a perceptual loss)."""
 
+    def __post_init__(self) -> None:
+        check_fields(self, "eval", ConfigError)
+
     num_scenes: int | None = setting(
         16,
         Field("int", low=1, nullable=True),
@@ -382,15 +267,6 @@ OPEN_SECTIONS = ("model",)
 SHORTCUTS = {
     s.shortcut: f"{section}.{s.name}" for section, entries in SETTINGS.items() for s in entries.values() if s.shortcut
 }
-# every source's options with their defaults
-SOURCE_OPTIONS = {
-    name: {
-        key: SOURCE_TARGETS[name][0] if key == "targets" else option.default
-        for key, option in settings_of(PredictorOptions).items()
-        if name in option.sources
-    }
-    for name in PREDICTORS
-}
 
 
 def defaults() -> dict:
@@ -401,38 +277,14 @@ def defaults() -> dict:
     }
 
 
-def source_options(name: str, options: dict | None, error: type[Exception] = ConfigError) -> dict:
-    """``options`` of parameter source ``name`` completed with the defaults (:data:`SOURCE_OPTIONS`);
-    an unknown source or key, or a value its :class:`PredictorOptions` field refuses, raises ``error``
-    naming the key and what is accepted."""
-    if name not in SOURCE_OPTIONS:
-        raise error(f"unknown predictor {name!r}; available: {', '.join(PREDICTORS)}")
-    known = SOURCE_OPTIONS[name]
-    unknown = sorted(set(options or {}) - set(known))
-    if unknown:
-        raise error(
-            f"unknown predictor_options {unknown} for predictor {name!r}; "
-            f"{did_you_mean(unknown[0], known, 'predictor_options.')}known: {sorted(known)}"
+def check_device(name, key: str = "train.device") -> torch.device:
+    """The torch device of a device option (one of :data:`DEVICES`; ``auto`` is CUDA when
+    available); a :class:`ConfigError` naming ``key`` otherwise, and for ``cuda`` without CUDA."""
+    Field("str", choices=DEVICES).check(key, name)
+    available = torch.cuda.is_available()
+    if name == "cuda" and not available:
+        raise ConfigError(
+            f"{key} is 'cuda' but torch.cuda.is_available() is False (no CUDA device or a CPU-only "
+            f"torch build); use cpu or auto"
         )
-    values = {**known, **(options or {})}
-    if values["targets"] not in SOURCE_TARGETS[name]:
-        raise error(
-            f"predictor_options.targets must be one of {list(SOURCE_TARGETS[name])} for predictor "
-            f"{name!r}, got {values['targets']!r}"
-        )
-    for key, option in settings_of(PredictorOptions).items():
-        if key in values:
-            option.check.check(f"predictor_options.{key}", values[key], error)
-    if values.get("scope") == "all" and "targets" in (options or {}):
-        raise error("predictor_options.scope 'all' reads the target views' own geometry; it takes no targets option")
-    if name == "external" and (values["module"] is not None) != (values["depth"] == "model"):
-        raise error(
-            "predictor_options.module is the depth model of depth: model (and it needs one); got "
-            f"depth {values['depth']!r} with module {values['module']!r}"
-        )
-    if name == "external" and values["depth"] == "model" and (values["depth_noise"] or values["depth_sparse"]):
-        raise error(
-            "predictor_options.depth_noise and depth_sparse simulate a user's depth from the data's depth "
-            "(depth: data); got depth 'model'"
-        )
-    return values
+    return torch.device("cuda" if available and name != "cpu" else "cpu")

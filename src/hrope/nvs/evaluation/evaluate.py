@@ -27,7 +27,7 @@ import torch
 from ..running.atomic import write_json, write_text
 from ..build_data import build_dataset, collate
 from ..running.checkpoints import run_folder
-from ..config import save_config, update_config
+from ..config import RunConfig, save_config, update_config
 from .metrics import LPIPS, ST_LPIPS_NAME, STLPIPS, image_metrics, st_lpips_weights
 from .plane_accuracy import GROUPS, METRICS, PlaneAccuracy
 from ..pretrained import load_trained
@@ -162,12 +162,12 @@ def available_st_lpips(device: str | torch.device = "cpu", image_size: int | Non
     return STLPIPS().to(device)
 
 
-def run_name(config: dict, model) -> str:
+def run_name(config: RunConfig, model) -> str:
     """A run's label: its encoding, plus the predictor for encodings with parameters and where its
     target views' values come from (e.g. ``hrope-lift (oracle, with target geometry)``)."""
-    name = config["model"]["encoding"]
+    name = config.model.encoding
     if model.source is not None:
-        name += f" ({model.source.describe(config['model']['predictor'])})"
+        name += f" ({model.source.describe(config.model.predictor)})"
     return name
 
 
@@ -197,12 +197,12 @@ def planes_table(planes: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def apply_data_overrides(config: dict, data: dict | None) -> dict:
+def apply_data_overrides(config: RunConfig, data: dict | None) -> RunConfig:
     """``config`` with keys of its ``data`` section replaced by ``data`` (unknown keys raise)."""
     return update_config(config, {"data": data}) if data else config
 
 
-def apply_eval_options(config: dict, **options) -> dict:
+def apply_eval_options(config: RunConfig, **options) -> RunConfig:
     """``config`` with the ``eval`` keys of ``options`` that are not None replaced (validated like
     the config: a :class:`hrope.nvs.config.ConfigError` names a bad one)."""
     return update_config(config, {"eval": {k: v for k, v in options.items() if v is not None}})
@@ -228,20 +228,20 @@ def evaluate(
     config = apply_eval_options(
         apply_data_overrides(config, data), num_scenes=num_scenes, lpips_weights=lpips_weights, split=split
     )
-    weights = config["eval"]["lpips_weights"]
+    weights = config.eval.lpips_weights
     lpips = LPIPS(weights).to(device) if weights else None
     st_lpips = available_st_lpips(device, model.config.image_size)
-    dataset = build_dataset(config, config["eval"]["split"])
-    num_context = config["data"]["num_context"]
+    dataset = build_dataset(config, config.eval.split)
+    num_context = config.data.num_context
     accuracy = PlaneAccuracy()
     means, _, rows = evaluate_model(
         model,
         dataset,
         num_context,
-        batch_size=config["eval"]["batch_size"],
+        batch_size=config.eval.batch_size,
         lpips=lpips,
         device=device,
-        num_grid_scenes=config["eval"]["num_grid_scenes"],
+        num_grid_scenes=config.eval.num_grid_scenes,
         planes=accuracy,
         st_lpips=st_lpips,
     )
@@ -253,7 +253,7 @@ def evaluate(
         "checkpoint": str(checkpoint),
         "num_scenes": len(dataset),
         "num_context": num_context,
-        "num_target": config["data"]["num_target"],
+        "num_target": config.data.num_target,
         "metrics": means,
         "lpips_backbone": "alexnet" if lpips is not None else None,
     }

@@ -53,8 +53,8 @@ import torch
 import torch.nn.functional as F
 
 from ...cameras import Cameras
-from ..build_data import build_scene_source, check_synthetic_data, synthetic_config
-from ..config import ConfigError, resolve
+from ..build_data import build_scene_source
+from ..config import ConfigError, RunConfig, resolve, synthetic_settings
 from ..data.dataset import DEFAULT_CONTEXT_GAP
 from ..data.normalize import normalize_scene
 from ..data.real.depth_maps import load_frames
@@ -155,13 +155,14 @@ class SourceVideos:
         )
 
 
-def build_videos(config: dict, num_scenes: int | None):
-    """The held-out videos of ``config["data"]`` (synthetic kinds or a real-data source)."""
-    data = config["data"]
-    if data["kind"] in SYNTHETIC_KINDS:
-        count = check_synthetic_data(config, num_scenes, "eval")
-        return SyntheticVideos(data["kind"], count, data["seed"], synthetic_config(config))
-    return SourceVideos(build_scene_source(config, "eval"), num_scenes, data["context_gap"])
+def build_videos(config: RunConfig):
+    """The held-out videos of ``config.data`` (synthetic kinds or a real-data source), ``eval.num_scenes`` of them."""
+    data, num_scenes = config.data, config.eval.num_scenes
+    if data.kind in SYNTHETIC_KINDS:
+        assert num_scenes is not None  # RunConfig: synthetic kinds count their scenes
+        return SyntheticVideos(data.kind, num_scenes, data.seed, synthetic_settings(data))
+    gap = None if data.context_gap is None else (data.context_gap[0], data.context_gap[1])
+    return SourceVideos(build_scene_source(config, "eval"), num_scenes, gap)
 
 
 # ----------------------------------------------------------------------------- view plans
@@ -290,10 +291,11 @@ def zoom_views(scene: Scene, factor: float, views: list[int]) -> Scene:
 
 # ----------------------------------------------------------------------------- running
 def _load_model(model_or_checkpoint, dataset_config: dict | None, device: str):
-    """``(model, config, checkpoint path or None)`` with the ``data`` overrides applied."""
+    """``(model, config, checkpoint path or None)`` with the ``data`` overrides applied (a model's
+    own config in the default one)."""
     if isinstance(model_or_checkpoint, LVSM):
         model, checkpoint = model_or_checkpoint.to(device), None
-        config = resolve({"model": {**model.config.to_dict(), "preset": None}})
+        config = replace(resolve(), model=model.config)
     else:
         model, config = load_trained(model_or_checkpoint, device)
         checkpoint = str(model_or_checkpoint)
@@ -364,10 +366,10 @@ def run_protocol(
     factors, zoom_all = _protocol_options(protocol, options)
     model, config, checkpoint = _load_model(model_or_checkpoint, dataset_config, device)
     evaluation = apply_eval_options(config, num_scenes=num_scenes, batch_size=batch_size, lpips_weights=lpips_weights)
-    num_scenes, batch_size, weights = (evaluation["eval"][k] for k in ("num_scenes", "batch_size", "lpips_weights"))
+    batch_size, weights = evaluation.eval.batch_size, evaluation.eval.lpips_weights
     lpips = LPIPS(weights).to(device) if weights else None
-    videos = build_videos(config, num_scenes)
-    scenes, plans, skipped = protocol_plans(videos, protocol, factors, config["data"]["seed"])
+    videos = build_videos(evaluation)
+    scenes, plans, skipped = protocol_plans(videos, protocol, factors, config.data.seed)
     if not scenes:
         raise ConfigError(
             f"protocol {protocol}: none of the {len(videos)} scenes can be planned (all too short; see the warnings)"
@@ -394,7 +396,7 @@ def run_protocol(
         "name": run_name(config, model),
         "checkpoint": checkpoint,
         "axis": AXES[protocol] + (" (all views)" if zoom_all else ""),
-        "data": {"kind": config["data"]["kind"], "root": config["data"]["root"]},
+        "data": {"kind": config.data.kind, "root": config.data.root},
         "num_scenes": len(scenes),
         "num_skipped": skipped,
         "lpips_backbone": "alexnet" if lpips is not None else None,

@@ -13,23 +13,21 @@ still load, with a warning.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors.torch import load, save_file
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from .atomic import StorageError, atomic_path
-from ..config import ConfigError, resolve
-from ...errors import InputError
-from ..model import LVSM, ModelError, build_model
+from .tensor_files import CheckpointError, checksum, listed, load_model_state, read_safetensors
+from ..config import ConfigError, RunConfig, resolve
+from ..model import LVSM, build_model
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -54,30 +52,6 @@ LEGACY_FORMAT = "hrope-checkpoint-v1"  # written before checksums: loads with a 
 logger = logging.getLogger("hrope.nvs.running.checkpoints")
 
 
-class CheckpointError(InputError):
-    """A missing, malformed, damaged or mismatched checkpoint file."""
-
-
-def _listed(keys: list[str], limit: int = 3) -> str:
-    """``a, b, c (+N more)``: the first ``limit`` keys and a count of the rest."""
-    more = f" (+{len(keys) - limit} more)" if len(keys) > limit else ""
-    return ", ".join(keys[:limit]) + more
-
-
-def checksum(tensors: dict[str, Tensor], metadata: dict[str, str]) -> str:
-    """sha256 over the metadata (sorted, without ``checksum``) and every tensor's name, dtype, shape and
-    bytes (sorted by name); CPU tensors."""
-    digest = hashlib.sha256()
-    for key in sorted(metadata):
-        if key != "checksum":
-            digest.update(f"{key}\0{metadata[key]}\0".encode())
-    for key in sorted(tensors):
-        tensor = tensors[key].contiguous()
-        digest.update(f"{key}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)
-    return digest.hexdigest()
-
-
 def _non_finite(tensors: dict[str, Tensor]) -> list[str]:
     return sorted(k for k, v in tensors.items() if v.is_floating_point() and not torch.isfinite(v).all())
 
@@ -87,7 +61,7 @@ def save_checkpoint(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     step: int,
-    config: dict,
+    config: RunConfig,
     state: dict | None = None,
 ) -> Path:
     """Write ``path`` atomically (temp file, fsync, ``os.replace``) as safetensors; refuses non-finite
@@ -103,11 +77,11 @@ def save_checkpoint(
     tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     bad = _non_finite(tensors)
     if bad:
-        raise CheckpointError(f"refusing to write {path}: non-finite model weights in {_listed(bad)}")
+        raise CheckpointError(f"refusing to write {path}: non-finite model weights in {listed(bad)}")
     metadata = {
         "format": CHECKPOINT_FORMAT,
         "step": str(step),
-        "config": json.dumps(config),
+        "config": json.dumps(config.to_dict()),
         "scheduler": json.dumps({"kind": "warmup_cosine", "step": step}),
         "state": json.dumps(state or {}),
     }
@@ -130,41 +104,6 @@ def run_folder(checkpoint: str | Path) -> Path:
     """The run folder of ``checkpoint`` (a run folder itself, or the checkpoint file inside one)."""
     checkpoint = Path(checkpoint)
     return checkpoint if checkpoint.is_dir() else checkpoint.parent
-
-
-# the format's own cap on the JSON header (safetensors refuses larger ones)
-MAX_HEADER_BYTES = 100_000_000
-
-
-def read_safetensors(path: str | Path, with_tensors: bool = True) -> tuple[dict[str, Tensor], dict[str, str]]:
-    """Tensors (none unless ``with_tensors``) and ``__metadata__`` of the safetensors file ``path``,
-    read through one open file, so that a file replaced while it is read (a checkpoint that
-    training rewrites) is read whole, old or new. ``safe_open`` opens the file by name twice (the
-    header, then the tensor storage) and can pair one file's header with the next one's tensors.
-    Raises ``ValueError`` (or safetensors' own error) for a file that is not safetensors; the
-    whole file is held in memory while its tensors are copied out."""
-    with open(path, "rb") as handle:
-        prefix = handle.read(8)
-        if len(prefix) != 8:
-            raise ValueError("the file is shorter than a safetensors header")
-        size = int.from_bytes(prefix, "little")
-        if size > MAX_HEADER_BYTES:
-            raise ValueError(f"the header claims {size} bytes")
-        header_bytes = handle.read(size)
-        if len(header_bytes) != size:
-            raise ValueError("the header is cut short")
-        header = json.loads(header_bytes)
-        metadata = (header.get("__metadata__") or {}) if isinstance(header, dict) else None
-        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-            raise ValueError("the header is not a safetensors header")
-        if not with_tensors:
-            entries = [entry for key, entry in header.items() if key != "__metadata__"]
-            end = max((int(entry["data_offsets"][1]) for entry in entries), default=0)
-            if os.fstat(handle.fileno()).st_size != 8 + size + end:
-                raise ValueError("the tensor data is cut short or followed by other bytes")
-            return {}, metadata
-        data = prefix + header_bytes + handle.read()
-    return load(data), metadata
 
 
 def _read_checkpoint(path: str | Path, with_tensors: bool = True) -> tuple[dict[str, Tensor], dict[str, str]]:
@@ -196,33 +135,12 @@ def _read_checkpoint(path: str | Path, with_tensors: bool = True) -> tuple[dict[
         raise CheckpointError(f"{path}: checksum missing from a {CHECKPOINT_FORMAT} checkpoint: the file is damaged")
     bad = _non_finite({k: v for k, v in tensors.items() if k.startswith("model.")})
     if bad:
-        raise CheckpointError(f"{path}: non-finite model weights in {_listed(bad)}; the checkpoint is unusable")
+        raise CheckpointError(f"{path}: non-finite model weights in {listed(bad)}; the checkpoint is unusable")
     return tensors, metadata
 
 
 def _model_state(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     return {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
-
-
-def load_model_state(model: nn.Module, state: dict[str, Tensor], source: str | Path) -> None:
-    """``model.load_state_dict(state)`` (strict), or a one-line :class:`CheckpointError` naming the
-    missing, unexpected and mis-shaped tensors of ``source``."""
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    shapes = sorted(
-        f"{k} {tuple(state[k].shape)} in the file, {tuple(v.shape)} in the model"
-        for k, v in expected.items()
-        if k in state and state[k].shape != v.shape
-    )
-    problems = [
-        f"{name}: {_listed(keys)}"
-        for name, keys in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", shapes))
-        if keys
-    ]
-    if problems:
-        raise CheckpointError(f"{source} does not fit the model ({'; '.join(problems)})")
-    model.load_state_dict(state)
 
 
 def load_checkpoint(
@@ -232,7 +150,7 @@ def load_checkpoint(
     restore_rng: bool = False,
 ) -> dict:
     """Load a checkpoint into ``model`` / ``optimizer`` (either optional); returns
-    ``{"step": int, "config": dict, "state": dict}`` (only the metadata is read when nothing is
+    ``{"step": int, "config": RunConfig, "state": dict}`` (only the metadata is read when nothing is
     loaded). ``path`` may be the file or its run folder."""
     loads = model is not None or optimizer is not None or restore_rng
     tensors, metadata = _read_checkpoint(path, with_tensors=loads)
@@ -274,8 +192,8 @@ def _metadata_json(metadata: dict[str, str], key: str, path, default: str | None
         raise CheckpointError(f"{path}: its {key} metadata is not JSON ({error})") from None
 
 
-def _metadata_config(metadata: dict[str, str], path):
-    """The resolved run config stored in the checkpoint (validated like any config)."""
+def _metadata_config(metadata: dict[str, str], path) -> RunConfig:
+    """The run config stored in the checkpoint (checked like any config)."""
     try:
         return resolve(_metadata_json(metadata, "config", path))
     except ConfigError as error:
@@ -289,14 +207,11 @@ def _metadata_step(metadata: dict[str, str], path) -> int:
     return int(step)
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[LVSM, dict]:
-    """Model and resolved config from a checkpoint (file or run folder), read once."""
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[LVSM, RunConfig]:
+    """Model and run config from a checkpoint (file or run folder), read once."""
     tensors, metadata = _read_checkpoint(path)
     config = _metadata_config(metadata, path)
-    try:
-        model = build_model(config)
-    except ModelError as error:
-        raise CheckpointError(f"{path}: its config metadata is invalid: {error}") from None
+    model = build_model(config)
     load_model_state(model, _model_state(tensors), path)
     return model.to(device).eval(), config
 

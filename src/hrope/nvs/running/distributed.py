@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 
 from ...errors import InputError
-from ..config import check_device, one_line
+from ..config.fields import one_line
+from ..config.schema import check_device
 
 __all__ = [
     "DistContext",

@@ -4,8 +4,8 @@ A run folder holds one training run: ``config.yaml``, ``checkpoint.safetensors``
 ``segments.jsonl``, one JSON line per training segment (a first run, then each resume) with its
 steps, outcome, harmless overrides and code provenance (:mod:`hrope.nvs.running.provenance`). A resume
 must use the run's config: only the keys of :data:`HARMLESS_ON_RESUME` (the settings declared with ``resume=True``,
-:data:`hrope.nvs.config.SETTINGS`) may differ, since everything else changes the trajectory
-(docs/model.md, "Training").
+:data:`hrope.nvs.config.SETTINGS`; the rule is :func:`hrope.nvs.config.harmless_on_resume`) may differ, since
+everything else changes the trajectory (docs/model.md, "Training").
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import json
 from pathlib import Path
 
 from .atomic import append_line
-from ..config import SETTINGS
-from ..model import ModelConfig
+from ..config import HARMLESS_ON_RESUME, RunConfig, harmless_on_resume
 
 __all__ = [
     "SEGMENTS_NAME",
@@ -29,45 +28,33 @@ __all__ = [
 
 SEGMENTS_NAME = "segments.jsonl"
 
-# Keys that may differ on resume: where outputs go, how the run is executed and logged, evaluation.
-HARMLESS_ON_RESUME = frozenset(
-    f"{section}.{key}" for section, entries in SETTINGS.items() for key, declared in entries.items() if declared.resume
-)
+
+def _flat(config: RunConfig) -> dict:
+    """``{"section.key": value}`` of a run config as JSON values; the model section as every field of
+    its :class:`~hrope.nvs.config.ModelConfig` (preset applied)."""
+    plain = {**config.to_dict(), "model": config.model.to_dict()}
+    return {
+        f"{section}.{k}": v for section, entries in json.loads(json.dumps(plain)).items() for k, v in entries.items()
+    }
 
 
-def _flat(config: dict) -> dict:
-    """``{"section.key": value}`` of a run config as JSON values; the model section as the fields of
-    its :class:`ModelConfig` (preset applied)."""
-    config = json.loads(json.dumps(config))
-    values = {f"model.{k}": v for k, v in ModelConfig.from_dict(config["model"]).to_dict().items()}
-    for section, entries in config.items():
-        if section != "model":
-            values.update({f"{section}.{k}": v for k, v in entries.items()})
-    return values
-
-
-def config_differences(old: dict, new: dict) -> dict[str, tuple]:
+def config_differences(old: RunConfig, new: RunConfig) -> dict[str, tuple]:
     """``{"section.key": (old value, new value)}`` for every key whose value differs."""
     a, b = _flat(old), _flat(new)
     return {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
 
 
-def _harmless(key: str, config: dict) -> bool:
-    if key == "eval.lpips_weights":  # the perceptual loss trains with these weights
-        return not config["train"]["perceptual_weight"]
-    return key in HARMLESS_ON_RESUME
-
-
-def resume_differences(stored: dict, requested: dict) -> tuple[dict, dict]:
+def resume_differences(stored: RunConfig, requested: RunConfig) -> tuple[dict, dict]:
     """``(refused, harmless)``: the :func:`config_differences` of a run's stored config and the
-    config it is resumed with, split by :data:`HARMLESS_ON_RESUME`."""
+    config it is resumed with, split by :func:`hrope.nvs.config.harmless_on_resume`."""
     differences = config_differences(stored, requested)
-    harmless = {k: v for k, v in differences.items() if _harmless(k, requested)}
+    harmless = {k: v for k, v in differences.items() if harmless_on_resume(k, requested)}
     return {k: v for k, v in differences.items() if k not in harmless}, harmless
 
 
-def config_hash(config: dict) -> str:
-    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+def config_hash(config: RunConfig) -> str:
+    """sha256 of the config's plain form (:meth:`~hrope.nvs.config.RunConfig.to_dict`), keys sorted."""
+    return hashlib.sha256(json.dumps(config.to_dict(), sort_keys=True).encode()).hexdigest()
 
 
 def append_segment(out: Path, record: dict) -> None:

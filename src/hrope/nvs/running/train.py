@@ -1,7 +1,7 @@
 """Training loop: AdamW + warmup/cosine, clipping, bf16, NaN guard, exact and safe resume, DDP.
 
-``train(config)`` trains the LVSM model of ``config["model"]`` on the dataset of
-``config["data"]`` and writes into ``config["train"]["out"]``: ``config.yaml`` (resolved config),
+``train(config)`` trains the LVSM model of ``config.model`` on the dataset of
+``config.data`` and writes into ``config.train.out``: ``config.yaml`` (the config's plain form),
 ``checkpoint.safetensors`` (atomic, checksummed), ``segments.jsonl`` (one line of provenance per
 training segment), ``tb/`` (TensorBoard scalars and image grids) and, for predicted planes on data
 with ground-truth planes, ``plane_accuracy.jsonl`` (:mod:`hrope.nvs.evaluation.plane_accuracy` of the logged
@@ -50,7 +50,7 @@ from ... import __version__
 from ...errors import InputError
 from .atomic import StorageError
 from .checkpoints import CHECKPOINT_NAME, checkpoint_step, load_checkpoint, resumable, save_checkpoint
-from ..config import ConfigError, check_config, save_config
+from ..config import ConfigError, RunConfig, save_config
 from ..data.rng import stream_seed
 from ..build_data import build_dataset, collate
 from .distributed import (
@@ -122,19 +122,19 @@ class TrainingError(InputError):
 class _Origin:
     """Where a training segment starts."""
 
-    config: dict  # the run's config: stored in its checkpoints and config.yaml
+    config: RunConfig  # the run's config: stored in its checkpoints and config.yaml
     step: int
     state: dict = field(default_factory=dict)  # the resumed checkpoint's training state
     resumed: bool = False
     overrides: dict = field(default_factory=dict)  # harmless keys that differ from the run's config
 
 
-def _start(config: dict, checkpoint: Path, model: nn.Module, optimizer, world_size: int) -> _Origin:
+def _start(config: RunConfig, checkpoint: Path, model: nn.Module, optimizer, world_size: int) -> _Origin:
     """Resume from ``checkpoint`` (refused under a config that changes the trajectory), else step 0,
     from ``train.init_from``'s model weights when set."""
     if not checkpoint.is_file():
-        if config["train"]["init_from"]:
-            load_checkpoint(config["train"]["init_from"], model)
+        if config.train.init_from:
+            load_checkpoint(config.train.init_from, model)
         return _Origin(config, 0)
     stored = load_checkpoint(checkpoint)  # metadata only: compare before loading anything
     refused, harmless = resume_differences(stored["config"], config)
@@ -215,13 +215,13 @@ class Trainer:
     resumes (:func:`_start`); :meth:`run` does the rest. :func:`train` is the entry point.
     """
 
-    def __init__(self, config: dict, ctx: DistContext, stop_at: int | None = None) -> None:
-        self.config, self.opts, self.ctx = config, config["train"], ctx
-        if self.opts["threads"]:
-            torch.set_num_threads(int(self.opts["threads"]))
-        self.out = Path(self.opts["out"])
+    def __init__(self, config: RunConfig, ctx: DistContext, stop_at: int | None = None) -> None:
+        self.config, self.opts, self.ctx = config, config.train, ctx
+        if self.opts.threads:
+            torch.set_num_threads(self.opts.threads)
+        self.out = Path(self.opts.out)
         self.began, self.tick = datetime.now(timezone.utc), time.perf_counter()
-        torch.manual_seed(self.opts["seed"])
+        torch.manual_seed(self.opts.seed)
         self.model = build_model(config).to(ctx.device)
         self.optimizer = make_optimizer(self.model, self.opts)
         self.checkpoint = self.out / CHECKPOINT_NAME
@@ -230,7 +230,7 @@ class Trainer:
         self.saved = self.start if self.origin.resumed else None  # the step of the checkpoint on disk
         self.skipped = self.origin.state.get("skipped_steps", 0)
         self.loss_value = self.origin.state.get("last_loss", float("nan"))  # of the last finite step
-        self.end = self.opts["steps"] if stop_at is None else min(stop_at, self.opts["steps"])
+        self.end = self.opts.steps if stop_at is None else min(stop_at, self.opts.steps)
         self.streak, self.outcome = 0, "failed"  # consecutive non-finite steps; the outcome until known
 
     def setup(self, dataset=None, progress: bool = True) -> None:
@@ -246,7 +246,7 @@ class Trainer:
             counts = count_parameters(self.model)
             logger.info(
                 "model %s: %d parameters (%d trainable)",
-                config["model"]["encoding"],
+                config.model.encoding,
                 counts["total"],
                 counts["trainable"],
             )
@@ -265,22 +265,22 @@ class Trainer:
         self.bar = tqdm(
             range(self.start, self.end),
             initial=self.start,
-            total=opts["steps"],
+            total=opts.steps,
             disable=not (progress and ctx.is_main),
-            desc=f"train {config['model']['encoding']}",
+            desc=f"train {config.model.encoding}",
             dynamic_ncols=True,
         )
         self.rate_tick, self.tick_step = time.perf_counter(), self.start
         self.model.train()
-        self.loader = StepLoader(dataset, opts["seed"], ctx.rank, opts["batch_size"], config["data"]["prefetch"])
+        self.loader = StepLoader(dataset, opts.seed, ctx.rank, opts.batch_size, config.data.prefetch)
 
     def step(self, step: int) -> StepResult:
         """Train on the batch of ``step`` (then ``reached == step + 1``): a non-finite step is
         skipped (:meth:`skip`), a finite one logged on the logged steps and image steps."""
         scenes = self.loader.scenes(step, prefetch_next=step + 1 < self.end)
-        batch = collate(scenes, self.config["data"]["num_context"], self.ctx.device)
+        batch = collate(scenes, self.config.data.num_context, self.ctx.device)
         done = step + 1
-        logged = self.ctx.is_main and (done % self.opts["log_every"] == 0 or done == self.end)
+        logged = self.ctx.is_main and (done % self.opts.log_every == 0 or done == self.end)
         result = train_step(self.net, self.optimizer, batch, step, self.opts, self.perceptual, measure_heads=logged)
         self.reached = done
         if not result.finite:
@@ -289,7 +289,7 @@ class Trainer:
         self.loss_value, self.streak = float(result.loss), 0
         if logged:
             self.log(done, result, batch)
-        if self.writer is not None and self.opts["image_every"] and done % self.opts["image_every"] == 0:
+        if self.writer is not None and self.opts.image_every and done % self.opts.image_every == 0:
             self.writer.add_image("train/context|prediction|target", _image_grid(batch, result.output.images), done)
         return result
 
@@ -305,12 +305,12 @@ class Trainer:
         )
         if self.writer is not None:
             self.writer.add_scalar("train/skipped_steps", self.skipped, step)
-        if self.streak >= self.opts["max_nonfinite_steps"]:
+        if self.streak >= self.opts.max_nonfinite_steps:
             self.outcome = "diverged"
             last = f"step {self.saved} in {self.checkpoint}" if self.saved is not None else "none was written"
             raise TrainingError(
                 f"training diverged: {self.streak} consecutive non-finite steps ({step + 1 - self.streak}-{step}) "
-                f"reached train.max_nonfinite_steps = {self.opts['max_nonfinite_steps']}; last good "
+                f"reached train.max_nonfinite_steps = {self.opts.max_nonfinite_steps}; last good "
                 f"checkpoint: {last}"
             )
 
@@ -349,7 +349,7 @@ class Trainer:
                 "%s is already at step %d (train.steps %d); nothing to train",
                 self.checkpoint,
                 self.start,
-                self.opts["steps"],
+                self.opts.steps,
             )
             return self.result("already trained")
         self.setup(dataset, progress)
@@ -357,7 +357,7 @@ class Trainer:
             with nullcontext(sigterm) if sigterm is not None else _Sigterm() as sigterm:
                 for step in self.bar:
                     self.step(step)
-                    if self.reached % self.opts["checkpoint_every"] == 0:
+                    if self.reached % self.opts.checkpoint_every == 0:
                         self.save(self.reached)
                     if self.reached < self.end and any_rank(sigterm.requested, self.ctx):
                         self.outcome = "terminated"
@@ -375,11 +375,11 @@ class Trainer:
             logger.warning(
                 "SIGTERM: stopped after step %d of %d; checkpoint %s saved; run the same command to resume",
                 self.reached,
-                self.opts["steps"],
+                self.opts.steps,
                 self.checkpoint,
             )
         else:
-            self.outcome = "completed" if self.reached == self.opts["steps"] else "stopped"
+            self.outcome = "completed" if self.reached == self.opts.steps else "stopped"
 
     def close(self) -> None:
         """Release the prefetch thread and the log writer (on errors too) and record the segment; a
@@ -405,7 +405,7 @@ class Trainer:
             "checkpoint_step": self.saved,
             "outcome": self.outcome,
             "resumed_from_step": self.start if origin.resumed else None,
-            "init_from": None if origin.resumed else self.opts["init_from"],
+            "init_from": None if origin.resumed else self.opts.init_from,
             "overrides": origin.overrides,
             "started": self.began.isoformat(timespec="seconds"),
             "seconds": round(time.perf_counter() - self.tick, 3),
@@ -463,7 +463,7 @@ def _fail_together(error: Exception, ctx: DistContext, checkpoint: Path) -> None
     ) from error
 
 
-def train(config: dict, *, stop_at: int | None = None, progress: bool = True, dataset=None) -> TrainResult:
+def train(config: RunConfig, *, stop_at: int | None = None, progress: bool = True, dataset=None) -> TrainResult:
     """Train (resuming from ``out/checkpoint.safetensors`` when present; docs/model.md, "Training").
 
     ``stop_at``: save a checkpoint and return after this step (as if the run were killed there).
@@ -479,17 +479,16 @@ def train(config: dict, *, stop_at: int | None = None, progress: bool = True, da
     checkpoint that is intact and the command that resumes from it); on
     SIGTERM it saves the step reached and returns (``outcome == "terminated"``).
     """
-    check_config(config)  # also a config dict edited after resolve()
-    ctx = setup_distributed(config["train"]["device"], config["train"]["dist_timeout"])
+    ctx = setup_distributed(config.train.device, config.train.dist_timeout)
     # SIGTERM is caught from here to the end, so that torchrun, stopping the other ranks after one
     # failed, never kills this rank before it has raised its error
     with _Sigterm() as sigterm:
         try:
-            with resumable(Path(config["train"]["out"])), _locked_run_folder(Path(config["train"]["out"]), ctx):
+            with resumable(Path(config.train.out)), _locked_run_folder(Path(config.train.out), ctx):
                 return Trainer(config, ctx, stop_at).run(dataset, progress, sigterm)
         except Exception as error:
             if ctx.world_size > 1:
-                _fail_together(error, ctx, Path(config["train"]["out"]) / CHECKPOINT_NAME)
+                _fail_together(error, ctx, Path(config.train.out) / CHECKPOINT_NAME)
             raise
         finally:
             if ctx.owns_group:

@@ -16,25 +16,25 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import ConfigError
+from ..config import RunConfig, TrainSettings
 from ..evaluation.metrics import LPIPS
 from ..model import LVSMOutput
 
 __all__ = ["train_step", "StepResult", "learning_rate", "make_optimizer", "perceptual_loss", "parameter_grad_norm"]
 
 
-def learning_rate(step: int, train: dict) -> float:
+def learning_rate(step: int, train: TrainSettings) -> float:
     """Linear warmup (lr · (step + 1) / warmup at step ``step < warmup``), then cosine decay to
     ``min_lr_ratio * lr`` at ``steps``."""
-    lr, warmup, total = train["lr"], train["warmup"], train["steps"]
+    lr, warmup, total = train.lr, train.warmup, train.steps
     if step < warmup:
         return lr * (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    floor = train["min_lr_ratio"]
+    floor = train.min_lr_ratio
     return lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def make_optimizer(model: nn.Module, train: dict) -> torch.optim.AdamW:
+def make_optimizer(model: nn.Module, train: TrainSettings) -> torch.optim.AdamW:
     """AdamW (betas 0.9, 0.95); weight decay on matrices only (not on norms, biases, scalars). The
     parameter source's weights (the plane / parameter heads) learn at ``train.parameter_lr_scale``
     times the learning rate (each group's ``lr_scale``, applied by :func:`train_step`)."""
@@ -42,24 +42,23 @@ def make_optimizer(model: nn.Module, train: dict) -> torch.optim.AdamW:
     heads = {id(p) for p in source.parameters()} if source is not None else set()
     trainable = [p for p in model.parameters() if p.requires_grad]
     groups = []
-    for is_head, scale in ((False, 1.0), (True, train["parameter_lr_scale"])):
+    for is_head, scale in ((False, 1.0), (True, train.parameter_lr_scale)):
         for decays in (True, False):
             params = [p for p in trainable if (id(p) in heads) == is_head and (p.ndim >= 2) == decays]
             if params:
                 groups.append(
-                    {"params": params, "weight_decay": train["weight_decay"] if decays else 0.0, "lr_scale": scale}
+                    {"params": params, "weight_decay": train.weight_decay if decays else 0.0, "lr_scale": scale}
                 )
-    return torch.optim.AdamW(groups, lr=train["lr"], betas=(0.9, 0.95))
+    return torch.optim.AdamW(groups, lr=train.lr, betas=(0.9, 0.95))
 
 
-def perceptual_loss(config: dict, device: torch.device):
-    """The frozen LPIPS module when ``train.perceptual_weight > 0`` (needs local ``eval.lpips_weights``)."""
-    if not config["train"]["perceptual_weight"]:
+def perceptual_loss(config: RunConfig, device: torch.device):
+    """The frozen LPIPS module of ``eval.lpips_weights`` when ``train.perceptual_weight > 0`` (the
+    config holds local weights then)."""
+    if not config.train.perceptual_weight:
         return None
-    weights = config["eval"]["lpips_weights"]
-    if not weights:
-        raise ConfigError("train.perceptual_weight > 0 needs local LPIPS weights in eval.lpips_weights")
-    return LPIPS(weights).to(device)
+    assert config.eval.lpips_weights is not None  # RunConfig: a perceptual loss needs them
+    return LPIPS(config.eval.lpips_weights).to(device)
 
 
 def parameter_grad_norm(model) -> float | None:
@@ -88,7 +87,7 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     batch,
     step: int,
-    train: dict,
+    train: TrainSettings,
     perceptual: nn.Module | None = None,
     *,
     measure_heads: bool = False,
@@ -109,18 +108,18 @@ def train_step(
     model: nn.Module = net.module if isinstance(net, nn.parallel.DistributedDataParallel) else net
     distributed = model is not net
     num_context = int(batch.num_context)
-    with torch.autocast(batch.images.device.type, dtype=torch.bfloat16, enabled=bool(train["bf16"])):
+    with torch.autocast(batch.images.device.type, dtype=torch.bfloat16, enabled=train.bf16):
         output = net(batch)
     prediction = output.images
     target = batch.images[:, num_context:].float()
     loss = F.mse_loss(prediction.float(), target)
     if perceptual is not None:
         distance = perceptual(prediction.float().flatten(0, 1), target.flatten(0, 1))
-        loss = loss + train["perceptual_weight"] * distance.mean()
+        loss = loss + train.perceptual_weight * distance.mean()
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     heads_norm = parameter_grad_norm(model) if measure_heads else None
-    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), train["grad_clip"])
+    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
     finite = torch.isfinite(loss.detach()) & torch.isfinite(grad_norm)
     if distributed:
         flag = finite.float()

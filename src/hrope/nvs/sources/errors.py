@@ -1,11 +1,7 @@
-"""The error of the parameter sources."""
+"""The error of the parameter sources (declared with the config, which checks their options)."""
 
 from __future__ import annotations
 
-from ...errors import InputError
+from ..config.fields import PredictorError
 
 __all__ = ["PredictorError"]
-
-
-class PredictorError(InputError):
-    """Invalid predictor configuration or missing inputs (the message says what to supply)."""

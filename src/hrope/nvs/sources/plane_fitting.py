@@ -20,7 +20,7 @@ from torch import Tensor
 from ...cameras import Cameras
 from ...geometry import patchify, pixel_rays
 from ...planes import Planes, check_depth_maps
-from ..config.schema import FALLBACKS, FITS
+from ..config.options import FALLBACKS, FITS
 
 __all__ = [
     "FITS",

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ..config import BackboneOptions, ExternalOptions
 from .errors import PredictorError
 
 __all__ = ["import_factory", "load_backbone", "user_module"]
@@ -42,17 +43,17 @@ def load_backbone(module: nn.Module, checkpoint: str | Path) -> nn.Module:
     return module
 
 
-def user_module(options: dict, what: str) -> nn.Module:
+def user_module(options: BackboneOptions | ExternalOptions, what: str) -> nn.Module:
     """The module of ``predictor_options.module`` (built from an import path with ``module_kwargs``),
     with the LOCAL ``checkpoint`` loaded when given; ``what`` names its user in errors."""
-    module = options["module"]
+    module = options.module
     if isinstance(module, str):
-        module = import_factory(module)(**options["module_kwargs"])
+        module = import_factory(module)(**options.module_kwargs)
     if not isinstance(module, nn.Module):
         raise PredictorError(
             f"{what} needs predictor_options.module: an nn.Module or an import path "
             "'package.module:factory' (called with predictor_options.module_kwargs)"
         )
-    if options["checkpoint"]:
-        load_backbone(module, options["checkpoint"])
+    if options.checkpoint:
+        load_backbone(module, options.checkpoint)
     return module

@@ -139,7 +139,7 @@ def visualize_attention(
     dataset = build_dataset(config, "eval")
     if not 0 <= scene < len(dataset):
         raise VizError(f"--scene {scene} is out of range: the held-out split has {len(dataset)} scenes")
-    num_context = int(config["data"]["num_context"])
+    num_context = config.data.num_context
     batch = collate([dataset[scene]], num_context, torch.device(device))
     results = [probe(model, batch, query, _name(model, run)) for (model, _), run in zip(models, runs)]
     images = batch.images[0, : num_context + 1]

@@ -129,7 +129,7 @@ def visualize_planes(
     model, config = load_trained(checkpoint, device)
     dataset = build_dataset(config, "eval")
     scenes = [dataset[i] for i in range(min(num_scenes, len(dataset)))]
-    batch = collate(scenes, config["data"]["num_context"], torch.device(device))
+    batch = collate(scenes, config.data.num_context, torch.device(device))
     rows = plane_normal_rows(model, batch, layer, head)
     out = Path(out) if out is not None else run_folder(checkpoint) / "viz"
     return save_image_grid(rows, out / "planes.png")

@@ -288,7 +288,7 @@ def run_scene(checkpoint: str | Path, scene: int = 0, layer: int = -1, colour: s
     dataset = build_dataset(config, "eval")
     if not 0 <= scene < len(dataset):
         raise VizError(f"scene {scene} is out of range: the run's held-out split has {len(dataset)} scenes")
-    num_context = int(config["data"]["num_context"])
+    num_context = config.data.num_context
     batch = collate([dataset[scene]], num_context, torch.device(device))
     keep = list(range(num_context + 1))
     cameras = batch.cameras.select_views(keep)

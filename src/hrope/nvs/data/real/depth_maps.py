@@ -32,7 +32,8 @@ from PIL import Image
 from torch import Tensor
 
 from ....geometry import pixel_rays
-from ...config import DEPTH_SOURCES, DataSettings, one_line
+from ...config.fields import one_line
+from ...config.schema import DEPTH_SOURCES, DataSettings
 from ..scene import Scene, SceneError
 from ..transforms import resize_crop
 from .colmap_points import with_point_depth

@@ -36,7 +36,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
-from ...config import one_line
+from ...config.fields import one_line
 from ..scene import SceneError
 from ..transforms import resize_crop_plan
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...config import Field, check_fields, setting
+from ...config.fields import Field, check_fields, setting
 
 __all__ = ["SyntheticConfig"]
 
