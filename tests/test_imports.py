@@ -37,7 +37,7 @@ LAYERS = {
     # the toolkit: hrope.nvs and its rooms (running, evaluation, viz, sources), each module at its own layer
     "hrope.nvs.running": 9,
     "hrope.nvs.evaluation": 9,
-    "hrope.nvs.viz.figures": 9,
+    "hrope.nvs.viz": 9,
     "hrope.nvs.running.atomic": 9,
     "hrope.nvs.running.provenance": 9,
     "hrope.nvs.running.tensor_files": 10,

@@ -75,5 +75,5 @@ def test_rank_one_rest_gradients_equal_the_banded_blocks():
 def test_the_folded_module_uses_the_rank_one_rest():
     cameras = random_cameras(B, V, dtype=torch.float64)
     geometry = encoding_inputs("hrope-lift", cameras, GRID, dtype=torch.float64)
-    factors = hrope.nn.factorize("hrope-lift", cameras, GRID, HEAD_DIM, **geometry)
+    factors = hrope.nn.factorize("hrope-lift", cameras, GRID, HEAD_DIM, fold=True, **geometry)
     assert isinstance(factors.residual, RankOneRest)

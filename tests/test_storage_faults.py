@@ -24,7 +24,7 @@ from test_cli_errors import SMALL, TINY
 from test_image_cache import SIZE, assert_same, write_capture
 
 from hrope.nvs import cli
-from hrope.nvs.config import apply_overrides, load_config
+from hrope.nvs.config import apply_overrides, load_config, update_config
 from hrope.nvs.data.real.loaders import load_scene
 from hrope.nvs.model import build_model
 from hrope.nvs.running.atomic import StorageError, append_line, atomic_path, write_bytes
@@ -132,10 +132,9 @@ def test_a_log_line_that_does_not_fit_is_taken_back(small_fs):
 @pytest.fixture
 def run_dir(tmp_path) -> Path:
     """A run folder with an untrained small model's checkpoint (made directly, no training)."""
-    config = small_config(encoding="prope")
-    config["train"]["out"] = str(tmp_path / "run")
+    config = update_config(small_config(encoding="prope"), {"train": {"out": str(tmp_path / "run")}})
     model = build_model(config)
-    save_checkpoint(tmp_path / "run" / CHECKPOINT_NAME, model, make_optimizer(model, config["train"]), 1, config)
+    save_checkpoint(tmp_path / "run" / CHECKPOINT_NAME, model, make_optimizer(model, config.train), 1, config)
     return tmp_path / "run"
 
 
