@@ -71,8 +71,8 @@ def test_a_source_carries_masks_on_request(llff_with_masks):
 MASK_CASES = {
     "missing": (lambda d: (d / "IMG_002.png").unlink(), r"masks_8: no mask for 1 of 4 images \(first: IMG_002\.png"),
     "two for one image": (
-        lambda d: (d / "IMG_001.jpg").write_bytes((d / "IMG_001.png").read_bytes()),
-        r"masks_8: two masks for the images named IMG_001: IMG_001\.jpg, IMG_001\.png",
+        lambda d: (d / "IMG_001_mask.jpg").write_bytes((d / "IMG_001.png").read_bytes()),
+        r"masks_8: 2 masks for image IMG_001\.png: IMG_001\.png, IMG_001_mask\.jpg",
     ),
     "all zero": (
         lambda d: save_png(d / "IMG_003.png", np.zeros((H, W), np.uint8)),

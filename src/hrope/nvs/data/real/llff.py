@@ -15,8 +15,9 @@ else the smallest ``images_N/`` present (the scenes as commonly downloaded ship 
 ``images_8/``, or ``images_4/`` and ``images_8/``).
 
 Object masks (NeRD's real captures ship them): a ``masks_N/`` folder beside the ``images_N/`` read
-(``masks/`` beside ``images/``) holds one mask image per image, matched by file stem
-(``IMG_0001.jpg`` <-> ``IMG_0001.png``); each frame then carries its mask (``Frame.mask``, read with
+(``masks/`` beside ``images/``) holds one mask image per image, matched by file stem, with or
+without a ``_mask`` suffix (``IMG_0001.jpg`` <-> ``IMG_0001.png`` or ``IMG_0001_mask.png``, both
+found in NeRD's captures); each frame then carries its mask (``Frame.mask``, read with
 ``masks=True``: :mod:`hrope.nvs.data.real.view_maps`). An image without its mask, or with two, is an
 error naming the folder.
 """
@@ -86,20 +87,24 @@ def _masks(files: list[Path], mask_dir: Path) -> list[Path | None]:
     """The mask of each image file in ``mask_dir``, matched by stem (module doc); all None without the folder."""
     if not mask_dir.is_dir():
         return [None] * len(files)
-    by_stem: dict[str, Path] = {}
+    by_stem: dict[str, list[Path]] = {}
     for path in sorted(p for p in mask_dir.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES):
-        if path.stem in by_stem:
+        by_stem.setdefault(path.stem, []).append(path)
+    masks = []
+    for file in files:
+        found = by_stem.get(file.stem, []) + by_stem.get(f"{file.stem}_mask", [])
+        if len(found) > 1:
             raise SceneError(
-                f"{mask_dir}: two masks for the images named {path.stem}: {by_stem[path.stem].name}, {path.name}"
+                f"{mask_dir}: {len(found)} masks for image {file.name}: {', '.join(p.name for p in found)}"
             )
-        by_stem[path.stem] = path
-    missing = [file.name for file in files if file.stem not in by_stem]
+        masks.append(found[0] if found else None)
+    missing = [file.name for file, mask in zip(files, masks) if mask is None]
     if missing:
         raise SceneError(
             f"{mask_dir}: no mask for {len(missing)} of {len(files)} images (first: {missing[0]}; masks are "
-            "matched by file stem)"
+            "matched by file stem, with or without a _mask suffix)"
         )
-    return [by_stem[file.stem] for file in files]
+    return masks
 
 
 def load_llff(
