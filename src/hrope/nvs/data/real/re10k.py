@@ -23,6 +23,7 @@ from typing import TypeGuard
 
 import torch
 
+from ...config import one_line
 from ..scene import SceneError
 from .frames import Frame, pinhole, positive_number
 from .source import SceneSource
@@ -40,7 +41,7 @@ def read_chunk(path: str | Path) -> list[dict]:
     try:
         chunk = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises several types for corrupt or unsafe files
-        raise SceneError(f"{path}: cannot load chunk: {type(error).__name__}: {error}") from error
+        raise SceneError(f"{path}: cannot load chunk: {type(error).__name__}: {one_line(error)}") from error
     if not isinstance(chunk, list) or not all(isinstance(example, dict) for example in chunk):
         raise SceneError(f"{path}: a chunk must be a list of scene dicts, got {type(chunk).__name__}")
     return chunk
