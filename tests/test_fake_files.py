@@ -295,7 +295,7 @@ MIDDLEBURY = {
     ),
     "PFM of another size": (
         lambda d: edit_bytes(d / "disp0.pfm", b"10 6", b"5 12"),
-        r"disparity must be \(6, 10\), got \(12, 5\)",
+        r"disp0\.pfm: the disparity is \(12, 5\), the images \(6, 10\)",
     ),
     "image cut": (
         lambda d: (d / "im1.png").write_bytes((d / "im1.png").read_bytes()[:50]),

@@ -89,8 +89,8 @@ class _Bytes:
         start = self.offset
         if start + size > len(self.data):
             raise SceneError(
-                f"{self.path}: the file ends inside {what} (byte {len(self.data)}, {size} bytes needed from "
-                f"byte {start}): truncated?"
+                f"{self.path}: the file ends inside {what} ({len(self.data)} bytes; {size} needed from byte "
+                f"{start}): truncated?"
             )
         self.offset += size
         return start

@@ -78,7 +78,8 @@ def decompose_projection(P: Tensor, where: str) -> tuple[Tensor, Tensor]:
     M = P[:, :3]
     singular = torch.linalg.svdvals(M)
     if singular[-1] == 0 or singular[0] / singular[-1] > _SINGULAR:
-        raise SceneError(f"{where} is singular (its 3x3 part has singular values {singular.tolist()}): no camera")
+        values = ", ".join(f"{value:.4g}" for value in singular.tolist())
+        raise SceneError(f"{where} is singular (its 3x3 part has singular values [{values}]): no camera")
     if torch.linalg.det(M) < 0:
         P, M = -P, -M
     reverse = torch.eye(3, dtype=torch.float64).flip(0)

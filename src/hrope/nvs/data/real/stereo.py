@@ -257,11 +257,16 @@ def read_middlebury(folder: str | Path) -> StereoPair:
     cam0, cam1 = (_camera_matrix(folder / "calib.txt", calib[k], k) for k in ("cam0", "cam1"))
     if cam0[0] != cam1[0] or cam0[5] != cam1[5]:
         raise SceneError(f"{folder / 'calib.txt'}: cam0 and cam1 differ in focal length or cy (not rectified)")
-    left, right = (read_image(folder / name) for name in ("im0.png", "im1.png"))
+    left, right = (read_image(folder / name, str(folder)) for name in ("im0.png", "im1.png"))
+    disparity = read_pfm(folder / "disp0.pfm")
+    if tuple(disparity.shape) != tuple(left.shape[1:]):
+        raise SceneError(
+            f"{folder / 'disp0.pfm'}: the disparity is {tuple(disparity.shape)}, the images {tuple(left.shape[1:])}"
+        )
     return StereoPair(
         left,
         right,
-        read_pfm(folder / "disp0.pfm"),
+        disparity,
         cam0[0],
         cam0[2],
         cam1[2],
