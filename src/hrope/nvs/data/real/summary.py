@@ -61,7 +61,7 @@ def _axes(world_to_cam: torch.Tensor) -> dict[str, Any] | None:
 
 def _carried(frames: list[Frame], folder: Path) -> dict[str, Any]:
     """Per optional file of a frame: how many frames have one, and where the first is."""
-    facts = {}
+    facts: dict[str, Any] = {}
     for field in _CARRIED:
         paths = [getattr(frame, field) for frame in frames if getattr(frame, field) is not None]
         facts[field] = {"frames": len(paths), "where": _where(paths[0], folder) + paths[0].name} if paths else None
