@@ -1,11 +1,12 @@
 """Fuzzed scene files: a loader returns every valid frame or raises SceneError, nothing else.
 
-Each example copies a valid fixture (tests/test_loaders.py writers, 4 views of 12x16), corrupts it
-once (a deleted field, a bad number, a dropped / repeated / shuffled line, a truncated file, a
-deleted image) and loads it through the skip-broken-scenes path next to a valid scene: the loaded
-scene has exactly the frames the corrupted file still describes, or the scene was skipped with a
-warning (a SceneError); any other exception fails the test. RealEstate10K chunks (a fuzzed and
-an intact scene) are read with ``skip_errors=False``: the intact scene always loads, scenes the
+Each example copies a valid fixture (the writers of tests/test_loaders.py, test_colmap_binary.py,
+test_idr.py and test_view_maps.py, 4 views of 12x16), corrupts it once (a deleted field, a bad
+number, a dropped / repeated / shuffled line or record, a truncated file, flipped bytes, a deleted
+image, mask or prior) and loads it through the skip-broken-scenes path next to a valid scene: the
+loaded scene has exactly the frames the corrupted file still describes, or the scene was skipped
+with a warning (a SceneError); any other exception fails the test. RealEstate10K chunks (a fuzzed
+and an intact scene) are read with ``skip_errors=False``: the intact scene always loads, scenes the
 listing leaves out are counted in a warning, and a truncated chunk is a SceneError.
 """
 
@@ -16,6 +17,7 @@ import logging
 import math
 import re
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 
@@ -28,7 +30,10 @@ from hypothesis import strategies as st
 from hrope.nvs.data.real.loaders import make_source
 from hrope.nvs.data.real.re10k import RealEstate10KSource
 from hrope.nvs.data.scene import SceneError
-from test_loaders import V, re10k_example, truth, view_images, write_colmap, write_llff, write_nerfstudio
+from test_colmap_binary import camera_records, image_records, write_records
+from test_idr import similarity, write_idr
+from test_loaders import V, re10k_example, save_png, truth, view_images, write_colmap, write_llff, write_nerfstudio
+from test_view_maps import object_masks
 
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 BAD_VALUES = [0, -1, 0.5, math.nan, math.inf, -math.inf, 1e308, 10**400, "abc", None, [], True]
@@ -38,7 +43,7 @@ OPERATIONS = ["delete", "set", "drop", "repeat", "shuffle", "truncate", "delete 
 
 @pytest.fixture(scope="module")
 def valid(tmp_path_factory):
-    """One valid scene per format, plus a valid neighbour for the skip path."""
+    """One valid scene per format, plus valid neighbours for the skip path."""
     root = tmp_path_factory.mktemp("valid")
     K, E, _ = truth(60)
     K[:] = K[0]  # shared intrinsics: the top-level fields are fuzzed too
@@ -47,24 +52,35 @@ def valid(tmp_path_factory):
     K_llff, E_llff, _ = truth(62, centred=True, square_pixels=True)
     write_llff(root / "llff", K_llff, E_llff, view_images(62), factor=1)
     write_nerfstudio(root / "neighbour", K, E, view_images(63))
+    for name in ("llff_masks", "llff_neighbour"):
+        write_llff(root / name, K_llff, E_llff, view_images(64), factor=1)
+        for v, mask in enumerate(object_masks(64)):
+            save_png(root / name / "masks" / f"IMG_{v:03d}.png", mask)
+    for name in ("idr", "idr_neighbour"):
+        write_idr(root / name, K, E, similarity(65), view_images(65))
+        for v in range(V):
+            np.save(root / name / f"{v:06d}_depth.npy", np.full((12, 16), 0.5, np.float32))
+            np.save(root / name / f"{v:06d}_normal.npy", np.full((3, 12, 16), 0.25, np.float32))
     return root
 
 
-def load_or_skip_check(valid: Path, kind: str, corrupt, caplog) -> None:
-    """Copy ``valid/kind``, ``corrupt(folder) -> expected frame count``, load it as scene 0 of a
-    folder source whose scene 1 is valid: scene 0 must hold ``expected`` views, or be skipped."""
+def load_or_skip_check(valid: Path, kind: str, corrupt, caplog, neighbour: str = "neighbour", **options) -> None:
+    """Copy ``valid/kind``, ``corrupt(folder) -> expected frame count`` (or a set of possible counts),
+    load it as scene 0 of a folder source (``options``) whose scene 1 (``neighbour``) is valid: scene 0
+    must hold ``expected`` views, or be skipped."""
     caplog.clear()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         shutil.copytree(valid / kind, root / "a_fuzzed")
-        shutil.copytree(valid / "neighbour", root / "b_valid")
+        shutil.copytree(valid / neighbour, root / "b_valid")
         expected = corrupt(root / "a_fuzzed")
-        source = make_source("folder", root)
+        source = make_source("folder", root, **options)
         with caplog.at_level(logging.WARNING, logger="hrope.nvs.data"):
             scene = source[0]
         event(f"{kind}: {'loaded' if scene.name == 'a_fuzzed' else 'skipped'}")
         if scene.name == "a_fuzzed":
-            assert scene.num_views == expected and source.num_skipped == 0
+            assert scene.num_views in ({expected} if isinstance(expected, int) else expected)
+            assert source.num_skipped == 0
         else:
             assert scene.name == "b_valid" and source.num_skipped == 1
             assert "skipping scene folder" in caplog.text and "a_fuzzed" in caplog.text
@@ -189,6 +205,153 @@ def corrupt_llff(folder: Path, data) -> int:
 @given(data=st.data())
 def test_fuzzed_llff_poses_load_every_frame_or_are_skipped(valid, caplog, data):
     load_or_skip_check(valid, "llff", lambda folder: corrupt_llff(folder, data), caplog)
+
+
+# ---------------------------------------------------------------- COLMAP cameras.bin / images.bin
+BAD_DOUBLES = [0.0, -1.0, 0.5, math.nan, math.inf, -math.inf, 1e308]
+
+
+def corrupt_record(record: bytearray, file: str, data) -> bool:
+    """Set one field of a binary record to a bad value; True when it renamed an image."""
+    if file == "cameras.bin":
+        field = data.draw(st.sampled_from(["CAMERA_ID", "MODEL_ID", "WIDTH", "HEIGHT", "PARAMS"]), label="field")
+        at, layout, values = {
+            "CAMERA_ID": (0, "<I", [0, 2**32 - 1]),
+            "MODEL_ID": (4, "<i", [-1, 7, 99]),
+            "WIDTH": (8, "<Q", [0, 2**63]),
+            "HEIGHT": (16, "<Q", [0, 2**63]),
+        }.get(field, (24 + 8 * data.draw(st.integers(0, 2), label="param"), "<d", BAD_DOUBLES))
+    else:
+        field = data.draw(st.sampled_from(["IMAGE_ID", "POSE", "CAMERA_ID", "NAME"]), label="field")
+        if field == "NAME":
+            end = record.index(0, 64)
+            record[64:end] = data.draw(st.sampled_from([b"other.png", b"", b"\xff.png"]), label="name")
+            return True
+        at, layout, values = {
+            "IMAGE_ID": (0, "<I", [0, 2**32 - 1]),
+            "CAMERA_ID": (60, "<I", [0, 2**32 - 1]),
+        }.get(field, (4 + 8 * data.draw(st.integers(0, 6), label="pose entry"), "<d", BAD_DOUBLES))
+    record[at : at + struct.calcsize(layout)] = struct.pack(layout, data.draw(st.sampled_from(values), label="value"))
+    return False
+
+
+def corrupt_colmap_binary(folder: Path, data) -> int | set[int]:
+    model = folder / "sparse/0"
+    records = {"cameras.bin": camera_records(model), "images.bin": image_records(model)}
+    for name in ("cameras.txt", "images.txt"):
+        (model / name).unlink()
+    operation = data.draw(st.sampled_from([*OPERATIONS, "flip"]), label="operation")
+    file = data.draw(st.sampled_from(sorted(records)), label="file")
+    chosen = [bytearray(record) for record in records[file]]
+    k = data.draw(st.integers(0, len(chosen) - 1), label="record")
+    count, expected = None, V
+    if operation == "delete image":
+        delete_image(folder, data)
+        expected = V - 1
+    elif operation == "set":
+        expected = {V - 1, V} if corrupt_record(chosen[k], file, data) else V  # a renamed image is absent
+    elif operation in ("drop", "delete"):  # a record left out, its count kept ("delete") or not
+        del chosen[k]
+        count = None if operation == "drop" else len(chosen) + 1
+        expected = V - 1 if file == "images.bin" else V
+    elif operation == "repeat":
+        chosen.insert(data.draw(st.integers(0, len(chosen)), label="at"), chosen[k])
+    elif operation == "shuffle":
+        chosen = data.draw(st.permutations(chosen), label="record order")
+    records[file] = [bytes(record) for record in chosen]
+    for name, entries in records.items():
+        write_records(model / name, entries, count if name == file else None)
+    if operation == "truncate":
+        truncate(model / file, data)
+    elif operation == "flip":
+        raw = bytearray((model / file).read_bytes())
+        at = data.draw(st.integers(0, len(raw) - 1), label="flipped byte")
+        raw[at] ^= data.draw(st.integers(1, 255), label="mask")
+        (model / file).write_bytes(bytes(raw))
+        expected = {V - 1, V}  # a flip in a NAME makes its image absent
+    return expected
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzzed_colmap_binary_model_loads_every_frame_or_is_skipped(valid, caplog, data):
+    load_or_skip_check(valid, "colmap", lambda folder: corrupt_colmap_binary(folder, data), caplog)
+
+
+# ---------------------------------------------------------------- IDR / MonoSDF cameras.npz and priors
+def corrupt_idr(folder: Path, data) -> int:
+    operation = data.draw(st.sampled_from([*OPERATIONS, "prior"]), label="operation")
+    path = folder / "cameras.npz"
+    if operation == "truncate":
+        truncate(path, data)
+    elif operation == "delete image":
+        (folder / f"{data.draw(st.integers(0, V - 1), label='deleted image'):06d}_rgb.png").unlink()
+    elif operation == "prior":
+        prior = folder / data.draw(st.sampled_from(sorted(p.name for p in folder.glob("*.npy"))), label="prior")
+        action = data.draw(st.sampled_from(["delete", "truncate", "zero", "resize", "range"]), label="prior action")
+        if action == "delete":
+            prior.unlink()
+        elif action == "truncate":
+            truncate(prior, data)
+        else:
+            array = np.load(prior)
+            np.save(prior, {"zero": 0 * array, "resize": array[..., :-1], "range": array * 9 - 4}[action])
+    else:
+        with np.load(path) as archive:
+            arrays = dict(archive)
+        view = data.draw(st.integers(0, V - 1), label="view")
+        if operation == "delete":
+            del arrays[data.draw(st.sampled_from([f"world_mat_{view}", f"scale_mat_{view}"]), label="deleted key")]
+        elif operation == "set":
+            key = data.draw(st.sampled_from([f"world_mat_{view}", f"scale_mat_{view}"]), label="key")
+            entry = (data.draw(st.integers(0, 3), label="row"), data.draw(st.integers(0, 3), label="column"))
+            arrays[key][entry] = data.draw(st.sampled_from([0.0, -1.0, 0.5, math.nan, math.inf, 1e308]), label="value")
+        elif operation == "drop":
+            del arrays[f"world_mat_{V - 1}"], arrays[f"scale_mat_{V - 1}"]
+        elif operation == "repeat":
+            arrays.update({f"world_mat_{V}": arrays["world_mat_0"], f"scale_mat_{V}": arrays["scale_mat_0"]})
+        else:
+            order = data.draw(st.permutations(range(V)), label="camera order")
+            arrays.update({f"world_mat_{v}": arrays[f"world_mat_{order[v]}"].copy() for v in range(V)})
+        np.savez(path, **arrays)
+    return V
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzzed_idr_cameras_and_priors_load_every_frame_or_are_skipped(valid, caplog, data):
+    load_or_skip_check(valid, "idr", lambda folder: corrupt_idr(folder, data), caplog, "idr_neighbour", priors=True)
+
+
+# ---------------------------------------------------------------- LLFF object masks
+def corrupt_masks(folder: Path, data) -> int:
+    masks = sorted((folder / "masks").iterdir())
+    mask = data.draw(st.sampled_from(masks), label="mask")
+    operation = data.draw(
+        st.sampled_from(["delete", "truncate", "zero", "resize", "swap", "rename"]), label="operation"
+    )
+    if operation == "delete":
+        mask.unlink()
+    elif operation == "truncate":
+        truncate(mask, data)
+    elif operation in ("zero", "resize"):
+        save_png(mask, np.zeros((12, 16), np.uint8) if operation == "zero" else np.full((6, 8), 255, np.uint8))
+    elif operation == "swap":
+        other = data.draw(st.sampled_from(masks), label="other mask")
+        a, b = mask.read_bytes(), other.read_bytes()
+        mask.write_bytes(b)
+        other.write_bytes(a)
+    else:
+        mask.rename(mask.with_name(mask.stem + "_mask.png"))  # NeRD's other naming: still found
+    return V
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzzed_llff_masks_load_every_frame_or_are_skipped(valid, caplog, data):
+    load_or_skip_check(
+        valid, "llff_masks", lambda folder: corrupt_masks(folder, data), caplog, "llff_neighbour", masks=True
+    )
 
 
 # ---------------------------------------------------------------- RealEstate10K chunks

@@ -116,18 +116,24 @@ def _write_pfm(path, array: np.ndarray) -> None:
     path.write_bytes(f"Pf\n{W} {H}\n-1.0\n".encode() + np.ascontiguousarray(array[::-1], dtype="<f4").tobytes())
 
 
-def test_read_middlebury_folder(tmp_path):
-    H, W = 6, 10
+def write_middlebury(folder, H: int = 6, W: int = 10) -> np.ndarray:
+    """A Middlebury 2014 scene folder of random ``H x W`` images; returns its disparity."""
     rng = np.random.default_rng(0)
     for name in ("im0.png", "im1.png"):
-        Image.fromarray(rng.integers(0, 256, (H, W, 3), dtype=np.uint8)).save(tmp_path / name)
+        Image.fromarray(rng.integers(0, 256, (H, W, 3), dtype=np.uint8)).save(folder / name)
     disparity = rng.uniform(1, 5, (H, W)).astype(np.float32)
     disparity[0, 1] = np.inf
-    _write_pfm(tmp_path / "disp0.pfm", disparity)
-    (tmp_path / "calib.txt").write_text(
+    _write_pfm(folder / "disp0.pfm", disparity)
+    (folder / "calib.txt").write_text(
         "cam0=[100.5 0 4.25; 0 100.5 3.5; 0 0 1]\ncam1=[100.5 0 6.75; 0 100.5 3.5; 0 0 1]\n"
-        "doffs=2.5\nbaseline=193.001\nwidth=10\nheight=6\nndisp=16\n"
+        f"doffs=2.5\nbaseline=193.001\nwidth={W}\nheight={H}\nndisp=16\n"
     )
+    return disparity
+
+
+def test_read_middlebury_folder(tmp_path):
+    H, W = 6, 10
+    disparity = write_middlebury(tmp_path, H, W)
     pair = read_middlebury(tmp_path)
     assert (pair.focal, pair.cx0, pair.cx1, pair.cy, pair.baseline) == (100.5, 4.25, 6.75, 3.5, 193.001)
     assert pair.doffs == pytest.approx(2.5)

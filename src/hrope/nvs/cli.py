@@ -12,7 +12,7 @@
     hrope viz attention RUN [RUN ...] --query X,Y [--out DIR] [--scene N] [--head H] [--device auto|cpu|cuda]
     hrope config [CONFIG] [--section.key VALUE ...]
     hrope export CHECKPOINT FOLDER [--overwrite]
-    hrope info [--json]
+    hrope info [CAPTURE] [--json]
     hrope --version
 
 CHECKPOINT is a ``checkpoint.safetensors`` file or the run folder holding it; ``eval`` and ``viz planes``
@@ -57,6 +57,7 @@ from .config import (
     resolve,
 )
 from .config_docs import describe_config
+from .data.real.summary import capture_summary, summary_report
 from .evaluation.evaluate import evaluate
 from .model import count_parameters
 from .pretrained import export_run
@@ -296,10 +297,13 @@ def _add_export(commands) -> None:
 
 
 def _add_info(commands) -> None:
-    """``hrope info [--json]``."""
+    """``hrope info [CAPTURE] [--json]``."""
     info = commands.add_parser(
-        "info", help="versions, torch build, CUDA / Triton, encodings and transform backends (for bug reports)"
+        "info",
+        help="versions, torch build, CUDA / Triton, encodings and transform backends (for bug reports); with "
+        "CAPTURE, what the loaders read from that scene folder",
     )
+    info.add_argument("capture", nargs="?", help="a scene folder (or transforms.json) to summarise")
     info.add_argument("--json", action="store_true", help="print the facts as JSON")
 
 
@@ -416,6 +420,9 @@ def run(argv: list[str]) -> int:
             run_config(extra)
         elif args.command == "export":
             print(f"wrote {export_run(args.checkpoint, args.folder, overwrite=args.overwrite)}")
+        elif args.command == "info" and args.capture:
+            facts = capture_summary(args.capture)
+            print(json.dumps(facts, indent=2) if args.json else summary_report(facts).rstrip("\n"))
         elif args.command == "info":
             print(json.dumps(environment(), indent=2) if args.json else report().rstrip("\n"))
         elif args.figure == "3d":

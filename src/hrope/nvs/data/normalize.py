@@ -27,9 +27,10 @@ def normalize_scene(scene: Scene, context_indices: Sequence[int]) -> Scene:
     (identity world-to-camera) and the context baseline (:func:`context_baseline`) is 1.
 
     World and camera coordinates are divided by the baseline: translations and ``depth`` shrink by
-    it and ``plane_m = n / d`` grows by it; intrinsics, normals and images are unchanged. With a
-    single context view only the frame changes. Raises :class:`SceneError` (a ValueError) for an
-    empty context or coincident context cameras.
+    it and ``plane_m = n / d`` grows by it; intrinsics, normals, images, masks and ``relative_depth``
+    (whose scale is unknown anyway) are unchanged. With a single context view only the frame
+    changes. Raises :class:`SceneError` (a ValueError) for an empty context or coincident context
+    cameras.
     """
     context_indices = list(context_indices)
     if not context_indices:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import torch
 from torch import Tensor
 
 from ...cameras import Cameras
@@ -34,6 +35,15 @@ class Scene:
         plane_m: optional ``(V, 3, H, W)`` exact plane vector m = n / d (camera frame) of the
             surface seen at each pixel (synthetic scenes).
         name: an identifier for logs and caches.
+        masks: optional ``(V, H, W)`` object masks in [0, 1] (the fraction of each pixel the object
+            covers; real captures that ship them, e.g. ``masks_N/``): :meth:`composite` puts the
+            object over a plain background with them.
+        relative_depth: optional ``(V, H, W)`` monocular depth prior known only up to an unknown
+            per-view scale and shift (NaN where there is none): never metric, so nothing that reads
+            ``depth`` (planes, scene normalisation) reads it.
+
+    Batches (:func:`hrope.nvs.data.collate_scenes`) carry neither ``masks`` nor ``relative_depth``:
+    the model reads neither.
     """
 
     images: Tensor
@@ -42,6 +52,8 @@ class Scene:
     normals: Tensor | None = None
     plane_m: Tensor | None = None
     name: str = ""
+    masks: Tensor | None = None
+    relative_depth: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.images.ndim != 4 or self.images.shape[1] != 3:
@@ -51,7 +63,8 @@ class Scene:
             raise SceneError(f"{self.name}: cameras must have batch 1 and {V} views, got {self.cameras}")
         if self.cameras.image_size != (H, W):
             raise SceneError(f"{self.name}: cameras are for {self.cameras.image_size}, images are {(H, W)}")
-        for field, shape in (("depth", (V, H, W)), ("normals", (V, 3, H, W)), ("plane_m", (V, 3, H, W))):
+        maps = {"depth": (V, H, W), "normals": (V, 3, H, W), "plane_m": (V, 3, H, W), "masks": (V, H, W)}
+        for field, shape in {**maps, "relative_depth": (V, H, W)}.items():
             value = getattr(self, field)
             if value is not None and tuple(value.shape) != shape:
                 raise SceneError(f"{self.name}: {field} must be {shape}, got {tuple(value.shape)}")
@@ -76,7 +89,20 @@ class Scene:
             depth=pick(self.depth),
             normals=pick(self.normals),
             plane_m=pick(self.plane_m),
+            masks=pick(self.masks),
+            relative_depth=pick(self.relative_depth),
         )
+
+    def composite(self, background: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> Scene:
+        """The scene with each image's object (``masks``) over the RGB colour ``background`` in [0, 1]:
+        ``image * mask + background * (1 - mask)``; a :class:`SceneError` when it has no masks."""
+        if self.masks is None:
+            raise SceneError(f"{self.name}: composite needs object masks (load the scene with masks=True)")
+        if len(background) != 3 or not all(0 <= float(x) <= 1 for x in background):
+            raise SceneError(f"{self.name}: background must be an RGB colour in [0, 1], got {background!r}")
+        colour = torch.tensor(background, dtype=self.images.dtype).view(1, 3, 1, 1)
+        mask = self.masks[:, None].to(self.images.dtype)
+        return replace(self, images=self.images * mask + colour * (1 - mask))
 
     def planes(self, patch_size: int) -> Planes | None:
         """Per-patch planes ``(1, V * H/p * W/p)`` for tokens of ``patch_size`` (see :func:`patch_planes`)."""

@@ -81,9 +81,9 @@ def resize_crop(images: Tensor, K: Tensor, to_size: tuple[int, int], mode: str =
 def resize_crop_scene(scene: Scene, image_size: tuple[int, int]) -> Scene:
     """``scene`` resized + centre-cropped to ``image_size (H, W)``.
 
-    Colours are resampled bilinearly (antialiased when shrinking) and clamped to [0, 1]; depth,
-    normals and plane maps with nearest neighbour (their values are per-camera quantities that a
-    change of intrinsics leaves unchanged).
+    Colours and object masks are resampled bilinearly (antialiased when shrinking) and clamped to
+    [0, 1]; depth, relative depth, normals and plane maps with nearest neighbour (their values are
+    per-camera quantities that a change of intrinsics leaves unchanged).
     """
     image_size = (int(image_size[0]), int(image_size[1]))
     if scene.image_size == image_size:
@@ -91,12 +91,13 @@ def resize_crop_scene(scene: Scene, image_size: tuple[int, int]) -> Scene:
     images, K = resize_crop(scene.images, scene.cameras.K[0], image_size)
     cameras = Cameras(K[None], scene.cameras.world_to_cam, image_size, validate=False)
 
-    def geometry(x: Tensor | None, channels: bool) -> Tensor | None:
+    def geometry(x: Tensor | None, channels: bool, mode: str = "nearest") -> Tensor | None:
         if x is None:
             return None
-        out, _ = resize_crop(x if channels else x[:, None], scene.cameras.K[0], image_size, mode="nearest")
+        out, _ = resize_crop(x if channels else x[:, None], scene.cameras.K[0], image_size, mode=mode)
         return out if channels else out[:, 0]
 
+    masks = geometry(scene.masks, False, "bilinear")
     return replace(
         scene,
         images=images.clamp(0, 1),
@@ -104,4 +105,6 @@ def resize_crop_scene(scene: Scene, image_size: tuple[int, int]) -> Scene:
         depth=geometry(scene.depth, False),
         normals=geometry(scene.normals, True),
         plane_m=geometry(scene.plane_m, True),
+        masks=None if masks is None else masks.clamp(0, 1),
+        relative_depth=geometry(scene.relative_depth, False),
     )

@@ -253,7 +253,7 @@ def zoom_views(scene: Scene, factor: float, views: list[int]) -> Scene:
     """``scene`` with ``views`` zoomed ``factor`` x about the image centre.
 
     The new image is the centre crop of ``1/factor`` of each side resampled to the full size
-    (bilinear; geometry maps nearest), i.e. pixel ``x' -> x = (x' - W/2) / factor + W/2``; so
+    (colours and object masks bilinear; geometry maps nearest), i.e. pixel ``x' -> x = (x' - W/2) / factor + W/2``; so
     ``fx' = factor fx`` and ``cx' = factor (cx - W/2) + W/2`` (same for y). Extrinsics unchanged.
     """
     if factor < 1:
@@ -286,6 +286,8 @@ def zoom_views(scene: Scene, factor: float, views: list[int]) -> Scene:
         depth=warp(scene.depth, "nearest"),
         normals=warp(scene.normals, "nearest"),
         plane_m=warp(scene.plane_m, "nearest"),
+        masks=warp(scene.masks, "bilinear"),
+        relative_depth=warp(scene.relative_depth, "nearest"),
     )
 
 

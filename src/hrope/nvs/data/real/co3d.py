@@ -21,12 +21,14 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import zlib
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
 from ....geometry import make_se3
+from ...config.fields import one_line
 from ..scene import SceneError
 from .frames import Frame, number_array, pinhole, positive_number
 from .source import SceneSource
@@ -80,8 +82,8 @@ def read_frame_annotations(path: str | Path) -> dict[str, list[dict]]:
     try:
         with gzip.open(path, "rt") as file:
             annotations = json.load(file)
-    except (OSError, EOFError, ValueError) as error:
-        raise SceneError(f"{path}: cannot read gzip JSON: {error}") from error
+    except (OSError, EOFError, ValueError, zlib.error) as error:  # zlib.error: a corrupt stream
+        raise SceneError(f"{path}: cannot read gzip JSON: {one_line(error)}") from error
     if not isinstance(annotations, list):
         raise SceneError(f"{path}: expected a JSON list of frame annotations")
     sequences = defaultdict(list)

@@ -1,8 +1,9 @@
-"""Sparse depth from a COLMAP model's 3D points (``points3D.txt`` + the images' tracks).
+"""Sparse depth from a COLMAP model's 3D points (``points3D.txt`` / ``.bin`` + the images' tracks).
 
 ``points3D.txt`` lines: ``POINT3D_ID X Y Z R G B ERROR TRACK[]`` (world coordinates; the track is
-not read here). Which points an image observes comes from its POINTS2D line in ``images.txt``
-(``x y POINT3D_ID`` triples; ``POINT3D_ID`` -1 means no 3D point), which
+not read here; ``points3D.bin`` holds the same records, :mod:`hrope.nvs.data.real.colmap_binary`).
+Which points an image observes comes from its POINTS2D line in ``images.txt`` (``x y POINT3D_ID``
+triples; ``POINT3D_ID`` -1 means no 3D point) or its 2D points in ``images.bin``, which
 :func:`hrope.nvs.data.real.colmap.read_colmap_frames` keeps on every frame (``Frame.tracks``).
 
 :func:`with_point_depth` projects every view's observed points with the scene's FINAL cameras
@@ -30,6 +31,7 @@ from torch import Tensor
 from ...running.atomic import save_image, write_text
 from ..scene import Scene, SceneError
 from .colmap import _check_count, _floats, _integer, _read_model_file
+from .colmap_binary import read_points3d_bin
 from .frames import Frame
 
 __all__ = [
@@ -46,20 +48,21 @@ MIN_PLANE_POINTS = 3  # a plane needs three points: a scene whose every view see
 
 
 def read_points3d(path: str | Path) -> tuple[Tensor, Tensor]:
-    """``(ids (M,) int64 sorted, xyz (M, 3) float64 world)`` of ``points3D.txt`` (cached per file version)."""
+    """``(ids (M,) int64 sorted, xyz (M, 3) float64 world)`` of ``points3D.txt`` or ``points3D.bin``
+    (cached per file version)."""
     path = Path(path)
     try:
         stat = path.stat()
     except OSError as error:
         raise SceneError(
-            f"{path}: cannot read the COLMAP points (data.depth 'points' needs points3D.txt next to "
-            f"images.txt): {error}"
+            f"{path}: cannot read the COLMAP points (data.depth 'points' needs points3D{path.suffix} next to "
+            f"images{path.suffix}): {error}"
         ) from error
     return _read_points3d(path, stat.st_mtime_ns, stat.st_size)
 
 
-@functools.lru_cache(maxsize=8)
-def _read_points3d(path: Path, mtime_ns: int, size: int) -> tuple[Tensor, Tensor]:
+def _text_points(path: Path) -> tuple[Tensor, Tensor]:
+    """``(ids, xyz)`` of ``points3D.txt`` in file order."""
     lines, declared = _read_model_file(path, "points")
     found: list[int] = []
     rows: list[list[float]] = []
@@ -75,23 +78,42 @@ def _read_points3d(path: Path, mtime_ns: int, size: int) -> tuple[Tensor, Tensor
             raise SceneError(f"{where}: field X Y Z must be finite, got {' '.join(tokens[1:4])}")
         rows.append(point)
     _check_count(path, "points", declared, len(found))
-    ids = torch.tensor(found, dtype=torch.int64)
-    xyz = torch.tensor(rows, dtype=torch.float64).reshape(-1, 3)
+    return torch.tensor(found, dtype=torch.int64), torch.tensor(rows, dtype=torch.float64).reshape(-1, 3)
+
+
+def _binary_points(path: Path) -> tuple[Tensor, Tensor]:
+    """``(ids, xyz)`` of ``points3D.bin`` in file order."""
+    ids, xyz = read_points3d_bin(path)
+    bad = np.flatnonzero(~np.isfinite(xyz).all(1))
+    if len(bad):
+        raise SceneError(f"{path} record {bad[0]}: field X Y Z must be finite, got {xyz[bad[0]].tolist()}")
+    return torch.from_numpy(ids), torch.from_numpy(xyz)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_points3d(path: Path, mtime_ns: int, size: int) -> tuple[Tensor, Tensor]:
+    ids, xyz = _binary_points(path) if path.suffix == ".bin" else _text_points(path)
     ids, order = ids.sort()
     if len(ids) > 1 and (ids[1:] == ids[:-1]).any():
         raise SceneError(f"{path}: field POINT3D_ID {int(ids[1:][ids[1:] == ids[:-1]][0])} repeats")
     return ids, xyz[order]
 
 
-def observed_points(points3d: str | Path, points2d: str, label: str) -> Tensor:
-    """World points ``(M, 3)`` float64 that one image observes: the distinct valid ``POINT3D_ID`` s of its
-    POINTS2D line ``points2d`` looked up in ``points3d``; ``label`` names the image line in errors."""
+def _point_ids(points2d: str | Tensor, label: str) -> Tensor:
+    """The POINT3D_IDs ``(N,)`` int64 of a POINTS2D line (text) or of a binary image's points."""
+    if isinstance(points2d, Tensor):
+        return points2d
     tokens = points2d.split()
     if len(tokens) % 3:
         raise SceneError(f"{label}: field POINTS2D must be 'x y POINT3D_ID' triples, got {len(tokens)} numbers")
-    wanted = torch.tensor(
-        [_integer(token, label, "POINTS2D POINT3D_ID") for token in tokens[2::3]], dtype=torch.int64
-    ).unique()
+    return torch.tensor([_integer(token, label, "POINTS2D POINT3D_ID") for token in tokens[2::3]], dtype=torch.int64)
+
+
+def observed_points(points3d: str | Path, points2d: str | Tensor, label: str) -> Tensor:
+    """World points ``(M, 3)`` float64 that one image observes: the distinct valid ``POINT3D_ID`` s of its
+    POINTS2D (a text line, or a binary model's ids) looked up in ``points3d``; ``label`` names the image
+    in errors."""
+    wanted = _point_ids(points2d, label).unique()
     wanted = wanted[wanted != -1]
     ids, xyz = read_points3d(points3d)
     row = torch.searchsorted(ids, wanted).clamp_max(max(len(ids) - 1, 0))

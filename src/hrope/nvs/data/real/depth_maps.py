@@ -15,9 +15,11 @@
 
 Maps are read at their own size, resampled (nearest) to the size of the decoded image (same aspect
 ratio required), undistorted like the image (nearest) when its lens is, then resized +
-centre-cropped exactly like it. Depth is in the capture's units here;
-:func:`hrope.nvs.data.normalize_scene` rescales it with the cameras. A map that cannot be read
-raises :class:`SceneError` naming the file.
+centre-cropped exactly like it (:func:`hrope.nvs.data.real.view_maps.map_to_view`). Depth is in the
+capture's units here; :func:`hrope.nvs.data.normalize_scene` rescales it with the cameras. A map
+that cannot be read raises :class:`SceneError` naming the file. A capture's relative depth priors
+(MonoSDF) are never read as depth: :func:`load_frames` reads them with ``priors=True``
+(:mod:`hrope.nvs.data.real.view_maps`), with the object masks (``masks=True``).
 """
 
 from __future__ import annotations
@@ -27,19 +29,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 
-from ....geometry import pixel_rays
 from ...config.fields import one_line
 from ...config.schema import DEPTH_SOURCES, DataSettings
 from ..scene import Scene, SceneError
-from ..transforms import resize_crop
 from .colmap_points import with_point_depth
-from .frames import Frame, _intrinsics, frames_to_scene
-from .images import read_image_size
-from .undistort import undistort_image
+from .frames import Frame, frames_to_scene
+from .view_maps import facing_camera, map_to_view, read_numeric_npy, with_view_maps
 
 __all__ = ["DEPTH_SOURCES", "PNG_DEPTH_SCALE", "read_depth_map", "read_normal_map", "with_depth_maps", "load_frames"]
 
@@ -50,12 +48,9 @@ _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I")
 def _read_array(path: Path, label: str, what: str) -> tuple[np.ndarray, float]:
     """The array of a ``.npy`` or ``.png`` map and the value that stands for 1 (1 for floats, the
     integer maximum for PNGs); a one-line :class:`SceneError` naming ``path`` otherwise."""
+    if path.suffix.lower() == ".npy":
+        return read_numeric_npy(path, label, what).astype(np.float32), 1.0
     try:
-        if path.suffix.lower() == ".npy":
-            array = np.load(path, allow_pickle=False)
-            if not isinstance(array, np.ndarray) or array.dtype.kind not in "iuf":
-                raise ValueError(f"expected a numeric array, got {getattr(array, 'dtype', type(array).__name__)}")
-            return array.astype(np.float32), 1.0
         if path.suffix.lower() != ".png":
             raise ValueError("expected a .npy or .png file")
         with Image.open(path) as image:
@@ -104,46 +99,29 @@ def read_normal_map(path: str | Path, label: str = "") -> Tensor:
     return torch.where(good, normals / torch.where(good, length, torch.ones_like(length)), torch.zeros_like(normals))
 
 
-def _to_view(x: Tensor, frame: Frame, image_size: tuple[int, int], path: Path) -> Tensor:
-    """A map ``(C, h, w)`` of ``frame`` moved like its image: resampled (nearest) to the decoded size,
-    undistorted (nearest; 0 where the lens saw nothing), resized + centre-cropped to ``image_size``."""
-    h, w = x.shape[-2:]
-    native = read_image_size(frame.image, frame.label)
-    if abs(h * native[1] - w * native[0]) > max(native):  # more than a pixel of rounding apart
-        raise SceneError(
-            f"{frame.label}: map {path} is {h}x{w}, its image {native[0]}x{native[1]}: the aspect ratios differ"
-        )
-    x = F.interpolate(x[None], size=native, mode="nearest-exact")[0] if (h, w) != tuple(native) else x
-    if frame.distortion is not None:
-        x = undistort_image(x, _intrinsics(frame, native), frame.distortion, mode="nearest")
-    out, _ = resize_crop(x[None], torch.eye(3)[None], image_size, mode="nearest")
-    return out[0]
-
-
 def with_depth_maps(scene: Scene, frames: list[Frame], depth_scale: float = PNG_DEPTH_SCALE) -> Scene:
     """``scene`` with ``depth`` (and ``normals`` when every frame has a normal map) read from its
     frames' map files; ``frames`` are its views' frames, in order."""
     depths, normals = [], []
     for frame in frames:
         if frame.depth_map is None:
+            relative = "" if frame.depth_prior is None else " (its depth prior is relative: read it with priors=True)"
             raise SceneError(
                 f"{frame.label}: data.depth 'maps' needs a depth map per frame (transforms.json "
-                "'depth_file_path'); this frame has none"
+                f"'depth_file_path'); this frame has none{relative}"
             )
-        depth = _to_view(
+        depth = map_to_view(
             read_depth_map(frame.depth_map, depth_scale, frame.label)[None], frame, scene.image_size, frame.depth_map
         )[0]
         depths.append(torch.where(depth > 0, depth, torch.full_like(depth, float("inf"))))  # 0: outside the lens
         if frame.normal_map is not None:
             normals.append(
-                _to_view(read_normal_map(frame.normal_map, frame.label), frame, scene.image_size, frame.normal_map)
+                map_to_view(read_normal_map(frame.normal_map, frame.label), frame, scene.image_size, frame.normal_map)
             )
     if len(normals) < len(frames):
         return replace(scene, depth=torch.stack(depths))
-    stacked = torch.stack(normals)
-    rays = pixel_rays(scene.cameras.K.float(), scene.image_size)[0].movedim(-1, 1)  # (V, 3, H, W)
-    facing = torch.where((stacked * rays).sum(1, keepdim=True) > 0, -1.0, 1.0)  # towards the camera
-    return replace(scene, depth=torch.stack(depths), normals=stacked * facing)
+    normals_facing = facing_camera(torch.stack(normals), scene.cameras.K[0], scene.image_size)
+    return replace(scene, depth=torch.stack(depths), normals=normals_facing)
 
 
 def load_frames(
@@ -153,14 +131,18 @@ def load_frames(
     views: list[int] | None = None,
     depth: str = "none",
     depth_scale: float = PNG_DEPTH_SCALE,
+    *,
+    masks: bool = False,
+    priors: bool = False,
     **decoding,
 ) -> Scene:
     """:func:`hrope.nvs.data.real.frames.frames_to_scene` (``decoding``: its ``cache``, ``workers``) with
-    ``depth`` from ``depth`` (:data:`DEPTH_SOURCES`)."""
+    ``depth`` from ``depth`` (:data:`DEPTH_SOURCES`), and the frames' object masks (``masks``) and
+    monocular priors (``priors``; :func:`hrope.nvs.data.real.view_maps.with_view_maps`)."""
     if depth not in DEPTH_SOURCES:
         raise SceneError(f"{name}: depth must be one of {', '.join(DEPTH_SOURCES)}, got {depth!r}")
     scene = frames_to_scene(frames, name, image_size, views, **decoding)
-    if depth == "none":
-        return scene
     chosen = frames if views is None else [frames[int(i)] for i in views]
-    return with_point_depth(scene, chosen) if depth == "points" else with_depth_maps(scene, chosen, depth_scale)
+    if depth != "none":
+        scene = with_point_depth(scene, chosen) if depth == "points" else with_depth_maps(scene, chosen, depth_scale)
+    return with_view_maps(scene, chosen, masks=masks, priors=priors) if masks or priors else scene

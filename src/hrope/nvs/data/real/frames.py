@@ -68,11 +68,15 @@ class Frame:
             actually decoded (e.g. a downsampled copy).
         label: where the frame came from (file and field), for error messages.
         depth_map, normal_map: optional depth / normal map files of this view, and ``tracks``
-            ``(points3D.txt, POINTS2D line)`` of a COLMAP image; read only on request
-            (``data.depth``, :mod:`hrope.nvs.data.real.depth_maps`).
+            ``(points3D file, POINTS2D)`` of a COLMAP image (its POINTS2D line as text, or the
+            POINT3D_IDs of a binary model); read only on request (``data.depth``,
+            :mod:`hrope.nvs.data.real.depth_maps`).
         distortion: the lens model of the image file (None: pinhole); removed when decoded.
         background: the RGB colour in [0, 1] an image with alpha is composited over (default
             white; None: alpha is dropped).
+        mask, depth_prior, normal_prior: optional files of this view's object mask and monocular
+            depth / normal priors, read only on request (``masks=True``, ``priors=True``:
+            :mod:`hrope.nvs.data.real.view_maps`).
     """
 
     image: Path | bytes | Tensor
@@ -82,9 +86,12 @@ class Frame:
     label: str = ""
     depth_map: Path | None = None
     normal_map: Path | None = None
-    tracks: tuple[Path, str] | None = None
+    tracks: tuple[Path, str | Tensor] | None = None
     distortion: Distortion | None = None
     background: tuple[float, float, float] | None = WHITE
+    mask: Path | None = None
+    depth_prior: Path | None = None
+    normal_prior: Path | None = None
 
 
 @overload

@@ -13,6 +13,13 @@ to the size of the images actually read (downsampled folders are often rounded).
 ``image_factor`` N (``images/`` for 1; LLFF's ``factor``), by default ``images/`` when it exists,
 else the smallest ``images_N/`` present (the scenes as commonly downloaded ship only
 ``images_8/``, or ``images_4/`` and ``images_8/``).
+
+Object masks (NeRD's real captures ship them): a ``masks_N/`` folder beside the ``images_N/`` read
+(``masks/`` beside ``images/``) holds one mask image per image, matched by file stem, with or
+without a ``_mask`` suffix (``IMG_0001.jpg`` <-> ``IMG_0001.png`` or ``IMG_0001_mask.png``, both
+found in NeRD's captures); each frame then carries its mask (``Frame.mask``, read with
+``masks=True``: :mod:`hrope.nvs.data.real.view_maps`). An image without its mask, or with two, is an
+error naming the folder.
 """
 
 from __future__ import annotations
@@ -69,10 +76,35 @@ def read_llff_frames(folder: str | Path, image_factor: int | None = None) -> lis
     files = sorted(p for p in image_dir.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES)
     if len(files) != len(K):
         raise SceneError(f"{image_dir}: {len(files)} images but poses_bounds.npy has {len(K)} rows")
+    masks = _masks(files, folder / image_dir.name.replace("images", "masks", 1))
     return [
-        Frame(file, K[i], world_to_cam[i], size, f"{folder / 'poses_bounds.npy'} row {i} ({file.name})")
-        for i, file in enumerate(files)
+        Frame(file, K[i], world_to_cam[i], size, f"{folder / 'poses_bounds.npy'} row {i} ({file.name})", mask=mask)
+        for i, (file, mask) in enumerate(zip(files, masks))
     ]
+
+
+def _masks(files: list[Path], mask_dir: Path) -> list[Path | None]:
+    """The mask of each image file in ``mask_dir``, matched by stem (module doc); all None without the folder."""
+    if not mask_dir.is_dir():
+        return [None] * len(files)
+    by_stem: dict[str, list[Path]] = {}
+    for path in sorted(p for p in mask_dir.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES):
+        by_stem.setdefault(path.stem, []).append(path)
+    masks = []
+    for file in files:
+        found = by_stem.get(file.stem, []) + by_stem.get(f"{file.stem}_mask", [])
+        if len(found) > 1:
+            raise SceneError(
+                f"{mask_dir}: {len(found)} masks for image {file.name}: {', '.join(p.name for p in found)}"
+            )
+        masks.append(found[0] if found else None)
+    missing = [file.name for file, mask in zip(files, masks) if mask is None]
+    if missing:
+        raise SceneError(
+            f"{mask_dir}: no mask for {len(missing)} of {len(files)} images (first: {missing[0]}; masks are "
+            "matched by file stem, with or without a _mask suffix)"
+        )
+    return masks
 
 
 def load_llff(

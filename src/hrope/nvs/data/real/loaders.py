@@ -1,11 +1,14 @@
 """The loader registry: one :class:`Loader` per ``data.kind``; detection, `load_scene` and `make_source` read it.
 
 Scene-folder formats, detected in this order: ``transforms.json`` (nerfstudio / DL3DV / instant-ngp), a
-COLMAP text model (``sparse/0``, ``sparse`` or ``cameras.txt`` + ``images.txt`` in the folder), LLFF
-``poses_bounds.npy``, Objaverse renderings (``000.npy`` + ``000.png``, ...: Zero123 / EscherNet).
+COLMAP text or binary model (``cameras.txt`` + ``images.txt`` or ``cameras.bin`` + ``images.bin`` in
+``sparse/0``, ``sparse`` or the folder), LLFF ``poses_bounds.npy`` (with object masks in ``masks_N/``
+when present), Objaverse renderings (``000.npy`` + ``000.png``, ...: Zero123 / EscherNet), IDR / NeuS /
+MonoSDF ``cameras.npz`` (``cameras_sphere.npz``; MonoSDF's monocular priors beside the images).
 Every reader picks the image folder (``images/`` or the downsampled ``images_N/``; ``image_factor``
 chooses), skips listed frames whose image is absent with one warning, and attaches each frame's
-lens model, which decoding removes unless ``undistort=False``. Each format's name is also a kind of
+lens model, which decoding removes unless ``undistort=False``, and its optional object mask and
+priors, read with ``masks=True`` / ``priors=True``. Each format's name is also a kind of
 many scenes (a :class:`SceneFolderSource`, which detects every scene's format), as are ``folder`` and
 ``dl3dv``; ``re10k`` and ``co3d`` have sources of their own. Adding a loader is one :data:`LOADERS` entry.
 """
@@ -20,7 +23,9 @@ from pathlib import Path
 from ..scene import Scene, SceneError
 from .co3d import CO3DSource
 from .colmap import find_colmap_model, read_colmap_frames
-from .frames import Frame, drop_repeated_frames, frames_to_scene
+from .depth_maps import load_frames
+from .frames import Frame, drop_repeated_frames
+from .idr import find_camera_file, read_idr_frames
 from .image_cache import ImageCache
 from .llff import read_llff_frames
 from .nerfstudio import read_transforms_json
@@ -78,7 +83,7 @@ def _detected(folder: Path) -> Loader | None:
 
 def detect_format(folder: str | Path) -> str | None:
     """The name of the scene-folder format of ``folder`` (the first :data:`LOADERS` entry that detects
-    it: "nerfstudio", "colmap", "llff" or "objaverse"), or None."""
+    it: "nerfstudio", "colmap", "llff", "objaverse" or "idr"), or None."""
     loader = _detected(Path(folder))
     return None if loader is None else loader.name
 
@@ -103,11 +108,7 @@ def scene_frames(path: str | Path, *, image_factor: int | None = None, undistort
     loader = loader or _detected(path)
     if loader is None or loader.read_frames is None:
         found = sorted(p.name for p in path.iterdir())[:10]
-        raise SceneError(
-            f"{path}: no known scene format; looked for {_looked_for()} "
-            f"(COLMAP .bin models: convert with 'colmap model_converter --output_type TXT'); "
-            f"the folder contains {found}"
-        )
+        raise SceneError(f"{path}: no known scene format; looked for {_looked_for()}; the folder contains {found}")
     frames = drop_repeated_frames(loader.read_frames(path, image_factor), str(path))
     return frames if undistort else without_distortion(frames, str(path))
 
@@ -121,6 +122,8 @@ def load_scene(
     undistort: bool = True,
     cache_dir: str | Path | None = None,
     workers: int = 0,
+    masks: bool = False,
+    priors: bool = False,
 ) -> Scene:
     """Every view (or ``views``, in that order) of the scene at ``path`` in the project's conventions.
 
@@ -128,12 +131,14 @@ def load_scene(
     views are resized + centre-cropped with K updated exactly; otherwise they keep their size (which
     must agree). ``cache_dir``: an :class:`hrope.nvs.data.real.image_cache.ImageCache` folder for the
     decoded views; ``workers`` threads decode them (:func:`hrope.nvs.data.real.frames.frames_to_scene`).
+    ``masks`` / ``priors``: also read the capture's object masks (``Scene.masks``) / monocular priors
+    (``Scene.relative_depth``, ``Scene.normals``; :mod:`hrope.nvs.data.real.view_maps`).
     """
     path = Path(path)
     name = path.parent.name if path.is_file() else path.name
     frames = scene_frames(path, image_factor=image_factor, undistort=undistort)
     cache = None if cache_dir is None else ImageCache(cache_dir)
-    return frames_to_scene(frames, name, image_size, views, cache=cache, workers=workers)
+    return load_frames(frames, name, image_size, views, masks=masks, priors=priors, cache=cache, workers=workers)
 
 
 class SceneFolderSource(SceneSource):
@@ -198,11 +203,7 @@ LOADERS: dict[str, Loader] = {
             SceneFolderSource,
             detect=lambda folder: find_colmap_model(folder) is not None,
             read_frames=lambda path, image_factor: read_colmap_frames(path, image_factor=image_factor),
-            looks_for=(
-                "sparse/0/cameras.txt + images.txt",
-                "sparse/cameras.txt + images.txt",
-                "cameras.txt + images.txt",
-            ),
+            looks_for=("cameras.txt + images.txt or cameras.bin + images.bin (in sparse/0, sparse or the folder)",),
         ),
         Loader(
             "llff",
@@ -217,6 +218,13 @@ LOADERS: dict[str, Loader] = {
             detect=lambda folder: (folder / "000.npy").is_file(),
             read_frames=_objaverse,
             looks_for=("000.npy + 000.png (Objaverse renderings)",),
+        ),
+        Loader(
+            "idr",
+            SceneFolderSource,
+            detect=lambda folder: find_camera_file(folder) is not None,
+            read_frames=read_idr_frames,
+            looks_for=("cameras.npz or cameras_sphere.npz (IDR, NeuS, MonoSDF)",),
         ),
         Loader("folder", SceneFolderSource),
         Loader("dl3dv", SceneFolderSource),

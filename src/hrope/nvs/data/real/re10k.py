@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import TypeGuard
 
 import torch
 
+from ...config.fields import one_line
 from ..scene import SceneError
 from .frames import Frame, pinhole, positive_number
 from .source import SceneSource
@@ -40,7 +42,8 @@ def read_chunk(path: str | Path) -> list[dict]:
     try:
         chunk = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises several types for corrupt or unsafe files
-        raise SceneError(f"{path}: cannot load chunk: {type(error).__name__}: {error}") from error
+        message = re.sub(r"\x1b\[[0-9;]*m", "", one_line(error))  # torch's message carries terminal bold codes
+        raise SceneError(f"{path}: cannot load chunk: {type(error).__name__}: {message}") from error
     if not isinstance(chunk, list) or not all(isinstance(example, dict) for example in chunk):
         raise SceneError(f"{path}: a chunk must be a list of scene dicts, got {type(chunk).__name__}")
     return chunk

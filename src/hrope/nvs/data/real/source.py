@@ -38,6 +38,8 @@ class SceneSource:
         cache_dir: a folder keeping each decoded view at ``image_size``
             (:class:`hrope.nvs.data.real.image_cache.ImageCache`; None: decode every time).
         workers: threads decoding the views of one scene (0 or 1: the calling thread).
+        masks, priors: also read each scene's object masks (``Scene.masks``) and monocular priors
+            (``Scene.relative_depth``, ``Scene.normals``; :mod:`hrope.nvs.data.real.view_maps`).
     """
 
     def __init__(
@@ -52,6 +54,8 @@ class SceneSource:
         depth_scale: float = PNG_DEPTH_SCALE,
         cache_dir: str | Path | None = None,
         workers: int = 0,
+        masks: bool = False,
+        priors: bool = False,
     ) -> None:
         if sampling not in ("even", "random"):
             raise ValueError(f"sampling must be 'even' or 'random', got {sampling!r}")
@@ -63,6 +67,7 @@ class SceneSource:
         self.depth, self.depth_scale = depth, depth_scale
         self.cache = None if cache_dir is None else ImageCache(cache_dir)
         self.workers = workers
+        self.masks, self.priors = masks, priors
         self._bad: set[int] = set()
 
     # ------------------------------------------------------------------ subclass interface
@@ -93,26 +98,22 @@ class SceneSource:
 
     def load_views(self, i: int, views: list[int]) -> Scene:
         """Scene ``i`` restricted to frames ``views`` (in that order); errors are raised."""
+        return self._load(i, self.frames(i), views)
+
+    def load(self, i: int) -> Scene:
+        frames = self.frames(i)
+        return self._load(i, frames, self.views(i, len(frames)))
+
+    def _load(self, i: int, frames: list[Frame], views: list[int]) -> Scene:
         return load_frames(
-            self.frames(i),
+            frames,
             self.scene_name(i),
             self.image_size,
             views,
             self.depth,
             self.depth_scale,
-            cache=self.cache,
-            workers=self.workers,
-        )
-
-    def load(self, i: int) -> Scene:
-        frames = self.frames(i)
-        return load_frames(
-            frames,
-            self.scene_name(i),
-            self.image_size,
-            self.views(i, len(frames)),
-            self.depth,
-            self.depth_scale,
+            masks=self.masks,
+            priors=self.priors,
             cache=self.cache,
             workers=self.workers,
         )

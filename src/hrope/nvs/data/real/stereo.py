@@ -195,13 +195,27 @@ class StereoScenes:
 
 
 # ----------------------------------------------------------------------------- Middlebury files
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise SceneError(f"{path}: cannot read: {error}") from error
+
+
+def _number(text: str | bytes, path: Path, field: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise SceneError(f"{path}: field {field} must be a number, got {text!r}") from None
+
+
 def read_pfm(path: Path) -> Tensor:
     """``(H, W)`` float32 of a one-channel PFM file (``Pf``), top row first; inf stays inf."""
-    data = Path(path).read_bytes()
+    data = _read(Path(path))
     match = re.match(rb"Pf\s+(\d+)\s+(\d+)\s+(-?[\d.eE+-]+)\s", data)
     if match is None:
         raise SceneError(f"{path}: not a one-channel PFM file (expected a 'Pf' header)")
-    width, height, scale = int(match[1]), int(match[2]), float(match[3])
+    width, height, scale = int(match[1]), int(match[2]), _number(match[3], path, "scale")
     dtype = np.dtype("<f4" if scale < 0 else ">f4")
     count = width * height
     body = data[match.end() : match.end() + 4 * count]
@@ -212,8 +226,12 @@ def read_pfm(path: Path) -> Tensor:
 
 
 def _calibration(path: Path) -> dict[str, str]:
+    try:
+        text = _read(path).decode()
+    except UnicodeDecodeError as error:
+        raise SceneError(f"{path}: not a text file: {error}") from error
     values = {}
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         if "=" in line:
             key, value = line.split("=", 1)
             values[key.strip()] = value.strip()
@@ -223,10 +241,10 @@ def _calibration(path: Path) -> dict[str, str]:
     return values
 
 
-def _camera_matrix(path: Path, text: str) -> list[float]:
-    numbers = [float(v) for v in re.findall(r"-?[\d.]+(?:[eE][-+]?\d+)?", text)]
+def _camera_matrix(path: Path, text: str, field: str) -> list[float]:
+    numbers = [_number(v, path, field) for v in re.findall(r"-?[\d.]+(?:[eE][-+]?\d+)?", text)]
     if len(numbers) != 9:
-        raise SceneError(f"{path}: a camera matrix needs 9 numbers, got {text!r}")
+        raise SceneError(f"{path}: field {field} needs 9 numbers, got {text!r}")
     return numbers
 
 
@@ -236,19 +254,24 @@ def read_middlebury(folder: str | Path) -> StereoPair:
     where unknown). Depth comes out in millimetres."""
     folder = Path(folder)
     calib = _calibration(folder / "calib.txt")
-    cam0, cam1 = (_camera_matrix(folder / "calib.txt", calib[k]) for k in ("cam0", "cam1"))
+    cam0, cam1 = (_camera_matrix(folder / "calib.txt", calib[k], k) for k in ("cam0", "cam1"))
     if cam0[0] != cam1[0] or cam0[5] != cam1[5]:
         raise SceneError(f"{folder / 'calib.txt'}: cam0 and cam1 differ in focal length or cy (not rectified)")
-    left, right = (read_image(folder / name) for name in ("im0.png", "im1.png"))
+    left, right = (read_image(folder / name, str(folder)) for name in ("im0.png", "im1.png"))
+    disparity = read_pfm(folder / "disp0.pfm")
+    if tuple(disparity.shape) != tuple(left.shape[1:]):
+        raise SceneError(
+            f"{folder / 'disp0.pfm'}: the disparity is {tuple(disparity.shape)}, the images {tuple(left.shape[1:])}"
+        )
     return StereoPair(
         left,
         right,
-        read_pfm(folder / "disp0.pfm"),
+        disparity,
         cam0[0],
         cam0[2],
         cam1[2],
         cam0[5],
-        float(calib["baseline"]),
+        _number(calib["baseline"], folder / "calib.txt", "baseline"),
         folder.name,
     )
 
