@@ -102,6 +102,8 @@ ROWS_TEXT = (
     "camera) instead of each token's camera frame."
 )
 TRAIN_SCENES, EVAL_SCENES, BATCH_SIZE = 256, 32, 4
+# steps per row: the eight rows fit in about 7 minutes on an idle 2-core machine (docs/notebook.md)
+STEPS = 750
 
 
 def demo_config(row: DemoModel, out: Path, steps: int) -> dict:
@@ -172,8 +174,9 @@ def _join(items: list[str]) -> str:
 
 
 # the order rows start in with several jobs: the costliest first (CPU seconds per training step, measured:
-# docs/results.md), so that no job is left with a long row at the end
-COST_ORDER = (3, 4, 1, 2, 0)  # hrope-lift (learned), hrope-lift (context depth), prope, prope (world rays), none
+# docs/notebook.md), so that no job is left with a long row at the end: hrope-lift-uv, hrope-lift (learned),
+# urope (token depth), hrope-lift (context depth), urope, prope (world rays), prope, none
+COST_ORDER = (6, 4, 7, 5, 3, 2, 1, 0)
 _SCENES: tuple = ()  # a worker process's (train, eval) scenes, set once by _init_worker
 
 
@@ -314,7 +317,7 @@ def _figures(out: Path, outputs: list[dict], results: list[dict], steps: int) ->
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m hrope.nvs.demo", description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=1000, help="training steps per model")
+    parser.add_argument("--steps", type=int, default=STEPS, help="training steps per model")
     parser.add_argument("--out", default="runs/demo")
     parser.add_argument(
         "--jobs",
