@@ -102,7 +102,7 @@ ROWS_TEXT = (
     "camera) instead of each token's camera frame."
 )
 TRAIN_SCENES, EVAL_SCENES, BATCH_SIZE = 256, 32, 4
-# steps per row: the eight rows fit in about 7 minutes on an idle 2-core machine (docs/notebook.md)
+# steps per row: the eight rows take an estimated 7 minutes on an idle 2-core machine (docs/notebook.md)
 STEPS = 750
 
 
