@@ -1,11 +1,13 @@
 """``python -m hrope.nvs.demo`` (``make demo``): the whole pipeline on CPU in minutes.
 
-Trains five ``tiny`` LVSM models on synthetic room scenes for the same steps and batches, the
-rows the 3-seed evidence in docs/results.md supports: ``none`` (LVSM baseline), ``prope``,
-``prope`` with world-frame rays in the tokens (what most of HRoPE's measured gain turned out to
-be), and ``hrope-lift`` with the same rays and planes from the context views only, carried into
-the target camera — learned, or fitted to the context views' depth (what a model with a depth
-estimator has at test time). No row sees the target view's geometry. Each is evaluated on
+Trains eight ``tiny`` LVSM models on synthetic room scenes for the same steps and batches, the
+rows the 3-seed evidence in docs/results.md compares: ``none`` (LVSM baseline), ``prope``,
+``prope`` with world-frame rays in the tokens, and ``urope`` (the recommended encoding without
+depth); ``hrope-lift`` with the same rays and planes from the context views only, carried into the
+target camera, learned or fitted to the context views' depth (what a model with a depth estimator
+has at test time); and the two rows docs/results.md recommends given that depth, ``hrope-lift-uv``
+and ``urope`` anchored at each token's depth (``worldrope`` without its footprint term), configured
+as experiments/plane_evidence.py's planned rows. No row sees the target view's geometry. Each is evaluated on
 held-out scenes; ``runs/demo`` gets ``results.md`` / ``results.json`` (PSNR, SSIM, ST-LPIPS (alex)
 when ``stlpips-pytorch`` is installed, LPIPS unavailable without local weights, the learned planes'
 accuracy against the neutral planes, and a one-sentence reading), ``comparison.png`` (per scene:
@@ -45,36 +47,63 @@ __all__ = ["DemoModel", "DEMO_MODELS", "demo_config", "reading", "main"]
 
 @dataclass(frozen=True)
 class DemoModel:
-    """One demo row: its label, encoding, parameter source, ``predictor_options`` and ``model.rays``."""
+    """One demo row: its label, encoding, parameter source, ``predictor_options``, ``model.rays`` and
+    ``encoding_options``."""
 
     name: str
     encoding: str
     predictor: str = "learned"
     options: dict = field(default_factory=dict)
     rays: str = "auto"
+    encoding_options: dict = field(default_factory=dict)
 
 
+# the context views' depth (the renderer's, a stand-in for a depth estimator), splatted into the target camera:
+# the ``external`` source as experiments/plane_evidence.py's planned rows configure it
+CONTEXT_DEPTH = {"use_normals": False, "targets": "transfer"}
 DEMO_MODELS = (
     DemoModel("none", "none"),
     DemoModel("prope", "prope"),
     DemoModel("prope (world rays)", "prope", rays="world"),
+    DemoModel("urope", "urope"),
     DemoModel(
         "hrope-lift (learned planes, transferred, world rays)",
         "hrope-lift",
         options={"targets": "transfer"},
         rays="world",
     ),
+    DemoModel("hrope-lift (context depth, transferred, world rays)", "hrope-lift", "external", CONTEXT_DEPTH, "world"),
+    DemoModel("hrope-lift-uv (context depth, transferred)", "hrope-lift-uv", "external", CONTEXT_DEPTH),
+    # urope anchored at each token's depth: worldrope without its footprint term, on the same depth
     DemoModel(
-        "hrope-lift (context depth, transferred, world rays)",
-        "hrope-lift",
+        "urope (token depth from context depth, transferred)",
+        "worldrope",
         "external",
-        {"use_normals": False, "targets": "transfer"},
-        rays="world",
+        CONTEXT_DEPTH,
+        encoding_options={"footprint": False},
     ),
 )
 REFERENCE = "prope"
 SAME_RAYS = "prope (world rays)"  # what the world-rays rows' planes add to
+DEPTH_ROWS = frozenset(m.name for m in DEMO_MODELS if m.predictor == "external")  # the rows given context depth
+# rows closer than this to the best are named as not separated by one run: "a few tenths of a dB" (the seed
+# spread of single rows in docs/results.md reaches 0.25 dB on 64 held-out scenes; the demo scores 32)
+TIE_DB = 0.3
+ROWS_TEXT = (
+    "The rows given context depth (`external` source, `targets: transfer`) read the renderer's depth of the "
+    "context views only (a stand-in for a depth estimator), fit a plane per patch (capped at |m| <= 2) and carry "
+    "the planes into the target camera: `hrope-lift` uses them in its relative plane transform; `hrope-lift-uv` "
+    "also carries each key's RoPE position along its plane into the query view; the token-depth `urope` row is "
+    "`worldrope` without its footprint term, urope's RoPE with each token anchored at the depth where its "
+    "plane meets the patch-centre ray (`urope` itself uses fixed anchors, no depth). The learned row carries "
+    "its context planes over the same way; no row sees the target view's geometry. docs/results.md (3 seeds) "
+    "recommends `urope` without depth and, given context depth, `urope` at the token's depth or `hrope-lift-uv`. "
+    '"world rays": the Plücker rays in the tokens are in the world frame (scene normalised to the first context '
+    "camera) instead of each token's camera frame."
+)
 TRAIN_SCENES, EVAL_SCENES, BATCH_SIZE = 256, 32, 4
+# steps per row: the eight rows take an estimated 7 minutes on an idle 2-core machine (docs/notebook.md)
+STEPS = 750
 
 
 def demo_config(row: DemoModel, out: Path, steps: int) -> RunConfig:
@@ -87,6 +116,8 @@ def demo_config(row: DemoModel, out: Path, steps: int) -> RunConfig:
                 "predictor": row.predictor,
                 "predictor_options": dict(row.options),
                 "rays": row.rays,
+                # only where set: the other rows' configs stay as they were (finished runs are reused)
+                **({"encoding_options": dict(row.encoding_options)} if row.encoding_options else {}),
             },
             "data": {"kind": "room", "num_scenes": TRAIN_SCENES, "num_context": 2, "num_target": 1},
             "train": {
@@ -105,26 +136,47 @@ def demo_config(row: DemoModel, out: Path, steps: int) -> RunConfig:
 
 
 def reading(results: list[dict]) -> str:
-    """The demo table in one sentence: the best row against ``prope`` (and, for a world-rays
-    HRoPE row, against ``prope`` with the same rays), and what one seed can say."""
+    """The demo table in a sentence: the best row against ``prope`` (a row given context depth also
+    against the best row without depth; a world-rays HRoPE row against ``prope`` with the same rays),
+    the rows within :data:`TIE_DB` of it, and what one seed can say."""
     psnr = {r["name"]: r["metrics"]["psnr"] for r in results}
-    best = max(results, key=lambda r: r["metrics"]["psnr"])["name"]
+    best = max(psnr, key=psnr.__getitem__)
     if best == REFERENCE:
         lead = f"`{REFERENCE}` scores highest"
     else:
         lead = f"`{best}` scores highest, {psnr[best] - psnr[REFERENCE]:+.2f} dB over `{REFERENCE}`"
-        if "world rays" in best and best != SAME_RAYS and SAME_RAYS in psnr:
+        without_depth = [name for name in psnr if name not in DEPTH_ROWS]
+        if best in DEPTH_ROWS and without_depth:
+            top = max(without_depth, key=psnr.__getitem__)
+            if top != REFERENCE:
+                lead += f" and {psnr[best] - psnr[top]:+.2f} dB over `{top}`"
+            lead += ", the best row without depth"
+        elif "world rays" in best and best != SAME_RAYS and SAME_RAYS in psnr:
             lead += f" and {psnr[best] - psnr[SAME_RAYS]:+.2f} dB over `{SAME_RAYS}` (the same rays without planes)"
+    close = [
+        f"`{name}` ({psnr[name] - psnr[best]:+.2f})"
+        for name in psnr
+        if name != best and psnr[best] - psnr[name] < TIE_DB
+    ]
+    if close:
+        verb = "is" if len(close) == 1 else "are"
+        lead += f"; {_join(close)} {verb} within {TIE_DB} dB of it, which this run cannot separate"
     return (
-        f"{lead}; this is one seed at a tiny budget, where differences of a few tenths of a dB are within "
+        f"{lead}. This is one seed at a tiny budget, where differences of a few tenths of a dB are within "
         "run-to-run spread, so see docs/results.md (3 seeds, paired confidence intervals) before reading a "
         "ranking into it."
     )
 
 
+def _join(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
 # the order rows start in with several jobs: the costliest first (CPU seconds per training step, measured:
-# docs/results.md), so that no job is left with a long row at the end
-COST_ORDER = (3, 4, 1, 2, 0)  # hrope-lift (learned), hrope-lift (context depth), prope, prope (world rays), none
+# docs/notebook.md), so that no job is left with a long row at the end: hrope-lift-uv, hrope-lift (learned),
+# urope (token depth), hrope-lift (context depth), urope, prope (world rays), prope, none
+COST_ORDER = (6, 4, 7, 5, 3, 2, 1, 0)
 _SCENES: tuple = ()  # a worker process's (train, eval) scenes, set once by _init_worker
 
 
@@ -233,13 +285,7 @@ def _report(
         f"{_commit_line(code)}\n\n" + markdown_table(results) + f"\nReading: {reading(results)}\n\n"
         "LPIPS is unavailable: no local LPIPS weights are configured; ST-LPIPS (alex) is a different perceptual "
         "distance (shift-tolerant, its weights ship with the stlpips-pytorch package; docs/model.md). "
-        "The context-depth row fits planes to the "
-        "renderer's depth of the context views only (a stand-in for a depth estimator) and carries them into the "
-        "target camera; the learned row carries its context planes over the same way; no row sees the target "
-        'view\'s geometry. "world rays": the Plücker rays in the tokens are in the world frame (scene '
-        "normalised to the first context camera) instead of each token's camera frame.\n"
-        + accuracy
-        + f"\n`comparison.png` columns: {columns}. `results_bar.png`: the table as bars. "
+        f"{ROWS_TEXT}\n" + accuracy + f"\n`comparison.png` columns: {columns}. `results_bar.png`: the table as bars. "
         f"`normals.png`: input | overlay | `{normals_of}` normals | "
         "ground-truth normals, per context view.\n"
     )
@@ -271,10 +317,13 @@ def _figures(out: Path, outputs: list[dict], results: list[dict], steps: int) ->
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m hrope.nvs.demo", description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=1000, help="training steps per model")
+    parser.add_argument("--steps", type=int, default=STEPS, help="training steps per model")
     parser.add_argument("--out", default="runs/demo")
     parser.add_argument(
-        "--jobs", type=int, default=None, help="rows trained at the same time (default: one per CPU core, at most 5)"
+        "--jobs",
+        type=int,
+        default=None,
+        help=f"rows trained at the same time (default: one per CPU core, at most {len(DEMO_MODELS)})",
     )
     args = parser.parse_args(argv)
     if args.jobs is not None and args.jobs < 1:
