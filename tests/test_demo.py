@@ -23,7 +23,6 @@ from hrope.nvs.demo import (
     main,
     reading,
 )
-from hrope.nvs.model import ModelConfig
 from hrope.nvs.viz.demo_figures import save_comparison, save_results_bar
 
 
@@ -71,13 +70,15 @@ PLANNED = {
 def test_demo_rows_are_the_planned_rows_and_use_no_target_geometry(tmp_path):
     planned = {row.label: row for row in PLANNED_ROWS}
     for name, label in PLANNED.items():
-        demo = demo_config(next(m for m in DEMO_MODELS if m.name == name), tmp_path, 10)["model"]
-        cell = cell_config(BUDGETS["full"], Cell("room", planned[label], 0), tmp_path)["model"]
-        assert ModelConfig.from_dict(demo) == ModelConfig.from_dict(cell), name
+        demo = demo_config(next(m for m in DEMO_MODELS if m.name == name), tmp_path, 10).model
+        cell = cell_config(BUDGETS["full"], Cell("room", planned[label], 0), tmp_path).model
+        assert demo.to_dict() == cell.to_dict(), name
     assert DEPTH_ROWS == {m.name for m in DEMO_MODELS if "context depth" in m.name}
     for row in DEMO_MODELS:  # planes and depth come from the context views only, carried into the targets
-        options = demo_config(row, tmp_path, 10)["model"]["predictor_options"]
-        assert options.get("scope") != "all" and (row.predictor == "learned" or options["targets"] == "transfer")
+        options = demo_config(row, tmp_path, 10).model.predictor_options
+        assert getattr(options, "scope", None) != "all" and (
+            row.predictor == "learned" or options.targets == "transfer"
+        )
 
 
 def test_demo_figures(tmp_path):
