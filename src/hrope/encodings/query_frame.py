@@ -220,7 +220,8 @@ class QueryFrameTransform(Prepared):
     # --------------------------------------------------------------------------- tables
     def _full_width(self, which: str, x: Tensor) -> tuple[Tensor, Tensor]:
         """``(C, S)`` over all head channels in x's compute dtype: ``conj(z) x = x * C + swap(x) * S``
-        (a lower-precision x is promoted by the products; callers round the result to x's dtype).
+        (computed in that dtype, the result rounded to x's; keys and values are promoted inside the
+        products, so no higher-precision copy of them lives through the loop over query views).
 
         ``which`` is "q" ``(B, 1, N, d)`` or "k" ``(B, Vq, 1, N, d)``.
         """
@@ -267,7 +268,8 @@ class QueryFrameTransform(Prepared):
         with torch.autocast(x.device.type, enabled=False):
             C, S = self._full_width("q", x)
             C, S = C[:, :, rows], S[:, :, rows]
-            return torch.addcmul(x * C, self._swap(x), S if conjugate else -S).to(x.dtype)
+            y = x.to(C.dtype)  # converted once, so the gradient w.r.t. x is rounded once too
+            return torch.addcmul(y * C, self._swap(y), S if conjugate else -S).to(x.dtype)
 
     # --------------------------------------------------------------------------- apply
     def apply_q(self, q: Tensor, query_view: int | None = None) -> Tensor:
