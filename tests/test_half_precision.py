@@ -22,15 +22,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from half_precision import SCENES, SEEDS, measure  # noqa: E402
 
 # Bounds: the worst factor of the float32 path (the default) over every encoding, scene and seed
-# (SEEDS) that benchmarks/results/half_precision.json measured, times a margin of 2 (other CPUs
-# and torch versions round SDPA and the passes differently). MATCHED: error / SDPA's with q and k
-# scaled so the logits have the RMS of plain SDPA's (measured 3.6 bfloat16, hrope-full; 2.9
-# float16, hrope-full). hrope at the cap is bounded on its own (measured 38.3 and 21.5): its
+# (SEEDS) that benchmarks/results/half_precision.json measured, rounded up, times a margin of 2
+# (other CPUs and torch versions round SDPA and the passes differently). MATCHED: error / SDPA's
+# with q and k scaled so the logits have the RMS of plain SDPA's (measured 3.57 bfloat16, 2.82
+# float16, both hrope-full). hrope at the cap is bounded on its own (measured 38.27 and 21.44): its
 # per-token H̃ of planes 0.01 units from the camera are ill-conditioned, and rounding H̃ᵀq and
 # H̃⁻¹k to the dtype for SDPA costs that much (with the attention in float32 it is 1.1).
 # EXCESS: error / max(SDPA's, floor) with standard normal q, k, v, the floor being how far the
-# float64 reference moves when q, k, v are rounded (measured 37.4 bfloat16, hrope-lift-uv at 1e3;
-# 25.3 float16, hrope at the cap).
+# float64 reference moves when q, k, v are rounded (measured 37.31 bfloat16, hrope-lift-uv at 1e3;
+# 25.30 float16, hrope at the cap).
 MATCHED = {"bfloat16": 2 * 3.6, "float16": 2 * 2.9}
 MATCHED_HROPE_AT_CAP = {"bfloat16": 2 * 38.3, "float16": 2 * 21.5}
 EXCESS = {"bfloat16": 2 * 37.4, "float16": 2 * 25.3}
