@@ -99,12 +99,12 @@ def random_cameras(
     return Cameras(random_intrinsics(B, V, image_size, g, dtype), E, image_size)
 
 
-def random_planes(B: int, N: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> Planes:
-    """``(B, N)`` planes facing the camera (normal within ~70° of -z) at depths 1–4."""
+def random_planes(B: int, N: int, seed: int = 0, dtype: torch.dtype = torch.float64, scale: float = 1.0) -> Planes:
+    """``(B, N)`` planes facing the camera (normal within ~70° of -z) at depths 1–4 times ``scale``."""
     g = torch.Generator().manual_seed(seed + 1000)
     normal = torch.randn(B, N, 3, generator=g, dtype=dtype) * 0.6
     normal[..., 2] = -1.0
-    depth = 1.0 + 3.0 * torch.rand(B, N, generator=g, dtype=dtype)
+    depth = scale * (1.0 + 3.0 * torch.rand(B, N, generator=g, dtype=dtype))
     return Planes(normal, depth)
 
 
@@ -158,10 +158,9 @@ def encoding_inputs(
     shifted by log ``scale``; per-token transforms T conjugated to S T S^-1, S = diag(scale, scale,
     scale, 1)): with ``random_cameras(scale=scale)``, the scene of scale 1 in other units."""
     B, N = cameras.batch_size, cameras.num_views * grid[0] * grid[1]
-    planes = random_planes(B, N, seed, dtype) if get_encoding(name).needs_planes else None
+    planes = random_planes(B, N, seed, dtype, scale) if get_encoding(name).needs_planes else None
     params = encoding_params(name, B, N, seed, dtype)
     if scale != 1.0:
-        planes = None if planes is None else Planes(planes.normal, scale * planes.depth)
         for key, value in params.items():
             if key in _LENGTHS or key == "patch_translation":
                 params[key] = scale * value
