@@ -95,8 +95,8 @@ def random_cameras(
     """``(B, V)`` cameras: :func:`random_intrinsics` and :func:`random_se3` world-to-camera poses
     with translations ``scale`` times standard normal (a scene ``scale`` scene units across)."""
     g = torch.Generator().manual_seed(seed)
-    E = random_se3(B, V, generator=g, dtype=dtype, translation_scale=scale)
-    return Cameras(random_intrinsics(B, V, image_size, g, dtype), E, image_size)
+    K = random_intrinsics(B, V, image_size, g, dtype)  # then the poses: one seed, the same K and rotations at any scale
+    return Cameras(K, random_se3(B, V, generator=g, dtype=dtype, translation_scale=scale), image_size)
 
 
 def random_planes(B: int, N: int, seed: int = 0, dtype: torch.dtype = torch.float64, scale: float = 1.0) -> Planes:
