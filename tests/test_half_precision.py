@@ -21,6 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from half_precision import SCENES, SEEDS, measure  # noqa: E402
 
+TEST_SEEDS = SEEDS[:3]  # of the benchmark's seeds (the bounds hold for all of them)
+
 # Bounds: the worst factor of the float32 path (the default) over every encoding, scene and seed
 # (SEEDS) that benchmarks/results/half_precision.json measured, rounded up, times a margin of 2
 # (other CPUs and torch versions round SDPA and the passes differently). MATCHED: error / SDPA's
@@ -39,7 +41,7 @@ EXCESS = {"bfloat16": 2 * 37.4, "float16": 2 * 25.3}
 @pytest.mark.parametrize("which", list(SCENES))
 @pytest.mark.parametrize("name", list(hrope.ENCODINGS))
 def test_half_precision_error_stays_within_the_measured_factor_of_sdpas(name, which):
-    for seed in SEEDS:
+    for seed in TEST_SEEDS:
         for row in measure(name, which, seed):
             where = f"{name} {row['dtype']} scene {which} seed {seed}"
             if not row["in_range"]:  # the float64 output exceeds the dtype: no finite answer exists
