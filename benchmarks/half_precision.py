@@ -3,11 +3,12 @@ of computing the transforms in float32 (docs/encodings.md, "Numerics in half pre
 
     python benchmarks/half_precision.py            # about two minutes on 2 CPU cores
 
-Errors. For every registered encoding, bfloat16 and float16, and four scenes: random valid
+Errors. For every registered encoding, bfloat16 and float16, and five scenes: random valid
 geometry (``hrope.testing``) 1e-3, 1 and 1e3 scene units across (camera translations and every
 length of the token inputs scaled together), and the scene of scale 1 with its token inputs at
 the clamp policy's bounds (``cap``: ``hrope.testing.inputs_at_clamps``, planes 0.01 units from
-their camera, depths at 100). B = 1, 2 heads, 2 views of 2x3 patches, head_dim 64, standard
+their camera, depths at 100; ``cap2``: the same with planes at |m| = 2, the cap of the NVS
+pipeline's geometry sources). B = 1, 2 heads, 2 views of 2x3 patches, head_dim 64, standard
 normal q, k, v, eight seeds. An error is max |out - ref| / max |ref|, ref the float64 reference
 (``hrope.reference.multiview_attention``) on the float64 inputs, out ``hrope.multiview_attention``
 on q, k, v rounded to the dtype (cameras, planes and params in float32); each is divided by plain
@@ -50,12 +51,20 @@ from hrope.nvs.atomic import write_json, write_text
 import hrope
 import hrope.reference
 from hrope.encodings import PRECISIONS
+from hrope.planes import MAX_INVERSE_DISTANCE
 from hrope.testing import encoding_inputs, inputs_at_clamps, random_cameras, random_qkv
 from provenance import describe, provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DTYPES = (torch.bfloat16, torch.float16)
-SCENES = {"1e-3": 1e-3, "1": 1.0, "1e3": 1e3, "cap": 1.0}  # scene units across; "cap": inputs at the clamps
+# scene units across, and |m| of the planes for the scenes with the token inputs at the clamps
+SCENES = {
+    "1e-3": (1e-3, None),
+    "1": (1.0, None),
+    "1e3": (1e3, None),
+    "cap": (1.0, MAX_INVERSE_DISTANCE),
+    "cap2": (1.0, 2.0),
+}
 SEEDS = tuple(range(8))
 GRID, VIEWS, HEADS, HEAD_DIM = (2, 3), 2, 2, 64
 MODES = (("forward", False), ("forward_backward", True))
@@ -63,10 +72,10 @@ MODES = (("forward", False), ("forward_backward", True))
 
 def scene(name: str, which: str, seed: int, grid=GRID, views: int = VIEWS) -> tuple[hrope.Cameras, dict]:
     """Float64 cameras ``(1, views)`` and the ``planes`` / ``params`` of encoding ``name`` for scene ``which``."""
-    scale = SCENES[which]
+    scale, bound = SCENES[which]
     cameras = random_cameras(B=1, V=views, image_size=(8 * grid[0], 8 * grid[1]), seed=seed, scale=scale)
-    if which == "cap":
-        return cameras, inputs_at_clamps(name, cameras, grid, seed)
+    if bound is not None:
+        return cameras, inputs_at_clamps(name, cameras, grid, seed, max_inverse_distance=bound)
     return cameras, encoding_inputs(name, cameras, grid, seed, scale=scale)
 
 

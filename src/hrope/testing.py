@@ -173,17 +173,23 @@ def encoding_inputs(
 
 
 def inputs_at_clamps(
-    name: str, cameras: Cameras, grid: tuple[int, int], seed: int = 0, dtype: torch.dtype = torch.float64
+    name: str,
+    cameras: Cameras,
+    grid: tuple[int, int],
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    max_inverse_distance: float = MAX_INVERSE_DISTANCE,
 ) -> dict[str, Planes | dict[str, Tensor] | None]:
     """:func:`encoding_inputs` moved to the largest values the clamp policy keeps (docs/encodings.md,
-    "Clamp policy"): planes at ``|m| = MAX_INVERSE_DISTANCE`` (0.01 scene units from the camera, the
-    random plane's direction kept), depths, depth sigmas and log-depths at ``MAX_DEPTH``. The other
-    params (rotations, transforms, which are validated rather than bounded) keep their random values."""
+    "Clamp policy"): planes at ``|m| = max_inverse_distance`` (by default ``MAX_INVERSE_DISTANCE``,
+    0.01 scene units from the camera; the random plane's direction kept), depths, depth sigmas and
+    log-depths at ``MAX_DEPTH``. The other params (rotations, transforms, which are validated rather
+    than bounded) keep their random values."""
     inputs = encoding_inputs(name, cameras, grid, seed, dtype)
     planes, params = inputs["planes"], dict(cast("dict[str, Tensor]", inputs["params"]))
     if isinstance(planes, Planes):
         m = planes.m(cameras, grid, dtype)
-        planes = Planes.from_m(MAX_INVERSE_DISTANCE * m / m.norm(dim=-1, keepdim=True))
+        planes = Planes.from_m(max_inverse_distance * m / m.norm(dim=-1, keepdim=True))
     for key, value in params.items():
         if key in ("depth", "depth_sigma"):
             params[key] = torch.full_like(value, MAX_DEPTH)
