@@ -3,17 +3,22 @@
 Every generator takes a ``seed`` (or a ``torch.Generator``) and is deterministic. Cameras have
 jittered intrinsics (fx != fy, principal point off-centre) and random rigid poses; planes face
 their camera; per-token params are drawn per parameter name (and, for ``transform``, the
-encoding's ``transform_kind``).
+encoding's ``transform_kind``). ``scale`` sizes a whole scene (camera translations and every
+length of the token inputs); :func:`inputs_at_clamps` puts the token inputs at the clamp policy's
+bounds (docs/encodings.md, "Clamp policy").
 """
 
 from __future__ import annotations
+
+import math
+from typing import cast
 
 import torch
 from torch import Tensor
 
 from .cameras import Cameras
 from .encodings import get_encoding
-from .planes import Planes
+from .planes import MAX_DEPTH, MAX_INVERSE_DISTANCE, Planes
 
 __all__ = [
     "random_rotation",
@@ -24,7 +29,12 @@ __all__ = [
     "random_qkv",
     "encoding_params",
     "encoding_inputs",
+    "inputs_at_clamps",
 ]
+
+# The per-token params that are lengths in scene units (scaled with the scene); log_depth is one
+# in log space. Rotations, log-depth half-widths and weights have no unit.
+_LENGTHS = ("depth", "depth_split", "depth_sigma")
 
 
 def random_rotation(
@@ -75,21 +85,26 @@ def random_intrinsics(
 
 
 def random_cameras(
-    B: int = 1, V: int = 2, image_size: tuple[int, int] = (32, 48), seed: int = 0, dtype: torch.dtype = torch.float64
+    B: int = 1,
+    V: int = 2,
+    image_size: tuple[int, int] = (32, 48),
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    scale: float = 1.0,
 ) -> Cameras:
-    """``(B, V)`` cameras: :func:`random_intrinsics` and :func:`random_se3` world-to-camera poses."""
+    """``(B, V)`` cameras: :func:`random_intrinsics` and :func:`random_se3` world-to-camera poses
+    with translations ``scale`` times standard normal (a scene ``scale`` scene units across)."""
     g = torch.Generator().manual_seed(seed)
-    return Cameras(
-        random_intrinsics(B, V, image_size, g, dtype), random_se3(B, V, generator=g, dtype=dtype), image_size
-    )
+    K = random_intrinsics(B, V, image_size, g, dtype)  # then the poses: one seed, the same K and rotations at any scale
+    return Cameras(K, random_se3(B, V, generator=g, dtype=dtype, translation_scale=scale), image_size)
 
 
-def random_planes(B: int, N: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> Planes:
-    """``(B, N)`` planes facing the camera (normal within ~70° of -z) at depths 1–4."""
+def random_planes(B: int, N: int, seed: int = 0, dtype: torch.dtype = torch.float64, scale: float = 1.0) -> Planes:
+    """``(B, N)`` planes facing the camera (normal within ~70° of -z) at depths 1–4 times ``scale``."""
     g = torch.Generator().manual_seed(seed + 1000)
     normal = torch.randn(B, N, 3, generator=g, dtype=dtype) * 0.6
     normal[..., 2] = -1.0
-    depth = 1.0 + 3.0 * torch.rand(B, N, generator=g, dtype=dtype)
+    depth = scale * (1.0 + 3.0 * torch.rand(B, N, generator=g, dtype=dtype))
     return Planes(normal, depth)
 
 
@@ -131,11 +146,53 @@ def encoding_params(name: str, B: int, N: int, seed: int = 0, dtype: torch.dtype
 
 
 def encoding_inputs(
-    name: str, cameras: Cameras, grid: tuple[int, int], seed: int = 0, dtype: torch.dtype = torch.float64
+    name: str,
+    cameras: Cameras,
+    grid: tuple[int, int],
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    scale: float = 1.0,
 ) -> dict[str, Planes | dict[str, Tensor] | None]:
-    """``planes`` and ``params`` keyword arguments for encoding ``name`` on random valid geometry."""
+    """``planes`` and ``params`` keyword arguments for encoding ``name`` on random valid geometry,
+    every length times ``scale`` (plane depths, depth params and per-patch translations; log-depths
+    shifted by log ``scale``; per-token transforms T conjugated to S T S^-1, S = diag(scale, scale,
+    scale, 1)): with ``random_cameras(scale=scale)``, the scene of scale 1 in other units."""
     B, N = cameras.batch_size, cameras.num_views * grid[0] * grid[1]
-    return {
-        "planes": random_planes(B, N, seed, dtype) if get_encoding(name).needs_planes else None,
-        "params": encoding_params(name, B, N, seed, dtype),
-    }
+    planes = random_planes(B, N, seed, dtype, scale) if get_encoding(name).needs_planes else None
+    params = encoding_params(name, B, N, seed, dtype)
+    if scale != 1.0:
+        for key, value in params.items():
+            if key in _LENGTHS or key == "patch_translation":
+                params[key] = scale * value
+            elif key == "log_depth":
+                params[key] = value + math.log(scale)
+            elif key == "transform":
+                d = value.new_tensor([scale, scale, scale, 1.0])
+                params[key] = value * d[:, None] / d
+    return {"planes": planes, "params": params}
+
+
+def inputs_at_clamps(
+    name: str,
+    cameras: Cameras,
+    grid: tuple[int, int],
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    max_inverse_distance: float = MAX_INVERSE_DISTANCE,
+) -> dict[str, Planes | dict[str, Tensor] | None]:
+    """:func:`encoding_inputs` moved to the largest values the clamp policy keeps (docs/encodings.md,
+    "Clamp policy"): planes at ``|m| = max_inverse_distance`` (by default ``MAX_INVERSE_DISTANCE``,
+    0.01 scene units from the camera; the random plane's direction kept), depths, depth sigmas and
+    log-depths at ``MAX_DEPTH``. The other params (rotations, transforms, which are validated rather
+    than bounded) keep their random values."""
+    inputs = encoding_inputs(name, cameras, grid, seed, dtype)
+    planes, params = inputs["planes"], dict(cast("dict[str, Tensor]", inputs["params"]))
+    if isinstance(planes, Planes):
+        m = planes.m(cameras, grid, dtype)
+        planes = Planes.from_m(max_inverse_distance * m / m.norm(dim=-1, keepdim=True))
+    for key, value in params.items():
+        if key in ("depth", "depth_sigma"):
+            params[key] = torch.full_like(value, MAX_DEPTH)
+        elif key == "log_depth":
+            params[key] = torch.full_like(value, math.log(MAX_DEPTH))
+    return {"planes": planes, "params": params}

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from .ablations import HRoPEDepth, HRoPEFull, HRoPEPF, HRoPESE3, HRoPESO3, tangent_frames
-from .base import Encoding, EncodingError, Prepared, TokenTransform
+from .base import PRECISIONS, Encoding, EncodingError, Prepared, TokenTransform
 from .layout import HeadLayout, patch_index_rope_angles
 from .camera import GTA, CaPE, NoEncoding, PRoPE, RoPE2D
 from .homography import HRoPE, HRoPELift
@@ -81,6 +81,7 @@ def get_encoding(name: str | Encoding, **options: Any) -> Encoding:
 
 __all__ = [
     "ENCODINGS",
+    "PRECISIONS",
     "get_encoding",
     "Encoding",
     "EncodingError",

@@ -22,6 +22,10 @@ Inputs: ``blocks`` M ``(B, V, 1 or P, b, b)`` (per view or per token) and ``rope
 tables of one rotation R(θ) over the RoPE channels from :func:`rope_diagonals`: ``cos (P, 4F)``
 and the sine diagonals ``plus``, ``minus`` ``(P, 3F)``. R(-θ) = R(θ)^T has the same cosines and
 the two sine tables swapped (:func:`inverse_rope`).
+
+Precision: the product is computed in the tables' dtype. x may have a lower precision (float16 or
+bfloat16 x with float32 tables): it is converted up, and only the result is rounded to x's dtype,
+as :mod:`hrope.encodings.fused_triton` does (docs/encodings.md, "Numerics in half precision").
 """
 
 from __future__ import annotations
@@ -133,6 +137,12 @@ class BandedOperator:
     main: Tensor | None
     diagonals: tuple[tuple[int, int, Tensor], ...]
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The tables' dtype, which the product is computed in."""
+        table = self.tile_matrix if self.tile_matrix is not None else self.main
+        return (table if table is not None else self.diagonals[0][2]).dtype
+
     def transpose(self) -> BandedOperator:
         """D^T from the same tables: the diagonal δ starting at channel s becomes the diagonal -δ
         starting at s + δ."""
@@ -145,7 +155,10 @@ class BandedOperator:
 
     def apply(self, x: Tensor) -> Tensor:
         """``D x`` for x ``(B, heads, V, P, head_dim)`` without autograd, written into one new
-        tensor (no temporaries of x's size)."""
+        tensor (no temporaries of x's size when x has the tables' dtype; a lower-precision x is
+        converted to it and the result rounded back to x's dtype)."""
+        given = x.dtype
+        x = x.to(self.dtype)
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
         # torch.compile traces no strided out= (a graph break); it writes through slices instead
         strided_out = not torch.compiler.is_compiling()
@@ -163,7 +176,7 @@ class BandedOperator:
         for offset, start, table in self.diagonals:
             stop = start + table.shape[-1]
             out[..., start:stop].addcmul_(x[..., start + offset : stop + offset], table)
-        return out
+        return out.to(given)
 
 
 def banded_operator(blocks: Tensor | None, num_blocks: int, rope: RopeTables | None, head_dim: int) -> BandedOperator:
@@ -211,7 +224,9 @@ def _token_grid(blocks: Tensor | None, rope: RopeTables | None) -> tuple[int, in
 
 def block_gradient(grad: Tensor, x: Tensor, blocks: Tensor, num_blocks: int) -> Tensor:
     """The gradient of ``y = D x`` w.r.t. ``blocks`` ``(B, V, 1 or P, b, b)``: Σ_{heads, tiles}
-    grad_y x^T per block, for ``grad`` and ``x`` ``(B, heads, V, P, head_dim)``."""
+    grad_y x^T per block, for ``grad`` and ``x`` ``(B, heads, V, P, head_dim)``, computed in the
+    blocks' dtype."""
+    grad, x = grad.to(blocks.dtype), x.to(blocks.dtype)
     B, _, V, P = grad.shape[:4]
     per_token, b = blocks.shape[2], blocks.shape[-1]
 
@@ -265,9 +280,10 @@ def banded_product(
     """``y = D x`` per token for ``x (B, heads, V, P, head_dim)``.
 
     D = blockdiag(M tiled ``num_blocks`` times, identity, R), ``blocks`` M ``(B, V, 1 or P, b, b)``
-    or None (no tiles), ``rope`` the tables of R (:func:`rope_diagonals`, or None), all in x's
-    dtype. ``operator``: the precomputed :func:`banded_operator` of exactly these arguments
-    (built here when None). Differentiable in x and ``blocks``.
+    or None (no tiles), ``rope`` the tables of R (:func:`rope_diagonals`, or None), all in one
+    dtype: x's, or a higher precision one (then computed in it and rounded to x's dtype once).
+    ``operator``: the precomputed :func:`banded_operator` of exactly these arguments (built here
+    when None). Differentiable in x and ``blocks``; returns x's dtype.
     """
     if operator is None:
         with torch.no_grad():  # tables only: gradients reach the blocks through TransformProduct

@@ -22,12 +22,16 @@ from ..cameras import Cameras
 from . import fused_triton
 from .banded import BandedOperator, RopeTables, banded_operator, banded_product, inverse_rope, is_small
 from ..errors import EncodingError
+from ..geometry import geometry_dtype
 from ..planes import Planes
 from ..shapes import check_finite, check_shapes
 from .layout import ROPE_BASE, HeadLayout, rope_tables
 
 __all__ = [
     "BACKENDS",
+    "PRECISIONS",
+    "transform_dtype",
+    "check_precision",
     "per_token_param",
     "check_prepared_input",
     "check_mask_options",
@@ -40,7 +44,23 @@ __all__ = [
 # How a TokenTransform applies D: "torch" (banded.py's passes, every device), "triton" (the fused
 # kernel, fused_triton.py: CUDA, or the CPU interpreter), "auto" (triton on CUDA when available).
 BACKENDS = ("torch", "triton", "auto")
+# What a transform computes float16 / bfloat16 tensors in (docs/encodings.md, "Numerics in half
+# precision"): "float32" (the tables stay float32 and each result is rounded to the tensor's dtype
+# once) or "input" (the tables are cast to the tensor's dtype). float32 and float64 tensors are
+# computed in their own dtype either way.
+PRECISIONS = ("float32", "input")
 _T = TypeVar("_T")
+
+
+def transform_dtype(dtype: torch.dtype, precision: str) -> torch.dtype:
+    """The dtype a transform with ``precision`` (:data:`PRECISIONS`) computes tensors of ``dtype`` in."""
+    return geometry_dtype(dtype) if precision == "float32" else dtype
+
+
+def check_precision(precision: str) -> None:
+    """``precision`` is one of :data:`PRECISIONS` (one-line :class:`EncodingError` otherwise)."""
+    if precision not in PRECISIONS:
+        raise EncodingError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
 
 
 def per_token_param(
@@ -137,13 +157,16 @@ class TokenTransform(Prepared):
             write of x per tensor; CUDA, or Triton's CPU interpreter), ``"auto"`` the fused kernel
             for CUDA tensors when triton is installed, the banded passes otherwise. Same values up to
             float rounding; gradients reach the blocks either way.
+        precision: what float16 / bfloat16 x is computed in (:data:`PRECISIONS`): ``"float32"``
+            (default; the result is rounded to x's dtype once) or ``"input"`` (x's dtype).
 
     What it is applied to must have the prepared B, N and head_dim (any number of heads) and lie on
     the prepared device, else :class:`EncodingError` (shape and device checks only, no data pass).
-    Any floating dtype is accepted: the compute dtype is x's (autocast is off inside).
+    Any floating dtype is accepted and returned: float32 and float64 x are computed in their dtype,
+    half-precision x as ``precision`` says (:func:`transform_dtype`; autocast is off inside).
 
     Applied as a banded product (:mod:`hrope.encodings.banded`): a few elementwise passes per
-    tensor, in x's dtype. The tables of D and D^-1 are built on first use (per dtype)
+    tensor. The tables of D and D^-1 are built on first use (per compute dtype)
     and reused by every later forward call, D^T sharing D's: keep one object per batch for all
     layers. It holds them while it lives (for per-token b x b blocks about b * N * head_dim
     numbers each, whatever the number of heads); the backward pass rebuilds per-token tables
@@ -172,11 +195,14 @@ class TokenTransform(Prepared):
         transform_values: bool = True,
         rope_base: float = ROPE_BASE,
         backend: str = "torch",
+        precision: str = "float32",
     ) -> None:
         if backend not in BACKENDS:
             raise EncodingError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        check_precision(precision)
         self.layout = layout
         self.backend = backend
+        self.precision = precision
         self.rope_base = rope_base
         self.num_views = num_views
         self.grid = grid
@@ -230,6 +256,7 @@ class TokenTransform(Prepared):
             transform_values=self.transform_values,
             rope_base=self.rope_base,
             backend=self.backend,
+            precision=self.precision,
         )
 
     # --------------------------------------------------------------------------- apply
@@ -281,17 +308,17 @@ class TokenTransform(Prepared):
             self._cache[key] = make()
         return cast(_T, self._cache[key])
 
-    def _inputs(self, which: str, x: Tensor) -> tuple[Tensor | None, RopeTables | None]:
-        """The blocks and RoPE tables of ``which`` ("D" or "D_inv") in x's dtype (cached; a cast made
+    def _inputs(self, which: str, dtype: torch.dtype) -> tuple[Tensor | None, RopeTables | None]:
+        """The blocks and RoPE tables of ``which`` ("D" or "D_inv") in ``dtype`` (cached; a cast made
         under no_grad is not reused where gradients must reach the blocks)."""
         blocks: Tensor | None = None
         if which in self._geo:
             blocks = self._cached(
-                ("blocks", which, x.dtype, torch.is_grad_enabled()), lambda: self._geo[which].to(dtype=x.dtype)
+                ("blocks", which, dtype, torch.is_grad_enabled()), lambda: self._geo[which].to(dtype=dtype)
             )
         rope: RopeTables | None = None
         if (tables := self._rope) is not None:
-            rope = self._cached(("rope", x.dtype), lambda: _cast_rope(tables, x.dtype))
+            rope = self._cached(("rope", dtype), lambda: _cast_rope(tables, dtype))
             if which == "D_inv":
                 rope = inverse_rope(rope)
         return blocks, rope
@@ -299,15 +326,17 @@ class TokenTransform(Prepared):
     def _apply(self, x: Tensor, which: str, transpose: bool = False) -> Tensor:
         """D x ("D"), D^T x ("D", transpose) or D^-1 x ("D_inv") for x ``(B, heads, N, head_dim)``.
 
-        The banded operator of D and of D^-1 is built once per dtype and reused by every forward
-        call (D^T shares D's tables); gradients reach the blocks through banded_product, whose
-        backward rebuilds its transposed tables from the blocks."""
+        The banded operator of D and of D^-1 is built once per compute dtype and reused by every
+        forward call (D^T shares D's tables); gradients reach the blocks through banded_product,
+        whose backward rebuilds its transposed tables from the blocks. Both backends take x in its
+        dtype with the tables in the compute dtype and return x's dtype."""
         layout = self.layout
         check_prepared_input(x, self.batch_size, self.num_tokens, layout.head_dim, self.device)
         if not layout.num_blocks and not layout.rope:
             return x
         with torch.autocast(x.device.type, enabled=False):
-            blocks, rope = self._inputs(which, x)
+            dtype = transform_dtype(x.dtype, self.precision)
+            blocks, rope = self._inputs(which, dtype)
             x = x.unflatten(-2, (self.num_views, -1))  # type: ignore[no-untyped-call]
             if self._fused(x):
                 if transpose:
@@ -318,7 +347,7 @@ class TokenTransform(Prepared):
                 with torch.no_grad():
                     return banded_operator(blocks, layout.num_blocks, rope, layout.head_dim)
 
-            operator = self._cached(("operator", which, x.dtype), build)
+            operator = self._cached(("operator", which, dtype), build)
             if transpose:
                 operator = operator.transpose()
                 blocks, rope = _transposed(blocks, rope)
@@ -375,6 +404,7 @@ class Encoding(nn.Module):
         super().__init__()
         self.rope_base = rope_base
         self.backend = "torch"
+        self.precision = "float32"
 
     def use_backend(self, backend: str) -> Encoding:
         """Apply this encoding's transforms with ``backend`` (:data:`BACKENDS`; default ``"torch"``);
@@ -386,6 +416,16 @@ class Encoding(nn.Module):
         self.backend = backend
         return self
 
+    def use_precision(self, precision: str) -> Encoding:
+        """Compute the transforms of float16 / bfloat16 q, k, v and outputs in ``precision``
+        (:data:`PRECISIONS`): ``"float32"`` (default) or ``"input"`` (their own dtype: half-precision
+        tables and passes, more rounding error, and float16 overflows sooner; docs/encodings.md,
+        "Numerics in half precision"); returns the encoding. float32 and float64 tensors are computed
+        in their own dtype either way."""
+        check_precision(precision)
+        self.precision = precision
+        return self
+
     def token_transform(
         self,
         layout: HeadLayout,
@@ -394,8 +434,8 @@ class Encoding(nn.Module):
         geo: Tensor | None = None,
         geo_inv: Tensor | None = None,
     ) -> TokenTransform:
-        """A :class:`TokenTransform` over ``cameras``' views with this encoding's RoPE base and
-        ``transform_values``."""
+        """A :class:`TokenTransform` over ``cameras``' views with this encoding's RoPE base,
+        ``transform_values``, backend and precision."""
         return TokenTransform(
             layout,
             cameras.num_views,
@@ -407,6 +447,7 @@ class Encoding(nn.Module):
             rope_base=self.rope_base,
             transform_values=self.transform_values,
             backend=self.backend,
+            precision=self.precision,
         )
 
     def prepare(

@@ -84,7 +84,9 @@ class HRoPELiftUV(QueryFrameEncoding):
             cameras, grid, layout.rope_dim, dtype, depth=depth, depth_split=zeros, depth_sigma=sigma
         )
         re, im = pad_pairs(re, im, layout.rope_dim // 2)
-        return QueryFrameTransform(re, im, grid, self.execution, self.recompute, relative=relative)
+        return QueryFrameTransform(
+            re, im, grid, self.execution, self.recompute, relative=relative, precision=self.precision
+        )
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, rope_base={self.rope_base}"

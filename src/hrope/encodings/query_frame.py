@@ -30,7 +30,16 @@ from torch.utils.checkpoint import checkpoint
 from ..cameras import Cameras
 from ..geometry import geometry_dtype, invert_se3
 from ..planes import MIN_DEPTH, Planes
-from .base import Encoding, EncodingError, Prepared, TokenTransform, check_prepared_input, per_token_param
+from .base import (
+    Encoding,
+    EncodingError,
+    Prepared,
+    TokenTransform,
+    check_precision,
+    check_prepared_input,
+    per_token_param,
+    transform_dtype,
+)
 
 __all__ = [
     "QueryFrameEncoding",
@@ -136,13 +145,16 @@ class QueryFrameTransform(Prepared):
             first ``relative.head_dim`` = g channels of each head (self-attention only): q, k, v
             and o get its D_i^T, D_j^-1, D_j^-1, D_i there, and the coefficients above (then
             ``(..., (head_dim - g)/2)``, pairs (g + p, g + p + (head_dim - g)/2)) act on the rest.
+        precision: what float16 / bfloat16 inputs are rotated in
+            (:data:`~hrope.encodings.base.PRECISIONS`), as :class:`~hrope.encodings.base.TokenTransform`'s.
 
     Precompute-then-apply for custom attention (e.g. cross-attention): for each query view c,
     ``sdpa(apply_q(q_c, c), *apply_kv(k, v, c))`` then ``apply_o(o_c, c)``, where ``q_c`` holds
     view c's queries ``(B, heads, P, head_dim)`` and ``k, v`` all N keys (keys of views that
     should not be attended can be sliced out after ``apply_kv``; the transform is per token).
     Inputs are checked like :class:`~hrope.encodings.base.TokenTransform`'s: the prepared B, N (or P)
-    and head_dim, the prepared device, any floating dtype (the compute dtype is the input's).
+    and head_dim, the prepared device, any floating dtype (returned in it; the compute dtype is
+    :func:`~hrope.encodings.base.transform_dtype` of it and ``precision``).
     """
 
     query_frame = True
@@ -158,9 +170,12 @@ class QueryFrameTransform(Prepared):
         rotate_values: bool = True,
         query: tuple[Tensor, Tensor] | None = None,
         relative: TokenTransform | None = None,
+        precision: str = "float32",
     ) -> None:
         if execution not in EXECUTIONS:
             raise EncodingError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
+        check_precision(precision)
+        self.precision = precision
         if relative is not None and query is not None:
             raise EncodingError("a query-frame transform with a relative part is for self-attention only")
         B, V, N, pairs = re.shape
@@ -204,16 +219,19 @@ class QueryFrameTransform(Prepared):
 
     # --------------------------------------------------------------------------- tables
     def _full_width(self, which: str, x: Tensor) -> tuple[Tensor, Tensor]:
-        """``(C, S)`` over all head channels in x's dtype: ``conj(z) x = x * C + swap(x) * S``.
+        """``(C, S)`` over all head channels in x's compute dtype: ``conj(z) x = x * C + swap(x) * S``
+        (computed in that dtype, the result rounded to x's; keys and values are promoted inside the
+        products, so no higher-precision copy of them lives through the loop over query views).
 
         ``which`` is "q" ``(B, 1, N, d)`` or "k" ``(B, Vq, 1, N, d)``.
         """
-        cache_key = (which, x.dtype)
+        dtype = transform_dtype(x.dtype, self.precision)
+        cache_key = (which, dtype)
         if cache_key not in self._cache:
             re, im = self._query if which == "q" else self._key
             lead = (*re.shape[:-1], self.lead)
-            C = torch.cat([re.new_ones(lead), re, re], -1).to(x.dtype)
-            S = torch.cat([im.new_zeros(lead), im, -im], -1).to(x.dtype)
+            C = torch.cat([re.new_ones(lead), re, re], -1).to(dtype)
+            S = torch.cat([im.new_zeros(lead), im, -im], -1).to(dtype)
             axis = 1 if which == "q" else 2
             self._cache[cache_key] = (C.unsqueeze(axis), S.unsqueeze(axis))
         return self._cache[cache_key]
@@ -250,7 +268,8 @@ class QueryFrameTransform(Prepared):
         with torch.autocast(x.device.type, enabled=False):
             C, S = self._full_width("q", x)
             C, S = C[:, :, rows], S[:, :, rows]
-            return torch.addcmul(x * C, self._swap(x), S if conjugate else -S)
+            y = x.to(C.dtype)  # converted once, so the gradient w.r.t. x is rounded once too
+            return torch.addcmul(y * C, self._swap(y), S if conjugate else -S).to(x.dtype)
 
     # --------------------------------------------------------------------------- apply
     def apply_q(self, q: Tensor, query_view: int | None = None) -> Tensor:
@@ -296,17 +315,17 @@ class QueryFrameTransform(Prepared):
         with torch.autocast(k.device.type, enabled=False):
             C, S = self._full_width("k", k)
             C, S = C[:, query_view], S[:, query_view]
-            k_c = torch.addcmul(k * C, k_swapped, S)
-            return k_c, (torch.addcmul(v * C, v_swapped, S) if self.transform_values else v)
+            k_c = torch.addcmul(k * C, k_swapped, S).to(k.dtype)
+            return k_c, (torch.addcmul(v * C, v_swapped, S).to(v.dtype) if self.transform_values else v)
 
     def _apply_kv_all(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values in every query frame, ``(B * Vq, heads, N, d)``."""
         with torch.autocast(k.device.type, enabled=False):
             C, S = self._full_width("k", k)
-            k_all = torch.addcmul(k[:, None] * C, self._swap(k)[:, None], S).flatten(0, 1)
+            k_all = torch.addcmul(k[:, None] * C, self._swap(k)[:, None], S).flatten(0, 1).to(k.dtype)
             if not self.transform_values:
                 return k_all, v.repeat_interleave(self.num_views, dim=0)
-            return k_all, torch.addcmul(v[:, None] * C, self._swap(v)[:, None], S).flatten(0, 1)
+            return k_all, torch.addcmul(v[:, None] * C, self._swap(v)[:, None], S).flatten(0, 1).to(v.dtype)
 
     # --------------------------------------------------------------------------- attention
     def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs: Any) -> Tensor:
@@ -423,7 +442,9 @@ class QueryFrameEncoding(Encoding):
         params = self.token_params(cameras, grid, params, dtype)
         re, im = self.key_coefficients(cameras, grid, head_dim, dtype, **params)
         re, im = pad_pairs(re, im, head_dim // 2)
-        return QueryFrameTransform(re, im, grid, self.execution, self.recompute, self.rotate_values)
+        return QueryFrameTransform(
+            re, im, grid, self.execution, self.recompute, self.rotate_values, precision=self.precision
+        )
 
     def token_params(
         self, cameras: Cameras, grid: tuple[int, int], params: dict[str, Tensor], dtype: torch.dtype, what: str = ""

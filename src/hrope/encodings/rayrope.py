@@ -208,7 +208,9 @@ class RayRoPE(QueryFrameEncoding):
         diag = torch.arange(V, device=re.device)
         own_re, own_im = (t.reshape(B, V, V, P, -1)[:, diag, diag].reshape(B, V * P, -1) for t in (own_re, own_im))
         query = pad_pairs(own_re, own_im, head_dim // 2)
-        return QueryFrameTransform(re, im, grid, self.execution, self.recompute, self.rotate_values, query)
+        return QueryFrameTransform(
+            re, im, grid, self.execution, self.recompute, self.rotate_values, query, precision=self.precision
+        )
 
     def extra_repr(self) -> str:
         return (

@@ -129,6 +129,7 @@ def _residual(
         transform_values=full.transform_values,
         rope_base=full.rope_base,
         backend=full.backend,
+        precision=full.precision,
     )
     if encoding.per_view == "blocks":  # A_t: the RoPE alone
         return blocks[0][:, :, 0], blocks[1][:, :, 0], rope
