@@ -24,7 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 from .ablations import HRoPEDepth, HRoPEFull, HRoPEPF, HRoPESE3, HRoPESO3, tangent_frames
-from .base import PRECISIONS, Encoding, EncodingError, Prepared, TokenTransform
+from .base import Encoding, EncodingError, Prepared, TokenTransform
+from .precision import PRECISIONS
 from .layout import HeadLayout, patch_index_rope_angles
 from .camera import GTA, CaPE, NoEncoding, PRoPE, RoPE2D
 from .homography import HRoPE, HRoPELift

@@ -22,16 +22,13 @@ from ..cameras import Cameras
 from . import fused_triton
 from .banded import BandedOperator, RopeTables, banded_operator, banded_product, inverse_rope, is_small
 from ..errors import EncodingError
-from ..geometry import geometry_dtype
 from ..planes import Planes
 from ..shapes import check_finite, check_shapes
 from .layout import ROPE_BASE, HeadLayout, rope_tables
+from .precision import check_precision, transform_dtype
 
 __all__ = [
     "BACKENDS",
-    "PRECISIONS",
-    "transform_dtype",
-    "check_precision",
     "per_token_param",
     "check_prepared_input",
     "check_mask_options",
@@ -44,23 +41,7 @@ __all__ = [
 # How a TokenTransform applies D: "torch" (banded.py's passes, every device), "triton" (the fused
 # kernel, fused_triton.py: CUDA, or the CPU interpreter), "auto" (triton on CUDA when available).
 BACKENDS = ("torch", "triton", "auto")
-# What a transform computes float16 / bfloat16 tensors in (docs/encodings.md, "Numerics in half
-# precision"): "float32" (the tables stay float32 and each result is rounded to the tensor's dtype
-# once) or "input" (the tables are cast to the tensor's dtype). float32 and float64 tensors are
-# computed in their own dtype either way.
-PRECISIONS = ("float32", "input")
 _T = TypeVar("_T")
-
-
-def transform_dtype(dtype: torch.dtype, precision: str) -> torch.dtype:
-    """The dtype a transform with ``precision`` (:data:`PRECISIONS`) computes tensors of ``dtype`` in."""
-    return geometry_dtype(dtype) if precision == "float32" else dtype
-
-
-def check_precision(precision: str) -> None:
-    """``precision`` is one of :data:`PRECISIONS` (one-line :class:`EncodingError` otherwise)."""
-    if precision not in PRECISIONS:
-        raise EncodingError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
 
 
 def per_token_param(

@@ -35,11 +35,10 @@ from .base import (
     EncodingError,
     Prepared,
     TokenTransform,
-    check_precision,
     check_prepared_input,
     per_token_param,
-    transform_dtype,
 )
+from .precision import check_precision, transform_dtype
 
 __all__ = [
     "QueryFrameEncoding",
@@ -146,7 +145,7 @@ class QueryFrameTransform(Prepared):
             and o get its D_i^T, D_j^-1, D_j^-1, D_i there, and the coefficients above (then
             ``(..., (head_dim - g)/2)``, pairs (g + p, g + p + (head_dim - g)/2)) act on the rest.
         precision: what float16 / bfloat16 inputs are rotated in
-            (:data:`~hrope.encodings.base.PRECISIONS`), as :class:`~hrope.encodings.base.TokenTransform`'s.
+            (:data:`~hrope.encodings.precision.PRECISIONS`), as :class:`~hrope.encodings.base.TokenTransform`'s.
 
     Precompute-then-apply for custom attention (e.g. cross-attention): for each query view c,
     ``sdpa(apply_q(q_c, c), *apply_kv(k, v, c))`` then ``apply_o(o_c, c)``, where ``q_c`` holds
@@ -154,7 +153,7 @@ class QueryFrameTransform(Prepared):
     should not be attended can be sliced out after ``apply_kv``; the transform is per token).
     Inputs are checked like :class:`~hrope.encodings.base.TokenTransform`'s: the prepared B, N (or P)
     and head_dim, the prepared device, any floating dtype (returned in it; the compute dtype is
-    :func:`~hrope.encodings.base.transform_dtype` of it and ``precision``).
+    :func:`~hrope.encodings.precision.transform_dtype` of it and ``precision``).
     """
 
     query_frame = True
