@@ -53,6 +53,7 @@ LAYERS = {
     "hrope.nvs.running.checkpoints": 14,
     "hrope.nvs.running.train_step": 14,
     "hrope.nvs.evaluation.plane_accuracy": 14,
+    "hrope.nvs.lvsm_official": 14.2,  # official LVSM checkpoints into the model
     "hrope.nvs.pretrained": 14.5,  # reads checkpoints; viz and evaluate load through it
     "hrope.nvs.running.train": 15,
     "hrope.nvs.viz.figures": 15,

@@ -146,6 +146,7 @@ PRESETS: dict[str, dict] = {
     "tiny": dict(image_size=64, patch_size=8, dim=128, layers=4, heads=4),
     "small": dict(image_size=128, patch_size=8, dim=384, layers=6, heads=8),
     "paper": dict(image_size=256, patch_size=8, dim=768, layers=6, heads=16),
+    "lvsm": dict(image_size=256, patch_size=8, dim=768, layers=24, heads=12),  # LVSM's RE10K decoder-only model
 }
 
 
@@ -181,13 +182,14 @@ class Block(nn.Module):
     """Pre-norm transformer block; ``forward(x, factors)`` attends through the encoding bound to
     the batch (:func:`hrope.nn.factorize`; unfolded: its prepared transform,
     :meth:`hrope.Encoding.prepare`). Attention: :class:`hrope.nn.MultiviewAttention` without
-    biases, QK-norm (RMS per head, before the encoding) with ``qk_norm``; parameters ``qkv``,
-    ``out``, ``q_norm``, ``k_norm``. ``normed``: ``norm1(x)`` when the caller has already computed it."""
+    biases, QK-norm (RMS per head, before the encoding, epsilon ``qk_norm_eps``) with ``qk_norm``;
+    parameters ``qkv``, ``out``, ``q_norm``, ``k_norm``. ``normed``: ``norm1(x)`` when the caller
+    has already computed it."""
 
-    def __init__(self, dim: int, heads: int, mlp_ratio: float, qk_norm: bool) -> None:
+    def __init__(self, dim: int, heads: int, mlp_ratio: float, qk_norm: bool, qk_norm_eps: float | None) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, bias=False)
-        self.attn = MultiviewAttention(dim, heads, None, qk_norm=qk_norm)
+        self.attn = MultiviewAttention(dim, heads, None, qk_norm=qk_norm, qk_norm_eps=qk_norm_eps)
         self.norm2 = nn.LayerNorm(dim, bias=False)
         hidden = int(dim * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden, bias=False), nn.GELU(), nn.Linear(hidden, dim, bias=False))
@@ -221,7 +223,9 @@ class LVSM(nn.Module):
         self.context_tokenizer = nn.Linear(9 * p2, c.dim, bias=False)
         self.target_tokenizer = nn.Linear(6 * p2, c.dim, bias=False)
         self.input_norm = nn.LayerNorm(c.dim, bias=False)
-        self.blocks = nn.ModuleList(Block(c.dim, c.heads, c.mlp_ratio, c.qk_norm) for _ in range(c.layers))
+        self.blocks = nn.ModuleList(
+            Block(c.dim, c.heads, c.mlp_ratio, c.qk_norm, c.qk_norm_eps) for _ in range(c.layers)
+        )
         self.output_norm = nn.LayerNorm(c.dim, bias=False)
         self.head = nn.Linear(c.dim, 3 * p2, bias=False)
         self._init_weights()

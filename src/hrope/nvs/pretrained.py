@@ -43,6 +43,7 @@ from .running.checkpoints import (
     load_checkpoint,
     load_model,
     load_model_state,
+    model_state,
     read_safetensors,
 )
 from .config import ConfigError, resolve
@@ -60,11 +61,15 @@ __all__ = [
     "is_pretrained",
     "export_run",
     "load_trained",
+    "init_weights",
     "model_card",
 ]
 
 PRETRAINED_FORMAT = "hrope-pretrained-v1"
 CONFIG_NAME, WEIGHTS_NAME, CARD_NAME = "config.json", "model.safetensors", "README.md"
+# the parameters an encoding brings (GTA's options, parameter sources, APE embeddings): a fine-tune
+# with another encoding starts them from their initialisation
+ENCODING_PARTS = ("encoding.", "source.", "ape.")
 
 
 class PretrainedError(CheckpointError):
@@ -310,3 +315,18 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu") -> tuple[
             f"{path} holds neither a run's {CHECKPOINT_NAME} nor a saved model's {CONFIG_NAME} and {WEIGHTS_NAME}"
         )
     return load_model(path, device)
+
+
+def init_weights(path: str | Path, model: LVSM) -> list[str]:
+    """``train.init_from``: load the weights of a run folder, a checkpoint file or a saved model
+    folder into ``model`` to fine-tune it, possibly with another encoding. The encoding's own
+    parameters (names starting with :data:`ENCODING_PARTS`) that the file lacks keep their
+    initialisation and the file's that the model lacks are left out; every other tensor must fit
+    (:func:`load_model_state`). Returns the names kept from the initialisation."""
+    path = Path(path)
+    state = _read_weights(path) if is_pretrained(path) else model_state(path)
+    own = dict(model.state_dict())
+    kept = sorted(name for name in own if name.startswith(ENCODING_PARTS) and name not in state)
+    state = {k: v for k, v in state.items() if k in own or not k.startswith(ENCODING_PARTS)}
+    load_model_state(model, {**state, **{name: own[name] for name in kept}}, path)
+    return kept

@@ -77,7 +77,7 @@ PRESET = Setting(
     "preset",
     "tiny",
     Field("str", nullable=True),
-    "architecture preset (hrope.nvs.model.PRESETS: tiny, small, paper) giving image_size, patch_size, "
+    "architecture preset (hrope.nvs.model.PRESETS: tiny, small, paper, lvsm) giving image_size, patch_size, "
     "dim, layers, heads; null: the ModelSettings defaults",
     shortcut="preset",
 )
@@ -95,6 +95,12 @@ class ModelSettings:
     heads: int = setting(4, _COUNT, "attention heads", shown=False)
     mlp_ratio: float = setting(4.0, Field("float", above=0), "MLP hidden width / dim", shown=False)
     qk_norm: bool = setting(True, Field("bool"), "RMS-normalise queries and keys before the encoding", shown=False)
+    qk_norm_eps: float | None = setting(
+        None,
+        Field("float", above=0, nullable=True),
+        "epsilon of the QK-norm (null: torch's default, the dtype's machine epsilon; LVSM: 1e-5)",
+        shown=False,
+    )
     encoding: str = setting(
         "none", Field("str"), "positional encoding: a hrope.ENCODINGS name or <name>-ape", shortcut="encoding"
     )
@@ -343,7 +349,10 @@ class TrainSettings:
         600, _COUNT, "torchrun: seconds a rank waits for the others at a collective, then stops", resume=True
     )
     init_from: str | None = setting(
-        None, _OPTIONAL_PATH, "fine-tune: start from this checkpoint's model weights (fresh optimizer, step 0)"
+        None,
+        _OPTIONAL_PATH,
+        "fine-tune: start from the model weights of this run, checkpoint or saved model folder (fresh "
+        "optimizer, step 0; the parameters another encoding adds start from their initialisation)",
     )
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "load_checkpoint",
     "load_model",
     "load_model_state",
+    "model_state",
     "run_folder",
     "checksum",
     "read_safetensors",
@@ -195,6 +196,11 @@ def _read_checkpoint(path: str | Path, with_tensors: bool = True) -> tuple[dict[
 
 def _model_state(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     return {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
+
+
+def model_state(path: str | Path) -> dict[str, Tensor]:
+    """The model tensors of a checkpoint (file or run folder), verified (checksum, finite)."""
+    return _model_state(_read_checkpoint(path)[0])
 
 
 def load_model_state(model: nn.Module, state: dict[str, Tensor], source: str | Path) -> None:

@@ -64,6 +64,7 @@ from .distributed import (
 from .folder_lock import FolderInUseError, FolderLock
 from ..model import LVSM, build_model, count_parameters
 from ..evaluation.plane_accuracy import GROUPS, LOG_NAME, METRICS, append_log, plane_accuracy
+from ..pretrained import init_weights
 from .provenance import code_provenance
 from .runs import append_segment, config_hash, resume_differences
 from .train_step import StepResult, make_optimizer, perceptual_loss, train_step
@@ -130,10 +131,10 @@ class _Origin:
 
 def _start(config: dict, checkpoint: Path, model: nn.Module, optimizer, world_size: int) -> _Origin:
     """Resume from ``checkpoint`` (refused under a config that changes the trajectory), else step 0,
-    from ``train.init_from``'s model weights when set."""
+    from ``train.init_from``'s model weights when set (:func:`hrope.nvs.pretrained.init_weights`)."""
     if not checkpoint.is_file():
         if config["train"]["init_from"]:
-            load_checkpoint(config["train"]["init_from"], model)
+            init_weights(config["train"]["init_from"], model)
         return _Origin(config, 0)
     stored = load_checkpoint(checkpoint)  # metadata only: compare before loading anything
     refused, harmless = resume_differences(stored["config"], config)
