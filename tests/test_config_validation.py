@@ -28,6 +28,7 @@ from hrope.nvs.config import (
     load_config,
     parse_value,
     resolve,
+    setting_value,
     settings_of,
     update_config,
 )
@@ -354,8 +355,9 @@ def test_fuzzed_yaml_files_only_raise_config_errors(tmp_path_factory, text):
     document = yaml.safe_load(text) or {}
     for section in CHECKED:  # accepted: the file's values, the defaults elsewhere
         for key, declared in SETTINGS[section].items():
-            expected = document.get(section, {}).get(key, DEFAULTS[section][key])
-            assert config[section][key] == expected and declared.check.accepts(expected)
+            expected = document.get(section, {}).get(key, declared.default)
+            assert setting_value(config[section], section, key) == expected and declared.check.accepts(expected)
+            assert key in config[section] or (not declared.shown and key not in document.get(section, {}))
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,9 @@ LAYERS = {
     "hrope.nvs.running.provenance": 9,
     "hrope.nvs.running.folder_lock": 10,
     "hrope.nvs.config.": 10,
-    "hrope.nvs.evaluation.metrics": 10,
+    "hrope.nvs.evaluation.vgg": 9,
+    "hrope.nvs.evaluation.metrics": 10.5,  # the LPIPS backbones' names come from the config schema
+    "hrope.nvs.running.perceptual": 11,
     "hrope.nvs.data.": 11,
     "hrope.nvs.running.distributed": 11,
     "hrope.nvs.sources.": 12,  # the plane sources with the geometry they use (plane fitting, transfer, user depth)

@@ -26,7 +26,7 @@ import hrope.nvs.running.runs as runs_module
 import hrope.nvs.running.provenance as provenance_module
 from hrope.nvs.running.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 from hrope.nvs.cli import run
-from hrope.nvs.config import ConfigError
+from hrope.nvs.config import ConfigError, setting_value
 from hrope.nvs.model import PRESETS, ModelConfig, build_model
 from hrope.nvs.running.runs import SEGMENTS_NAME, resume_differences
 from hrope.nvs.running.train import train
@@ -41,6 +41,7 @@ REFUSED = [
     ("model", "image_size", 64),
     ("model", "predictor", "oracle"),
     ("model", "encoding_options", {"x": 1}),
+    ("model", "qk_norm_eps", 1e-5),
     ("data", "kind", "object"),
     ("data", "root", "elsewhere"),
     ("data", "num_scenes", 5),
@@ -49,6 +50,8 @@ REFUSED = [
     ("data", "seed", 1),
     ("data", "context_gap", [1, 2]),
     ("data", "synthetic", {"fov_deg": [40, 60]}),
+    ("data", "view_sampling", "lvsm"),
+    ("data", "normalize", "lvsm"),
     ("train", "seed", 1),
     ("train", "lr", 1e-3),
     ("train", "steps", 8),
@@ -60,6 +63,9 @@ REFUSED = [
     ("train", "bf16", True),
     ("train", "parameter_lr_scale", 2.0),
     ("train", "perceptual_weight", 0.5),
+    ("train", "perceptual_loss", "vgg19"),
+    ("train", "vgg19_weights", "vgg19.safetensors"),
+    ("train", "skip_grad_factor", 5.0),
     ("train", "init_from", "a/run"),
 ]
 HARMLESS = [
@@ -77,6 +83,7 @@ HARMLESS = [
     ("eval", "num_scenes", 7),
     ("eval", "batch_size", 1),
     ("eval", "lpips_weights", "lpips.safetensors"),
+    ("eval", "lpips_net", "vgg"),
 ]
 
 
@@ -123,12 +130,14 @@ def test_resume_differences_refuse_exactly_the_trajectory_keys(chosen):
         requested[section][key] = value
     refused, harmless = resume_differences(stored, requested)
     expected = {name for name, change in changes.items() if change in REFUSED}
-    if "train.perceptual_weight" in expected and "eval.lpips_weights" in changes:
-        expected.add("eval.lpips_weights")  # the perceptual loss trains with these weights
+    lpips_loss = "train.perceptual_weight" in expected and "train.perceptual_loss" not in changes
+    expected |= {
+        k for k in ("eval.lpips_weights", "eval.lpips_net") if lpips_loss and k in changes
+    }  # it trains with them
     assert set(refused) == expected and set(harmless) == set(changes) - expected
     model = ModelConfig.from_dict(stored["model"]).to_dict()  # model fields: the preset / defaults applied
     for name, (section, key, value) in changes.items():
-        old = model[key] if section == "model" else stored[section][key]
+        old = model[key] if section == "model" else setting_value(stored[section], section, key)
         assert {**refused, **harmless}[name] == (old, value)
 
 

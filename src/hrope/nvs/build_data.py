@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from .config import ConfigError, did_you_mean
+from .config import ConfigError, did_you_mean, setting_value
 from .data.batch import collate_scenes
 from .data.dataset import SceneDataset, SyntheticDataset
-from .data.normalize import normalize_scene
+from .data.normalize import normalize
 from .data.real.image_cache import default_cache_dir
 from .data.real.loaders import LOADERS, Loader, make_source
 from .data.scene import SceneError
@@ -71,10 +71,11 @@ class FirstScenes:
 
 class IndexedViews:
     """The scenes of a RealEstate10K source opened with an evaluation index (its context, then its
-    targets), normalised; the index must give ``num_context`` context views per scene."""
+    targets), normalised (``normalization``: :func:`hrope.nvs.data.normalize.normalize`); the index
+    must give ``num_context`` context views per scene."""
 
-    def __init__(self, source, num_context: int) -> None:
-        self.source, self.num_context = source, num_context
+    def __init__(self, source, num_context: int, normalization: str = "context") -> None:
+        self.source, self.num_context, self.normalization = source, num_context, normalization
 
     def __len__(self) -> int:
         return len(self.source)
@@ -85,7 +86,7 @@ class IndexedViews:
             raise ConfigError(
                 f"data.eval_index gives {len(context)} context views, data.num_context is {self.num_context}"
             )
-        return normalize_scene(self.source[index], context)
+        return normalize(self.source[index], context, self.normalization)
 
 
 def build_scene_source(config: dict, split: str = "train"):
@@ -159,6 +160,7 @@ def build_dataset(config: dict, split: str = "train"):
     image_size = ModelConfig.from_dict(config["model"]).image_size
     num_scenes = data["num_scenes"] if split == "train" else config["eval"]["num_scenes"]
     gap = None if data["context_gap"] is None else tuple(data["context_gap"])
+    sampling, normalization = (setting_value(data, "data", key) for key in ("view_sampling", "normalize"))
     if split == "val" and data["kind"] not in KINDS:
         raise ConfigError(
             f"eval.split 'val' (validation scenes) is for the synthetic kinds ({', '.join(KINDS)}), "
@@ -175,11 +177,13 @@ def build_dataset(config: dict, split: str = "train"):
             split=split,
             context_gap=gap,
             config=synthetic_config(config),
+            sampling=sampling,
+            normalization=normalization,
         )
         return CachedDataset(dataset) if data["cache"] else dataset
     scenes: IndexedViews | SceneDataset
     if split == "eval" and data["eval_index"]:
-        scenes = IndexedViews(build_scene_source(config, split), data["num_context"])
+        scenes = IndexedViews(build_scene_source(config, split), data["num_context"], normalization)
     else:
         scenes = SceneDataset(
             build_scene_source(config, split),
@@ -188,6 +192,8 @@ def build_dataset(config: dict, split: str = "train"):
             split=split,
             seed=data["seed"],
             context_gap=gap,
+            sampling=sampling,
+            normalization=normalization,
         )
     if num_scenes is not None and num_scenes < len(scenes):
         return FirstScenes(scenes, int(num_scenes))

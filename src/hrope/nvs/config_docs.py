@@ -86,7 +86,7 @@ def config_reference() -> str:
         "rewrites it).",
         "`hrope config [FILE] [--section.key VALUE ...]` prints a resolved config with these docs.",
         "Overrides are `--section.key VALUE`; resuming a run accepts changes only to the keys marked",
-        '"may change on resume" (and `eval.lpips_weights` only without a perceptual loss).',
+        '"may change on resume" (and `eval.lpips_weights`, `eval.lpips_net` only without an LPIPS perceptual loss).',
         "",
     ]
     for section, entries in SETTINGS.items():

@@ -10,6 +10,10 @@ and options are errors that suggest the closest known one. Every run writes its 
 (``config.yaml``) next to its outputs; ``hrope config`` prints it with each key's doc
 (:mod:`hrope.nvs.config_docs`, which also writes docs/config.md).
 
+Settings declared with ``shown=False`` (the model's architecture fields, and settings added
+after configs were first saved) are written into a resolved config only when given; read them
+with :func:`setting_value`, which falls back to the default.
+
 Validation: :func:`resolve`, :func:`update_config`, :func:`apply_overrides` (so :func:`load_config`
 and checkpoint metadata too) check every ``data`` / ``train`` / ``eval`` value against its setting
 (:func:`check_config`): types (a bool is never a number; ints are accepted for floats), ranges
@@ -31,6 +35,7 @@ from .resolve import (
     parse_value,
     resolve,
     save_config,
+    setting_value,
     update_config,
 )
 from .schema import (
@@ -86,6 +91,7 @@ __all__ = [
     "resolve",
     "check_config",
     "check_device",
+    "setting_value",
     "save_config",
     "source_options",
 ]

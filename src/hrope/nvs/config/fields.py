@@ -148,9 +148,10 @@ class Setting:
     """One declared setting: ``name``, ``default``, the :class:`Field` ``check`` and a one-line ``doc``.
 
     ``resume``: the value may differ when a run resumes (it does not change the trajectory);
-    ``shown``: written into the resolved config when not given (only ``model`` has unshown keys: their
-    values come from the preset); ``shortcut``: a command-line alias (``--lr``); ``sources``: the
-    parameter sources that accept a predictor option.
+    ``shown``: written into the resolved config when not given (unshown: the model's architecture,
+    whose values come from the preset, and settings added after configs were first saved, so that
+    the resolved defaults and saved configs' hashes stay as they were); ``shortcut``: a
+    command-line alias (``--lr``); ``sources``: the parameter sources that accept a predictor option.
     """
 
     name: str

@@ -22,6 +22,7 @@ __all__ = [
     "resolve",
     "check_config",
     "check_device",
+    "setting_value",
     "save_config",
 ]
 
@@ -33,7 +34,7 @@ def _merge(base: dict, update: dict, where: str = "") -> dict:
         if where == "" and key not in base:
             raise ConfigError(f"unknown config section {key!r}; {did_you_mean(key, base)}known: {sorted(base)}")
         section = where.rstrip(".")
-        if where and key not in base and section not in OPEN_SECTIONS:
+        if where and key not in base and section not in OPEN_SECTIONS and key not in SETTINGS[section]:
             raise ConfigError(
                 f"unknown config key {path!r}; {did_you_mean(key, base, where)}known in {section!r}: {sorted(base)}"
             )
@@ -53,7 +54,8 @@ def check_config(config: dict) -> dict:
     for section, entries in SETTINGS.items():
         if section not in OPEN_SECTIONS:
             for key, declared in entries.items():
-                declared.check.check(f"{section}.{key}", config[section][key])
+                if declared.shown or key in config[section]:
+                    declared.check.check(f"{section}.{key}", config[section][key])
     data = config["data"]
     if data["context_gap"] is not None and data["context_gap"][0] < data["num_context"] - 1:
         raise ConfigError(
@@ -61,6 +63,14 @@ def check_config(config: dict) -> dict:
             f"{data['num_context'] - 1} (distinct context frames)"
         )
     return config
+
+
+def setting_value(values: dict, section: str, key: str):
+    """``values[key]`` of a resolved config's ``section`` (the dict ``config[section]``), or the
+    setting's default where the config leaves it out (a setting declared with ``shown=False``:
+    written only when given, so that the resolved defaults, and the hashes of saved configs, stay
+    as they were before it existed)."""
+    return values[key] if key in values else SETTINGS[section][key].default
 
 
 def check_device(name, key: str = "train.device") -> torch.device:

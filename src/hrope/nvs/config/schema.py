@@ -21,6 +21,10 @@ from .fields import ConfigError, Field, Setting, did_you_mean, setting, settings
 __all__ = [
     "DEVICES",
     "DEPTH_SOURCES",
+    "VIEW_SAMPLINGS",
+    "NORMALIZATIONS",
+    "LPIPS_NETS",
+    "PERCEPTUAL_LOSSES",
     "PLANE_DECODERS",
     "TARGETS",
     "SCOPES",
@@ -46,6 +50,10 @@ __all__ = [
 
 DEVICES = ("auto", "cpu", "cuda")
 DEPTH_SOURCES = ("none", "points", "maps")  # data.depth (hrope.nvs.data.real.depth_maps)
+VIEW_SAMPLINGS = ("uniform", "lvsm")  # data.view_sampling (hrope.nvs.data.dataset)
+NORMALIZATIONS = ("context", "lvsm")  # data.normalize (hrope.nvs.data.normalize)
+LPIPS_NETS = ("alex", "vgg")  # eval.lpips_net (hrope.nvs.evaluation.metrics.LPIPS)
+PERCEPTUAL_LOSSES = ("lpips", "vgg19")  # train.perceptual_loss (hrope.nvs.running.train_step.perceptual_loss)
 PLANE_DECODERS = ("direct", "normal-depth")  # hrope.nvs.sources.parameter_specs
 TARGETS = ("hidden", "neutral", "transfer")  # what target tokens (no image) get: hrope.nvs.sources.ParameterSource
 SCOPES = ("context", "all")
@@ -265,6 +273,20 @@ class DataSettings:
         Field("range", nullable=True),
         "[low, high] frames between the outer context views, low >= num_context - 1 (null: kind default)",
     )
+    view_sampling: str = setting(
+        "uniform",
+        Field("str", choices=VIEW_SAMPLINGS),
+        "training views: uniform (targets drawn with replacement between the outer context views) or lvsm "
+        "(LVSM's: num_context + num_target distinct frames, targets drawn among all of them)",
+        shown=False,
+    )
+    normalize: str = setting(
+        "context",
+        Field("str", choices=NORMALIZATIONS),
+        "scene frame and scale: context (first context camera, unit context baseline) or lvsm (average "
+        "camera of the example's views, camera centres within 1/1.35)",
+        shown=False,
+    )
     num_scenes: int | None = setting(
         256, Field("int", low=1, nullable=True), "synthetic: training scenes; real data: at most this many (null: all)"
     )
@@ -329,6 +351,13 @@ class TrainSettings:
     grad_clip: float = setting(
         1.0, Field("float", above=0), "gradient-norm bound (clipping is always on; a large value is a no-op)"
     )
+    skip_grad_factor: float | None = setting(
+        None,
+        Field("float", low=1, nullable=True),
+        "skip the update of a step whose gradient norm (before clipping) exceeds this times grad_clip "
+        "(null: never; LVSM: 5)",
+        shown=False,
+    )
     bf16: bool = setting(False, Field("bool"), "bf16 autocast")
     seed: int = setting(0, _SEED, "seed of the weights and the batch order", shortcut="seed")
     device: str = setting(
@@ -337,7 +366,24 @@ class TrainSettings:
     log_every: int = setting(10, _COUNT, "steps between log lines", resume=True)
     image_every: int = setting(200, Field("int", low=0), "steps between image grids (0: none)", resume=True)
     checkpoint_every: int = setting(250, _COUNT, "steps between checkpoints", resume=True)
-    perceptual_weight: float = setting(0.0, _NON_NEGATIVE, "LPIPS loss weight; > 0 needs eval.lpips_weights (local)")
+    perceptual_weight: float = setting(
+        0.0,
+        _NON_NEGATIVE,
+        "weight of the perceptual loss (perceptual_loss) added to the MSE; > 0 needs its local weights",
+    )
+    perceptual_loss: str = setting(
+        "lpips",
+        Field("str", choices=PERCEPTUAL_LOSSES),
+        "lpips (the LPIPS of eval.lpips_weights) or vgg19 (LVSM's VGG-19 feature loss, train.vgg19_weights)",
+        shown=False,
+    )
+    vgg19_weights: str | None = setting(
+        None,
+        _OPTIONAL_PATH,
+        "local VGG-19 weights of perceptual_loss vgg19 (torchvision's vgg19 features layout; LVSM's are "
+        "MatConvNet's imagenet-vgg-verydeep-19)",
+        shown=False,
+    )
     parameter_lr_scale: float = setting(
         1.0, _NON_NEGATIVE, "learning-rate multiplier of the parameter source's heads (planes, ...)"
     )
@@ -358,7 +404,7 @@ class TrainSettings:
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """The eval section (it may change on resume, except ``lpips_weights`` under a perceptual loss)."""
+    """The eval section (it may change on resume, except ``lpips_weights`` / ``lpips_net`` under an LPIPS loss)."""
 
     num_scenes: int | None = setting(
         16,
@@ -368,7 +414,17 @@ class EvalSettings:
     )
     batch_size: int = setting(4, _COUNT, "examples per evaluation batch", resume=True)
     lpips_weights: str | None = setting(
-        None, _OPTIONAL_PATH, "local safetensors with AlexNet + LPIPS heads; null: LPIPS unavailable", resume=True
+        None,
+        _OPTIONAL_PATH,
+        "local weights of the LPIPS backbone (lpips_net) and its heads; null: LPIPS unavailable",
+        resume=True,
+    )
+    lpips_net: str = setting(
+        "alex",
+        Field("str", choices=LPIPS_NETS),
+        "LPIPS backbone: alex (LPIPS-Alex, as RayRoPE / PRoPE report) or vgg (LPIPS-VGG, as LVSM reports)",
+        resume=True,
+        shown=False,
     )
     num_grid_scenes: int = setting(4, Field("int", low=0), "scenes in the evaluation image grid", resume=True)
     split: str = setting(
@@ -403,7 +459,7 @@ SOURCE_OPTIONS = {
 
 
 def defaults() -> dict:
-    """The default run config ``{section: {key: value}}`` (a fresh copy; model: the shown keys only)."""
+    """The default run config ``{section: {key: value}}`` (a fresh copy; the shown keys only)."""
     return {
         section: {key: copy.deepcopy(s.default) for key, s in entries.items() if s.shown}
         for section, entries in SETTINGS.items()

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from .atomic import append_line
-from ..config import SETTINGS
+from ..config import SETTINGS, setting_value
 from ..model import ModelConfig
 
 __all__ = [
@@ -41,8 +41,8 @@ def _flat(config: dict) -> dict:
     config = json.loads(json.dumps(config))
     values = {f"model.{k}": v for k, v in ModelConfig.from_dict(config["model"]).to_dict().items()}
     for section, entries in config.items():
-        if section != "model":
-            values.update({f"{section}.{k}": v for k, v in entries.items()})
+        if section != "model":  # settings a config leaves out (shown=False) at their defaults
+            values.update({f"{section}.{k}": setting_value(entries, section, k) for k in SETTINGS[section]})
     return values
 
 
@@ -53,8 +53,9 @@ def config_differences(old: dict, new: dict) -> dict[str, tuple]:
 
 
 def _harmless(key: str, config: dict) -> bool:
-    if key == "eval.lpips_weights":  # the perceptual loss trains with these weights
-        return not config["train"]["perceptual_weight"]
+    if key in ("eval.lpips_weights", "eval.lpips_net"):  # an LPIPS perceptual loss trains with these weights
+        train = config["train"]
+        return not (train["perceptual_weight"] and setting_value(train, "train", "perceptual_loss") == "lpips")
     return key in HARMLESS_ON_RESUME
 
 
