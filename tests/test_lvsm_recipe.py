@@ -247,3 +247,15 @@ def test_the_vgg19_perceptual_loss_trains(tmp_path):
     config["train"]["vgg19_weights"] = str(tmp_path / "vgg19.safetensors")
     assert isinstance(perceptual_loss(resolve(config), torch.device("cpu")), VGGPerceptualLoss)
     assert train(resolve(config), progress=False).outcome == "completed"
+
+
+def test_checkpointed_blocks_give_the_same_gradients():
+    grads = []
+    for checkpoint_blocks in (False, True):
+        torch.manual_seed(0)
+        model = build_model(small_config(encoding="prope", checkpoint_blocks=checkpoint_blocks)).train()
+        model(synthetic_batch(num_views=4)).images.square().sum().backward()
+        grads.append({name: p.grad for name, p in model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=0, atol=0, msg=name)

@@ -23,6 +23,7 @@ from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from ..cameras import Cameras
 from ..encodings import ENCODINGS, Encoding, Prepared, get_encoding
@@ -71,7 +72,8 @@ class ModelConfig(ModelSettings):
     kernel on CUDA; ``torch`` by default). ``folded_attention``: the attention layers
     (:class:`hrope.nn.MultiviewAttention` either way) fold the encoding's per-view factor into the
     projection weights (``fold=True``; same parameters and outputs up to float rounding; off by
-    default)."""
+    default). ``checkpoint_blocks``: in training, each block's activations are recomputed in the
+    backward pass instead of kept (the same gradients, less memory, one more forward per block)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "model", ModelError)
@@ -367,12 +369,19 @@ class LVSM(nn.Module):
                     prepared = self._prepare(folded_cameras, values)
                     if not layer_source.per_layer:  # predicted once: every later layer reuses it
                         shared = prepared
-            x = block(x, prepared, normed)
+            x = self._block(block, x, prepared, normed)
         Vt = V - num_context
         P = grid[0] * grid[1]
         out = self.head(self.output_norm(x[:, num_context * P :]))
         out = torch.sigmoid(unpatchify(out.reshape(B, Vt, P, -1), c.patch_size, grid))
         return LVSMOutput(images=out, parameters=parameters)
+
+    def _block(self, block: Block, x: Tensor, factors: Factors, normed: Tensor | None) -> Tensor:
+        """``block(x, factors, normed)``, its activations recomputed in the backward pass when training
+        with ``checkpoint_blocks``."""
+        if self.config.checkpoint_blocks and self.training and torch.is_grad_enabled():
+            return checkpoint(block, x, factors, normed, use_reentrant=False)
+        return block(x, factors, normed)
 
     def _prepare(self, cameras: Cameras, values: dict[str, Tensor]) -> Factors:
         """The encoding bound to the folded cameras and per-token ``values`` (with a heads axis

@@ -104,10 +104,7 @@ class ModelSettings:
     mlp_ratio: float = setting(4.0, Field("float", above=0), "MLP hidden width / dim", shown=False)
     qk_norm: bool = setting(True, Field("bool"), "RMS-normalise queries and keys before the encoding", shown=False)
     qk_norm_eps: float | None = setting(
-        None,
-        Field("float", above=0, nullable=True),
-        "epsilon of the QK-norm (null: torch's default, the dtype's machine epsilon; LVSM: 1e-5)",
-        shown=False,
+        None, Field("float", above=0, nullable=True), "QK-norm epsilon (null: the dtype's; LVSM: 1e-5)", shown=False
     )
     encoding: str = setting(
         "none", Field("str"), "positional encoding: a hrope.ENCODINGS name or <name>-ape", shortcut="encoding"
@@ -144,6 +141,13 @@ class ModelSettings:
         "torch",
         Field("str", choices=BACKENDS),
         "how the encoding's transforms are applied (auto: the fused Triton kernel on CUDA); float rounding only",
+        shown=False,
+        resume=True,
+    )
+    checkpoint_blocks: bool = setting(
+        False,
+        Field("bool"),
+        "training: recompute each block's activations in the backward pass (less memory, same gradients; LVSM does)",
         shown=False,
         resume=True,
     )
@@ -274,17 +278,12 @@ class DataSettings:
         "[low, high] frames between the outer context views, low >= num_context - 1 (null: kind default)",
     )
     view_sampling: str = setting(
-        "uniform",
-        Field("str", choices=VIEW_SAMPLINGS),
-        "training views: uniform (targets drawn with replacement between the outer context views) or lvsm "
-        "(LVSM's: num_context + num_target distinct frames, targets drawn among all of them)",
-        shown=False,
+        "uniform", Field("str", choices=VIEW_SAMPLINGS), "training views (docs/data.md): uniform or lvsm", shown=False
     )
     normalize: str = setting(
         "context",
         Field("str", choices=NORMALIZATIONS),
-        "scene frame and scale: context (first context camera, unit context baseline) or lvsm (average "
-        "camera of the example's views, camera centres within 1/1.35)",
+        "scene frame and scale (docs/data.md): context or lvsm",
         shown=False,
     )
     num_scenes: int | None = setting(
@@ -354,8 +353,7 @@ class TrainSettings:
     skip_grad_factor: float | None = setting(
         None,
         Field("float", low=1, nullable=True),
-        "skip the update of a step whose gradient norm (before clipping) exceeds this times grad_clip "
-        "(null: never; LVSM: 5)",
+        "skip the update of a step whose gradient norm exceeds this x grad_clip (null: never; LVSM: 5)",
         shown=False,
     )
     bf16: bool = setting(False, Field("bool"), "bf16 autocast")
@@ -372,17 +370,10 @@ class TrainSettings:
         "weight of the perceptual loss (perceptual_loss) added to the MSE; > 0 needs its local weights",
     )
     perceptual_loss: str = setting(
-        "lpips",
-        Field("str", choices=PERCEPTUAL_LOSSES),
-        "lpips (the LPIPS of eval.lpips_weights) or vgg19 (LVSM's VGG-19 feature loss, train.vgg19_weights)",
-        shown=False,
+        "lpips", Field("str", choices=PERCEPTUAL_LOSSES), "lpips (eval.lpips_weights) or vgg19 (LVSM's)", shown=False
     )
     vgg19_weights: str | None = setting(
-        None,
-        _OPTIONAL_PATH,
-        "local VGG-19 weights of perceptual_loss vgg19 (torchvision's vgg19 features layout; LVSM's are "
-        "MatConvNet's imagenet-vgg-verydeep-19)",
-        shown=False,
+        None, _OPTIONAL_PATH, "local VGG-19 weights of perceptual_loss vgg19 (torchvision layout)", shown=False
     )
     parameter_lr_scale: float = setting(
         1.0, _NON_NEGATIVE, "learning-rate multiplier of the parameter source's heads (planes, ...)"
@@ -420,11 +411,7 @@ class EvalSettings:
         resume=True,
     )
     lpips_net: str = setting(
-        "alex",
-        Field("str", choices=LPIPS_NETS),
-        "LPIPS backbone: alex (LPIPS-Alex, as RayRoPE / PRoPE report) or vgg (LPIPS-VGG, as LVSM reports)",
-        resume=True,
-        shown=False,
+        "alex", Field("str", choices=LPIPS_NETS), "LPIPS backbone: alex or vgg (LVSM's)", resume=True, shown=False
     )
     num_grid_scenes: int = setting(4, Field("int", low=0), "scenes in the evaluation image grid", resume=True)
     split: str = setting(
