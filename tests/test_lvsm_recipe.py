@@ -4,7 +4,9 @@ from the descriptions in docs/model.md, not from the modules under test)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from _lvsm_helpers import VGG_CONVOLUTIONS, random_lpips_weights, random_vgg_wei
 
 from hrope.cameras import Cameras
 from hrope.nvs.build_data import build_dataset
-from hrope.nvs.config import ConfigError, resolve
+from hrope.nvs.config import ConfigError, load_config, resolve
 from hrope.nvs.data import make_scene
 from hrope.nvs.data.dataset import SyntheticDataset, TooFewFramesError, sample_lvsm_views
 from hrope.nvs.data.normalize import LVSM_SCALE, normalize_lvsm
@@ -22,7 +24,7 @@ from hrope.nvs.data.rng import Rng
 from hrope.nvs.data.scene import SceneError
 from hrope.nvs.evaluation.metrics import LPIPS, MetricError
 from hrope.nvs.evaluation.vgg import VGGFeatures
-from hrope.nvs.model import build_model
+from hrope.nvs.model import ModelConfig, build_model
 from hrope.nvs.running.perceptual import VGGPerceptualLoss
 from hrope.nvs.running.train import train
 from hrope.nvs.running.train_step import make_optimizer, perceptual_loss, train_step
@@ -259,3 +261,27 @@ def test_checkpointed_blocks_give_the_same_gradients():
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=0, atol=0, msg=name)
+
+
+LVSM_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "lvsm_re10k.yaml"
+
+
+def test_the_lvsm_config_is_lvsms_recipe_and_trains(tmp_path):
+    config = load_config(LVSM_CONFIG)
+    model = ModelConfig.from_dict(config["model"])
+    assert (model.dim, model.layers, model.heads, model.patch_size, model.image_size) == (768, 24, 12, 8, 256)
+    assert model.encoding == "none" and model.ray_frame == "world" and model.qk_norm_eps == 1e-5
+    data, options = config["data"], config["train"]
+    assert data["context_gap"] == [25, 192] and (data["num_context"], data["num_target"]) == (2, 6)
+    assert (data["view_sampling"], data["normalize"], config["eval"]["lpips_net"]) == ("lvsm", "lvsm", "vgg")
+    assert (options["warmup"], options["min_lr_ratio"], options["skip_grad_factor"]) == (3000, 0.0, 5.0)
+    assert (options["perceptual_loss"], options["perceptual_weight"], options["lr"]) == ("vgg19", 0.5, 4e-4)
+    # the same recipe on a small model and synthetic rooms, a few steps on the CPU
+    small = small_config()
+    config["model"] = {**small["model"], "encoding": "none", "qk_norm_eps": 1e-5, "checkpoint_blocks": True}
+    config["data"].update(kind="room", root=None, eval_root=None, eval_index=None, context_gap=[25, 60], num_scenes=2)
+    random_vgg_weights(tmp_path / "vgg19.safetensors", "vgg19")
+    config["train"].update(small["train"], out=str(tmp_path / "run"), vgg19_weights=str(tmp_path / "vgg19.safetensors"))
+    config["train"]["steps"] = 2
+    result = train(resolve(config), progress=False)
+    assert result.outcome == "completed" and math.isfinite(result.last_loss)

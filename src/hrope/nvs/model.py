@@ -376,7 +376,7 @@ class LVSM(nn.Module):
         out = torch.sigmoid(unpatchify(out.reshape(B, Vt, P, -1), c.patch_size, grid))
         return LVSMOutput(images=out, parameters=parameters)
 
-    def _block(self, block: Block, x: Tensor, factors: Factors, normed: Tensor | None) -> Tensor:
+    def _block(self, block: Block, x: Tensor, factors: Factors | None, normed: Tensor | None) -> Tensor:
         """``block(x, factors, normed)``, its activations recomputed in the backward pass when training
         with ``checkpoint_blocks``."""
         if self.config.checkpoint_blocks and self.training and torch.is_grad_enabled():

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from torch import Tensor
+from torch import Tensor, nn
 
 from .. import __version__
 from .running.atomic import atomic_path, write_json, write_text
@@ -317,7 +317,7 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu") -> tuple[
     return load_model(path, device)
 
 
-def init_weights(path: str | Path, model: LVSM) -> list[str]:
+def init_weights(path: str | Path, model: nn.Module) -> list[str]:
     """``train.init_from``: load the weights of a run folder, a checkpoint file or a saved model
     folder into ``model`` to fine-tune it, possibly with another encoding. The encoding's own
     parameters (names starting with :data:`ENCODING_PARTS`) that the file lacks keep their

@@ -166,7 +166,7 @@ class LPIPS(nn.Module):
         super().__init__()
         self.net, self.name = net, lpips_name(net)
         if net == "alex":
-            self.features: nn.Module = nn.ModuleDict(
+            self.features: nn.ModuleDict | VGGFeatures = nn.ModuleDict(
                 {
                     "0": nn.Conv2d(3, 64, 11, stride=4, padding=2),
                     "3": nn.Conv2d(64, 192, 5, padding=2),
