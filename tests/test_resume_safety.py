@@ -84,6 +84,7 @@ HARMLESS = [
     ("eval", "batch_size", 1),
     ("eval", "lpips_weights", "lpips.safetensors"),
     ("eval", "lpips_net", "vgg"),
+    ("model", "checkpoint_blocks", True),
 ]
 
 
