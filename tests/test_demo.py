@@ -30,7 +30,7 @@ def test_demo_runs_end_to_end_in_parallel_with_the_results_of_one_process(tmp_pa
     assert set(learned["planes"]) >= {"context", "target"}  # the learned planes' accuracy is reported
     text = (tmp_path / "results.md").read_text()
     assert "Reading: " in text and "Plane accuracy of `hrope-lift (learned planes, transferred, world rays)`" in text
-    assert "| model | PSNR ↑ | SSIM ↑ | LPIPS ↓ | ST-LPIPS (alex) ↓ |" in text
+    assert "| model | PSNR ↑ | SSIM ↑ | LPIPS-Alex ↓ | ST-LPIPS (alex) ↓ |" in text
     commit = report["provenance"]["commit"]  # the code that produced the results, in both files
     assert commit is not None and len(commit) == 40 and f"Commit: `{commit}`" in text
     assert not any(DEMO_MODELS[i].options.get("scope") == "all" for i in range(len(DEMO_MODELS)))  # no target geometry

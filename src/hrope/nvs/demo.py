@@ -7,7 +7,7 @@ be), and ``hrope-lift`` with the same rays and planes from the context views onl
 the target camera — learned, or fitted to the context views' depth (what a model with a depth
 estimator has at test time). No row sees the target view's geometry. Each is evaluated on
 held-out scenes; ``runs/demo`` gets ``results.md`` / ``results.json`` (PSNR, SSIM, ST-LPIPS (alex)
-when ``stlpips-pytorch`` is installed, LPIPS unavailable without local weights, the learned planes'
+when ``stlpips-pytorch`` is installed, LPIPS-Alex unavailable without local weights, the learned planes'
 accuracy against the neutral planes, and a one-sentence reading), ``comparison.png`` (per scene:
 context views | ground truth | each model's prediction, a label over every column),
 ``results_bar.png`` (the table as bars) and ``normals.png`` (the learned plane normals next to the
@@ -231,7 +231,7 @@ def _report(
         f"Total time {elapsed / 60:.1f} min on {device} ({jobs} parallel job{'s' if jobs > 1 else ''}; "
         f"{sum(r['cpu_seconds'] for r in results) / 60:.1f} CPU min of training and evaluation). "
         f"{_commit_line(code)}\n\n" + markdown_table(results) + f"\nReading: {reading(results)}\n\n"
-        "LPIPS is unavailable: no local LPIPS weights are configured; ST-LPIPS (alex) is a different perceptual "
+        "LPIPS-Alex is unavailable: no local LPIPS weights are configured; ST-LPIPS (alex) is a different perceptual "
         "distance (shift-tolerant, its weights ship with the stlpips-pytorch package; docs/model.md). "
         "The context-depth row fits planes to the "
         "renderer's depth of the context views only (a stand-in for a depth estimator) and carries them into the "
