@@ -99,7 +99,7 @@ class CellRunner:
         self.lpips_weights, self.max_datasets, self.allow_stale = lpips_weights, max_datasets, allow_stale
         self.split = split
         self.provenance = code_provenance()
-        self._lpips = LPIPS(lpips_weights).to(device) if lpips_weights else None
+        self._lpips = LPIPS(lpips_weights, "alex").to(device) if lpips_weights else None
         self._datasets: dict[tuple, object] = {}
         self.trained: list[Cell] = []  # cells trained (not read from the cache) by this runner
 

@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rows", default=None, help="comma list of row labels or encoding names to run")
     parser.add_argument("--device", default="cpu", help="cpu | cuda")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per run (0 = torch default)")
-    parser.add_argument("--lpips-weights", default=None, help="local LPIPS safetensors (else LPIPS unavailable)")
+    parser.add_argument("--lpips-weights", default=None, help="local LPIPS-Alex weights (else LPIPS unavailable)")
     parser.add_argument(
         "--report-only", action="store_true", help="write the report from finished cells; train nothing"
     )

@@ -21,6 +21,7 @@ from pathlib import Path
 
 
 from .rows import ABLATIONS, APE_ABLATIONS, VIEW_COUNTS, Row, Table
+from hrope.nvs.evaluation.metrics import lpips_name
 from hrope.nvs.running.provenance import describe
 from hrope.nvs.running.atomic import save_figure
 
@@ -32,7 +33,8 @@ NOISE_RULE = (
     "noise); pooled std = sqrt((s_a² + s_b²)/2), floor 0.05 dB PSNR / 0.002 SSIM; a one-sigma "
     "screen, not a significance test"
 )
-METRICS = (("psnr", "PSNR ↑", 2), ("ssim", "SSIM ↑", 3), ("lpips", "LPIPS ↓", 3))
+LPIPS_NAME = lpips_name("alex")  # the cells score LPIPS-Alex (experiments.cells)
+METRICS = (("psnr", "PSNR ↑", 2), ("ssim", "SSIM ↑", 3), ("lpips", f"{LPIPS_NAME} ↓", 3))
 STALE_MARK = " †"
 
 
@@ -209,7 +211,7 @@ def _table_markdown(name: str, table: dict) -> list[str]:
         lines += [
             f"**{dataset}** (Δ vs {reference}; ≈ = within seed noise)",
             "",
-            "| row | PSNR ↑ | Δ PSNR | SSIM ↑ | Δ SSIM | LPIPS ↓ | params | train s | seeds |",
+            f"| row | PSNR ↑ | Δ PSNR | SSIM ↑ | Δ SSIM | {LPIPS_NAME} ↓ | params | train s | seeds |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for r in rows:
@@ -295,7 +297,7 @@ def markdown(report: dict) -> str:
         f"{budget['eval_scenes']} held-out scenes (Fig. 6: {budget['protocol_scenes']}), seeds "
         f"{list(budget['seeds'])}, 1 target view per scene. Train time: wall seconds for all steps on "
         f"`{report['device']}` with {report['threads']} torch thread(s) (shared machine; indicative only).  ",
-        f"Noise rule: {NOISE_RULE}. LPIPS: {report['lpips']}.",
+        f"Noise rule: {NOISE_RULE}. {LPIPS_NAME}: {report['lpips']}.",
         "",
     ]
     stale = report.get("stale_cells") or {}

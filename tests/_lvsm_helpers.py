@@ -60,3 +60,44 @@ def random_lpips_weights(path) -> None:
     for i, channels in enumerate((64, 192, 384, 256, 256)):
         state[f"lin{i}.model.1.weight"] = torch.rand(1, channels, 1, 1, generator=generator)
     save_file(state, str(path))
+
+
+VGG_CONVOLUTIONS = {  # torchvision's features: index -> (in, out) channels of each 3x3 convolution
+    "vgg16": dict(
+        zip(
+            (0, 2, 5, 7, 10, 12, 14, 17, 19, 21, 24, 26, 28),
+            ((3, 64), (64, 64), (64, 128), (128, 128), (128, 256), (256, 256), (256, 256))
+            + ((256, 512), (512, 512), (512, 512), (512, 512), (512, 512), (512, 512)),
+        )
+    ),
+    "vgg19": dict(
+        zip(
+            (0, 2, 5, 7, 10, 12, 14, 16, 19, 21, 23, 25, 28, 30, 32, 34),
+            ((3, 64), (64, 64), (64, 128), (128, 128), (128, 256), (256, 256), (256, 256), (256, 256))
+            + ((256, 512),)
+            + ((512, 512),) * 7,
+        )
+    ),
+}
+
+
+def random_vgg_weights(path, layout: str, lpips_heads: bool = False, scale: float = 1.0) -> dict:
+    """Random weights in torchvision's ``{layout}.features`` layout (``features.{i}.weight`` / ``.bias``;
+    He-scaled times ``scale``), with LPIPS' ``lin{i}.model.1.weight`` heads for VGG-16's taps when
+    ``lpips_heads``; written to ``path`` (safetensors, or ``torch.save`` for another suffix) and returned."""
+    generator = torch.Generator().manual_seed(1)
+    state = {}
+    for index, (c_in, c_out) in VGG_CONVOLUTIONS[layout].items():
+        std = scale * (2 / (9 * c_in)) ** 0.5
+        state[f"features.{index}.weight"] = std * torch.randn(c_out, c_in, 3, 3, generator=generator)
+        state[f"features.{index}.bias"] = 0.01 * torch.randn(c_out, generator=generator)
+    if lpips_heads:
+        for i, channels in enumerate((64, 128, 256, 512, 512)):
+            state[f"lin{i}.model.1.weight"] = torch.rand(1, channels, 1, 1, generator=generator)
+    if str(path).endswith(".safetensors"):
+        from safetensors.torch import save_file
+
+        save_file(state, str(path))
+    else:
+        torch.save(state, path)
+    return state

@@ -55,7 +55,7 @@ def test_train_eval_viz_smoke(tmp_path, capsys):
     assert (
         (out / "eval" / "results.md")
         .read_text()
-        .startswith("| model | PSNR ↑ | SSIM ↑ | LPIPS ↓ | ST-LPIPS (alex) ↓ |")
+        .startswith("| model | PSNR ↑ | SSIM ↑ | LPIPS-Alex ↓ | ST-LPIPS (alex) ↓ |")
     )
     assert (out / "eval" / "grid.png").is_file() and (out / "eval" / "config.yaml").is_file()
 

@@ -305,12 +305,10 @@ def test_fuzzed_overrides_only_raise_config_errors(draws):
     except ConfigError as error:
         assert "\n" not in str(error)
         return
-    plain = config.to_dict()
     for key, text in last.items():  # accepted: the config holds the last value given for each key
         section, name = key.split(".")
-        assert plain[section][name] == parse_value(text)
-        if section != "model":
-            assert field_of(key).accepts(plain[section][name])
+        value = getattr(getattr(config, section), name)
+        assert value == parse_value(text) and field_of(key).accepts(value)
 
 
 @settings(max_examples=150, deadline=None)
@@ -328,10 +326,10 @@ def test_fuzzed_valid_overrides_pass(draws):
         return
     if broken is None:  # a real-data kind: its own rules (tests/test_real_data_pipeline.py)
         return
-    config = apply_overrides(resolve(), args).to_dict()
+    config = apply_overrides(resolve(), args)
     for key, value in draws:
         section, name = key.split(".")
-        assert config[section][name] == parse_value(as_text(value)) == value
+        assert getattr(getattr(config, section), name) == parse_value(as_text(value)) == value
 
 
 def breaks_a_rule_across_keys(given: dict) -> str | None | bool:
@@ -340,12 +338,22 @@ def breaks_a_rule_across_keys(given: dict) -> str | None | bool:
 
     def value(key):
         section, name = key.split(".")
-        return given.get(key, DEFAULTS[section][name])
+        return given.get(key, SETTINGS[section][name].default)
 
     gap = value("data.context_gap")
     if gap is not None and gap[0] < value("data.num_context") - 1:
         return "data.context_gap"
-    if value("train.perceptual_weight") and not value("eval.lpips_weights"):
+    if (
+        value("train.perceptual_weight")
+        and value("train.perceptual_loss") == "vgg19"
+        and not value("train.vgg19_weights")
+    ):
+        return "train.vgg19_weights"
+    if (
+        value("train.perceptual_weight")
+        and value("train.perceptual_loss") == "lpips"
+        and not value("eval.lpips_weights")
+    ):
         return "train.perceptual_weight"
     if value("data.kind") not in KINDS:
         return "data.kind" if value("data.kind") not in LOADERS else None
@@ -388,8 +396,11 @@ def test_fuzzed_yaml_files_only_raise_config_errors(tmp_path_factory, text):
     document, plain = yaml.safe_load(text) or {}, config.to_dict()
     for section in CHECKED:  # accepted: the file's values, the defaults elsewhere
         for key, declared in SETTINGS[section].items():
-            expected = document.get(section, {}).get(key, DEFAULTS[section][key])
-            assert plain[section][key] == expected and declared.check.accepts(expected)
+            expected = document.get(section, {}).get(key, declared.default)
+            value = getattr(getattr(config, section), key)
+            assert value == expected and declared.check.accepts(expected)
+            # the plain form: every key; a sparse one (a newer setting) only off its default
+            assert (key in plain[section]) == (not declared.sparse or value != declared.default)
 
 
 @pytest.mark.parametrize(

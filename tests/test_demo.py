@@ -43,7 +43,7 @@ def test_demo_runs_end_to_end_in_parallel_with_the_results_of_one_process(tmp_pa
     assert set(learned["planes"]) >= {"context", "target"}  # the learned planes' accuracy is reported
     text = (tmp_path / "results.md").read_text()
     assert "Reading: " in text and "Plane accuracy of `hrope-lift (learned planes, transferred, world rays)`" in text
-    assert "| model | PSNR ↑ | SSIM ↑ | LPIPS ↓ | ST-LPIPS (alex) ↓ |" in text
+    assert "| model | PSNR ↑ | SSIM ↑ | LPIPS-Alex ↓ | ST-LPIPS (alex) ↓ |" in text
     assert all(f"\n| {m.name} | " in text for m in DEMO_MODELS)  # every row in the table, in the figure's legend
     assert "columns: context views | ground truth | " + " | ".join(m.name for m in DEMO_MODELS) + "." in text
     commit = report["provenance"]["commit"]  # the code that produced the results, in both files

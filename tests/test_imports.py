@@ -48,7 +48,9 @@ LAYERS = {
     "hrope.nvs.config.options": 10.1,
     "hrope.nvs.config.schema": 10.2,
     "hrope.nvs.config.model_config": 10.4,
-    "hrope.nvs.evaluation.metrics": 10,
+    "hrope.nvs.evaluation.vgg": 9,
+    "hrope.nvs.evaluation.metrics": 10.3,  # the LPIPS backbones' names come from the config schema
+    "hrope.nvs.running.perceptual": 11,
     "hrope.nvs.data.": 11,
     "hrope.nvs.running.distributed": 11,
     "hrope.nvs.config.": 11.5,
@@ -61,6 +63,7 @@ LAYERS = {
     "hrope.nvs.running.checkpoints": 14,
     "hrope.nvs.running.train_step": 14,
     "hrope.nvs.evaluation.plane_accuracy": 14,
+    "hrope.nvs.lvsm_official": 14.2,  # official LVSM checkpoints into the model
     "hrope.nvs.pretrained": 14.5,  # reads checkpoints; viz and evaluate load through it
     "hrope.nvs.running.train": 15,
     "hrope.nvs.viz.figures": 15,

@@ -134,13 +134,17 @@ def test_st_lpips_input_errors(tmp_path):
 def test_markdown_table_has_an_st_lpips_column_only_when_every_row_has_one():
     old = {"name": "a", "metrics": {"psnr": 20.0, "ssim": 0.5, "lpips": "unavailable"}}
     new = {"name": "b", "metrics": {"psnr": 21.0, "ssim": 0.6, "lpips": "unavailable", "st_lpips": 0.1234}}
-    assert (
+    assert (  # results written before LPIPS-VGG existed scored LPIPS-Alex
         markdown_table([old])
-        == "| model | PSNR ↑ | SSIM ↑ | LPIPS ↓ |\n|---|---|---|---|\n| a | 20.00 | 0.500 | unavailable |\n"
+        == "| model | PSNR ↑ | SSIM ↑ | LPIPS-Alex ↓ |\n|---|---|---|---|\n| a | 20.00 | 0.500 | unavailable |\n"
     )
     assert markdown_table([new]).splitlines() == [
-        "| model | PSNR ↑ | SSIM ↑ | LPIPS ↓ | ST-LPIPS (alex) ↓ |",
+        "| model | PSNR ↑ | SSIM ↑ | LPIPS-Alex ↓ | ST-LPIPS (alex) ↓ |",
         "|---|---|---|---|---|",
         "| b | 21.00 | 0.600 | unavailable | 0.123 |",
     ]
-    assert markdown_table([old, new]).startswith("| model | PSNR ↑ | SSIM ↑ | LPIPS ↓ |\n")
+    assert markdown_table([old, new]).startswith("| model | PSNR ↑ | SSIM ↑ | LPIPS-Alex ↓ |\n")
+    vgg = {**new, "lpips_net": "vgg"}
+    assert markdown_table([vgg]).startswith("| model | PSNR ↑ | SSIM ↑ | LPIPS-VGG ↓ | ST-LPIPS (alex) ↓ |\n")
+    with pytest.raises(MetricError, match=r"different backbones \(alex, vgg\)"):
+        markdown_table([old, vgg])

@@ -40,6 +40,7 @@ REFUSED = [
     ("model", "image_size", 64),
     ("model", "predictor", "oracle"),
     ("model", "encoding_options", {"rope_base": 50.0}),
+    ("model", "qk_norm_eps", 1e-5),
     ("data", "kind", "dl3dv"),
     ("data", "root", "elsewhere"),
     ("data", "num_scenes", 5),
@@ -48,6 +49,8 @@ REFUSED = [
     ("data", "seed", 1),
     ("data", "context_gap", [1, 2]),
     ("data", "synthetic", {"fov_deg": [40, 60]}),
+    ("data", "view_sampling", "lvsm"),
+    ("data", "normalize", "lvsm"),
     ("train", "seed", 1),
     ("train", "lr", 1e-3),
     ("train", "steps", 8),
@@ -59,6 +62,9 @@ REFUSED = [
     ("train", "bf16", True),
     ("train", "parameter_lr_scale", 2.0),
     ("train", "perceptual_weight", 0.5),
+    ("train", "perceptual_loss", "vgg19"),
+    ("train", "vgg19_weights", "vgg19.safetensors"),
+    ("train", "skip_grad_factor", 5.0),
     ("train", "init_from", "a/run"),
 ]
 HARMLESS = [
@@ -76,6 +82,8 @@ HARMLESS = [
     ("eval", "num_scenes", 7),
     ("eval", "batch_size", 1),
     ("eval", "lpips_weights", "lpips.safetensors"),
+    ("eval", "lpips_net", "vgg"),
+    ("model", "checkpoint_blocks", True),
 ]
 
 
@@ -127,12 +135,14 @@ def test_resume_differences_refuse_exactly_the_trajectory_keys(chosen):
         assume(False)
     refused, harmless = resume_differences(stored, requested)
     expected = {name for name, change in changes.items() if change in REFUSED}
-    if "train.perceptual_weight" in expected and "eval.lpips_weights" in changes:
-        expected.add("eval.lpips_weights")  # the perceptual loss trains with these weights
+    lpips_loss = "train.perceptual_weight" in expected and "train.perceptual_loss" not in changes
+    expected |= {
+        k for k in ("eval.lpips_weights", "eval.lpips_net") if lpips_loss and k in changes
+    }  # it trains with them
     assert set(refused) == expected and set(harmless) == set(changes) - expected
-    model, plain = stored.model.to_dict(), stored.to_dict()  # model fields: the preset / defaults applied
+    model = stored.model.fields_dict()  # model fields: the preset / defaults applied
     for name, (section, key, value) in changes.items():
-        old = model[key] if section == "model" else plain[section][key]
+        old = model[key] if section == "model" else getattr(getattr(stored, section), key)
         assert {**refused, **harmless}[name] == (old, value)
 
 

@@ -52,13 +52,13 @@ class _Folded(nn.Module):
         self.inner = heads * self.head_dim
         self.encoding = None if encoding is None else get_encoding(encoding)  # a submodule: its options train
 
-    def add_output(self, dim: int, out_bias: bool, qk_norm: bool) -> None:
+    def add_output(self, dim: int, out_bias: bool, qk_norm: bool, qk_norm_eps: float | None) -> None:
         """The output projection and the QK-norms, registered after the input projections (the
         registration order of a plain attention module, so seeded inits draw the same weights)."""
         self.out = nn.Linear(self.inner, dim, bias=out_bias)
         self.qk_norm = qk_norm
-        self.q_norm = nn.RMSNorm(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = nn.RMSNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=qk_norm_eps) if qk_norm else nn.Identity()
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=qk_norm_eps) if qk_norm else nn.Identity()
 
     def factorize(
         self,
@@ -148,7 +148,8 @@ class MultiviewAttention(_Folded):
         qkv_bias, out_bias: biases of the input and output projections.
         qk_norm: RMS-normalise q and k per head before the encoding (as the LVSM model). The
             norm sits between projection and encoding, so q and k are then encoded per call;
-            v and the output still fold.
+            v and the output still fold. ``qk_norm_eps``: the norm's epsilon (None: torch's
+            default, the machine epsilon of q's dtype; the official LVSM uses 1e-5).
         fold: what :meth:`factorize` (so ``forward(x, cameras, grid)``) does: False (the
             default) applies the whole prepared transform per call; True folds the per-view
             factor into the weights and rotates a RoPE left alone in place. The outputs agree to
@@ -177,12 +178,13 @@ class MultiviewAttention(_Folded):
         qkv_bias: bool = False,
         out_bias: bool = False,
         qk_norm: bool = False,
+        qk_norm_eps: float | None = None,
         head_dim: int | None = None,
         fold: bool = False,
     ) -> None:
         super().__init__(dim, heads, encoding, head_dim, fold)
         self.qkv = nn.Linear(dim, 3 * self.inner, bias=qkv_bias)
-        self.add_output(dim, out_bias, qk_norm)
+        self.add_output(dim, out_bias, qk_norm, qk_norm_eps)
 
     def forward(
         self,
@@ -322,9 +324,9 @@ class MultiviewCrossAttention(_Folded):
 
     Parameters ``q`` (``nn.Linear(dim, heads * head_dim)``), ``kv`` (``nn.Linear(context_dim,
     2 * heads * head_dim)``, rows k then v), ``out``, and ``q_norm`` / ``k_norm`` with
-    ``qk_norm``. The query side's per-view factor folds into W_q and W_o, the key side's into
-    W_k and W_v where that side's factors were made with ``fold=True`` (``fold`` as in
-    :class:`MultiviewAttention`; by default nothing folds). Query-frame encodings are refused
+    ``qk_norm`` (epsilon ``qk_norm_eps``). The query side's per-view factor folds into W_q and
+    W_o, the key side's into W_k and W_v where that side's factors were made with ``fold=True``
+    (``fold`` as in :class:`MultiviewAttention`; by default nothing folds). Query-frame encodings are refused
     (EncodingError), as in :func:`hrope.cross_attention`.
     """
 
@@ -338,13 +340,14 @@ class MultiviewCrossAttention(_Folded):
         qkv_bias: bool = False,
         out_bias: bool = False,
         qk_norm: bool = False,
+        qk_norm_eps: float | None = None,
         head_dim: int | None = None,
         fold: bool = False,
     ) -> None:
         super().__init__(dim, heads, encoding, head_dim, fold)
         self.q = nn.Linear(dim, self.inner, bias=qkv_bias)
         self.kv = nn.Linear(context_dim or dim, 2 * self.inner, bias=qkv_bias)
-        self.add_output(dim, out_bias, qk_norm)
+        self.add_output(dim, out_bias, qk_norm, qk_norm_eps)
 
     def forward(
         self, x: Tensor, context: Tensor, *, query: Factors | None, key: Factors | None, **sdpa_kwargs: Any

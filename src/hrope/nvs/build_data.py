@@ -14,7 +14,7 @@ import torch
 from .config import ConfigError, RunConfig, synthetic_settings
 from .data.batch import collate_scenes
 from .data.dataset import SceneDataset, SyntheticDataset
-from .data.normalize import normalize_scene
+from .data.normalize import normalize
 from .data.real.image_cache import default_cache_dir
 from .data.real.loaders import LOADERS, make_source
 from .data.scene import SceneError
@@ -67,10 +67,11 @@ class FirstScenes:
 
 class IndexedViews:
     """The scenes of a RealEstate10K source opened with an evaluation index (its context, then its
-    targets), normalised; the index must give ``num_context`` context views per scene."""
+    targets), normalised (``normalization``: :func:`hrope.nvs.data.normalize.normalize`); the index
+    must give ``num_context`` context views per scene."""
 
-    def __init__(self, source, num_context: int) -> None:
-        self.source, self.num_context = source, num_context
+    def __init__(self, source, num_context: int, normalization: str = "context") -> None:
+        self.source, self.num_context, self.normalization = source, num_context, normalization
 
     def __len__(self) -> int:
         return len(self.source)
@@ -81,7 +82,7 @@ class IndexedViews:
             raise ConfigError(
                 f"data.eval_index gives {len(context)} context views, data.num_context is {self.num_context}"
             )
-        return normalize_scene(self.source[index], context)
+        return normalize(self.source[index], context, self.normalization)
 
 
 def build_scene_source(config: RunConfig, split: str = "train"):
@@ -135,11 +136,13 @@ def build_dataset(config: RunConfig, split: str = "train"):
             split=split,
             context_gap=gap,
             config=synthetic_settings(data),
+            sampling=data.view_sampling,
+            normalization=data.normalize,
         )
         return CachedDataset(dataset) if data.cache else dataset
     scenes: IndexedViews | SceneDataset
     if split == "eval" and data.eval_index:
-        scenes = IndexedViews(build_scene_source(config, split), data.num_context)
+        scenes = IndexedViews(build_scene_source(config, split), data.num_context, data.normalize)
     else:
         scenes = SceneDataset(
             build_scene_source(config, split),
@@ -148,6 +151,8 @@ def build_dataset(config: RunConfig, split: str = "train"):
             split=split,
             seed=data.seed,
             context_gap=gap,
+            sampling=data.view_sampling,
+            normalization=data.normalize,
         )
     if num_scenes is not None and num_scenes < len(scenes):
         return FirstScenes(scenes, num_scenes)

@@ -161,7 +161,8 @@ def _add_eval(commands) -> None:
     evaluate.add_argument(
         "--lpips-weights",
         default=None,
-        help="local LPIPS (AlexNet) safetensors file (default: the run's eval.lpips_weights; none = LPIPS unavailable)",
+        help="local LPIPS weights file of the run's eval.lpips_net backbone (default: the run's eval.lpips_weights; "
+        "none = LPIPS unavailable)",
     )
 
 

@@ -59,6 +59,8 @@ def _table(entries: dict[str, Setting], prefix: str) -> list[str]:
         notes = []
         if declared.resume:
             notes.append("may change on resume")
+        if declared.sparse:
+            notes.append("written into a config's plain form only off its default")
         if f"{prefix}{name}" in shortcuts:
             notes.append(f"shortcut `--{shortcuts[prefix + name]}`")
         doc = declared.doc + (f" ({'; '.join(notes)})" if notes else "")
@@ -93,7 +95,7 @@ def config_reference() -> str:
         "rewrites it).",
         "`hrope config [FILE] [--section.key VALUE ...]` prints a resolved config with these docs.",
         "Overrides are `--section.key VALUE`; resuming a run accepts changes only to the keys marked",
-        '"may change on resume" (and `eval.lpips_weights` only without a perceptual loss).',
+        '"may change on resume" (and `eval.lpips_weights`, `eval.lpips_net` only without an LPIPS perceptual loss).',
         "",
         "In Python a resolved config is one frozen, typed tree (`hrope.nvs.config.RunConfig`), checked once",
         "when it is built (`resolve`, `load_config`, `update_config`), its keys read as attributes:",

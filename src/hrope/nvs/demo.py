@@ -9,7 +9,7 @@ has at test time); and the two rows docs/results.md recommends given that depth,
 and ``urope`` anchored at each token's depth (``worldrope`` without its footprint term), configured
 as experiments/plane_evidence.py's planned rows. No row sees the target view's geometry. Each is evaluated on
 held-out scenes; ``runs/demo`` gets ``results.md`` / ``results.json`` (PSNR, SSIM, ST-LPIPS (alex)
-when ``stlpips-pytorch`` is installed, LPIPS unavailable without local weights, the learned planes'
+when ``stlpips-pytorch`` is installed, LPIPS-Alex unavailable without local weights, the learned planes'
 accuracy against the neutral planes, and a one-sentence reading), ``comparison.png`` (per scene:
 context views | ground truth | each model's prediction, a label over every column),
 ``results_bar.png`` (the table as bars) and ``normals.png`` (the learned plane normals next to the
@@ -283,7 +283,7 @@ def _report(
         f"Total time {elapsed / 60:.1f} min on {device} ({jobs} parallel job{'s' if jobs > 1 else ''}; "
         f"{sum(r['cpu_seconds'] for r in results) / 60:.1f} CPU min of training and evaluation). "
         f"{_commit_line(code)}\n\n" + markdown_table(results) + f"\nReading: {reading(results)}\n\n"
-        "LPIPS is unavailable: no local LPIPS weights are configured; ST-LPIPS (alex) is a different perceptual "
+        "LPIPS-Alex is unavailable: no local LPIPS weights are configured; ST-LPIPS (alex) is a different perceptual "
         "distance (shift-tolerant, its weights ship with the stlpips-pytorch package; docs/model.md). "
         f"{ROWS_TEXT}\n" + accuracy + f"\n`comparison.png` columns: {columns}. `results_bar.png`: the table as bars. "
         f"`normals.png`: input | overlay | `{normals_of}` normals | "

@@ -23,6 +23,7 @@ from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from ..cameras import Cameras
 from ..encodings import Encoding, Prepared, get_encoding
@@ -75,13 +76,14 @@ class Block(nn.Module):
     """Pre-norm transformer block; ``forward(x, factors)`` attends through the encoding bound to
     the batch (:func:`hrope.nn.factorize`; unfolded: its prepared transform,
     :meth:`hrope.Encoding.prepare`). Attention: :class:`hrope.nn.MultiviewAttention` without
-    biases, QK-norm (RMS per head, before the encoding) with ``qk_norm``; parameters ``qkv``,
-    ``out``, ``q_norm``, ``k_norm``. ``normed``: ``norm1(x)`` when the caller has already computed it."""
+    biases, QK-norm (RMS per head, before the encoding, epsilon ``qk_norm_eps``) with ``qk_norm``;
+    parameters ``qkv``, ``out``, ``q_norm``, ``k_norm``. ``normed``: ``norm1(x)`` when the caller
+    has already computed it."""
 
-    def __init__(self, dim: int, heads: int, mlp_ratio: float, qk_norm: bool) -> None:
+    def __init__(self, dim: int, heads: int, mlp_ratio: float, qk_norm: bool, qk_norm_eps: float | None) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, bias=False)
-        self.attn = MultiviewAttention(dim, heads, None, qk_norm=qk_norm)
+        self.attn = MultiviewAttention(dim, heads, None, qk_norm=qk_norm, qk_norm_eps=qk_norm_eps)
         self.norm2 = nn.LayerNorm(dim, bias=False)
         hidden = int(dim * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden, bias=False), nn.GELU(), nn.Linear(hidden, dim, bias=False))
@@ -116,7 +118,9 @@ class LVSM(PretrainedMixin, nn.Module):
         self.context_tokenizer = nn.Linear(9 * p2, c.dim, bias=False)
         self.target_tokenizer = nn.Linear(6 * p2, c.dim, bias=False)
         self.input_norm = nn.LayerNorm(c.dim, bias=False)
-        self.blocks = nn.ModuleList(Block(c.dim, c.heads, c.mlp_ratio, c.qk_norm) for _ in range(c.layers))
+        self.blocks = nn.ModuleList(
+            Block(c.dim, c.heads, c.mlp_ratio, c.qk_norm, c.qk_norm_eps) for _ in range(c.layers)
+        )
         self.output_norm = nn.LayerNorm(c.dim, bias=False)
         self.head = nn.Linear(c.dim, 3 * p2, bias=False)
         self._init_weights()
@@ -242,12 +246,19 @@ class LVSM(PretrainedMixin, nn.Module):
                     prepared = self._prepare(folded_cameras, values)
                     if not layer_source.per_layer:  # predicted once: every later layer reuses it
                         shared = prepared
-            x = block(x, prepared, normed)
+            x = self._block(block, x, prepared, normed)
         Vt = V - num_context
         P = grid[0] * grid[1]
         out = self.head(self.output_norm(x[:, num_context * P :]))
         out = torch.sigmoid(unpatchify(out.reshape(B, Vt, P, -1), c.patch_size, grid))
         return LVSMOutput(images=out, parameters=parameters)
+
+    def _block(self, block: Block, x: Tensor, factors: Factors | None, normed: Tensor | None) -> Tensor:
+        """``block(x, factors, normed)``, its activations recomputed in the backward pass when training
+        with ``checkpoint_blocks``."""
+        if self.config.checkpoint_blocks and self.training and torch.is_grad_enabled():
+            return checkpoint(block, x, factors, normed, use_reentrant=False)
+        return block(x, factors, normed)
 
     def _prepare(self, cameras: Cameras, values: dict[str, Tensor]) -> Factors:
         """The encoding bound to the folded cameras and per-token ``values`` (with a heads axis

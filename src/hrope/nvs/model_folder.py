@@ -37,6 +37,7 @@ __all__ = [
     "check_save_target",
     "write_model_folder",
     "read_model_folder",
+    "read_weights",
 ]
 
 PRETRAINED_FORMAT = "hrope-pretrained-v1"
@@ -229,7 +230,7 @@ def _read_info(folder: Path) -> dict:
     return info
 
 
-def _read_weights(folder: Path) -> dict[str, Tensor]:
+def read_weights(folder: Path) -> dict[str, Tensor]:
     """The tensors of ``model.safetensors``, checked: readable, checksum, finite."""
     path = folder / WEIGHTS_NAME
     if not path.is_file():
@@ -254,7 +255,7 @@ def read_model_folder(model_class: type, folder: str | Path, device: str | torch
         raise PretrainedError(f"saved model folder not found: {folder}")
     info = _read_info(folder)
     model = model_class(info["config"].model)
-    load_model_state(model, _read_weights(folder), folder / WEIGHTS_NAME)
+    load_model_state(model, read_weights(folder), folder / WEIGHTS_NAME)
     return model.to(device).eval(), info
 
 

@@ -30,6 +30,7 @@ import json
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from .config import RunConfig
 from .model import LVSM
@@ -43,8 +44,10 @@ from .model_folder import (
     is_pretrained,
     model_card,
     read_model_folder,
+    read_weights,
 )
-from .running.checkpoints import CHECKPOINT_NAME, load_checkpoint, load_model
+from .running.checkpoints import CHECKPOINT_NAME, load_checkpoint, load_model, model_state
+from .running.tensor_files import load_model_state
 
 __all__ = [
     "PRETRAINED_FORMAT",
@@ -58,8 +61,13 @@ __all__ = [
     "is_pretrained",
     "export_run",
     "load_trained",
+    "init_weights",
     "model_card",
 ]
+
+# the parameters an encoding brings (GTA's options, parameter sources, APE embeddings): a fine-tune
+# with another encoding starts them from their initialisation
+ENCODING_PARTS = ("encoding.", "source.", "ape.")
 
 
 def save_pretrained(
@@ -121,3 +129,18 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu") -> tuple[
             f"{path} holds neither a run's {CHECKPOINT_NAME} nor a saved model's {CONFIG_NAME} and {WEIGHTS_NAME}"
         )
     return load_model(path, device)
+
+
+def init_weights(path: str | Path, model: nn.Module) -> list[str]:
+    """``train.init_from``: load the weights of a run folder, a checkpoint file or a saved model
+    folder into ``model`` to fine-tune it, possibly with another encoding. The encoding's own
+    parameters (names starting with :data:`ENCODING_PARTS`) that the file lacks keep their
+    initialisation and the file's that the model lacks are left out; every other tensor must fit
+    (:func:`load_model_state`). Returns the names kept from the initialisation."""
+    path = Path(path)
+    state = read_weights(path) if is_pretrained(path) else model_state(path)
+    own = dict(model.state_dict())
+    kept = sorted(name for name in own if name.startswith(ENCODING_PARTS) and name not in state)
+    state = {k: v for k, v in state.items() if k in own or not k.startswith(ENCODING_PARTS)}
+    load_model_state(model, {**state, **{name: own[name] for name in kept}}, path)
+    return kept

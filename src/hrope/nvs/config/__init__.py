@@ -7,10 +7,11 @@ parameter sources' options in :mod:`hrope.nvs.config.options`.
 A config has four sections, read as attributes: ``config.model`` (a :class:`ModelConfig`: ``preset``
 plus the LVSM's fields, whose defaults come from the preset; ``config.model.predictor_options`` the
 :class:`SourceOptions` of its parameter source), ``config.data``, ``config.train`` and
-``config.eval`` (:func:`defaults` holds every key). Overrides are ``--section.key value`` (value
-parsed as YAML, so ``1e-3``, ``true``, ``[1, 2]`` work) or one of the shortcuts in
-:data:`SHORTCUTS` (``--encoding prope``). Unknown sections, keys and options are errors that
-suggest the closest known one. Every run writes its config's plain form (``config.yaml``,
+``config.eval`` (:func:`defaults` holds every key; a setting declared ``sparse`` is written into
+a plain form only off its default). Overrides are ``--section.key value`` (value parsed as YAML,
+so ``1e-3``, ``true``, ``[1, 2]`` work) or one of the shortcuts in :data:`SHORTCUTS`
+(``--encoding prope``). Unknown sections, keys and options are errors that suggest the closest
+known one. Every run writes its config's plain form (``config.yaml``,
 :meth:`RunConfig.to_dict`) next to its outputs; ``hrope config`` prints it with each key's doc
 (:mod:`hrope.nvs.config_docs`, which also writes docs/config.md).
 

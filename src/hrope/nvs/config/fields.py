@@ -27,6 +27,7 @@ __all__ = [
     "check_fields",
     "given_field",
     "given_values",
+    "plain_values",
     "did_you_mean",
     "one_line",
 ]
@@ -170,7 +171,9 @@ class Setting:
 
     ``resume``: the value may differ when a run resumes (it does not change the trajectory);
     ``shown``: written into the resolved config when not given (only ``model`` has unshown keys: their
-    values come from the preset); ``shortcut``: a command-line alias (``--lr``).
+    values come from the preset); ``sparse``: written into a plain form only off its default (a
+    setting added after configs, checkpoints and saved models were first written, so that theirs
+    keep their form and hashes: :func:`plain_values`); ``shortcut``: a command-line alias (``--lr``).
     """
 
     name: str
@@ -179,12 +182,13 @@ class Setting:
     doc: str
     resume: bool = False
     shown: bool = True
+    sparse: bool = False
     shortcut: str | None = None
 
 
 def setting(default, check: Field, doc: str, **flags):
     """A dataclass field declaring one :class:`Setting` (``flags``: its ``resume``, ``shown``,
-    ``shortcut``); a mapping default is copied for every instance."""
+    ``sparse``, ``shortcut``); a mapping default is copied for every instance."""
     metadata = {"setting": (check, doc, flags)}
     if isinstance(default, dict):
         return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
@@ -221,3 +225,13 @@ def given_values(instance) -> dict:
     when it is None), in that order: the section as a config file writes it."""
     names = settings_of(type(instance)) if instance.given is None else instance.given
     return {name: getattr(instance, name) for name in names}
+
+
+def plain_values(instance) -> dict:
+    """``{name: value}`` of the settings of ``instance`` as a plain form writes them: every one, except
+    a ``sparse`` setting at its default (so a setting added later changes no form written before it)."""
+    return {
+        name: getattr(instance, name)
+        for name, declared in settings_of(type(instance)).items()
+        if not (declared.sparse and getattr(instance, name) == declared.default)
+    }

@@ -12,7 +12,7 @@ from typing import Any
 
 from ...encodings import ENCODINGS, Encoding, get_encoding
 from ...errors import EncodingError
-from .fields import ModelError, PredictorError, check_fields, did_you_mean, given_field
+from .fields import ModelError, PredictorError, check_fields, did_you_mean, given_field, plain_values
 from .options import PREDICTORS, LearnedOptions, SourceOptions, source_options
 from .schema import ModelSettings
 
@@ -24,6 +24,7 @@ PRESETS: dict[str, dict] = {
     "tiny": dict(image_size=64, patch_size=8, dim=128, layers=4, heads=4),
     "small": dict(image_size=128, patch_size=8, dim=384, layers=6, heads=8),
     "paper": dict(image_size=256, patch_size=8, dim=768, layers=6, heads=16),
+    "lvsm": dict(image_size=256, patch_size=8, dim=768, layers=24, heads=12),  # LVSM's RE10K decoder-only model
 }
 
 # Encodings whose ``<name>-ape`` variant is a distinct model: every encoding with per-token inputs
@@ -53,7 +54,8 @@ class ModelConfig(ModelSettings):
     fused Triton kernel on CUDA; ``torch`` by default). ``folded_attention``: the attention layers
     (:class:`hrope.nn.MultiviewAttention` either way) fold the encoding's per-view factor into the
     projection weights (``fold=True``; same parameters and outputs up to float rounding; off by
-    default).
+    default). ``checkpoint_blocks``: in training, each block's activations are recomputed in the
+    backward pass instead of kept (the same gradients, less memory, one more forward per block).
 
     ``preset`` and ``given`` say how a config file wrote the section (:meth:`from_dict`): the preset
     its architecture defaults to and the keys it named (None: every field); neither changes the model.
@@ -175,14 +177,19 @@ class ModelConfig(ModelSettings):
         side = self.image_size // self.patch_size
         return side, side
 
-    def to_dict(self) -> dict:
-        """Every field, ``predictor_options`` as given (what resume compares and saved models store)."""
+    def fields_dict(self) -> dict:
+        """Every field, ``predictor_options`` as given (what resume compares)."""
         return {f.name: self._plain(f.name) for f in fields(ModelSettings)}
+
+    def to_dict(self) -> dict:
+        """Every field but a sparse one at its default (:func:`~hrope.nvs.config.fields.plain_values`),
+        ``predictor_options`` as given: what saved models store."""
+        return {name: self._plain(name) for name in plain_values(self)}
 
     def section(self) -> dict:
         """The model section as a resolved config writes it: ``preset``, ``encoding``, ``predictor``
-        and the keys given."""
-        names = [f.name for f in fields(ModelSettings)] if self.given is None else self.given
+        and the keys given (None: those of :meth:`to_dict`)."""
+        names = list(plain_values(self)) if self.given is None else self.given
         return {"preset": self.preset, **{name: self._plain(name) for name in (*SHOWN, *names)}}
 
     def _plain(self, name: str) -> Any:

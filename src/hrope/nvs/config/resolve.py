@@ -31,9 +31,10 @@ def _merge(base: dict, update: dict, where: str = "") -> dict:
         if where == "" and key not in base:
             raise ConfigError(f"unknown config section {key!r}; {did_you_mean(key, base)}known: {sorted(base)}")
         section = where.rstrip(".")
-        if where and key not in base and section not in OPEN_SECTIONS:
+        if where and section not in OPEN_SECTIONS and key not in SETTINGS[section]:  # a plain form omits sparse keys
+            known = SETTINGS[section]
             raise ConfigError(
-                f"unknown config key {path!r}; {did_you_mean(key, base, where)}known in {section!r}: {sorted(base)}"
+                f"unknown config key {path!r}; {did_you_mean(key, known, where)}known in {section!r}: {sorted(known)}"
             )
         if isinstance(base.get(key), dict) and where == "":
             if not isinstance(value, dict):

@@ -6,8 +6,9 @@
 checks its own values; :class:`RunConfig` checks the rules across sections and those that need the
 data registries (kinds, loaders, the synthetic generator's settings). :meth:`RunConfig.to_dict` is
 the plain form that config files, checkpoints and config hashes hold (every ``data``, ``train`` and
-``eval`` key; in ``model`` the preset, the encoding, the predictor and the keys given), which
-stored runs and committed results are keyed by. :func:`hrope.nvs.config.resolve` builds one.
+``eval`` key but a sparse one at its default; in ``model`` the preset, the encoding, the
+predictor and the keys given), which stored runs and committed results are keyed by.
+:func:`hrope.nvs.config.resolve` builds one.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, fields
 
-from .fields import ConfigError, did_you_mean
+from .fields import ConfigError, did_you_mean, plain_values
 from .model_config import ModelConfig
 from .schema import SETTINGS, DataSettings, EvalSettings, TrainSettings
 
@@ -54,7 +55,9 @@ class RunConfig:
                 f"data.context_gap {data.context_gap} must have low >= data.num_context - 1 = "
                 f"{data.num_context - 1} (distinct context frames)"
             )
-        if train.perceptual_weight and not self.eval.lpips_weights:
+        if train.perceptual_weight and train.perceptual_loss == "vgg19" and not train.vgg19_weights:
+            raise ConfigError("train.perceptual_loss vgg19 needs local VGG-19 weights in train.vgg19_weights")
+        if train.perceptual_weight and train.perceptual_loss == "lpips" and not self.eval.lpips_weights:
             raise ConfigError("train.perceptual_weight > 0 needs local LPIPS weights in eval.lpips_weights")
         self._check_data()
 
@@ -100,8 +103,8 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> RunConfig:
-        """The config of a complete plain form ``{section: {key: value}}`` (every key of ``data``,
-        ``train`` and ``eval``; the model keys given)."""
+        """The config of a plain form ``{section: {key: value}}`` (every key of ``data``,
+        ``train`` and ``eval``, a sparse one at its default where left out; the model keys given)."""
         data = DataSettings(**values["data"])
         train = TrainSettings(**values["train"])
         evaluation = EvalSettings(**values["eval"])
@@ -110,17 +113,16 @@ class RunConfig:
     def to_dict(self) -> dict:
         """The plain form (a fresh copy): what ``config.yaml``, checkpoints and config hashes hold."""
         plain = {"model": self.model.section()}
-        for section in ("data", "train", "eval"):
-            values = getattr(self, section)
-            plain[section] = {f.name: getattr(values, f.name) for f in fields(values)}
+        plain.update({section: plain_values(getattr(self, section)) for section in ("data", "train", "eval")})
         return copy.deepcopy(plain)
 
 
 def harmless_on_resume(key: str, config: RunConfig) -> bool:
     """Whether ``key`` (``"section.key"``) may differ when a run resumes under ``config``: the keys
-    of :data:`HARMLESS_ON_RESUME`, and ``eval.lpips_weights`` unless the perceptual loss trains with it."""
-    if key == "eval.lpips_weights":
-        return not config.train.perceptual_weight
+    of :data:`HARMLESS_ON_RESUME`, and ``eval.lpips_weights`` / ``eval.lpips_net`` unless an LPIPS
+    perceptual loss trains with them."""
+    if key in ("eval.lpips_weights", "eval.lpips_net"):
+        return not (config.train.perceptual_weight and config.train.perceptual_loss == "lpips")
     return key in HARMLESS_ON_RESUME
 
 

@@ -6,7 +6,10 @@ of :class:`hrope.nvs.config.ModelConfig`), ``data`` (:class:`DataSettings`), ``t
 (:class:`TrainSettings`) and ``eval`` (:class:`EvalSettings`); :data:`SETTINGS` holds them as
 ``{section: {key: Setting}}``. ``model.predictor_options`` are the options of the predictor, one
 class per source (:mod:`hrope.nvs.config.options`); ``data.synthetic`` takes
-:class:`hrope.nvs.data.SyntheticConfig` fields.
+:class:`hrope.nvs.data.SyntheticConfig` fields. A setting added to ``data``, ``train`` or ``eval``
+(or to the model) is declared ``sparse=True``: a plain form names it only off its default
+(:func:`hrope.nvs.config.fields.plain_values`), so the defaults, saved configs, checkpoints and
+saved models keep their form and hashes.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ from .options import PREDICTORS, SourceOptions
 __all__ = [
     "DEVICES",
     "DEPTH_SOURCES",
+    "VIEW_SAMPLINGS",
+    "NORMALIZATIONS",
+    "LPIPS_NETS",
+    "PERCEPTUAL_LOSSES",
     "PRESET",
     "ModelSettings",
     "DataSettings",
@@ -38,6 +45,10 @@ __all__ = [
 
 DEVICES = ("auto", "cpu", "cuda")
 DEPTH_SOURCES = ("none", "points", "maps")  # data.depth (hrope.nvs.data.real.depth_maps)
+VIEW_SAMPLINGS = ("uniform", "lvsm")  # data.view_sampling (hrope.nvs.data.dataset)
+NORMALIZATIONS = ("context", "lvsm")  # data.normalize (hrope.nvs.data.normalize)
+LPIPS_NETS = ("alex", "vgg")  # eval.lpips_net (hrope.nvs.evaluation.metrics.LPIPS)
+PERCEPTUAL_LOSSES = ("lpips", "vgg19")  # train.perceptual_loss (hrope.nvs.running.train_step.perceptual_loss)
 
 _COUNT = Field("int", low=1)
 _SEED = Field("int", low=0, high=2**63 - 1)
@@ -48,7 +59,7 @@ PRESET = Setting(
     "preset",
     "tiny",
     Field("str", nullable=True),
-    "architecture preset (hrope.nvs.model.PRESETS: tiny, small, paper) giving image_size, patch_size, "
+    "architecture preset (hrope.nvs.model.PRESETS: tiny, small, paper, lvsm) giving image_size, patch_size, "
     "dim, layers, heads; null: the ModelSettings defaults",
     shortcut="preset",
 )
@@ -66,6 +77,13 @@ class ModelSettings:
     heads: int = setting(4, _COUNT, "attention heads", shown=False)
     mlp_ratio: float = setting(4.0, Field("float", above=0), "MLP hidden width / dim", shown=False)
     qk_norm: bool = setting(True, Field("bool"), "RMS-normalise queries and keys before the encoding", shown=False)
+    qk_norm_eps: float | None = setting(
+        None,
+        Field("float", above=0, nullable=True),
+        "QK-norm epsilon (null: the dtype's; LVSM: 1e-5)",
+        shown=False,
+        sparse=True,
+    )
     encoding: str = setting(
         "none", Field("str"), "positional encoding: a hrope.ENCODINGS name or <name>-ape", shortcut="encoding"
     )
@@ -106,6 +124,14 @@ class ModelSettings:
         shown=False,
         resume=True,
     )
+    checkpoint_blocks: bool = setting(
+        False,
+        Field("bool"),
+        "training: recompute each block's activations in the backward pass (less memory, same gradients; LVSM does)",
+        shown=False,
+        sparse=True,
+        resume=True,
+    )
     folded_attention: bool = setting(
         False,
         Field("bool"),
@@ -137,6 +163,15 @@ class DataSettings:
         None,
         Field("range", nullable=True),
         "[low, high] frames between the outer context views, low >= num_context - 1 (null: kind default)",
+    )
+    view_sampling: str = setting(
+        "uniform", Field("str", choices=VIEW_SAMPLINGS), "training views (docs/data.md): uniform or lvsm", sparse=True
+    )
+    normalize: str = setting(
+        "context",
+        Field("str", choices=NORMALIZATIONS),
+        "scene frame and scale (docs/data.md): context or lvsm",
+        sparse=True,
     )
     num_scenes: int | None = setting(
         256, Field("int", low=1, nullable=True), "synthetic: training scenes; real data: at most this many (null: all)"
@@ -205,6 +240,12 @@ class TrainSettings:
     grad_clip: float = setting(
         1.0, Field("float", above=0), "gradient-norm bound (clipping is always on; a large value is a no-op)"
     )
+    skip_grad_factor: float | None = setting(
+        None,
+        Field("float", low=1, nullable=True),
+        "skip the update of a step whose gradient norm exceeds this x grad_clip (null: never; LVSM: 5)",
+        sparse=True,
+    )
     bf16: bool = setting(False, Field("bool"), "bf16 autocast")
     seed: int = setting(0, _SEED, "seed of the weights and the batch order", shortcut="seed")
     device: str = setting(
@@ -213,7 +254,17 @@ class TrainSettings:
     log_every: int = setting(10, _COUNT, "steps between log lines", resume=True)
     image_every: int = setting(200, Field("int", low=0), "steps between image grids (0: none)", resume=True)
     checkpoint_every: int = setting(250, _COUNT, "steps between checkpoints", resume=True)
-    perceptual_weight: float = setting(0.0, _NON_NEGATIVE, "LPIPS loss weight; > 0 needs eval.lpips_weights (local)")
+    perceptual_weight: float = setting(
+        0.0,
+        _NON_NEGATIVE,
+        "weight of the perceptual loss (perceptual_loss) added to the MSE; > 0 needs its local weights",
+    )
+    perceptual_loss: str = setting(
+        "lpips", Field("str", choices=PERCEPTUAL_LOSSES), "lpips (eval.lpips_weights) or vgg19 (LVSM's)", sparse=True
+    )
+    vgg19_weights: str | None = setting(
+        None, _OPTIONAL_PATH, "local VGG-19 weights of perceptual_loss vgg19 (torchvision layout)", sparse=True
+    )
     parameter_lr_scale: float = setting(
         1.0, _NON_NEGATIVE, "learning-rate multiplier of the parameter source's heads (planes, ...)"
     )
@@ -225,13 +276,16 @@ class TrainSettings:
         600, _COUNT, "torchrun: seconds a rank waits for the others at a collective, then stops", resume=True
     )
     init_from: str | None = setting(
-        None, _OPTIONAL_PATH, "fine-tune: start from this checkpoint's model weights (fresh optimizer, step 0)"
+        None,
+        _OPTIONAL_PATH,
+        "fine-tune: start from the model weights of this run, checkpoint or saved model folder (fresh "
+        "optimizer, step 0; the parameters another encoding adds start from their initialisation)",
     )
 
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """The eval section (it may change on resume, except ``lpips_weights`` under a perceptual loss)."""
+    """The eval section (it may change on resume, except ``lpips_weights`` / ``lpips_net`` under an LPIPS loss)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "eval", ConfigError)
@@ -244,7 +298,13 @@ class EvalSettings:
     )
     batch_size: int = setting(4, _COUNT, "examples per evaluation batch", resume=True)
     lpips_weights: str | None = setting(
-        None, _OPTIONAL_PATH, "local safetensors with AlexNet + LPIPS heads; null: LPIPS unavailable", resume=True
+        None,
+        _OPTIONAL_PATH,
+        "local weights of the LPIPS backbone (lpips_net) and its heads; null: LPIPS unavailable",
+        resume=True,
+    )
+    lpips_net: str = setting(
+        "alex", Field("str", choices=LPIPS_NETS), "LPIPS backbone: alex or vgg (LVSM's)", resume=True, sparse=True
     )
     num_grid_scenes: int = setting(4, Field("int", low=0), "scenes in the evaluation image grid", resume=True)
     split: str = setting(

@@ -6,8 +6,10 @@ them, and targets between them (``targets="interpolate"``) or outside them, at m
 frames away (``"extrapolate"``). ``split="train"`` draws frames at random from a stream keyed by
 ``(seed, index, epoch)`` (call :meth:`set_epoch` to vary them); ``split="eval"`` (the test scenes)
 and ``split="val"`` (validation scenes, synthetic kinds only: options are chosen on them, the test
-scenes are scored once) are fixed per index and space the targets evenly. Every example is passed
-through :func:`normalize_scene`.
+scenes are scored once) are fixed per index and space the targets evenly. ``sampling="lvsm"``
+draws the training views as LVSM does instead (:func:`sample_lvsm_views`; held-out views stay as
+above). Every example is normalised (:func:`hrope.nvs.data.normalize.normalize`: ``context`` by
+default, or ``lvsm``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from collections.abc import Sequence
 from torch.utils.data import Dataset
 
 from .batch import SceneBatch, collate_scenes
-from .normalize import normalize_scene
+from ..config.schema import NORMALIZATIONS, VIEW_SAMPLINGS
+from .normalize import normalize
 from .real.source import load_or_skip
 from .rng import Rng, stream_seed
 from .scene import Scene, SceneError
@@ -25,6 +28,7 @@ from .synthetic import KINDS, SyntheticConfig, make_scene
 
 __all__ = [
     "sample_views",
+    "sample_lvsm_views",
     "TooFewFramesError",
     "ViewSampling",
     "SceneDataset",
@@ -99,28 +103,81 @@ def sample_views(
     return context + picks
 
 
-class ViewSampling:
-    """Shared view-sampling and batching of the datasets below (not a Dataset itself)."""
+def sample_lvsm_views(
+    num_frames: int, num_context: int, num_target: int, rng: Rng, *, context_gap: tuple[int, int] | None = None
+) -> tuple[list[int], list[int]]:
+    """LVSM's training views: ``(frames, example)``, the frames to load and the example's views as
+    positions in ``frames`` (context first, then targets).
 
-    def __init__(self, num_context: int, num_target: int, split: str, seed: int, context_gap, targets: str) -> None:
+    ``frames`` are n = ``num_context + num_target`` distinct frames: the first and the last,
+    ``gap`` frames apart (``gap`` uniform in ``context_gap`` capped at the video's length, at least
+    n - 1), then n - 2 frames drawn without replacement strictly between them, in random order.
+    The context is the first ``num_context`` of them; the targets are ``num_target`` distinct
+    positions drawn from all n, context views included (LVSM's ``target_has_input``; with 2 + 6
+    views each target is a context view with probability 1/4). Raises :class:`TooFewFramesError`
+    when the video is too short.
+    """
+    if num_context < 1 or num_target < 1:
+        raise ValueError(f"need num_context >= 1 and num_target >= 1, got {num_context}, {num_target}")
+    n = num_context + num_target
+    low, high = context_gap if context_gap is not None else (n - 1, num_frames - 1)
+    low, high = max(low, n - 1), min(high, num_frames - 1)
+    if high < low:
+        raise TooFewFramesError(
+            f"impossible view sampling: {n} distinct frames with a context gap of at least {low} frames "
+            f"need {low + 1} frames, the video has {num_frames}"
+        )
+    gap = rng.integer(low, high)
+    first = rng.integer(0, num_frames - 1 - gap)
+    inner = [first + 1 + i for i in rng.permutation(gap - 1)[: n - 2]]
+    targets = rng.child("targets").permutation(n)[:num_target]
+    return [first, first + gap, *inner], list(range(num_context)) + targets
+
+
+class ViewSampling:
+    """Shared view-sampling, normalisation and batching of the datasets below (not a Dataset itself)."""
+
+    def __init__(
+        self,
+        num_context: int,
+        num_target: int,
+        split: str,
+        seed: int,
+        context_gap,
+        targets: str,
+        sampling: str = "uniform",
+        normalization: str = "context",
+    ) -> None:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         if num_context < 1 or num_target < 0:
             raise ValueError(f"need num_context >= 1 and num_target >= 0, got {num_context}, {num_target}")
         if targets not in TARGET_MODES:
             raise ValueError(f"targets must be one of {TARGET_MODES}, got {targets!r}")
+        if sampling not in VIEW_SAMPLINGS:
+            raise ValueError(f"sampling must be one of {VIEW_SAMPLINGS}, got {sampling!r}")
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
         self.num_context, self.num_target, self.split = num_context, num_target, split
         self.seed, self.context_gap, self.targets = seed, context_gap, targets
+        self.sampling, self.normalization = sampling, normalization
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
         """Vary the training views per epoch (eval views never change)."""
         self.epoch = epoch
 
-    def frames(self, index: int, num_frames: int) -> list[int]:
+    def plan(self, index: int, num_frames: int) -> tuple[list[int], list[int] | None]:
+        """``(frames, example)``: the frames to load for example ``index`` and its views as positions
+        in them (None: the frames in order, :func:`sample_views`; LVSM's training views:
+        :func:`sample_lvsm_views`)."""
         train = self.split == "train"
         key = ("views", self.seed, index, self.epoch) if train else (f"{self.split}-views", self.seed, index)
-        return sample_views(
+        if train and self.sampling == "lvsm":
+            return sample_lvsm_views(
+                num_frames, self.num_context, self.num_target, Rng(*key), context_gap=self.context_gap
+            )
+        frames = sample_views(
             num_frames,
             self.num_context,
             self.num_target,
@@ -129,9 +186,18 @@ class ViewSampling:
             targets=self.targets,
             random_targets=train,
         )
+        return frames, None
 
-    def normalized(self, scene: Scene) -> Scene:
-        return normalize_scene(scene, list(range(self.num_context)))
+    def frames(self, index: int, num_frames: int) -> list[int]:
+        """The frames :meth:`plan` loads for example ``index``."""
+        return self.plan(index, num_frames)[0]
+
+    def example(self, scene: Scene, example: list[int] | None) -> Scene:
+        """The loaded views of one :meth:`plan` normalised (``lvsm``: over all of them), then
+        arranged as the example (context views first)."""
+        context = list(range(self.num_context)) if example is None else example[: self.num_context]
+        scene = normalize(scene, context, self.normalization)
+        return scene if example is None else scene.select_views(example)
 
     def collate(self, scenes: list[Scene]) -> SceneBatch:
         """``collate_fn`` for ``torch.utils.data.DataLoader``."""
@@ -146,6 +212,8 @@ class SceneDataset(ViewSampling, Dataset):
     that cannot be loaded or is too short for the sampling (a :class:`SceneError`) is skipped
     (replaced by the next one) with a warning counting the skipped scenes (``num_skipped``), unless
     the source has ``skip_errors=False``. ``context_gap=None`` allows any gap the scene's length allows.
+    ``sampling`` / ``normalization``: the training views and the normalisation of
+    :class:`ViewSampling` (``data.view_sampling``, ``data.normalize``).
     """
 
     def __init__(
@@ -158,8 +226,10 @@ class SceneDataset(ViewSampling, Dataset):
         seed: int = 0,
         context_gap: tuple[int, int] | None = None,
         targets: str = "interpolate",
+        sampling: str = "uniform",
+        normalization: str = "context",
     ) -> None:
-        super().__init__(num_context, num_target, split, seed, context_gap, targets)
+        super().__init__(num_context, num_target, split, seed, context_gap, targets, sampling, normalization)
         self.source = source
         self._bad: set[int] = set()
 
@@ -173,9 +243,14 @@ class SceneDataset(ViewSampling, Dataset):
     def __getitem__(self, index: int) -> Scene:
         if not (hasattr(self.source, "load_views") and hasattr(self.source, "num_frames")):
             scene = self.source[index]
-            return self.normalized(scene.select_views(self.frames(index, scene.num_views)))
+            frames, example = self.plan(index, scene.num_views)
+            return self.example(scene.select_views(frames), example)
         source = self.source
-        load = lambda i: self.normalized(source.load_views(i, self.frames(i, source.num_frames(i))))  # noqa: E731
+
+        def load(i: int) -> Scene:
+            frames, example = self.plan(i, source.num_frames(i))
+            return self.example(source.load_views(i, frames), example)
+
         return load_or_skip(source, index, load, self._bad, getattr(source, "skip_errors", True))
 
 
@@ -185,7 +260,8 @@ class SyntheticDataset(ViewSampling, Dataset):
     The ``eval`` split draws its scenes from a separate seed stream, so train and eval scenes
     never coincide. ``context_gap=None`` uses the kind's default (:data:`DEFAULT_CONTEXT_GAP`:
     25–100 frames for rooms as in RealEstate10K, 15–60 frames, i.e. 27–108 degrees of orbit, for
-    objects). ``patch_size`` (optional) is checked against ``image_size``.
+    objects). ``patch_size`` (optional) is checked against ``image_size``. ``sampling`` /
+    ``normalization`` as for :class:`SceneDataset`.
     """
 
     def __init__(
@@ -202,11 +278,13 @@ class SyntheticDataset(ViewSampling, Dataset):
         targets: str = "interpolate",
         config: SyntheticConfig = SyntheticConfig(),
         patch_size: int | None = None,
+        sampling: str = "uniform",
+        normalization: str = "context",
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
         gap = DEFAULT_CONTEXT_GAP[kind] if context_gap is None else context_gap
-        super().__init__(num_context, num_target, split, seed, gap, targets)
+        super().__init__(num_context, num_target, split, seed, gap, targets, sampling, normalization)
         if num_scenes < 1:
             raise ValueError(f"num_scenes must be >= 1, got {num_scenes}")
         if patch_size is not None and (image_size[0] % patch_size or image_size[1] % patch_size):
@@ -223,8 +301,8 @@ class SyntheticDataset(ViewSampling, Dataset):
     def __getitem__(self, index: int) -> Scene:
         if not 0 <= index < self.num_scenes:
             raise IndexError(f"scene index {index} out of range 0..{self.num_scenes - 1}")
-        frames = self.frames(index, self.config.num_frames)
+        frames, example = self.plan(index, self.config.num_frames)
         scene = make_scene(
             self.scene_seed, index, self.kind, len(frames), self.image_size, frames=frames, config=self.config
         )
-        return self.normalized(scene)
+        return self.example(scene, example)

@@ -1,4 +1,11 @@
-"""Scene normalisation (DESIGN.md §2): first context camera = world frame, unit context baseline."""
+"""Scene normalisation: the world frame and unit of every example.
+
+``context`` (the default, DESIGN.md §2; RayRoPE / PRoPE): the first context camera is the world
+frame and the context baseline is 1 (:func:`normalize_scene`). ``lvsm`` (LVSM's RealEstate10K
+pipeline): the average camera of all the example's views is the world frame and the camera
+centres fit in [-1/1.35, 1/1.35] (:func:`normalize_lvsm`). :func:`normalize` picks one by name
+(``data.normalize``).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +13,24 @@ from dataclasses import replace
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
+from torch import Tensor
 
 from ...cameras import Cameras
+from ..config.schema import NORMALIZATIONS
 from .scene import Scene, SceneError
 
-__all__ = ["normalize_scene", "context_baseline"]
+__all__ = [
+    "NORMALIZATIONS",
+    "LVSM_SCALE",
+    "normalize",
+    "normalize_scene",
+    "normalize_lvsm",
+    "average_pose",
+    "context_baseline",
+]
 
+LVSM_SCALE = 1.35  # LVSM's scene_scale_factor: the largest camera coordinate becomes 1 / 1.35
 MIN_BASELINE = 1e-8
 
 
@@ -45,8 +64,51 @@ def normalize_scene(scene: Scene, context_indices: Sequence[int]) -> Scene:
     E = scene.cameras.world_to_cam.double()
     # A generic float64 inverse: stored (float32) rotations are orthonormal only to ~1e-7, and this
     # makes the first context camera exactly the identity.
-    world_to_cam = E @ torch.linalg.inv(E[:, context_indices[0]])[:, None]
+    return _reexpressed(scene, E @ torch.linalg.inv(E[:, context_indices[0]])[:, None], scale)
+
+
+def _reexpressed(scene: Scene, world_to_cam: Tensor, scale: float) -> Scene:
+    """``scene`` with the float64 poses ``world_to_cam (1, V, 4, 4)`` of a new world frame, then
+    world and camera coordinates multiplied by ``scale``: translations and ``depth`` by it,
+    ``plane_m = n / d`` by its inverse; intrinsics, normals and images unchanged."""
+    world_to_cam = world_to_cam.clone()
     world_to_cam[..., :3, 3] *= scale
     cameras = Cameras(scene.cameras.K, world_to_cam.to(scene.cameras.world_to_cam.dtype), scene.cameras.image_size)
     rescale = lambda x, s: None if x is None else x * s  # noqa: E731
     return replace(scene, cameras=cameras, depth=rescale(scene.depth, scale), plane_m=rescale(scene.plane_m, 1 / scale))
+
+
+def average_pose(cam_to_world: Tensor) -> Tensor:
+    """LVSM's average camera ``(4, 4)`` (camera-to-world, OpenCV axes) of poses ``(V, 4, 4)``: its
+    centre is the mean camera centre, its forward axis (z) the normalised mean forward axis, its
+    right axis (x) the normalised cross product of the mean down axis (y) and z, its down axis
+    z x right."""
+    forward = F.normalize(cam_to_world[:, :3, 2].mean(0), dim=0)
+    right = F.normalize(torch.linalg.cross(cam_to_world[:, :3, 1].mean(0), forward), dim=0)
+    pose = torch.eye(4, dtype=cam_to_world.dtype)
+    pose[:3, :3] = torch.stack([right, torch.linalg.cross(forward, right), forward], dim=-1)
+    pose[:3, 3] = cam_to_world[:, :3, 3].mean(0)
+    return pose
+
+
+def normalize_lvsm(scene: Scene) -> Scene:
+    """The same scene re-expressed as LVSM normalises an example: its :func:`average_pose` over all
+    views (context and targets: they are the example's input cameras) becomes the world frame, then
+    coordinates are divided by :data:`LVSM_SCALE` times the largest absolute coordinate of a camera
+    centre, so the centres lie in [-1/1.35, 1/1.35]^3 (rescaled like :func:`normalize_scene`).
+    Raises :class:`SceneError` when all camera centres coincide. Computed in float64."""
+    E = scene.cameras.world_to_cam.double()
+    average = average_pose(torch.linalg.inv(E[0]))
+    world_to_cam = E @ average  # cam-to-world in the new frame: average^-1 @ cam-to-world
+    extent = float((torch.linalg.inv(average) @ torch.linalg.inv(E[0]))[:, :3, 3].abs().max())
+    if extent < MIN_BASELINE:
+        raise SceneError(f"{scene.name}: all {scene.num_views} camera centres coincide; cannot scale the scene")
+    return _reexpressed(scene, world_to_cam, 1.0 / (LVSM_SCALE * extent))
+
+
+def normalize(scene: Scene, context_indices: Sequence[int], mode: str = "context") -> Scene:
+    """The scene normalised by ``mode`` (:data:`NORMALIZATIONS`): ``context`` is
+    :func:`normalize_scene` on ``context_indices``, ``lvsm`` is :func:`normalize_lvsm`."""
+    if mode not in NORMALIZATIONS:
+        raise ValueError(f"normalisation must be one of {NORMALIZATIONS}, got {mode!r}")
+    return normalize_scene(scene, context_indices) if mode == "context" else normalize_lvsm(scene)

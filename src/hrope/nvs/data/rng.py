@@ -43,6 +43,10 @@ class Rng:
         """An integer in ``[low, high]`` (both inclusive)."""
         return int(torch.randint(low, high + 1, (1,), generator=self.generator))
 
+    def permutation(self, n: int) -> list[int]:
+        """A random ordering of ``range(n)``."""
+        return torch.randperm(n, generator=self.generator).tolist()
+
     def choice(self, options: Sequence):
         return options[self.integer(0, len(options) - 1)]
 

@@ -1,9 +1,10 @@
 """Evaluation of a checkpoint on held-out scenes: metrics JSON + Markdown + qualitative grids.
 
 Metrics per target image (:mod:`hrope.nvs.evaluation.metrics`), averaged per scene, then over scenes (LVSM's
-protocol). LPIPS is computed only when ``eval.lpips_weights`` names a local weights file;
-otherwise it is reported as ``"unavailable"``. ST-LPIPS (alex), a different perceptual distance
-whose weights ship with the ``stlpips-pytorch`` package (the ``perceptual`` extra), is computed by
+protocol). LPIPS (LPIPS-Alex or LPIPS-VGG, ``eval.lpips_net``) is computed only when
+``eval.lpips_weights`` names a local weights file; otherwise it is reported as ``"unavailable"``.
+ST-LPIPS (alex), a different perceptual distance whose weights ship with the
+``stlpips-pytorch`` package (the ``perceptual`` extra), is computed by
 :func:`evaluate` whenever that package is installed and the images are at least 24 pixels a
 side (``"unavailable"`` otherwise) and has its own column (``metrics["st_lpips"]``); the
 lower-level functions compute it only when given a module.
@@ -28,7 +29,7 @@ from ..running.atomic import write_json, write_text
 from ..build_data import build_dataset, collate
 from ..running.checkpoints import run_folder
 from ..config import RunConfig, save_config, update_config
-from .metrics import LPIPS, ST_LPIPS_NAME, STLPIPS, image_metrics, st_lpips_weights
+from .metrics import LPIPS, ST_LPIPS_NAME, STLPIPS, image_metrics, lpips_label, st_lpips_weights
 from .plane_accuracy import GROUPS, METRICS, PlaneAccuracy
 from ..pretrained import load_trained
 from ..viz.figures import save_image_grid
@@ -43,6 +44,8 @@ __all__ = [
     "apply_data_overrides",
     "apply_eval_options",
     "markdown_table",
+    "configured_lpips",
+    "lpips_fields",
     "planes_table",
     "available_st_lpips",
     "UNAVAILABLE",
@@ -162,6 +165,20 @@ def available_st_lpips(device: str | torch.device = "cpu", image_size: int | Non
     return STLPIPS().to(device)
 
 
+def configured_lpips(config: RunConfig, device: str | torch.device = "cpu") -> LPIPS | None:
+    """The LPIPS of a run config's ``eval`` section (local ``lpips_weights`` of the backbone
+    ``lpips_net``) on ``device``; None without weights."""
+    weights = config.eval.lpips_weights
+    return LPIPS(weights, config.eval.lpips_net).to(device) if weights else None
+
+
+def lpips_fields(config: RunConfig, lpips: LPIPS | None) -> dict:
+    """A results dict's LPIPS fields: ``lpips_net`` (``eval.lpips_net``, which names the column) and
+    ``lpips_backbone`` (``alexnet`` / ``vgg16``, None when LPIPS was unavailable)."""
+    net = config.eval.lpips_net
+    return {"lpips_net": net, "lpips_backbone": LPIPS.BACKBONES[net] if lpips is not None else None}
+
+
 def run_name(config: RunConfig, model) -> str:
     """A run's label: its encoding, plus the predictor for encodings with parameters and where its
     target views' values come from (e.g. ``hrope-lift (oracle, with target geometry)``)."""
@@ -172,9 +189,10 @@ def run_name(config: RunConfig, model) -> str:
 
 
 def markdown_table(results: list[dict]) -> str:
-    """A Markdown table of result dicts (``name`` + ``metrics``); an ST-LPIPS column when every
-    result has ``metrics["st_lpips"]`` (a value or ``"unavailable"``)."""
-    columns = [("psnr", 2, "PSNR ↑"), ("ssim", 3, "SSIM ↑"), ("lpips", 3, "LPIPS ↓")]
+    """A Markdown table of result dicts (``name`` + ``metrics``): its LPIPS column named by the
+    results' backbone (:func:`hrope.nvs.evaluation.metrics.lpips_label`), an ST-LPIPS column when
+    every result has ``metrics["st_lpips"]`` (a value or ``"unavailable"``)."""
+    columns = [("psnr", 2, "PSNR ↑"), ("ssim", 3, "SSIM ↑"), ("lpips", 3, f"{lpips_label(results)} ↓")]
     if results and all("st_lpips" in r["metrics"] for r in results):
         columns.append(("st_lpips", 3, f"{ST_LPIPS_NAME} ↓"))
     lines = ["| model | " + " | ".join(c[2] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
@@ -228,8 +246,7 @@ def evaluate(
     config = apply_eval_options(
         apply_data_overrides(config, data), num_scenes=num_scenes, lpips_weights=lpips_weights, split=split
     )
-    weights = config.eval.lpips_weights
-    lpips = LPIPS(weights).to(device) if weights else None
+    lpips = configured_lpips(config, device)
     st_lpips = available_st_lpips(device, model.config.image_size)
     dataset = build_dataset(config, config.eval.split)
     num_context = config.data.num_context
@@ -255,7 +272,7 @@ def evaluate(
         "num_context": num_context,
         "num_target": config.data.num_target,
         "metrics": means,
-        "lpips_backbone": "alexnet" if lpips is not None else None,
+        **lpips_fields(config, lpips),
     }
     table = markdown_table([results])
     if (planes := accuracy.means()) is not None:

@@ -1,4 +1,4 @@
-"""Image metrics (DESIGN.md §7): PSNR, SSIM, ST-LPIPS (alex) and (only with local weights) LPIPS.
+"""Image metrics (DESIGN.md §7): PSNR, SSIM, ST-LPIPS (alex) and (only with local weights) LPIPS-Alex / LPIPS-VGG.
 
 All take images ``(B, 3, H, W)`` in [0, 1] and return per-image values ``(B,)``; callers average
 (the mean of per-image values, LVSM's protocol).
@@ -7,10 +7,13 @@ All take images ``(B, 3, H, W)`` in [0, 1] and return per-image values ``(B,)``;
 - SSIM: standard Gaussian-window SSIM (11x11, sigma 1.5, data range 1) via kornia, averaged over
   the valid (unpadded) window positions and the channels, like scikit-image's
   ``structural_similarity(gaussian_weights=True)``.
-- LPIPS (AlexNet, v0.1 heads): needs a LOCAL safetensors file with the torchvision AlexNet
-  feature weights (``features.{0,3,6,8,10}.{weight,bias}``) and the LPIPS linear heads
-  (``lin{0..4}.model.1.weight``). Without one LPIPS is unavailable (reported as such, never a
-  made-up number).
+- LPIPS-Alex and LPIPS-VGG (v0.1 heads; ``LPIPS(weights, net)`` with ``net`` ``alex`` or
+  ``vgg``, ``eval.lpips_net``): need a LOCAL file (safetensors, or a ``torch.save`` file read with
+  ``weights_only=True``) with the torchvision backbone's feature weights (AlexNet:
+  ``features.{0,3,6,8,10}.{weight,bias}``; VGG-16: ``features.{0,2,5,...,28}.{weight,bias}``)
+  and the LPIPS linear heads (``lin{0..4}.model.1.weight``). Without one LPIPS is unavailable
+  (reported as such, never a made-up number). LVSM reports LPIPS-VGG; RayRoPE and PRoPE LPIPS-Alex:
+  the two are different numbers, always named (:data:`LPIPS_NAMES`).
 - ST-LPIPS (alex): ShiftTolerant-LPIPS (Ghildyal & Liu, ECCV 2022), a perceptual distance of the
   LPIPS form whose AlexNet is made tolerant to small shifts (stride-1 first convolution, blurred
   reflect-padded downsampling). It is NOT LPIPS (different network and weights, different values)
@@ -31,11 +34,28 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...errors import InputError
+from ..config.schema import LPIPS_NETS
+from .vgg import VGGFeatures
 
-__all__ = ["psnr", "ssim", "LPIPS", "STLPIPS", "ST_LPIPS_NAME", "st_lpips_weights", "MetricError", "image_metrics"]
+__all__ = [
+    "psnr",
+    "ssim",
+    "LPIPS",
+    "LPIPS_NAMES",
+    "lpips_name",
+    "lpips_label",
+    "STLPIPS",
+    "ST_LPIPS_NAME",
+    "st_lpips_weights",
+    "MetricError",
+    "image_metrics",
+    "read_weights",
+    "load_weights",
+]
 
 SSIM_WINDOW = 11
 ST_LPIPS_NAME = "ST-LPIPS (alex)"
+LPIPS_NAMES = dict(zip(LPIPS_NETS, ("LPIPS-Alex", "LPIPS-VGG")))  # eval.lpips_net -> the metric's name
 ST_LPIPS_PACKAGE = "stlpips_pytorch"
 ST_LPIPS_FILE = ("weights", "vST0.0", "alex_shift_tolerant.pth")
 
@@ -72,50 +92,107 @@ def _unit(x: Tensor) -> Tensor:
     return x / (x.square().sum(1, keepdim=True).sqrt() + 1e-10)
 
 
+def lpips_name(net: str) -> str:
+    """The metric's name for an LPIPS backbone (``eval.lpips_net``): ``LPIPS-Alex`` or ``LPIPS-VGG``."""
+    if net not in LPIPS_NAMES:
+        raise MetricError(f"LPIPS backbone must be one of {', '.join(LPIPS_NAMES)}, got {net!r}")
+    return LPIPS_NAMES[net]
+
+
+def lpips_label(results: list[dict]) -> str:
+    """The LPIPS column's name for result dicts (``hrope eval``'s, a protocol's): by their
+    ``lpips_net`` (results written before LPIPS-VGG existed: ``alex``); a one-line
+    :class:`MetricError` when they mix backbones, whose values are not comparable."""
+    nets = sorted({r.get("lpips_net", "alex") for r in results})
+    if len(nets) > 1:
+        raise MetricError(f"the results score LPIPS with different backbones ({', '.join(nets)}): tabulate them apart")
+    return lpips_name(nets[0] if nets else "alex")
+
+
+def read_weights(path: str | Path, what: str) -> dict[str, Tensor]:
+    """The tensors of a local weights file: safetensors (``.safetensors``), else a ``torch.save``
+    state dict read with ``weights_only=True``; a one-line :class:`MetricError` naming ``what`` and
+    the file otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise MetricError(f"{what} weights not found: {path}")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # safetensors and torch.load raise their own types for bad files
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise MetricError(f"{what} weights {path} cannot be read: {first}") from None
+    if not isinstance(state, dict):
+        raise MetricError(f"{what} weights {path} hold a {type(state).__name__}, not a state dict")
+    return {k: v for k, v in state.items() if isinstance(v, Tensor)}
+
+
+def load_weights(module: nn.Module, state: dict[str, Tensor], path: str | Path, what: str) -> None:
+    """Every parameter of ``module`` from ``state`` (other entries ignored), or a one-line
+    :class:`MetricError` naming the missing and mis-shaped ones."""
+    own = {name: p.shape for name, p in module.named_parameters()}
+    missing = sorted(set(own) - set(state))
+    shapes = sorted(
+        f"{k} {tuple(state[k].shape)}" for k, shape in own.items() if k in state and state[k].shape != shape
+    )
+    problems = [
+        f"{verb} {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}"
+        for verb, keys in (("lack", missing), ("have mis-shaped", shapes))
+        if keys
+    ]
+    if problems:
+        raise MetricError(f"{what} weights {path} {'; '.join(problems)}")
+    module.load_state_dict({name: state[name] for name in own}, strict=False)
+
+
 class LPIPS(nn.Module):
-    """LPIPS with the AlexNet backbone, weights from a local safetensors file (see module doc)."""
+    """LPIPS (v0.1 heads) with the AlexNet (``net="alex"``, LPIPS-Alex) or VGG-16 (``"vgg"``,
+    LPIPS-VGG) backbone, weights from a local file (see module doc); :attr:`name` says which."""
 
     shift: Tensor
     scale: Tensor
 
-    CHANNELS = (64, 192, 384, 256, 256)
+    CHANNELS = {"alex": (64, 192, 384, 256, 256), "vgg": (64, 128, 256, 512, 512)}
+    BACKBONES = {"alex": "alexnet", "vgg": "vgg16"}  # the results' lpips_backbone
+    VGG_TAPS = (3, 8, 15, 22, 29)  # relu1_2, relu2_2, relu3_3, relu4_3, relu5_3 of torchvision's vgg16 features
     SHIFT = (-0.030, -0.088, -0.188)
     SCALE = (0.458, 0.448, 0.450)
 
-    def __init__(self, weights: str | Path) -> None:
+    def __init__(self, weights: str | Path, net: str = "alex") -> None:
         super().__init__()
-        path = Path(weights)
-        if not path.is_file():
-            raise MetricError(f"LPIPS weights not found: {path}")
-        self.features = nn.ModuleDict(
-            {
-                "0": nn.Conv2d(3, 64, 11, stride=4, padding=2),
-                "3": nn.Conv2d(64, 192, 5, padding=2),
-                "6": nn.Conv2d(192, 384, 3, padding=1),
-                "8": nn.Conv2d(384, 256, 3, padding=1),
-                "10": nn.Conv2d(256, 256, 3, padding=1),
-            }
-        )
-        self.heads = nn.ModuleList(nn.Conv2d(c, 1, 1, bias=False) for c in self.CHANNELS)
+        self.net, self.name = net, lpips_name(net)
+        if net == "alex":
+            self.features: nn.ModuleDict | VGGFeatures = nn.ModuleDict(
+                {
+                    "0": nn.Conv2d(3, 64, 11, stride=4, padding=2),
+                    "3": nn.Conv2d(64, 192, 5, padding=2),
+                    "6": nn.Conv2d(192, 384, 3, padding=1),
+                    "8": nn.Conv2d(384, 256, 3, padding=1),
+                    "10": nn.Conv2d(256, 256, 3, padding=1),
+                }
+            )
+        else:
+            self.features = VGGFeatures("vgg16", last=self.VGG_TAPS[-1])
+        self.heads = nn.ModuleList(nn.Conv2d(c, 1, 1, bias=False) for c in self.CHANNELS[net])
         self.register_buffer("shift", torch.tensor(self.SHIFT)[None, :, None, None])
         self.register_buffer("scale", torch.tensor(self.SCALE)[None, :, None, None])
-        from safetensors.torch import load_file
-
-        state = load_file(str(path))
         mapped = {}
-        for key, value in state.items():
+        for key, value in read_weights(weights, self.name).items():
             if key.startswith("features."):
                 mapped[key] = value
             elif key.startswith("lin") and key.endswith(".model.1.weight"):
                 mapped[f"heads.{key[3 : key.index('.')]}.weight"] = value
-        missing = set(self.state_dict()) - set(mapped) - {"shift", "scale"}
-        if missing:
-            raise MetricError(f"LPIPS weights {path} lack {sorted(missing)}")
-        self.load_state_dict(mapped, strict=False)
+        load_weights(self, mapped, weights, self.name)
         self.eval().requires_grad_(False)
 
     def _taps(self, x: Tensor) -> list[Tensor]:
         x = (x * 2 - 1 - self.shift) / self.scale
+        if isinstance(self.features, VGGFeatures):
+            return self.features.taps(x, self.VGG_TAPS)
         taps = []
         for name, conv in self.features.items():
             if name in ("3", "6"):

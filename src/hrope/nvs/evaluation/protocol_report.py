@@ -12,11 +12,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..running.atomic import save_figure, write_json, write_text
+from .metrics import lpips_label
 
-__all__ = ["METRICS", "METRIC_LABELS", "markdown", "write_results"]
+__all__ = ["METRICS", "metric_labels", "markdown", "write_results"]
 
 METRICS = ("psnr", "ssim", "lpips")
-METRIC_LABELS = {"psnr": "PSNR ↑", "ssim": "SSIM ↑", "lpips": "LPIPS ↓"}
+
+
+def metric_labels(results: list[dict]) -> dict[str, str]:
+    """``{metric: label}`` of the results' metrics (the LPIPS one named by its backbone:
+    :func:`hrope.nvs.evaluation.metrics.lpips_label`)."""
+    return {"psnr": "PSNR ↑", "ssim": "SSIM ↑", "lpips": f"{lpips_label(results)} ↓"}
 
 
 def _has_lpips(results: list[dict]) -> bool:
@@ -42,7 +48,7 @@ def markdown(results: list[dict]) -> str:
     """One table per metric: a row per run, a column per protocol point."""
     protocol = results[0]["protocol"]
     values = [p["value"] for p in results[0]["points"]]
-    labels = _labels(results)
+    labels, names = _labels(results), metric_labels(results)
     lines = [
         f"# Protocol `{protocol}`",
         "",
@@ -53,7 +59,7 @@ def markdown(results: list[dict]) -> str:
     ]
     for metric in METRICS:
         lines += [
-            f"**{METRIC_LABELS[metric]}**",
+            f"**{names[metric]}**",
             "",
             "| model | " + " | ".join(f"{v:g}" for v in values) + " |",
             "|---|" + "---|" * len(values),
@@ -64,7 +70,8 @@ def markdown(results: list[dict]) -> str:
             )
         lines.append("")
     if not _has_lpips(results):
-        lines.append("LPIPS unavailable (no local LPIPS weights): the PSNR–LPIPS trade-off plot is not drawn.")
+        lpips = lpips_label(results)
+        lines.append(f"{lpips} unavailable (no local LPIPS weights): the PSNR–{lpips} trade-off plot is not drawn.")
     return "\n".join(lines) + "\n"
 
 
@@ -75,13 +82,14 @@ def _plot_metrics(results: list[dict], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     metrics = [m for m in METRICS if m != "lpips" or _has_lpips(results)]
+    names = metric_labels(results)
     figure, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
     for axis, metric in zip(axes[0], metrics):
         for label, r in zip(_labels(results), results):
             xs = [p["value"] for p in r["points"]]
             axis.plot(xs, [p["metrics"][metric] for p in r["points"]], marker="o", label=label)
         axis.set_xlabel(results[0]["axis"])
-        axis.set_ylabel(METRIC_LABELS[metric])
+        axis.set_ylabel(names[metric])
         axis.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     figure.suptitle(f"protocol: {results[0]['protocol']}")
@@ -105,8 +113,9 @@ def _plot_tradeoff(results: list[dict], path: Path) -> Path:
             marker="o",
             label=label,
         )
-    axis.set_xlabel(METRIC_LABELS["lpips"])
-    axis.set_ylabel(METRIC_LABELS["psnr"])
+    names = metric_labels(results)
+    axis.set_xlabel(names["lpips"])
+    axis.set_ylabel(names["psnr"])
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
     figure.tight_layout()

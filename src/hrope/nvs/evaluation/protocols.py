@@ -33,13 +33,15 @@ video is too short for every point is skipped (``num_skipped``). Per point:
   ``e = round((s - 1) * gap / 2)`` (s times the frame gap); the base plan's targets.
 
 Metrics as :func:`hrope.nvs.evaluation.evaluate.evaluate_model`: per target image, averaged per scene, then over
-scenes; every example is normalised (first context camera = world, unit context baseline).
+scenes; every example is normalised as the run's ``data.normalize`` says (by default: first
+context camera = world, unit context baseline).
 
 Returned dict::
 
     {"protocol", "name" (encoding label), "checkpoint" (str or None), "axis" (label of the
      values), "data" ({"kind", "root"}), "num_scenes", "num_skipped", "zoom_all" (zoom only),
-     "lpips_backbone", "points": [{"value", "num_context", "num_target", "num_scenes",
+     "lpips_net" (eval.lpips_net: the LPIPS column's name), "lpips_backbone" (None when LPIPS
+     is unavailable), "points": [{"value", "num_context", "num_target", "num_scenes",
                                    "metrics": {"psnr", "ssim", "lpips" (float or "unavailable")}}]}
 """
 
@@ -56,14 +58,20 @@ from ...cameras import Cameras
 from ..build_data import build_scene_source
 from ..config import ConfigError, RunConfig, resolve, synthetic_settings
 from ..data.dataset import DEFAULT_CONTEXT_GAP
-from ..data.normalize import normalize_scene
+from ..data.normalize import normalize
 from ..data.real.depth_maps import load_frames
 from ..data.rng import Rng, stream_seed
 from ..data.scene import Scene, SceneError
 from ..data.synthetic import KINDS as SYNTHETIC_KINDS
 from ..data.synthetic import SyntheticConfig, make_scene
-from .evaluate import apply_data_overrides, apply_eval_options, evaluate_scenes, run_name
-from .metrics import LPIPS
+from .evaluate import (
+    apply_data_overrides,
+    apply_eval_options,
+    configured_lpips,
+    evaluate_scenes,
+    lpips_fields,
+    run_name,
+)
 from ..model import LVSM
 from ..pretrained import load_trained
 
@@ -305,10 +313,11 @@ def _load_model(model_or_checkpoint, dataset_config: dict | None, device: str):
 
 
 def _point_metrics(
-    model, videos, scenes, plans, image_size, *, zoom: float, zoom_all: bool, batch_size, lpips, device
+    model, videos, scenes, plans, image_size, *, zoom: float, zoom_all: bool, batch_size, lpips, device, normalization
 ) -> dict:
     """Per-metric means over the scenes of one protocol point (scenes that fail to load are skipped);
-    the targets (all views with ``zoom_all``) are zoomed ``zoom`` x."""
+    the targets (all views with ``zoom_all``) are zoomed ``zoom`` x; scenes normalised by
+    ``normalization`` (``data.normalize``)."""
 
     def loaded():
         for i, (context, targets) in zip(scenes, plans):
@@ -318,7 +327,7 @@ def _point_metrics(
             except SceneError as error:
                 logger.warning("skipping scene %d: %s", i, error)
                 continue
-            yield normalize_scene(scene, list(range(len(context))))
+            yield normalize(scene, list(range(len(context))), normalization)
 
     means, per_scene, _ = evaluate_scenes(
         model, loaded(), len(plans[0][0]), batch_size=batch_size, lpips=lpips, device=device
@@ -368,8 +377,8 @@ def run_protocol(
     factors, zoom_all = _protocol_options(protocol, options)
     model, config, checkpoint = _load_model(model_or_checkpoint, dataset_config, device)
     evaluation = apply_eval_options(config, num_scenes=num_scenes, batch_size=batch_size, lpips_weights=lpips_weights)
-    batch_size, weights = evaluation.eval.batch_size, evaluation.eval.lpips_weights
-    lpips = LPIPS(weights).to(device) if weights else None
+    batch_size = evaluation.eval.batch_size
+    lpips = configured_lpips(evaluation, device)
     videos = build_videos(evaluation)
     scenes, plans, skipped = protocol_plans(videos, protocol, factors, config.data.seed)
     if not scenes:
@@ -391,6 +400,7 @@ def run_protocol(
             batch_size=batch_size,
             lpips=lpips,
             device=device,
+            normalization=config.data.normalize,
         )
         points.append({"value": value, "num_context": len(plan[0][0]), "num_target": len(plan[0][1]), **result})
     results = {
@@ -401,7 +411,7 @@ def run_protocol(
         "data": {"kind": config.data.kind, "root": config.data.root},
         "num_scenes": len(scenes),
         "num_skipped": skipped,
-        "lpips_backbone": "alexnet" if lpips is not None else None,
+        **lpips_fields(evaluation, lpips),
         "points": points,
     }
     if protocol == "zoom":

@@ -38,6 +38,7 @@ __all__ = [
     "load_checkpoint",
     "load_model",
     "load_model_state",
+    "model_state",
     "checkpoint_step",
     "resumable",
     "run_folder",
@@ -141,6 +142,11 @@ def _read_checkpoint(path: str | Path, with_tensors: bool = True) -> tuple[dict[
 
 def _model_state(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     return {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
+
+
+def model_state(path: str | Path) -> dict[str, Tensor]:
+    """The model tensors of a checkpoint (file or run folder), verified (checksum, finite)."""
+    return _model_state(_read_checkpoint(path)[0])
 
 
 def load_checkpoint(

@@ -10,6 +10,7 @@ everything else changes the trajectory (docs/model.md, "Training").
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -30,9 +31,10 @@ SEGMENTS_NAME = "segments.jsonl"
 
 
 def _flat(config: RunConfig) -> dict:
-    """``{"section.key": value}`` of a run config as JSON values; the model section as every field of
-    its :class:`~hrope.nvs.config.ModelConfig` (preset applied)."""
-    plain = {**config.to_dict(), "model": config.model.to_dict()}
+    """``{"section.key": value}`` of a run config as JSON values: every field of every section (the
+    model's with its preset applied, unshown settings at their defaults too)."""
+    plain = {"model": config.model.fields_dict()}
+    plain.update({section: dataclasses.asdict(getattr(config, section)) for section in ("data", "train", "eval")})
     return {
         f"{section}.{k}": v for section, entries in json.loads(json.dumps(plain)).items() for k, v in entries.items()
     }

@@ -65,6 +65,7 @@ from .distributed import (
 from .folder_lock import FolderInUseError, FolderLock
 from ..model import LVSM, build_model, count_parameters
 from ..evaluation.plane_accuracy import GROUPS, LOG_NAME, METRICS, append_log, plane_accuracy
+from ..pretrained import init_weights
 from .provenance import code_provenance
 from .runs import append_segment, config_hash, resume_differences
 from .train_step import StepResult, make_optimizer, perceptual_loss, train_step
@@ -131,10 +132,10 @@ class _Origin:
 
 def _start(config: RunConfig, checkpoint: Path, model: nn.Module, optimizer, world_size: int) -> _Origin:
     """Resume from ``checkpoint`` (refused under a config that changes the trajectory), else step 0,
-    from ``train.init_from``'s model weights when set."""
+    from ``train.init_from``'s model weights when set (:func:`hrope.nvs.pretrained.init_weights`)."""
     if not checkpoint.is_file():
         if config.train.init_from:
-            load_checkpoint(config.train.init_from, model)
+            init_weights(config.train.init_from, model)
         return _Origin(config, 0)
     stored = load_checkpoint(checkpoint)  # metadata only: compare before loading anything
     refused, harmless = resume_differences(stored["config"], config)
@@ -275,15 +276,15 @@ class Trainer:
         self.loader = StepLoader(dataset, opts.seed, ctx.rank, opts.batch_size, config.data.prefetch)
 
     def step(self, step: int) -> StepResult:
-        """Train on the batch of ``step`` (then ``reached == step + 1``): a non-finite step is
-        skipped (:meth:`skip`), a finite one logged on the logged steps and image steps."""
+        """Train on the batch of ``step`` (then ``reached == step + 1``): a step without update is
+        skipped (:meth:`skip`), an applied one logged on the logged steps and image steps."""
         scenes = self.loader.scenes(step, prefetch_next=step + 1 < self.end)
         batch = collate(scenes, self.config.data.num_context, self.ctx.device)
         done = step + 1
         logged = self.ctx.is_main and (done % self.opts.log_every == 0 or done == self.end)
         result = train_step(self.net, self.optimizer, batch, step, self.opts, self.perceptual, measure_heads=logged)
         self.reached = done
-        if not result.finite:
+        if not result.applied:
             self.skip(step, result)
             return result
         self.loss_value, self.streak = float(result.loss), 0
@@ -294,15 +295,15 @@ class Trainer:
         return result
 
     def skip(self, step: int, result: StepResult) -> None:
-        """Count a non-finite step (the step counter still advances, so checkpoints and resume stay on
-        schedule); ``train.max_nonfinite_steps`` in a row stop the run with a :class:`TrainingError`."""
-        self.skipped, self.streak = self.skipped + 1, self.streak + 1
-        logger.warning(
-            "step %d: non-finite loss or gradient (loss %s, grad norm %s); step skipped",
-            step,
-            float(result.loss),
-            float(result.grad_norm),
+        """Count a step without update (the step counter still advances, so checkpoints and resume stay
+        on schedule): a finite one's gradient norm exceeded ``train.skip_grad_factor`` times the clip;
+        ``train.max_nonfinite_steps`` non-finite ones in a row stop the run with a :class:`TrainingError`."""
+        self.skipped, self.streak = self.skipped + 1, 0 if result.finite else self.streak + 1
+        reason = (
+            "gradient norm above train.skip_grad_factor x grad_clip" if result.finite else "non-finite loss or gradient"
         )
+        loss, norm = float(result.loss), float(result.grad_norm)
+        logger.warning("step %d: %s (loss %s, grad norm %s); step skipped", step, reason, loss, norm)
         if self.writer is not None:
             self.writer.add_scalar("train/skipped_steps", self.skipped, step)
         if self.streak >= self.opts.max_nonfinite_steps:

@@ -2,8 +2,10 @@
 
 :func:`train_step` is the step :func:`hrope.nvs.running.train.train` takes at every step of a run, and the
 one the training benchmarks time: the schedule's learning rate, the forward pass (under bf16
-autocast with ``train.bf16``), MSE plus ``train.perceptual_weight`` · LPIPS, backward, clipping to
-``train.grad_clip`` and the AdamW update, skipped when the loss or the gradient is non-finite.
+autocast with ``train.bf16``), MSE plus ``train.perceptual_weight`` times the perceptual loss
+(``train.perceptual_loss``: LPIPS, or LVSM's VGG-19 loss), backward, clipping to
+``train.grad_clip`` and the AdamW update, skipped when the loss or the gradient is non-finite or,
+with ``train.skip_grad_factor``, when the gradient norm exceeds that many times the clip (LVSM's rule).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch import Tensor, nn
 from ..config import RunConfig, TrainSettings
 from ..evaluation.metrics import LPIPS
 from ..model import LVSMOutput
+from .perceptual import VGGPerceptualLoss
 
 __all__ = ["train_step", "StepResult", "learning_rate", "make_optimizer", "perceptual_loss", "parameter_grad_norm"]
 
@@ -53,12 +56,18 @@ def make_optimizer(model: nn.Module, train: TrainSettings) -> torch.optim.AdamW:
 
 
 def perceptual_loss(config: RunConfig, device: torch.device):
-    """The frozen LPIPS module of ``eval.lpips_weights`` when ``train.perceptual_weight > 0`` (the
-    config holds local weights then)."""
-    if not config.train.perceptual_weight:
+    """The frozen perceptual loss module when ``train.perceptual_weight > 0``: ``train.perceptual_loss``
+    ``lpips`` (the LPIPS of local ``eval.lpips_weights``, backbone ``eval.lpips_net``) or ``vgg19``
+    (LVSM's loss, :class:`~hrope.nvs.running.perceptual.VGGPerceptualLoss`, local ``train.vgg19_weights``);
+    the config holds the local weights then (:class:`~hrope.nvs.config.RunConfig`)."""
+    train = config.train
+    if not train.perceptual_weight:
         return None
-    assert config.eval.lpips_weights is not None  # RunConfig: a perceptual loss needs them
-    return LPIPS(config.eval.lpips_weights).to(device)
+    if train.perceptual_loss == "vgg19":
+        assert train.vgg19_weights is not None  # RunConfig: the vgg19 loss needs them
+        return VGGPerceptualLoss(train.vgg19_weights).to(device)
+    assert config.eval.lpips_weights is not None  # RunConfig: an LPIPS loss needs them
+    return LPIPS(config.eval.lpips_weights, config.eval.lpips_net).to(device)
 
 
 def parameter_grad_norm(model) -> float | None:
@@ -75,11 +84,12 @@ class StepResult:
     """What one :func:`train_step` computed."""
 
     output: LVSMOutput  # the forward pass: images (B, Vt, 3, H, W), per-layer decoded parameters
-    loss: Tensor  # 0-d, detached: MSE (+ perceptual_weight · LPIPS) of the predicted target views
+    loss: Tensor  # 0-d, detached: MSE (+ perceptual_weight · perceptual loss) of the predicted target views
     grad_norm: Tensor  # 0-d: the total gradient norm before clipping
     heads_norm: float | None  # the parameter heads' gradient norm before clipping (measure_heads only)
-    finite: bool  # loss and gradient finite (on every rank): the update was applied
+    finite: bool  # loss and gradient finite (on every rank)
     lr: float  # the schedule's learning rate at this step (each group's is lr · its lr_scale)
+    applied: bool = True  # the update was applied: finite and, with train.skip_grad_factor, within its bound
 
 
 def train_step(
@@ -98,9 +108,11 @@ def train_step(
     (bf16 autocast when ``train.bf16``), loss = MSE of the predicted target views in float32 (+
     ``train.perceptual_weight`` · mean ``perceptual`` distance), backward, clipping of the gradient
     norm to ``train.grad_clip``, then the AdamW step unless the loss or the gradient norm is
-    non-finite. ``net`` is the LVSM model or its ``DistributedDataParallel`` wrapper (then the
-    ranks agree on finiteness, so all skip together). ``measure_heads``: also measure
-    :func:`parameter_grad_norm` (a device sync, so the training loop asks on logged steps only).
+    non-finite or (``train.skip_grad_factor`` set) the norm exceeds ``skip_grad_factor · grad_clip``.
+    ``net`` is the LVSM model or its ``DistributedDataParallel`` wrapper (then the ranks agree on
+    finiteness, so all skip together; the norm is of the averaged gradients, the same on every
+    rank). ``measure_heads``: also measure :func:`parameter_grad_norm` (a device sync, so the
+    training loop asks on logged steps only).
     """
     lr = learning_rate(step, train)
     for group in optimizer.param_groups:
@@ -125,6 +137,8 @@ def train_step(
         flag = finite.float()
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         finite = flag > 0
-    if bool(finite):
+    bound = train.skip_grad_factor
+    applied = bool(finite) and (bound is None or float(grad_norm) <= bound * train.grad_clip)
+    if applied:
         optimizer.step()
-    return StepResult(output, loss.detach(), grad_norm, heads_norm, bool(finite), lr)
+    return StepResult(output, loss.detach(), grad_norm, heads_norm, bool(finite), lr, applied)

@@ -13,7 +13,7 @@ from pathlib import Path
 from torch import Tensor
 
 from ..running.atomic import save_figure
-from ..evaluation.metrics import ST_LPIPS_NAME
+from ..evaluation.metrics import ST_LPIPS_NAME, lpips_name
 
 __all__ = ["save_comparison", "save_results_bar", "BAR_METRICS"]
 
@@ -22,7 +22,7 @@ __all__ = ["save_comparison", "save_results_bar", "BAR_METRICS"]
 BAR_METRICS = (
     ("psnr", "PSNR (dB) ↑", True, 1.0),
     ("ssim", "SSIM ↑", True, 0.02),
-    ("lpips", "LPIPS ↓", False, 0.02),
+    ("lpips", f"{lpips_name('alex')} ↓", False, 0.02),  # the demo's runs keep eval.lpips_net's default
     ("st_lpips", f"{ST_LPIPS_NAME} ↓", False, 0.02),
 )
 LABEL_WIDTH = 22  # characters per line of a column label
