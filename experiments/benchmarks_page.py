@@ -186,6 +186,20 @@ def plane_conditioning(data: dict) -> str:
     return "largest ‖D_i D_j⁻¹‖ with |m| ≤ 2: " + "; ".join(parts)
 
 
+def half_precision(data: dict) -> str:
+    """Worst bf16 / fp16 attention error as a multiple of plain SDPA's in the same dtype, q and k scaled so
+    the logits match SDPA's, the float32-inside path first (the old path in brackets), and its time ratio."""
+    parts = []
+    for dtype, name in (("bfloat16", "bf16"), ("float16", "fp16")):
+        worst = data["summary"][dtype]
+        parts.append(
+            f"{name} {worst['matched_float32']['value']:.1f}x SDPA's error "
+            f"({worst['matched_input']['value']:.1f}x before), worst `{worst['matched_float32']['encoding']}`"
+        )
+    ratios = [row["median_ratio"] for row in data["speed"]]
+    return "; ".join(parts) + f"; time float32 inside / before: median {statistics.median(ratios):.2f}"
+
+
 BENCHMARKS = {
     b.script: b
     for b in (
@@ -214,6 +228,11 @@ BENCHMARKS = {
             "adapter_overhead",
             "integrations/transformers.md#what-the-adapter-costs",
             "the `transformers` and `diffusers` adapters",
+        ),
+        Benchmark(
+            "half_precision",
+            "encodings.md#numerics-in-half-precision",
+            "every encoding in bfloat16 and float16 at scenes 1e-3 to 1e3 units and planes at the cap",
         ),
         Benchmark(
             "plane_conditioning",
@@ -318,6 +337,7 @@ RESULTS: tuple[Result, ...] = (
     ),
     Result("adapter_overhead", "adapter_overhead.json", "", adapter_overhead),
     Result("plane_conditioning", "plane_conditioning.json", "", plane_conditioning),
+    Result("half_precision", "half_precision.json", "", half_precision, "python benchmarks/half_precision.py"),
 )
 
 
