@@ -159,7 +159,7 @@ def test_large_jpegs_are_decoded_at_a_reduced_scale_with_exact_intrinsics(tmp_pa
 
 
 def test_real_loading_benchmark_writes_its_table(tmp_path, monkeypatch):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    monkeypatch.syspath_prepend(Path(__file__).resolve().parents[1] / "benchmarks")
     import real_loading
 
     from hrope.nvs.train_step import train_step
