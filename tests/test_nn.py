@@ -67,8 +67,8 @@ def rotary(request, monkeypatch):
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk_norm"])
 @pytest.mark.parametrize("name", list(ENCODINGS))
 def test_module_equals_linear_attention_linear(name, qk_norm, rotary):
-    # measured: <= 2.7e-15 (float64) and <= 2.7e-6 (float32) of the largest output entry
-    for dtype, tolerance in ((torch.float64, 1e-14), (torch.float32, 8e-6)):
+    # of the largest output entry: measured <= 1.3e-14 (float64) and <= 2.7e-6 (float32); 10x margin
+    for dtype, tolerance in ((torch.float64, 1e-13), (torch.float32, 3e-5)):
         m = module(name, dtype, qk_norm)
         x, cameras, planes, params = inputs(name, dtype)
         out = m(x, cameras, GRID, planes=planes, params=params)
@@ -104,7 +104,7 @@ def test_gradients_equal_the_unfused_path(name, qk_norm, rotary):
     for got, want in zip(*grads, strict=True):
         assert (got is None) == (want is None)
         if want is not None:
-            assert relative_error(got, want) <= 1e-13  # measured <= 2.5e-14
+            assert relative_error(got, want) <= 1e-12  # measured <= 3.9e-14; 25x margin
 
 
 @pytest.mark.parametrize("name", RELATIVE)
@@ -113,12 +113,12 @@ def test_module_equals_the_float64_reference(name):
     x, cameras, planes, params = inputs(name, torch.float64)
     reference = unfused(m64, x, cameras, planes, params, attention=hrope.reference.multiview_attention)
     out64 = m64(x, cameras, GRID, planes=planes, params=params)
-    assert relative_error(out64, reference) <= 3e-14  # measured <= 7.4e-15
+    assert relative_error(out64, reference) <= 3e-13  # measured <= 1.1e-14; 25x margin
     m32 = copy.deepcopy(m64).float()  # the same weights and inputs, rounded to float32
     planes32 = None if planes is None else hrope.Planes.from_m(planes.m(cameras, GRID, torch.float64).float())
     params32 = {key: value.float() if value.is_floating_point() else value for key, value in params.items()}
     out32 = m32(x.float(), cameras.to(dtype=torch.float32), GRID, planes=planes32, params=params32)
-    assert relative_error(out32.double(), reference) <= 1.5e-5  # measured <= 6e-6: float32 rounding
+    assert relative_error(out32.double(), reference) <= 5e-5  # float32 rounding: measured <= 5.4e-6; 10x margin
 
 
 @pytest.mark.parametrize("name", ["prope", "hrope-lift", "cape", "rope2d", "rayrope"])
@@ -134,7 +134,7 @@ def test_tokens_without_cameras(name, layout):
     x, cameras, planes, params = inputs(name, torch.float64, length=L)
     out = m(x, cameras, GRID, planes=planes, params=params, camera_tokens=camera_tokens)
     want = unfused(m, x, cameras, planes, params, camera_tokens=camera_tokens)
-    assert relative_error(out, want) <= 1.5e-14  # measured <= 5e-15
+    assert relative_error(out, want) <= 1e-13  # measured <= 7e-15; 15x margin
 
 
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk_norm"])
@@ -164,7 +164,7 @@ def test_cross_attention_equals_linear_cross_attention_linear(query_name, key_na
     k, v = m.kv(context).reshape(B, -1, 2, HEADS, m.head_dim).permute(2, 0, 3, 1, 4)
     o = hrope.cross_attention(m.q_norm(q), m.k_norm(k), v, query=prepared["query"], key=prepared["key"])
     want = m.out(o.transpose(1, 2).reshape(B, -1, DIM))
-    assert relative_error(out, want) <= 1.5e-14  # measured <= 5e-15
+    assert relative_error(out, want) <= 1e-13  # measured <= 7e-15; 15x margin
 
 
 @pytest.mark.parametrize("name", RELATIVE)
@@ -199,7 +199,7 @@ def test_tokens_in_any_memory_layout(name, rotary):
     strided = x.transpose(1, 2).contiguous().transpose(1, 2)
     assert not strided.is_contiguous()
     out = m(strided, cameras, GRID, planes=planes, params=params)
-    assert relative_error(out, m(x, cameras, GRID, planes=planes, params=params)) <= 1e-15  # measured 0
+    assert relative_error(out, m(x, cameras, GRID, planes=planes, params=params)) <= 1e-13  # measured <= 1.5e-15
 
 
 @pytest.mark.parametrize("name", FOLDING)
@@ -217,7 +217,7 @@ def test_fold_default_follows_the_device(name, monkeypatch):
         m = module(name, torch.float64, fold=fold)
         assert m.folds(m.factorize(cameras, GRID, planes=planes, params=params), x) is False
         out = m(x, cameras, GRID, planes=planes, params=params)
-        assert relative_error(out, folded) <= 1e-14  # measured <= 3e-15
+        assert relative_error(out, folded) <= 1e-13  # measured <= 4.9e-15; 20x margin
     on_cuda = types.SimpleNamespace(device=torch.device("cuda"))  # the device type is all the default reads
     factors = factorize(name, cameras, GRID, m.head_dim, planes=planes, params=params)  # split: fold=True
     assert module(name, torch.float64, fold=None).folds(factors, on_cuda) is True
