@@ -45,4 +45,4 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     """The order's seed, also under -q and pytest-xdist (pytest-randomly prints it in the header only)."""
     seed = config.getoption("randomly_seed", None)
     if config.pluginmanager.hasplugin("randomly") and isinstance(seed, int):
-        terminalreporter.write_line(f"random test order: replay it with -p randomly --randomly-seed={seed}")
+        terminalreporter.write_line(f"random test order: --randomly-seed={seed} replays it")

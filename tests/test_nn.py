@@ -67,8 +67,9 @@ def rotary(request, monkeypatch):
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk_norm"])
 @pytest.mark.parametrize("name", list(ENCODINGS))
 def test_module_equals_linear_attention_linear(name, qk_norm, rotary):
-    # of the largest output entry: measured <= 1.3e-14 (float64) and <= 2.7e-6 (float32); 10x margin
-    for dtype, tolerance in ((torch.float64, 1e-13), (torch.float32, 3e-5)):
+    # of the largest output entry: measured <= 4.9e-15 (float64) and <= 1.2e-5 (float32, 2.7e-6 with
+    # MKL's default kernels); 20x and 8x margins
+    for dtype, tolerance in ((torch.float64, 1e-13), (torch.float32, 1e-4)):
         m = module(name, dtype, qk_norm)
         x, cameras, planes, params = inputs(name, dtype)
         out = m(x, cameras, GRID, planes=planes, params=params)
@@ -199,7 +200,7 @@ def test_tokens_in_any_memory_layout(name, rotary):
     strided = x.transpose(1, 2).contiguous().transpose(1, 2)
     assert not strided.is_contiguous()
     out = m(strided, cameras, GRID, planes=planes, params=params)
-    assert relative_error(out, m(x, cameras, GRID, planes=planes, params=params)) <= 1e-13  # measured <= 1.5e-15
+    assert relative_error(out, m(x, cameras, GRID, planes=planes, params=params)) <= 1e-13  # measured <= 3.1e-15
 
 
 @pytest.mark.parametrize("name", FOLDING)

