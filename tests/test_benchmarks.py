@@ -263,7 +263,8 @@ def test_plane_conditioning_norms_are_one_within_a_view_at_infinity_and_grow_wit
     norms = pair_norms(zero, batch, grid)[0]
     for v in range(3):
         view = slice(v * P, (v + 1) * P)
-        torch.testing.assert_close(norms[view, view], torch.ones(P, P, dtype=torch.float64))
+        # D^-1 uses R^T, which the float32 cameras' rotations miss by ~1e-7: measured 1.1e-7; 10x margin
+        torch.testing.assert_close(norms[view, view], torch.ones(P, P, dtype=torch.float64), rtol=0, atol=1e-6)
     near = zero.clone()
     near[0, 0] = torch.tensor([0.0, 0.0, 40.0])  # token 0: a plane 1/40 in front of its camera
     stretched = pair_norms(near, batch, grid)[0]

@@ -73,7 +73,8 @@ def test_viz_planes_needs_a_plane_encoding(tmp_path, capsys):
     assert "takes no planes" in capsys.readouterr().err
 
 
-def test_clear_errors(tmp_path, capsys):
+def test_clear_errors(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # configs/tiny.yaml's run folder is relative: refused runs may leave its lock
     assert run(["eval", str(tmp_path / "nope.safetensors")]) == 2
     assert "checkpoint not found" in capsys.readouterr().err
     assert run(["train", str(tmp_path / "missing.yaml")]) == 2

@@ -47,8 +47,8 @@ def test_reproduces_official_prope_module(case, dtype):
     )
     expected = torch.tensor(case["out"], dtype=torch.float64)
     # float64: measured worst 3.6e-15 (round-off; 1e-10 is far below any convention error, which is
-    # O(1)); float32: measured worst 4.8e-7 of max |expected| (prope, grid 2x4)
-    tol = 1e-10 if dtype == torch.float64 else 1.5e-6 * expected.abs().max()
+    # O(1)); float32: measured worst 4.8e-7 of max |expected| (prope, grid 2x4), 10x margin
+    tol = 1e-10 if dtype == torch.float64 else 5e-6 * expected.abs().max()
     assert out.dtype == dtype
     assert (out.double() - expected).abs().max() <= tol
 
@@ -56,12 +56,12 @@ def test_reproduces_official_prope_module(case, dtype):
 def test_stored_vectors_match_the_documented_official_algorithm():
     """tests/data/make_prope_vectors.py (an independent float64 implementation of the official
     module's algorithm, see tests/data/README.md) recomputes every stored output from its stored
-    inputs to float64 round-off (measured worst 7.9e-16 of max |stored|)."""
+    inputs to float64 round-off (measured worst 7.9e-16 of max |stored|; bound 1e-13)."""
     spec = importlib.util.spec_from_file_location("make_prope_vectors", VECTORS.parent / "make_prope_vectors.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     rows = script.check(VECTORS)
-    assert len(rows) == len(load_cases()) and all(r["relative"] <= 1e-14 for r in rows), rows
+    assert len(rows) == len(load_cases()) and all(r["relative"] <= 1e-13 for r in rows), rows
 
 
 def test_official_vectors_cover_non_square_grids_and_batches():

@@ -151,11 +151,11 @@ def test_the_identity_encoding_equals_transformers_sdpa():
 # --------------------------------------------------------------------------- video LLM
 def test_the_video_llm_example_generates_with_the_cache_as_a_full_forward():
     """examples/video_llm_qwen2.py: every logit of cached greedy generation equals the full forward's
-    (float32 generation logits: to one float32 rounding), and the answer is its argmax."""
+    (float32 logits by two orders of summation: to float32 rounding), and the answer is its argmax."""
     result = example("video_llm_qwen2")(["--frames", "2", "--grid", "2", "2", "--new-tokens", "4"])
     cached, full = result["cached_logits"], result["full_logits"]
     assert cached.shape == full.shape == (4, 128)
-    torch.testing.assert_close(full.float(), cached, rtol=2e-7, atol=2e-7)  # measured 1.2e-7 (one ulp)
+    torch.testing.assert_close(full.float(), cached, rtol=2e-6, atol=2e-6)  # measured <= 1.8e-7; 10x margin
     assert torch.equal(full.argmax(-1), result["answer"][0])
 
 

@@ -57,7 +57,7 @@ def test_gradients_match_reference_including_planes():
         (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)).sum().backward()
         grads.append([x.grad for x in inputs])
     for fast, ref in zip(*grads):
-        assert (fast - ref).abs().max() < 1e-12  # measured 8.9e-14
+        assert (fast - ref).abs().max() < 1e-11  # measured 8.9e-14 (3.4e-13 on other inputs)
     assert grads[0][4].abs().max() > 1e-3  # the planes get a gradient
 
 

@@ -178,7 +178,8 @@ def rotation_to_quaternion(R: torch.Tensor) -> torch.Tensor:
     angle = torch.arccos(((torch.trace(R) - 1) / 2).clamp(-1, 1))
     axis = torch.stack([R[2, 1] - R[1, 2], R[0, 2] - R[2, 0], R[1, 0] - R[0, 1]]) / (2 * torch.sin(angle))
     q = torch.cat([torch.cos(angle / 2)[None], torch.sin(angle / 2) * axis])
-    assert torch.allclose(so3_exp(axis * angle), R, atol=1e-9)  # the fixture itself is right
+    # the fixture itself is right (arccos keeps half the digits near angle 0: measured 1.4e-7)
+    assert torch.allclose(so3_exp(axis * angle), R, rtol=0, atol=2e-6)
     return q
 
 

@@ -169,7 +169,7 @@ def test_bf16_autocast_matches_float32(encoding, batch):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             half = model(batch).images
     assert half.dtype == torch.bfloat16
-    assert (half.float() - full).abs().max() < 0.008  # measured worst 0.0026 (hrope-lift)
+    assert (half.float() - full).abs().max() < 0.025  # measured worst 0.0026 (hrope-lift); 10x margin
 
 
 def test_ape_variants_are_the_encodings_with_token_inputs():

@@ -66,8 +66,9 @@ def rotary(request, monkeypatch):
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk_norm"])
 @pytest.mark.parametrize("name", list(ENCODINGS))
 def test_module_equals_linear_attention_linear(name, qk_norm, rotary):
-    # measured: <= 2.7e-15 (float64) and <= 2.7e-6 (float32) of the largest output entry
-    for dtype, tolerance in ((torch.float64, 1e-14), (torch.float32, 8e-6)):
+    # of the largest output entry: measured <= 4.9e-15 (float64) and <= 1.2e-5 (float32, 2.7e-6 with
+    # MKL's default kernels); 20x and 8x margins
+    for dtype, tolerance in ((torch.float64, 1e-13), (torch.float32, 1e-4)):
         m = module(name, dtype, qk_norm)
         x, cameras, planes, params = inputs(name, dtype)
         out = m(x, cameras, GRID, planes=planes, params=params)
@@ -103,7 +104,7 @@ def test_gradients_equal_the_unfused_path(name, qk_norm, rotary):
     for got, want in zip(*grads, strict=True):
         assert (got is None) == (want is None)
         if want is not None:
-            assert relative_error(got, want) <= 1e-13  # measured <= 2.5e-14
+            assert relative_error(got, want) <= 1e-12  # measured <= 3.9e-14; 25x margin
 
 
 @pytest.mark.parametrize("name", RELATIVE)
@@ -112,12 +113,12 @@ def test_module_equals_the_float64_reference(name):
     x, cameras, planes, params = inputs(name, torch.float64)
     reference = unfused(m64, x, cameras, planes, params, attention=hrope.reference.multiview_attention)
     out64 = m64(x, cameras, GRID, planes=planes, params=params)
-    assert relative_error(out64, reference) <= 3e-14  # measured <= 7.4e-15
+    assert relative_error(out64, reference) <= 3e-13  # measured <= 1.1e-14; 25x margin
     m32 = copy.deepcopy(m64).float()  # the same weights and inputs, rounded to float32
     planes32 = None if planes is None else hrope.Planes.from_m(planes.m(cameras, GRID, torch.float64).float())
     params32 = {key: value.float() if value.is_floating_point() else value for key, value in params.items()}
     out32 = m32(x.float(), cameras.to(dtype=torch.float32), GRID, planes=planes32, params=params32)
-    assert relative_error(out32.double(), reference) <= 1.5e-5  # measured <= 6e-6: float32 rounding
+    assert relative_error(out32.double(), reference) <= 5e-5  # float32 rounding: measured <= 5.4e-6; 10x margin
 
 
 @pytest.mark.parametrize("name", ["prope", "hrope-lift", "cape", "rope2d", "rayrope"])
@@ -133,7 +134,7 @@ def test_tokens_without_cameras(name, layout):
     x, cameras, planes, params = inputs(name, torch.float64, length=L)
     out = m(x, cameras, GRID, planes=planes, params=params, camera_tokens=camera_tokens)
     want = unfused(m, x, cameras, planes, params, camera_tokens=camera_tokens)
-    assert relative_error(out, want) <= 1.5e-14  # measured <= 5e-15
+    assert relative_error(out, want) <= 1e-13  # measured <= 7e-15; 15x margin
 
 
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk_norm"])
@@ -163,7 +164,7 @@ def test_cross_attention_equals_linear_cross_attention_linear(query_name, key_na
     k, v = m.kv(context).reshape(B, -1, 2, HEADS, m.head_dim).permute(2, 0, 3, 1, 4)
     o = hrope.cross_attention(m.q_norm(q), m.k_norm(k), v, query=prepared["query"], key=prepared["key"])
     want = m.out(o.transpose(1, 2).reshape(B, -1, DIM))
-    assert relative_error(out, want) <= 1.5e-14  # measured <= 5e-15
+    assert relative_error(out, want) <= 1e-13  # measured <= 7e-15; 15x margin
 
 
 @pytest.mark.parametrize("name", RELATIVE)
@@ -198,8 +199,7 @@ def test_tokens_in_any_memory_layout(name, rotary):
     strided = x.transpose(1, 2).contiguous().transpose(1, 2)
     assert not strided.is_contiguous()
     out = m(strided, cameras, GRID, planes=planes, params=params)
-    # measured <= 1.5e-15 (rope2d): the projection of a strided x may take another GEMM path
-    assert relative_error(out, m(x, cameras, GRID, planes=planes, params=params)) <= 1e-13
+    assert relative_error(out, m(x, cameras, GRID, planes=planes, params=params)) <= 1e-13  # measured <= 3.1e-15
 
 
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk_norm"])
@@ -229,7 +229,7 @@ def test_folding_is_opt_in(name, qk_norm, monkeypatch):
         out = m(x, cameras, GRID, planes=planes, params=params)
         assert torch.equal(out, unfused(m, x, cameras, planes, params))
         if dtype == torch.float64:
-            assert relative_error(out, folded) <= 1e-14  # measured <= 3e-15
+            assert relative_error(out, folded) <= 1e-13  # measured <= 4.9e-15; 20x margin
 
 
 @pytest.mark.parametrize("name", RELATIVE)

@@ -117,11 +117,12 @@ def test_folded_attention_switch_equals_the_plain_model(encoding, batch):
         (out.images - batch.images[:, 2:]).square().mean().backward()
         outputs.append((out.images, {n: p.grad for n, p in model.named_parameters()}))
     (images, grads), (images_folded, grads_folded) = outputs
-    # measured: images differ by <= 6e-8, gradients by <= 7.4e-7 of their largest entry (float32)
-    torch.testing.assert_close(images_folded, images, atol=3e-7, rtol=0)
+    # measured: images differ by <= 6e-8, gradients by <= 7.4e-7 of their largest entry (float32);
+    # 15x margins
+    torch.testing.assert_close(images_folded, images, atol=1e-6, rtol=0)
     for name, grad in grads.items():
         scale = grad.abs().max().item()
-        torch.testing.assert_close(grads_folded[name], grad, atol=4e-6 * scale, rtol=0, msg=name)
+        torch.testing.assert_close(grads_folded[name], grad, atol=1e-5 * scale, rtol=0, msg=name)
 
 
 def test_folded_attention_refuses_per_head_parameters():

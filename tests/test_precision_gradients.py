@@ -35,9 +35,9 @@ def test_low_precision_without_autocast(name, dtype):
         {"planes": inputs["planes"], "params": {p: x.double() for p, x in inputs["params"].items()}},
     )
     tol = {
-        torch.bfloat16: 0.065,  # measured worst 0.021 (bf16, hrope-lift)
-        torch.float16: 0.006,  # measured worst 0.0017 (fp16, hrope-depth)
-        torch.float32: 5e-6,  # measured worst 1.4e-6 (f32, hrope-pf)
+        torch.bfloat16: 0.2,  # measured worst 0.021 (bf16, hrope-lift); 10x margin, as below
+        torch.float16: 0.02,  # measured worst 0.0022 (fp16, hrope-depth)
+        torch.float32: 2e-5,  # measured worst 1.4e-6 (f32, hrope-pf)
     }[dtype] * ref.abs().max().item()
     assert (out.double() - ref).abs().max() <= tol
 

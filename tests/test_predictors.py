@@ -39,10 +39,11 @@ def decode(encoding: str, raw: torch.Tensor, cameras, depth_init: float = 1.0):
 
 
 def test_axis_angle_to_matrix():
+    # float32: measured 2.4e-7 (this rotation) and 1.4e-6 (R^T R of ten random ones); 10x margins
     R = axis_angle_to_matrix(torch.tensor([0.0, 0.0, math.pi / 2]))
-    torch.testing.assert_close(R @ torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0.0, 1.0, 0.0]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(R @ torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0.0, 1.0, 0.0]), atol=3e-6, rtol=0)
     R = axis_angle_to_matrix(torch.randn(10, 3))
-    torch.testing.assert_close(R.transpose(-1, -2) @ R, torch.eye(3).expand(10, 3, 3), atol=1e-5, rtol=0)
+    torch.testing.assert_close(R.transpose(-1, -2) @ R, torch.eye(3).expand(10, 3, 3), atol=2e-5, rtol=0)
     torch.testing.assert_close(torch.linalg.det(R), torch.ones(10))
 
 

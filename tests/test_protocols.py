@@ -114,7 +114,7 @@ def test_zoom_intrinsics_and_crop_are_exact():
         K, Kz = cameras.K[0, 0], zoomed.cameras.K[0, 0]
         torch.testing.assert_close(Kz[:2, :2], factor * K[:2, :2])
         torch.testing.assert_close(Kz[:2, 2], factor * (K[:2, 2] - size / 2) + size / 2)
-        exact = error(zoomed, 0.0)
+        exact = error(zoomed, 0.0)  # measured 0.0062 / 0.0096 (factor 2 / 3); half a pixel off: 0.0077 / 0.011
         assert exact < 0.012 and exact < min(error(zoomed, 0.5), error(zoomed, -0.5)) - 5e-4
         assert torch.equal(zoomed.cameras.world_to_cam, cameras.world_to_cam)
         assert zoomed.depth.shape == scene.depth.shape

@@ -335,12 +335,12 @@ def test_zero_uncertainty_is_deterministic():
     # rayrope is continuous in the width at 0 (the sinc limit)
     q, k, v = random_qkv(B, 2, N, d, seed=12)
     tiny = dict(ray, log_depth_halfwidth=torch.full((B, N), 1e-7, dtype=torch.float64))
-    # measured 5.3e-14 (second order in the width); an error of first order would be ~1e-7
+    # measured 5.3e-14 (second order in the width); 20x margin. An error of first order would be ~1e-7
     torch.testing.assert_close(
         run("rayrope", q, k, v, cameras, grid, tiny),
         run("rayrope", q, k, v, cameras, grid, ray),
-        rtol=2e-13,
-        atol=2e-13,
+        rtol=1e-12,
+        atol=1e-12,
     )
 
 
@@ -473,14 +473,15 @@ def test_low_precision_with_and_without_autocast(name, dtype):
     params = encoding_params(name, B, N, seed=16, dtype=torch.float32)
     q, k, v = random_qkv(B, H, N, d, seed=16, dtype=torch.float32)
     # rtol = atol = tol; measured worst max |low - float32| / (1 + |float32|) over the three encodings
+    # (on other inputs: up to 2.5x that); bounds about 5 measured, clear of the half dtype's few ulp
     plain_tol, autocast_tol = {
         torch.bfloat16: (
-            0.025,  # measured worst 0.0069 (bf16, worldrope)
-            0.05,
-        ),  # measured worst 0.030 (bf16 autocast, rayrope): kept, 3x would loosen it
+            0.05,  # measured worst 0.0069 (bf16, worldrope)
+            0.15,
+        ),  # measured worst 0.030 (bf16 autocast, rayrope: four bf16 ulp)
         torch.float16: (
-            0.003,  # measured worst 0.00091 (fp16, worldrope)
-            0.02,
+            0.01,  # measured worst 0.00091 (fp16, worldrope)
+            0.03,
         ),  # measured worst 0.0064 (fp16 autocast, rayrope)
     }[dtype]
     expected = run(name, q, k, v, cameras, grid, params)

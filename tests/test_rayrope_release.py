@@ -24,10 +24,11 @@ VECTOR_GRID = (4, 6)
 VECTOR_IMAGE = (64, 96)
 GRADIENTS = {"dq": "q", "dk": "k", "dv": "v", "dmu": "log_depth", "ds": "log_depth_halfwidth"}
 # Worst max|got - want| / max|want| over out and the five gradients, per case (fast path and
-# reference both): head_dim 48 measured <= 8e-7; head_dim 144 measured <= 6.4e-5. The floor at 144
+# reference both): head_dim 48 measured <= 7.8e-7; head_dim 144 measured <= 8.6e-5 (case 5); bounds about
+# 4x those (the errors are the vectors' float32 storage, not round-off that varies). The floor at 144
 # is the vectors' float32 storage of poses computed in float64: re-rounding the poses alone to
 # float32 moves our float64 result by 1-4e-5 (0.26-3e-7 at head_dim 48).
-TOLERANCE = {48: 2e-6, 144: 1e-4}
+TOLERANCE = {48: 3e-6, 144: 3e-4}
 
 
 def load_case(case: int) -> dict[str, torch.Tensor]:

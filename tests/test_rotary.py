@@ -38,7 +38,7 @@ def test_rotation_is_the_library_rope_permuted(inverse):
     phase = rope_phase(GRID, rope_dim, prepared.rope_base, x.device, torch.float64)
     got = rotate_(t, phase, V, (0, HEADS), HEAD_DIM, rope_dim, inverse=inverse)
     assert got is t  # in place
-    torch.testing.assert_close(got.transpose(1, 2)[..., order.argsort()], want, atol=1e-15, rtol=0)
+    torch.testing.assert_close(got.transpose(1, 2)[..., order.argsort()], want, atol=1e-13, rtol=0)  # measured 4.4e-16
 
 
 def test_rotation_of_some_heads_and_its_gradient():

@@ -100,8 +100,8 @@ def test_identity_tokens_get_the_identity(name):
     torch.testing.assert_close(
         logits[0][..., identity[:, None], identity],
         (q @ k.mT)[..., identity[:, None], identity],
-        rtol=1e-14,
-        atol=1e-14,
+        rtol=1e-13,
+        atol=1e-13,  # measured 0 (the same products)
     )
     view0, view1 = layout[:4], layout[4:]
     assert (logits[0][..., view0[:, None], view1] - logits[1][..., view0[:, None], view1]).abs().min() > 1e-6

@@ -120,7 +120,7 @@ def test_fitted_patch_planes_match_ground_truth():
     single = (ids == ids[:, :1]).all(-1)
     assert single.sum() > 40
     error = (fitted - truth).norm(dim=-1) / truth.norm(dim=-1)
-    assert error[single].max() < 6e-6  # measured 1.8e-6 (float32 depth)
+    assert error[single].max() < 2e-5  # float32 depth: measured <= 2.2e-6; 10x margin
     assert error[~single].max() > 1e-3  # mixed patches differ, so the comparison can fail
 
 

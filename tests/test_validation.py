@@ -250,8 +250,9 @@ def test_prepared_transform_computes_in_the_inputs_dtype(name):
     transform = prepared(name)
     q, k, v = random_qkv(1, 2, 8, 48, dtype=torch.float32)
     expected = transform.attention(q, k, v)
-    # tol on |out - f32| / (1 + |f32|): measured worst 0.015 (bf16, worldrope), 3.5e-7 (float64, prope)
-    for dtype, tol in ((torch.bfloat16, 0.04), (torch.float64, 1e-6)):
+    # tol on |out - f32| / (1 + |f32|): measured worst 0.015 (bf16, worldrope: two bf16 ulp), 3.5e-7
+    # (float64 against float32, prope: three float32 ulp); 7x and 10x margins
+    for dtype, tol in ((torch.bfloat16, 0.1), (torch.float64, 3e-6)):
         out = transform.attention(q.to(dtype), k.to(dtype), v.to(dtype))
         assert out.dtype == dtype
         torch.testing.assert_close(out.float(), expected, rtol=tol, atol=tol)
