@@ -42,7 +42,7 @@ from torch import Tensor
 
 from .errors import InputError, checking_values
 
-__all__ = ["check_shapes", "check_finite", "MESSAGES"]
+__all__ = ["check_shapes", "check_finite", "check_rotations", "MESSAGES"]
 
 # The default message of each kind of failure, a str.format template (fields: check_shapes' doc)
 MESSAGES: dict[str, str] = {
@@ -241,3 +241,14 @@ def _format(
         devices=devices,
         **fields,
     )
+
+
+def check_rotations(R: Tensor, what: str, *, error: type[InputError] = InputError, atol: float = 1e-3) -> None:
+    """``R`` ``(..., 3, 3)`` holds proper rotations (``|R^T R - I| <= atol`` and ``det R > 0``), else
+    ``error`` naming ``what``. Reads the values; skipped while ``torch.compile`` traces."""
+    if not checking_values():
+        return
+    eye = torch.eye(3, dtype=R.dtype, device=R.device)
+    err = (R.transpose(-1, -2) @ R - eye).abs().amax()
+    if err > atol or (torch.linalg.det(R) <= 0).any():
+        raise error(f"{what} must hold proper rotations (|R^T R - I| = {float(err):.3g}, det > 0)")

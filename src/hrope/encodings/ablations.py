@@ -24,19 +24,11 @@ from ..cameras import Cameras
 from ..errors import checking_values
 from ..geometry import geometry_dtype, invert_intrinsics, invert_se3, lift, make_se3, patch_rays
 from ..planes import Planes, clamp_depth, clamp_inverse_depth, clamp_plane_vectors
+from ..shapes import check_rotations
 from .base import Encoding, EncodingError, TokenTransform, per_token_param
 from .layout import HeadLayout
 
 __all__ = ["PatchTransformEncoding", "HRoPEDepth", "HRoPESO3", "HRoPESE3", "HRoPEPF", "HRoPEFull", "tangent_frames"]
-
-
-def _check_rotations(R: Tensor, what: str, atol: float = 1e-3) -> None:
-    if not checking_values():
-        return
-    eye = torch.eye(3, dtype=R.dtype, device=R.device)
-    err = (R.transpose(-1, -2) @ R - eye).abs().amax()
-    if err > atol or (torch.linalg.det(R) <= 0).any():
-        raise EncodingError(f"{what} must hold proper rotations (|R^T R - I| = {float(err):.3g}, det > 0)")
 
 
 def tangent_frames(normal: Tensor) -> Tensor:
@@ -116,7 +108,7 @@ class HRoPESO3(PatchTransformEncoding):
         self, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype, planes: Planes | None, *, rotation: Tensor
     ) -> tuple[Tensor, Tensor]:
         R = per_token_param(rotation, cameras, grid, (3, 3), "rotation", dtype)
-        _check_rotations(R, "rotation")
+        check_rotations(R, "rotation", error=EncodingError)
         return lift(R), lift(R.transpose(-1, -2))
 
 
@@ -131,7 +123,7 @@ class HRoPESE3(PatchTransformEncoding):
         self, cameras: Cameras, grid: tuple[int, int], dtype: torch.dtype, planes: Planes | None, *, transform: Tensor
     ) -> tuple[Tensor, Tensor]:
         G = per_token_param(transform, cameras, grid, (4, 4), "transform", dtype)
-        _check_rotations(G[..., :3, :3], "transform[..., :3, :3]")
+        check_rotations(G[..., :3, :3], "transform[..., :3, :3]", error=EncodingError)
         bottom = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=dtype, device=G.device)
         if checking_values() and (G[..., 3, :] - bottom).abs().amax() > 1e-6:
             raise EncodingError("transform must have bottom row [0, 0, 0, 1]")

@@ -25,7 +25,7 @@ from torch import Tensor
 from ..cameras import Cameras
 from ..geometry import geometry_dtype, invert_intrinsics, invert_se3, lift
 from ..planes import MAX_INVERSE_DISTANCE, Planes, clamp_plane_vectors
-from .ablations import _check_rotations
+from ..shapes import check_rotations
 from .base import Encoding, EncodingError, TokenTransform, per_token_param
 from .layout import ROPE_BASE, HeadLayout
 
@@ -187,7 +187,7 @@ class HRoPE(Encoding):
         R, t = R[:, :, None], t[:, :, None]
         if self.pose == "per-patch":
             dR = per_token_param(params["patch_rotation"], cameras, grid, (3, 3), "patch_rotation", dtype)
-            _check_rotations(dR, "patch_rotation")
+            check_rotations(dR, "patch_rotation", error=EncodingError)
             dt = per_token_param(params["patch_translation"], cameras, grid, (3,), "patch_translation", dtype)
             R, t = dR @ R, dR @ t + dt[..., None]
         return R, t[..., 0]
