@@ -215,9 +215,11 @@ def _gta(encoding: GTA, tok: _Tokens, planes: Planes | None, params: dict[str, T
     return _block4(tok.R, scale * tok.t)
 
 
-def _cape(encoding: Encoding, tok: _Tokens, planes: Planes | None, params: dict[str, Tensor]) -> Tensor:
-    """E = [[R, t], [0, 1]]."""
-    return _block4(tok.R, tok.t)
+def _cape(encoding: CaPE, tok: _Tokens, planes: Planes | None, params: dict[str, Tensor]) -> Tensor:
+    """EscherNet's P^-T for P = [[R, t], [0, 1]] (a row vector times P^-T is P^-1 times the column),
+    by a general matrix inverse; ``form="transposed"``: E = P."""
+    E = _block4(tok.R, tok.t)
+    return E if encoding.form == "transposed" else torch.linalg.inv(E).transpose(-1, -2)
 
 
 def _hrope_pose(encoding: HRoPE, tok: _Tokens, params: dict[str, Tensor]) -> Tensor:
