@@ -176,7 +176,7 @@ class QueryFrameTransform(Prepared):
         query: tuple[Tensor, Tensor] | None = None,
         relative: TokenTransform | None = None,
         precision: str = "float32",
-        per_head: Callable[[int], tuple[Tensor, Tensor]] | None = None,
+        per_head: Callable[[int], tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]] | None = None,
         order: Tensor | None = None,
     ) -> None:
         if execution not in EXECUTIONS:

@@ -151,12 +151,12 @@ class URoPE(QueryFrameEncoding):
         centre = patch_coordinates(grid, (0.5, 0.5), device=freqs.device, dtype=dtype) + 0.5  # (P, 2), in [0, 1]
         own = centre * centre.new_tensor([grid[1], grid[0]])  # patch centres ix + 0.5, iy + 0.5
         own_angles = torch.cat([own[:, 0:1] * freqs, own[:, 1:2] * freqs], -1).repeat(cameras.num_views, 1)
-        options = (self.execution, self.recompute, self.rotate_values)
+        options: tuple[str, bool, bool] = (self.execution, self.recompute, self.rotate_values)
         if self.layout == "interleaved":
             key = pad_pairs(*self.key_coefficients(cameras, grid, head_dim, dtype), head_dim // 2)
             B = key[0].shape[0]
             query = pad_pairs(own_angles.cos().expand(B, -1, -1), own_angles.sin().expand(B, -1, -1), head_dim // 2)
-            return QueryFrameTransform(*key, grid, *options, query=query, precision=self.precision)
+            return QueryFrameTransform(key[0], key[1], grid, *options, query=query, precision=self.precision)
         B, V, N = cameras.batch_size, cameras.num_views, own_angles.shape[0]
         ones = own_angles.new_ones(B, V, N, head_dim // 2)
         F = head_dim // 4
