@@ -42,8 +42,9 @@ __all__ = [
 # Bump (by hand) in a change meant to alter trained results; a new version trains every cell again,
 # in new cache folders (the old ones stay on disk, unused). Version 0 is not hashed (its cells are
 # keyed by their settings alone). 1: the oracle and external sources cap planes next to the camera
-# at |m| <= 2 by default (hrope.nvs.config.schema.DEFAULT_MAX_INVERSE_DISTANCE).
-RESULTS_VERSION = 1
+# at |m| <= 2 by default (hrope.nvs.config.schema.DEFAULT_MAX_INVERSE_DISTANCE). 2: ``cape`` is
+# EscherNet's form; cells of version 1 ran what is now ``cape`` with ``form="transposed"``.
+RESULTS_VERSION = 2
 
 TABLE1_ENCODINGS = ("none", "gta", "prope", "cape", "rayrope", "urope", "worldrope", "hrope", "hrope-lift")
 ABLATIONS = ("hrope-depth", "hrope-so3", "hrope-pf", "hrope-se3", "hrope", "hrope-full")

@@ -54,6 +54,7 @@ from .encodings import (
 # (0, 1) and coordinate periods 4 / 8 / 80 (8 asinh(10) for its asinh coordinate).
 from .encodings.query_frame import POSITION_MARGIN
 from .encodings.rayrope import RAY_OFFSETS
+from .encodings.urope import RELEASED_CLAMP, RELEASED_DEPTH_EPS
 from .planes import MAX_DEPTH, MAX_INVERSE_DISTANCE, MIN_DEPTH, MIN_GRAZING_COS
 
 if TYPE_CHECKING:  # annotations only: the reference uses no fast-path helper
@@ -215,9 +216,11 @@ def _gta(encoding: GTA, tok: _Tokens, planes: Planes | None, params: dict[str, T
     return _block4(tok.R, scale * tok.t)
 
 
-def _cape(encoding: Encoding, tok: _Tokens, planes: Planes | None, params: dict[str, Tensor]) -> Tensor:
-    """E = [[R, t], [0, 1]]."""
-    return _block4(tok.R, tok.t)
+def _cape(encoding: CaPE, tok: _Tokens, planes: Planes | None, params: dict[str, Tensor]) -> Tensor:
+    """EscherNet's P^-T for P = [[R, t], [0, 1]] (a row vector times P^-T is P^-1 times the column),
+    by a general matrix inverse; ``form="transposed"``: E = P."""
+    E = _block4(tok.R, tok.t)
+    return E if encoding.form == "transposed" else torch.linalg.inv(E).transpose(-1, -2)
 
 
 def _hrope_pose(encoding: HRoPE, tok: _Tokens, params: dict[str, Tensor]) -> Tensor:
@@ -588,37 +591,87 @@ def _rotation_block(theta: Tensor) -> Tensor:
     return torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)
 
 
-def _blocks_to_matrix(blocks: Tensor, head_dim: int) -> Tensor:
-    """Pair blocks ``(..., n, 2, 2)`` on channels (p, p + head_dim/2) -> ``(..., d, d)`` (identity after n)."""
-    half = head_dim // 2
+def _blocks_to_matrix(blocks: Tensor, head_dim: int, quarters: bool = False) -> Tensor:
+    """Pair blocks ``(..., n, 2, 2)`` on channels (p, p + head_dim/2) -> ``(..., d, d)`` (identity after n);
+    ``quarters``: pair p < d/4 on (p, p + d/4), pair d/4 + p on (d/2 + p, 3d/4 + p) (urope's head groups)."""
+    half, quarter = head_dim // 2, head_dim // 4
     M = torch.eye(head_dim, dtype=torch.float64).expand(*blocks.shape[:-3], head_dim, head_dim).clone()
     for p in range(blocks.shape[-3]):
         idx = [p, p + half]
+        if quarters:
+            idx = [p, p + quarter] if p < quarter else [p + quarter, p + half]
         for r in range(2):
             for c in range(2):
                 M[..., idx[r], idx[c]] = blocks[..., p, r, c]
     return M
 
 
+def _project_released(K: Tensor, X: Tensor, grid: tuple[int, int]) -> Tensor:
+    """URoPE's released projection: (K_patch X)_xy / (|Z| + 1e-5), K_patch the intrinsics in patch
+    units, clamped to [-64, 96] patches."""
+    gh, gw = grid
+    K_patch = torch.diag(torch.tensor([gw, gh, 1.0], dtype=torch.float64)) @ (
+        K + torch.tensor([[0, 0, 0.5], [0, 0, 0.5], [0, 0, 0]], dtype=torch.float64)
+    )
+    img = (K_patch.reshape(K.shape[0], *([1] * (X.ndim - 2)), 3, 3) @ X[..., None]).squeeze(-1)
+    return (img[..., :2] / (X[..., 2:3].abs() + RELEASED_DEPTH_EPS)).clamp(*RELEASED_CLAMP)
+
+
+def _urope_anchors(encoding: URoPE, head: tuple[int, int] | None) -> list[float]:
+    """The anchors of one head: every anchor (interleaved), the head's group's left bin edge, or none
+    (a head left out: the last ``leaveout_heads``)."""
+    if encoding.layout == "interleaved":
+        return list(encoding.anchors)
+    h, heads = cast("tuple[int, int]", head)
+    groups = (heads - encoding.leaveout_heads) // encoding.group_size
+    if h >= groups * encoding.group_size:
+        return []
+    width = (encoding.max_depth - encoding.min_depth) / groups
+    return [encoding.min_depth + (h // encoding.group_size) * width]
+
+
 def _urope_blocks(
     encoding: URoPE, cams: dict[str, Any], grid: tuple[int, int], head_dim: int, view: int, params: dict[str, Tensor]
 ) -> Tensor:
     freqs = _image_rope_freqs(head_dim, encoding.rope_base)
+    anchors = _urope_anchors(encoding, cams["head"])
+    if not anchors:
+        return _rotation_block(
+            torch.zeros(cams["B"], cams["V"] * grid[0] * grid[1], 2 * len(freqs), dtype=torch.float64)
+        )
     blocks = []
     uv = _uv_grid(grid, (0.5, 0.5))
     for key_view in range(cams["V"]):
         per_anchor = []
-        for anchor in encoding.anchors:
+        for anchor in anchors:
             depth = torch.full((cams["B"], grid[0] * grid[1]), anchor, dtype=torch.float64)
             world = _world_points(cams["K_inv"][:, key_view], cams["C2W"][:, key_view], uv, depth)
-            per_anchor.append(_project(cams["K"][:, view], _in_camera(cams["E"][:, view], world), grid)[0])
+            X = _in_camera(cams["E"][:, view], world)
+            released = encoding.projection == "released"
+            per_anchor.append(
+                _project_released(cams["K"][:, view], X, grid) if released else _project(cams["K"][:, view], X, grid)[0]
+            )
         pos = torch.stack(per_anchor, -2)  # (B, P, A, 2)
         per_pair = []
         for axis in range(2):
             for f, w in enumerate(freqs):
-                per_pair.append(_rotation_block(w * pos[:, :, f % len(encoding.anchors), axis]))
+                per_pair.append(_rotation_block(w * pos[:, :, f % len(anchors), axis]))
         blocks.append(torch.stack(per_pair, -3))
     return torch.cat(blocks, 1)
+
+
+def _urope_query_matrices(
+    encoding: URoPE, grid: tuple[int, int], num_views: int, head_dim: int, head: tuple[int, int] | None
+) -> Tensor:
+    """Query matrices ``(N, d, d)`` of URoPE's released projection: RoPE on the query's own patch centre
+    (identity for a head left out)."""
+    gh, gw = grid
+    iy, ix = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64), indexing="ij")
+    centre = torch.stack([ix.reshape(-1) + 0.5, iy.reshape(-1) + 0.5], -1).repeat(num_views, 1)  # (N, 2)
+    rotated = 1.0 if _urope_anchors(encoding, head) else 0.0
+    freqs = _image_rope_freqs(head_dim, encoding.rope_base)
+    blocks = torch.stack([_rotation_block(rotated * w * centre[:, axis]) for axis in range(2) for w in freqs], -3)
+    return _blocks_to_matrix(blocks, head_dim, quarters=encoding.layout == "head_groups")
 
 
 def _worldrope_blocks(
@@ -828,11 +881,13 @@ def query_frame_matrices(
     params: dict[str, Tensor] | None = None,
     key_cameras: Cameras | None = None,
     key_grid: tuple[int, int] | None = None,
+    head: tuple[int, int] | None = None,
 ) -> Tensor:
     """Key matrices ``(B, Vq, Nk, d, d)`` of a query-frame encoding: token j's expected rotation in
     query view c's frame (2x2 blocks E[R(θ)] on the split pairs). Query token i uses entry
     ``[:, view(i), i]``. The keys are ``cameras``' own tokens, or (cross-attention) the
-    ``key_grid`` tokens of ``key_cameras`` with ``params`` theirs."""
+    ``key_grid`` tokens of ``key_cameras`` with ``params`` theirs. ``head`` = (h, heads): the
+    matrices of head h of ``heads`` (``urope`` with ``layout="head_groups"``, on quarter pairs)."""
     encoding = get_encoding(encoding)
     key_cameras = cameras if key_cameras is None else key_cameras
     E_key = key_cameras.world_to_cam.double()
@@ -845,12 +900,14 @@ def query_frame_matrices(
         "K_key": K_key,
         "K_inv": torch.linalg.inv(K_key),
         "C2W": torch.linalg.inv(E_key),
+        "head": head,
     }
+    quarters = isinstance(encoding, URoPE) and encoding.layout == "head_groups"
     build = _for_class(_QUERY_FRAME_BLOCKS, encoding)
     key_grid = tuple(grid if key_grid is None else key_grid)  # type: ignore[assignment]
     return torch.stack(
         [
-            _blocks_to_matrix(build(encoding, cams, key_grid, head_dim, view, params or {}), head_dim)
+            _blocks_to_matrix(build(encoding, cams, key_grid, head_dim, view, params or {}), head_dim, quarters)
             for view in range(cameras.num_views)
         ],
         1,
@@ -919,6 +976,7 @@ def query_frame_attention(
     is_causal: bool = False,
     scale: float | None = None,
     enable_gqa: bool = False,
+    head: tuple[int, int] | None = None,
 ) -> Tensor:
     """Dense reference of a query-frame encoding: with M_j^(c) from :func:`query_frame_matrices`,
 
@@ -931,18 +989,43 @@ def query_frame_attention(
 
     With ``camera_tokens`` q, k, v have L tokens and identity tokens get M = I on both sides, except
     that an identity query sees camera key j through M_j^(view(j)), the key in its own view's frame.
-    ``hrope-lift-uv`` (needs ``planes``) has query matrices of their own (:func:`_lift_uv_matrices`).
+    ``hrope-lift-uv`` (needs ``planes``) has query matrices of their own (:func:`_lift_uv_matrices`),
+    and so has ``urope`` with ``projection="released"`` (its own patch centre). ``urope`` with
+    ``layout="head_groups"`` runs head by head (``head`` = (h, heads): q, k, v hold head h alone).
     """
     k, v, attn_mask = _sdpa_options(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
     q, k, v = q.double(), k.double(), v.double()
     B, H, L, d = q.shape
     encoding = get_encoding(encoding)
+    if isinstance(encoding, URoPE) and encoding.layout == "head_groups" and head is None:
+        masks = [
+            attn_mask
+            if attn_mask is None or attn_mask.ndim < 3 or attn_mask.shape[-3] == 1
+            else attn_mask[..., [h], :, :]
+            for h in range(H)
+        ]
+        options: dict[str, Any] = {
+            "encoding": encoding,
+            "cameras": cameras,
+            "grid": grid,
+            "camera_tokens": camera_tokens,
+            "scale": scale,
+        }
+        return torch.cat(
+            [
+                query_frame_attention(q[:, [h]], k[:, [h]], v[:, [h]], attn_mask=masks[h], head=(h, H), **options)
+                for h in range(H)
+            ],
+            1,
+        )
     own_query: Tensor | None = None  # the queries' matrices when they are not the keys' own (hrope-lift-uv)
     if isinstance(encoding, HRoPELiftUV):
         encoding.check_inputs(planes, params or {})
         M, own_query = _lift_uv_matrices(encoding, cameras, grid, d, cast("Planes", planes))
     else:
-        M = query_frame_matrices(encoding, cameras, grid, d, params)  # (B, V, N, d, d)
+        M = query_frame_matrices(encoding, cameras, grid, d, params, head=head)  # (B, V, N, d, d)
+        if isinstance(encoding, URoPE) and encoding.projection == "released":
+            own_query = _urope_query_matrices(encoding, grid, cameras.num_views, d, head).expand(B, -1, -1, -1)
     V, N = M.shape[1:3]
     view_of = torch.arange(N) // (N // V)
     own = M[:, view_of, torch.arange(N)]  # (B, N, d, d): every camera token in its own view's frame

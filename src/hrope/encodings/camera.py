@@ -2,7 +2,8 @@
 
 Each view c has one 4x4 matrix tiled over the geometric channels:
 PRoPE P_c = lift(K̂_c) E_c (Li et al. 2025), GTA E_c (Miyato et al. 2024; PRoPE's ``Ks=None``),
-CaPE E_c over all channels of q and k only (Kong et al. 2024).
+CaPE EscherNet's E_c^-T (or, ``form="transposed"``, E_c) over all channels of q and k only
+(Kong et al. 2024).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from torch import Tensor, nn
 from ..cameras import Cameras
 from ..geometry import geometry_dtype, invert_intrinsics, invert_se3, lift
 from ..planes import Planes
-from .base import Encoding, TokenTransform
+from .base import Encoding, EncodingError, TokenTransform
 from .layout import ROPE_BASE, HeadLayout
 
 __all__ = ["NoEncoding", "RoPE2D", "PRoPE", "GTA", "CaPE"]
@@ -111,21 +112,42 @@ class GTA(Encoding):
         return self.token_transform(layout, cameras, grid, per_view(E), per_view(invert_se3(E)))
 
 
-class CaPE(Encoding):
-    """``cape``: E_c tiled over all channels of q and k; v and the output are not transformed.
+CAPE_FORMS = ("eschernet", "transposed")
 
-    Logits are q_i^T E_i E_j^-1 k_j (relative pose only; no intrinsics, no RoPE).
+
+class CaPE(Encoding):
+    """``cape``: a 4x4 per-view block tiled over all channels of q and k; v and the output are not
+    transformed (Kong et al. 2024).
+
+    Args:
+        form: ``"eschernet"`` (default; EscherNet's 6-DoF ``cape_embed``): each run of 4 channels is
+            a row vector times the view's world-to-camera P, the query by P^-T and the key by P, so a
+            logit is q_i^T P_i^-T P_j^T k_j = q_i^T (P_j P_i^-1)^T k_j. ``"transposed"``: D = E_c, the
+            logit q_i^T E_i E_j^-1 k_j, the inverse transpose of EscherNet's relative matrix (a valid
+            relative encoding, not CaPE; the form of results of RESULTS_VERSION 1).
     """
 
     name = "cape"
     per_view = "blocks"
     transform_values = False
 
+    def __init__(self, form: str = "eschernet") -> None:
+        super().__init__()
+        if form not in CAPE_FORMS:
+            raise EncodingError(f"form must be one of {CAPE_FORMS}, got {form!r}")
+        self.form = form
+
     def prepare(
         self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None, **params: Tensor
     ) -> TokenTransform:
-        """No planes or params; D_t = E_c tiles over all channels, on q and k only (v, o untouched)."""
+        """No planes or params; q <- D_c^T q, k <- D_c^-1 k over all channels (v, o untouched) with
+        D_c = E_c^-T (``"eschernet"``) or E_c (``"transposed"``)."""
         self.check_inputs(planes, params)
         E = cameras.world_to_cam.to(geometry_dtype(cameras.K.dtype))
+        E_inv = invert_se3(E)
+        D, D_inv = (E_inv.transpose(-1, -2), E.transpose(-1, -2)) if self.form == "eschernet" else (E, E_inv)
         layout = HeadLayout(head_dim, block=4, rope=False)
-        return self.token_transform(layout, cameras, grid, per_view(E), per_view(invert_se3(E)))
+        return self.token_transform(layout, cameras, grid, per_view(D), per_view(D_inv))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, form={self.form!r}"

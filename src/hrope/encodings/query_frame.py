@@ -19,6 +19,7 @@ Memory is O(V·N·head_dim): one coefficient table per query view, never an N x 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar, cast
 
 import torch
@@ -146,6 +147,11 @@ class QueryFrameTransform(Prepared):
             ``(..., (head_dim - g)/2)``, pairs (g + p, g + p + (head_dim - g)/2)) act on the rest.
         precision: what float16 / bfloat16 inputs are rotated in
             (:data:`~hrope.encodings.precision.PRECISIONS`), as :class:`~hrope.encodings.base.TokenTransform`'s.
+        per_head: head groups: ``heads -> (query, key)``, each an ``(re, im)``, the tables of every
+            head for that number of heads: query ``(B, heads, N, n)``, key ``(B, Vq, heads, Nk, n)``
+            (n = head_dim/2; built once per number of heads seen); re, im above then give only the shapes.
+        order: the rotated channels' order: pair p acts on channels ``(order[p], order[p + r/2])`` of
+            the r rotated channels (None: ``(p, p + r/2)``).
 
     Precompute-then-apply for custom attention (e.g. cross-attention): for each query view c,
     ``sdpa(apply_q(q_c, c), *apply_kv(k, v, c))`` then ``apply_o(o_c, c)``, where ``q_c`` holds
@@ -170,6 +176,8 @@ class QueryFrameTransform(Prepared):
         query: tuple[Tensor, Tensor] | None = None,
         relative: TokenTransform | None = None,
         precision: str = "float32",
+        per_head: Callable[[int], tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]] | None = None,
+        order: Tensor | None = None,
     ) -> None:
         if execution not in EXECUTIONS:
             raise EncodingError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
@@ -198,7 +206,10 @@ class QueryFrameTransform(Prepared):
                 tuple(t.reshape(B, V, V, P, pairs)[:, diag, diag].reshape(B, N, pairs) for t in (re, im)),
             )
         self._query = query
-        self._cache: dict[tuple[str, torch.dtype], tuple[Tensor, Tensor]] = {}
+        self._per_head = per_head
+        self._order = order
+        self._heads: dict[int, tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]] = {}
+        self._cache: dict[tuple[str, torch.dtype, int], tuple[Tensor, Tensor]] = {}
 
     @property
     def tokens_per_view(self) -> int:
@@ -208,13 +219,29 @@ class QueryFrameTransform(Prepared):
     def num_tokens(self) -> int:
         return self.num_views * self.tokens_per_view
 
-    def coefficients(self, query_view: int | None = None) -> tuple[Tensor, Tensor]:
+    def coefficients(self, query_view: int | None = None, heads: int | None = None) -> tuple[Tensor, Tensor]:
         """``(re, im)``: the keys' coefficients z_j^(c) ``(B, Nk, head_dim/2)`` in query view c's
-        frame, or (``query_view=None``) every query token's own coefficient z_i ``(B, N, head_dim/2)``."""
+        frame, or (``query_view=None``) every query token's own coefficient z_i ``(B, N, head_dim/2)``;
+        with head groups ``heads`` is required and a heads axis follows B."""
+        if (self._per_head is None) != (heads is None):
+            raise EncodingError("heads: pass the number of heads exactly when the coefficients differ per head")
+        query, key = self._tables(heads or 1)
         if query_view is None:
-            return self._query
+            return (query[0], query[1]) if heads else (query[0][:, 0], query[1][:, 0])
         self._rows(query_view)
-        return self._key[0][:, query_view], self._key[1][:, query_view]
+        re, im = key[0][:, query_view], key[1][:, query_view]
+        return (re, im) if heads else (re[:, 0], im[:, 0])
+
+    def _tables(self, heads: int) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+        """Query ``(B, H, N, n)`` and key ``(B, Vq, H, Nk, n)`` tables, H = 1 unless per head."""
+        if self._per_head is None:
+            return (self._query[0][:, None], self._query[1][:, None]), (
+                self._key[0][:, :, None],
+                self._key[1][:, :, None],
+            )
+        if heads not in self._heads:
+            self._heads[heads] = self._per_head(heads)
+        return self._heads[heads]
 
     # --------------------------------------------------------------------------- tables
     def _full_width(self, which: str, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -222,24 +249,31 @@ class QueryFrameTransform(Prepared):
         (computed in that dtype, the result rounded to x's; keys and values are promoted inside the
         products, so no higher-precision copy of them lives through the loop over query views).
 
-        ``which`` is "q" ``(B, 1, N, d)`` or "k" ``(B, Vq, 1, N, d)``.
+        ``which`` is "q" ``(B, H, N, d)`` or "k" ``(B, Vq, H, Nk, d)`` (H = 1 unless per head).
         """
         dtype = transform_dtype(x.dtype, self.precision)
-        cache_key = (which, dtype)
+        heads = 0 if self._per_head is None else x.shape[1]
+        cache_key = (which, dtype, heads)
         if cache_key not in self._cache:
-            re, im = self._query if which == "q" else self._key
+            query, key = self._tables(heads)
+            re, im = query if which == "q" else key
             lead = (*re.shape[:-1], self.lead)
-            C = torch.cat([re.new_ones(lead), re, re], -1).to(dtype)
-            S = torch.cat([im.new_zeros(lead), im, -im], -1).to(dtype)
-            axis = 1 if which == "q" else 2
-            self._cache[cache_key] = (C.unsqueeze(axis), S.unsqueeze(axis))
+            C, S = torch.cat([re, re], -1), torch.cat([im, -im], -1)
+            if self._order is not None:
+                C, S = C[..., self._order.argsort()], S[..., self._order.argsort()]
+            C = torch.cat([re.new_ones(lead), C], -1).to(dtype)
+            S = torch.cat([im.new_zeros(lead), S], -1).to(dtype)
+            self._cache[cache_key] = (C, S)
         return self._cache[cache_key]
 
     def _swap(self, x: Tensor) -> Tensor:
-        """The rotated channels' halves swapped (the relative part's channels kept: S is 0 there)."""
+        """Each rotated channel replaced by its pair partner (the relative part's channels kept: S is 0 there)."""
         lead, tail = x[..., : self.lead], x[..., self.lead :]
         half = tail.shape[-1] // 2
-        return torch.cat([lead, tail[..., half:], tail[..., :half]], -1)
+        if self._order is None:
+            return torch.cat([lead, tail[..., half:], tail[..., :half]], -1)
+        tail = tail[..., self._order]
+        return torch.cat([lead, torch.cat([tail[..., half:], tail[..., :half]], -1)[..., self._order.argsort()]], -1)
 
     def _relative_part(self, x: Tensor, which: str, query_view: int | None = None) -> Tensor:
         """x with the relative part's ``apply_<which>`` on its first ``lead`` channels (all tokens,
