@@ -29,10 +29,14 @@ TEST_SEEDS = SEEDS[:3]  # of the benchmark's seeds (the bounds hold for all of t
 # rounding H̃ᵀq and H̃⁻¹k to the dtype for SDPA costs that much (with the attention in float32 it
 # is 1.5; with planes at |m| = 2, scene "cap2", 1.9). EXCESS: error / max(SDPA's, floor) with
 # standard normal q, k, v, the floor being how far the float64 reference moves when q, k, v are
-# rounded (measured 66.47 bfloat16, cape at 1e3; 49.64 float16, hrope at the cap).
+# rounded (measured 45.0 bfloat16 and 49.64 float16, hrope at the cap). cape at 1e3 is bounded on
+# its own (measured 95.0 and 429.9): EscherNet's form puts the camera translation into q and k
+# themselves (the query's fourth channel meets the key's xyz), so at 1e3 units they are rounded at
+# that magnitude; at unit scale it is within the others' bound.
 MATCHED = {"bfloat16": 2 * 5.9, "float16": 2 * 3.6}
 MATCHED_HROPE_AT_CAP = {"bfloat16": 2 * 41.2, "float16": 2 * 64.7}
-EXCESS = {"bfloat16": 2 * 66.5, "float16": 2 * 49.7}
+EXCESS = {"bfloat16": 2 * 45.0, "float16": 2 * 49.7}
+EXCESS_CAPE_AT_1E3 = {"bfloat16": 2 * 95.0, "float16": 2 * 430.0}
 # float16 cases whose float64 output exceeds 65504 for some seed (no finite answer exists)
 OUT_OF_RANGE = {("hrope-full", "1e-3"), ("hrope-full", "1e3"), ("hrope-lift", "cap"), ("hrope-lift-uv", "cap")}
 
@@ -49,7 +53,8 @@ def test_half_precision_error_stays_within_the_measured_factor_of_sdpas(name, wh
             matched = MATCHED_HROPE_AT_CAP if (name, which) == ("hrope", "cap") else MATCHED
             assert row["finite_float32"], where
             assert row["matched_float32"] <= matched[row["dtype"]], where
-            assert row["excess"] <= EXCESS[row["dtype"]], where
+            excess = EXCESS_CAPE_AT_1E3 if (name, which) == ("cape", "1e3") else EXCESS
+            assert row["excess"] <= excess[row["dtype"]], where
 
 
 GRID, V, HEAD_DIM = (2, 3), 2, 64
