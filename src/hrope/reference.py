@@ -674,6 +674,16 @@ def _urope_query_matrices(
     return _blocks_to_matrix(blocks, head_dim, quarters=encoding.layout == "head_groups")
 
 
+def _head_groups(encoding: Encoding) -> bool:
+    """Whether the encoding uses the released URoPE module's head-group layout (quarter pairs)."""
+    return getattr(encoding, "layout", "interleaved") == "head_groups"
+
+
+def _left_out(encoding: Encoding, head: tuple[int, int] | None) -> bool:
+    """Whether head h of ``head`` = (h, heads) is one of the last ``leaveout_heads`` (not rotated)."""
+    return head is not None and head[0] >= head[1] - int(getattr(encoding, "leaveout_heads", 0))
+
+
 def _worldrope_blocks(
     encoding: WorldRoPE,
     cams: dict[str, Any],
@@ -684,6 +694,8 @@ def _worldrope_blocks(
 ) -> Tensor:
     freqs = _image_rope_freqs(head_dim, encoding.rope_base)
     P = grid[0] * grid[1]
+    if _left_out(encoding, cams["head"]):
+        return _rotation_block(torch.zeros(cams["B"], cams["V"] * P, 2 * len(freqs), dtype=torch.float64))
     weights = (encoding.near_weight, 1.0 - encoding.near_weight)
     blocks = []
     for key_view in range(cams["V"]):
@@ -835,14 +847,20 @@ _QUERY_FRAME_BLOCKS: dict[type[Encoding], Callable[..., Tensor]] = {
 
 
 def _lift_uv_matrices(
-    encoding: Encoding, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes
+    encoding: Encoding,
+    cameras: Cameras,
+    grid: tuple[int, int],
+    head_dim: int,
+    planes: Planes,
+    head: tuple[int, int] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``hrope-lift-uv``'s key matrices ``(B, Vq, N, d, d)`` and query matrices ``(B, N, d, d)``.
 
     Geometric channels [0, g): hrope-lift's tiles (its reference D_t's top-left g x g block), D_j^-T
     for a key, D_i for a query. RoPE channels [g, d): the key's ray-plane point at z-depth
     1/(m·r̂) (MAX_DEPTH when m·r̂ <= 1/MAX_DEPTH; then the depth bound) taken to the world and into
-    query view c, projected; R(w_f x), R(w_f y) on the split pairs of those r = d - g channels.
+    query view c, projected; R(w_f x), R(w_f y) on the split pairs of those r = d - g channels
+    (head groups: on their quarter pairs, and the identity for a head left out).
     """
     D, layout = token_matrices(HRoPELift(), cameras, grid, head_dim, planes)
     g, r = layout.geo_dim, head_dim - layout.geo_dim
@@ -864,9 +882,12 @@ def _lift_uv_matrices(
     M_key = torch.zeros(B, V, V * P, head_dim, head_dim, dtype=torch.float64)
     for c in range(V):
         pos, _ = _project(K[:, c], _in_camera(E[:, c], world), grid)  # (B, N, 2)
-        blocks = torch.stack([_rotation_block(w_f * pos[..., axis]) for axis in range(2) for w_f in freqs], -3)
+        rotated = 0.0 if _left_out(encoding, head) else 1.0
+        blocks = torch.stack(
+            [_rotation_block(rotated * w_f * pos[..., axis]) for axis in range(2) for w_f in freqs], -3
+        )
         M_key[:, c, :, :g, :g] = geo_k
-        M_key[:, c, :, g:, g:] = _blocks_to_matrix(blocks, r)
+        M_key[:, c, :, g:, g:] = _blocks_to_matrix(blocks, r, quarters=_head_groups(encoding))
     view_of = torch.arange(V * P) // P
     M_query = M_key[:, view_of, torch.arange(V * P)].clone()
     M_query[..., :g, :g] = geo_q
@@ -887,7 +908,7 @@ def query_frame_matrices(
     query view c's frame (2x2 blocks E[R(θ)] on the split pairs). Query token i uses entry
     ``[:, view(i), i]``. The keys are ``cameras``' own tokens, or (cross-attention) the
     ``key_grid`` tokens of ``key_cameras`` with ``params`` theirs. ``head`` = (h, heads): the
-    matrices of head h of ``heads`` (``urope`` with ``layout="head_groups"``, on quarter pairs)."""
+    matrices of head h of ``heads`` (``layout="head_groups"``, on quarter pairs)."""
     encoding = get_encoding(encoding)
     key_cameras = cameras if key_cameras is None else key_cameras
     E_key = key_cameras.world_to_cam.double()
@@ -902,7 +923,7 @@ def query_frame_matrices(
         "C2W": torch.linalg.inv(E_key),
         "head": head,
     }
-    quarters = isinstance(encoding, URoPE) and encoding.layout == "head_groups"
+    quarters = _head_groups(encoding)
     build = _for_class(_QUERY_FRAME_BLOCKS, encoding)
     key_grid = tuple(grid if key_grid is None else key_grid)  # type: ignore[assignment]
     return torch.stack(
@@ -991,13 +1012,14 @@ def query_frame_attention(
     that an identity query sees camera key j through M_j^(view(j)), the key in its own view's frame.
     ``hrope-lift-uv`` (needs ``planes``) has query matrices of their own (:func:`_lift_uv_matrices`),
     and so has ``urope`` with ``projection="released"`` (its own patch centre). ``urope`` with
-    ``layout="head_groups"`` runs head by head (``head`` = (h, heads): q, k, v hold head h alone).
+    ``layout="head_groups"`` (``urope``, ``worldrope``, ``hrope-lift-uv``) runs head by head (``head`` =
+    (h, heads): q, k, v hold head h alone).
     """
     k, v, attn_mask = _sdpa_options(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
     q, k, v = q.double(), k.double(), v.double()
     B, H, L, d = q.shape
     encoding = get_encoding(encoding)
-    if isinstance(encoding, URoPE) and encoding.layout == "head_groups" and head is None:
+    if _head_groups(encoding) and head is None:
         masks = [
             attn_mask
             if attn_mask is None or attn_mask.ndim < 3 or attn_mask.shape[-3] == 1
@@ -1008,6 +1030,8 @@ def query_frame_attention(
             "encoding": encoding,
             "cameras": cameras,
             "grid": grid,
+            "params": params,
+            "planes": planes,
             "camera_tokens": camera_tokens,
             "scale": scale,
         }
@@ -1021,7 +1045,7 @@ def query_frame_attention(
     own_query: Tensor | None = None  # the queries' matrices when they are not the keys' own (hrope-lift-uv)
     if isinstance(encoding, HRoPELiftUV):
         encoding.check_inputs(planes, params or {})
-        M, own_query = _lift_uv_matrices(encoding, cameras, grid, d, cast("Planes", planes))
+        M, own_query = _lift_uv_matrices(encoding, cameras, grid, d, cast("Planes", planes), head)
     else:
         M = query_frame_matrices(encoding, cameras, grid, d, params, head=head)  # (B, V, N, d, d)
         if isinstance(encoding, URoPE) and encoding.projection == "released":

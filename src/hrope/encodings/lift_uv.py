@@ -15,6 +15,10 @@ point where the ray meets the key's plane, projected into the query camera. A pl
 MAX_DEPTH (URoPE's far-anchor stand-in for the point at infinity). The query's own position is
 its patch centre. Both halves use the same m; gradients reach it through both (through z only
 where the depth is not clamped).
+
+``layout="head_groups"``: the RoPE half takes the released URoPE module's channel layout
+(:mod:`.head_groups`) on its r channels after the relative ones, and the last ``leaveout_heads``
+heads keep only the relative half.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from ..cameras import Cameras
 from ..geometry import geometry_dtype, patch_rays
 from ..planes import MAX_DEPTH, Planes, clamp_plane_vectors
 from .base import EncodingError
+from .head_groups import check_layout, head_group_transform
 from .homography import HRoPELift, _token_planes
 from .layout import ROPE_BASE, HeadLayout
 from .query_frame import QueryFrameEncoding, QueryFrameTransform, pad_pairs
@@ -52,15 +57,26 @@ class HRoPELiftUV(QueryFrameEncoding):
     Args:
         rope_base: base of the RoPE half's frequency ladder (patch units).
         execution, recompute: see :class:`QueryFrameEncoding`.
+        layout, leaveout_heads: the RoPE half's channel layout, ``"interleaved"`` (default) or
+            ``"head_groups"``, and the heads whose RoPE half is not rotated (the last ones; default 0).
     """
 
     name = "hrope-lift-uv"
     needs_planes = True
     neutral_planes = "infinity"  # m = 0: prope's geometric half, RoPE on far-anchor positions
 
-    def __init__(self, rope_base: float = ROPE_BASE, execution: str = "loop", recompute: bool = False) -> None:
+    def __init__(
+        self,
+        rope_base: float = ROPE_BASE,
+        execution: str = "loop",
+        recompute: bool = False,
+        layout: str = "interleaved",
+        leaveout_heads: int = 0,
+    ) -> None:
         super().__init__(execution, recompute)
+        check_layout(layout, leaveout_heads)
         self.rope_base = rope_base
+        self.layout, self.leaveout_heads = layout, int(leaveout_heads)
         self.rope_half = WorldRoPE(footprint=False, rope_base=rope_base)
 
     def prepare(
@@ -83,10 +99,16 @@ class HRoPELiftUV(QueryFrameEncoding):
         re, im = self.rope_half.key_coefficients(
             cameras, grid, layout.rope_dim, dtype, depth=depth, depth_split=zeros, depth_sigma=sigma
         )
+        if self.layout == "head_groups":
+            options = (self.execution, self.recompute, True)
+            return head_group_transform(re, im, grid, options, self.leaveout_heads, self.precision, relative)
         re, im = pad_pairs(re, im, layout.rope_dim // 2)
         return QueryFrameTransform(
             re, im, grid, self.execution, self.recompute, relative=relative, precision=self.precision
         )
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, rope_base={self.rope_base}"
+        text = f"{super().extra_repr()}, rope_base={self.rope_base}"
+        if self.layout == "interleaved":
+            return text
+        return f"{text}, layout='head_groups', leaveout_heads={self.leaveout_heads}"

@@ -34,6 +34,7 @@ from ..cameras import Cameras
 from ..geometry import geometry_dtype, patch_coordinates, patch_rays
 from ..planes import Planes
 from .base import EncodingError
+from .head_groups import LAYOUTS, split_pair_order
 from .layout import ROPE_BASE
 from .query_frame import (
     QueryFrameEncoding,
@@ -50,7 +51,6 @@ __all__ = ["URoPE", "DEFAULT_ANCHORS", "LAYOUTS", "PROJECTIONS", "RELEASED_CLAMP
 # Four anchors spanning a depth range of 2 to 20 scene units, inclusive (the spacing reported for
 # the paper); scenes normalised to a unit context baseline have most content in this range.
 DEFAULT_ANCHORS = (2.0, 8.0, 14.0, 20.0)
-LAYOUTS = ("interleaved", "head_groups")
 PROJECTIONS = ("clamped", "released")
 RELEASED_CLAMP = (-64.0, 96.0)  # the released module's position clamp, patch units
 RELEASED_DEPTH_EPS = 1e-5  # ... and its projection's |Z| + eps
@@ -159,10 +159,6 @@ class URoPE(QueryFrameEncoding):
             return QueryFrameTransform(key[0], key[1], grid, *options, query=query, precision=self.precision)
         B, V, N = cameras.batch_size, cameras.num_views, own_angles.shape[0]
         ones = own_angles.new_ones(B, V, N, head_dim // 2)
-        F = head_dim // 4
-        order = torch.cat(
-            [torch.arange(F), torch.arange(2 * F, 3 * F), torch.arange(F, 2 * F), torch.arange(3 * F, 4 * F)]
-        )
 
         def per_head(heads: int) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
             anchor = self.head_anchors(heads)  # (H,), -1: not rotated
@@ -177,7 +173,13 @@ class URoPE(QueryFrameEncoding):
             return (query_angles.cos(), query_angles.sin()), (key_angles.cos(), key_angles.sin())
 
         return QueryFrameTransform(
-            ones, ones - 1, grid, *options, precision=self.precision, per_head=per_head, order=order.to(freqs.device)
+            ones,
+            ones - 1,
+            grid,
+            *options,
+            precision=self.precision,
+            per_head=per_head,
+            order=split_pair_order(head_dim, freqs.device),
         )
 
     def head_anchors(self, heads: int) -> Tensor:

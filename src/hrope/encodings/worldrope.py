@@ -20,21 +20,30 @@ of which only the diagonal of J Σ J^T enters (axis-aligned ω). The query is th
 computation in its own frame: the depth term vanishes there (it lies along the query's own ray)
 and the footprint gives the constant factor exp(-w_f^2 / 24) per pair (``footprint=False``
 removes it). Behind-camera rule: :mod:`.query_frame` (mirrored depth, clamped positions).
+
+``layout="head_groups"``: the released URoPE module's channel layout (:mod:`.head_groups`), x in
+the first half of each head and y in the second, split-paired, the last ``leaveout_heads`` heads
+not rotated. With ``footprint=False``, zero split and zero sigma this is ``urope``'s head-group
+form with the anchor moved to each token's depth.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 from torch import Tensor
 
 from ..cameras import Cameras
-from ..geometry import patch_rays
-from ..planes import MAX_DEPTH, clamp_depth
+from ..geometry import geometry_dtype, patch_rays
+from ..planes import MAX_DEPTH, Planes, clamp_depth
 from .base import EncodingError
+from .head_groups import check_layout, head_group_transform
 from .layout import ROPE_BASE
 from .query_frame import (
     MIN_DEPTH,
     QueryFrameEncoding,
+    QueryFrameTransform,
     image_position_rope_freqs,
     project_to_patches,
     relative_poses,
@@ -57,6 +66,9 @@ class WorldRoPE(QueryFrameEncoding):
         footprint: include the patch-footprint covariance (default True).
         rope_base: base of the 2D RoPE frequency ladder (patch units).
         execution, recompute: see :class:`QueryFrameEncoding`.
+        layout: ``"interleaved"`` (default) or ``"head_groups"`` (module docstring; head_dim
+            divisible by 4).
+        leaveout_heads: the head-group layout's heads left unrotated (the last ones; default 0).
     """
 
     name = "worldrope"
@@ -70,13 +82,32 @@ class WorldRoPE(QueryFrameEncoding):
         rope_base: float = ROPE_BASE,
         execution: str = "loop",
         recompute: bool = False,
+        layout: str = "interleaved",
+        leaveout_heads: int = 0,
     ) -> None:
         super().__init__(execution, recompute)
+        check_layout(layout, leaveout_heads)
         if not 0.0 <= near_weight <= 1.0:
             raise EncodingError(f"near_weight must be in [0, 1], got {near_weight}")
         self.near_weight = float(near_weight)
         self.footprint = bool(footprint)
         self.rope_base = rope_base
+        self.layout, self.leaveout_heads = layout, int(leaveout_heads)
+
+    def prepare(
+        self, cameras: Cameras, grid: tuple[int, int], head_dim: int, planes: Planes | None = None, **params: Tensor
+    ) -> QueryFrameTransform:
+        """Params ``depth``, ``depth_split`` ``(B, N)`` and ``depth_sigma (B, N, 2)``; no planes."""
+        if self.layout == "interleaved":
+            return super().prepare(cameras, grid, head_dim, planes, **params)
+        self.check_inputs(planes, params)
+        if head_dim % 4:
+            raise EncodingError(f"encoding {self.name!r} (head_groups) needs head_dim divisible by 4, got {head_dim}")
+        grid = cast("tuple[int, int]", tuple(grid))
+        dtype = geometry_dtype(cameras.K.dtype)
+        table = self.key_coefficients(cameras, grid, head_dim, dtype, **self.token_params(cameras, grid, params, dtype))
+        options = (self.execution, self.recompute, self.rotate_values)
+        return head_group_transform(*table, grid, options, self.leaveout_heads, self.precision)
 
     def key_coefficients(
         self,
@@ -115,7 +146,10 @@ class WorldRoPE(QueryFrameEncoding):
         return (amp * angles.cos()).sum(-2), (amp * angles.sin()).sum(-2)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, near_weight={self.near_weight}, footprint={self.footprint}"
+        text = f"{super().extra_repr()}, near_weight={self.near_weight}, footprint={self.footprint}"
+        if self.layout == "interleaved":
+            return text
+        return f"{text}, layout='head_groups', leaveout_heads={self.leaveout_heads}"
 
 
 def image_variances(mu: Tensor, cov: Tensor, scale: Tensor) -> Tensor:
