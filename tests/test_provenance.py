@@ -1,4 +1,4 @@
-"""Provenance of benchmark results (benchmarks/provenance.py, on hrope.nvs.running.provenance.code_provenance) and
+"""Provenance of runs and benchmark results (hrope.nvs.running.provenance) and
 the NVS cell cache's refusal of cells trained on an earlier code version (experiments/cells.py,
 ``--allow-stale``)."""
 
