@@ -184,6 +184,10 @@ class CellRunner:
             if key.split(".")[0] not in known
         }
 
+    def data_facts(self, cell: Cell, config: RunConfig) -> dict:
+        """Facts about the cell's scored scenes kept in its record (none here; subclasses add theirs)."""
+        return {}
+
     def dataset(self, config: RunConfig, split: str):
         """The rendered (in-memory) dataset of ``config``'s data section, shared by cells."""
         key = (config.data.kind, config.data.num_context, split)
@@ -266,6 +270,7 @@ class CellRunner:
             "metrics": metrics,
             "per_scene": {name: values for name, values in per_scene.items() if values},
             "planes": planes.means() if planes is not None else None,
+            **self.data_facts(cell, config),
             "provenance": self.provenance,
         }
         write_json(folder / METRICS_NAME, record)

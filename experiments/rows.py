@@ -123,7 +123,8 @@ class Table:
 @dataclass(frozen=True)
 class Budget:
     """Everything shared by all cells. ``model``: LVSM preset + overrides; ``seeds``: training
-    seeds (model init and batch order; the scenes and held-out scenes are fixed by ``data_seed``)."""
+    seeds (model init and batch order; the scenes and held-out scenes are fixed by ``data_seed``);
+    ``train_scenes`` / ``eval_scenes``: None for every scene of data the runner builds itself."""
 
     name: str
     model: dict
@@ -131,8 +132,8 @@ class Budget:
     batch_size: int
     lr: float
     warmup: int
-    train_scenes: int
-    eval_scenes: int
+    train_scenes: int | None
+    eval_scenes: int | None
     protocol_scenes: int
     seeds: tuple[int, ...] = (0, 1)
     data_seed: int = 0
@@ -295,9 +296,13 @@ def cell_config(
     threads: int = 1,
     lpips_weights: str | None = None,
     split: str = "eval",
+    data: dict | None = None,
 ) -> RunConfig:
-    """The ``hrope.nvs.running.train`` config of one cell (its run folder is ``out``)."""
+    """The ``hrope.nvs.running.train`` config of one cell (its run folder is ``out``); ``data``:
+    a data section replacing the budget's (for data the runner builds itself, e.g. real captures)."""
     values = cell_settings(budget, cell, lpips_weights, split)
+    if data is not None:
+        values["data"] = data
     values["train"] = {
         **values["train"],
         "out": str(out),

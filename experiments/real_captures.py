@@ -1,0 +1,455 @@
+"""Real captures as the benchmark: the planned rows trained and scored on 3-view scenes of posed captures.
+
+Every capture folder given (any layout the loaders read) is cut into scenes of 2 context views and 1
+target (:class:`hrope.nvs.data.real.captures.CaptureScenes`: the contexts are the target's nearest
+training views by viewing direction; square centre crops resized to the model's 64 pixels with the
+intrinsics carried). Every row of a set gets exactly the same scenes, steps and seeds (the ``full``
+budget's tiny model, batch and optimiser, ``--steps`` steps, warmup ``min(50, steps // 10)``); rows
+differ only in the model and in the geometry the context views carry (``none``, ``sfm``: the depth
+of the SfM points triangulated from the training views, ``priors``: the monocular depth prior
+aligned to them, with the prior normals). Target views never carry depth or normals. Options are
+chosen on the validation split (every ``test_every``-th view offset by ``test_every // 2``); the test
+split (every ``test_every``-th view) is scored once, for the planned sets.
+
+The sets, written down before any run (the planned comparisons):
+
+- ``curve`` (validation split, ``--steps 600 3000``, seeds 0 1 2): ``prope``, ``urope``, the
+  learned-plane HRoPE row (``hrope-lift`` learning its planes, transferred to the targets, camera
+  rays) and the best depth row decided from the synthetic results, ``hrope-lift-uv`` with SfM depth
+  (external, targets transfer, robust fit, camera rays: the best row on synthetic ``object``, whose
+  views differ widely, as a capture's do). **Budget rule**: the curve supports the smallest budget B
+  such that at B and at every larger budget (i) the rows have the order by mean validation PSNR they
+  have at the largest budget and (ii) every row's paired difference to ``prope`` lies inside the 95%
+  interval of the same difference at the largest budget; when no smaller budget passes, the largest.
+- ``choices`` (validation split, 600 steps, seeds 0 1 2, ``prope``): the photo's background against
+  the masked object composited over a plain colour, and training from scratch against starting from
+  ``prope`` pre-trained on the synthetic ``object`` scenes (the ``full`` budget, same seed; photo
+  background). The better of each pair is the choice for the planned sets.
+- ``planned`` (test split, scored once; reference ``prope``): ``prope``, ``prope`` with world rays,
+  ``urope``, ``urope`` at the token's depth (``worldrope`` footprint False), ``hrope-lift`` with
+  depth (world rays), ``hrope-lift-uv`` with depth (camera rays), the learned-plane HRoPE row and
+  ``rayrope`` known depth; the depth rows are experiments/plane_evidence.py's planned rows with SfM
+  depth (``fit: robust``, targets transfer).
+- ``priors`` (give it scan24 alone; ``test_every`` 4, test split; reference the learned-plane row):
+  the three depth rows (``hrope-lift``, ``hrope-lift-uv``, ``urope`` at the token's depth) with SfM
+  depth, the same rows with the priors (geometry ``priors``, ``use_normals: true``) and the
+  learned-plane row. Each priors row is also paired with its SfM twin.
+- ``held-out`` (protocol ``captures``, test split): train on every view of the other captures, test
+  on the captures named in :data:`HELD_OUT` (``maryRose`` and ``mother_child``, named before any
+  run); ``prope`` (reference), ``urope``, the learned-plane row, ``hrope-lift-uv`` with SfM depth.
+
+Each difference is the mean paired PSNR difference (same seed, same scene) with a 95% bootstrap
+interval that resamples captures, scenes within captures and seeds
+(:func:`experiments.intervals.crossed_bootstrap` on the scene and seed factors until the
+hierarchical version lands). Cells train in ``OUT/cache`` (git-ignored); their records, with
+per-scene metrics and the capture of every scene, go to ``OUT/cells.jsonl`` and the report to
+``OUT/real_captures.{json,md}`` (:mod:`experiments.real_captures_report`).
+
+    python -m experiments.real_captures --captures ../shared/realdata/{ethiopianHead,maryRose,moldGoldCape} \\
+        --out benchmarks/results/real_curve --set curve --steps 600 3000
+    python -m experiments.real_captures --captures DIR [DIR ...] --out OUT --set planned --shard 0/2   # worker 1
+    python -m experiments.real_captures --captures DIR [DIR ...] --out OUT --set planned --shard 1/2   # worker 2
+    python -m experiments.real_captures --captures DIR [DIR ...] --out OUT --set planned --report-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shlex
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from hrope.nvs.build_data import build_dataset
+from hrope.nvs.config import ConfigError, update_config
+from hrope.nvs.data.real.loaders import scene_frames
+from hrope.nvs.data.scene import SceneError
+
+from .cells import CellRunner, StaleCellsError, StoppedCellError, trained_at
+from .real_captures_report import write_report
+from .plane_evidence import PLANNED_ROWS, TRANSFER, WORLD
+from .rows import BUDGETS, Budget, Cell, Row, cell_config, cell_settings, config_hash
+from .store import CELLS_NAME
+
+__all__ = ["SETS", "HELD_OUT", "Arm", "Data", "CaptureSet", "CaptureCellRunner", "fingerprint", "run", "main"]
+
+HELD_OUT = ("maryRose", "mother_child")  # the held-out captures of the `held-out` set, named before any run
+TEST_EVERY_BY_CAPTURE = {"scan24": 4}  # every 4th of scan24's 49 views is a test target, in every set
+SFM = (("fit", "robust"),)  # sparse SfM depth: planes by the robust fit
+PRIORS = (("use_normals", True),)  # aligned dense priors: the prior normals orient the planes
+
+
+@dataclass(frozen=True)
+class Data:
+    """What the context views carry and how the model starts: ``geometry`` none | sfm | priors,
+    ``background`` photo | composite, ``pretrain``: the synthetic kind ``prope`` was pre-trained on
+    (the ``full`` budget, the same seed) before training on the captures, or None (from scratch)."""
+
+    geometry: str = "none"
+    background: str = "photo"
+    pretrain: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The cells' dataset name (their first folder under the cache)."""
+        return f"{self.geometry}-{self.background}" + (f"-pretrained-{self.pretrain}" if self.pretrain else "")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One row of a set: a model row trained on a data variant."""
+
+    row: Row
+    data: Data = Data()
+
+    @property
+    def label(self) -> str:
+        tags = [f"{self.data.geometry} depth"] if self.data.geometry != "none" else []
+        tags += [f"background {self.data.background}"] if self.data.background != "photo" else []
+        tags += [f"pre-trained on {self.data.pretrain}"] if self.data.pretrain else []
+        return self.row.label + (f" [{', '.join(tags)}]" if tags else "")
+
+
+@dataclass(frozen=True)
+class CaptureSet:
+    """A planned comparison: its arms (the first is the reference), the split scored, the protocol,
+    ``test_every`` (of every capture not in :data:`TEST_EVERY_BY_CAPTURE`), the held-out captures (protocol
+    ``captures``), the default steps and extra ``pairs`` (a, b) of arm indices compared beside the
+    reference."""
+
+    name: str
+    title: str
+    arms: tuple[Arm, ...]
+    split: str = "val"
+    protocol: str = "views"
+    test_every: int = 8
+    held_out: tuple[str, ...] = ()
+    steps: tuple[int, ...] = (600,)
+    pairs: tuple[tuple[int, int], ...] = field(default=())
+
+
+def _planned(label: str) -> Row:
+    """A row of experiments/plane_evidence.py's PLANNED_ROWS by its label."""
+    return next(row for row in PLANNED_ROWS if row.label == label)
+
+
+def with_geometry(row: Row, geometry: str) -> Arm:
+    """A depth row (``external``, targets transfer) on SfM depth (robust fit) or on the priors (their normals)."""
+    return Arm(replace(row, options=row.options + (SFM if geometry == "sfm" else PRIORS)), Data(geometry))
+
+
+PROPE, PROPE_WORLD, UROPE = Arm(Row("prope")), Arm(Row("prope", model_options=WORLD)), Arm(Row("urope"))
+LEARNED = Arm(Row("hrope-lift", options=TRANSFER))  # the learned-plane HRoPE row (camera rays)
+DEPTH_ROWS = {  # the planned set's depth rows, as plane_evidence defines them
+    "hrope-lift": _planned("hrope-lift (external, targets transfer, rays world)"),
+    "hrope-lift-uv": _planned("hrope-lift-uv (external, targets transfer)"),
+    "urope at the token's depth": _planned("worldrope (external, targets transfer, footprint False)"),
+    "rayrope known depth": _planned("rayrope (external, targets transfer, depth known)"),
+}
+BEST_DEPTH = with_geometry(DEPTH_ROWS["hrope-lift-uv"], "sfm")
+PRIOR_ROWS = ("hrope-lift", "hrope-lift-uv", "urope at the token's depth")
+
+SETS = {
+    "curve": CaptureSet(
+        "curve",
+        "Learning curve on the validation views: which budget",
+        (PROPE, UROPE, LEARNED, BEST_DEPTH),
+        steps=(600, 3000),
+    ),
+    "choices": CaptureSet(
+        "choices",
+        "Data choices on the validation views: background, synthetic pre-training",
+        (PROPE, Arm(PROPE.row, Data(background="composite")), Arm(PROPE.row, Data(pretrain="object"))),
+    ),
+    "planned": CaptureSet(
+        "planned",
+        "Planned comparisons on real captures (held-out views, test split)",
+        (PROPE, PROPE_WORLD, UROPE)
+        + tuple(with_geometry(DEPTH_ROWS[n], "sfm") for n in ("urope at the token's depth", "hrope-lift"))
+        + (BEST_DEPTH, LEARNED, with_geometry(DEPTH_ROWS["rayrope known depth"], "sfm")),
+        split="eval",
+    ),
+    "priors": CaptureSet(
+        "priors",
+        "SfM points against the foundation model's priors against learned planes (scan24, test split)",
+        (LEARNED,) + tuple(with_geometry(DEPTH_ROWS[n], g) for g in ("sfm", "priors") for n in PRIOR_ROWS),
+        split="eval",
+        test_every=4,
+        pairs=((4, 1), (5, 2), (6, 3)),
+    ),
+    "held-out": CaptureSet(
+        "held-out",
+        f"Held-out captures ({', '.join(HELD_OUT)}), test split",
+        (PROPE, UROPE, LEARNED, BEST_DEPTH),
+        split="eval",
+        protocol="captures",
+        held_out=HELD_OUT,
+    ),
+}
+
+
+def fingerprint(folder: Path) -> str:
+    """A hash of the capture's cameras as the loaders read them (image names, intrinsics, poses):
+    the same for a capture moved elsewhere, different when a camera file changes."""
+    digest = hashlib.sha256()
+    for frame in scene_frames(folder):
+        name = frame.image.name if isinstance(frame.image, Path) else frame.label
+        digest.update(
+            name.encode() + frame.K.double().numpy().tobytes() + frame.world_to_cam.double().numpy().tobytes()
+        )
+        digest.update(repr(frame.intrinsics_size).encode())
+    return digest.hexdigest()[:16]
+
+
+class CaptureCellRunner(CellRunner):
+    """:class:`experiments.cells.CellRunner` on posed captures (``data.kind: captures``): the captures
+    (names and camera fingerprints), the protocol, the split, the data variant and ``test_every`` are
+    part of each cell's key. A cell's dataset name is its :attr:`Data.name`; its run config reads the
+    captures through ``cache/captures/<hash>/``, a folder of links to them (so ``hrope train`` on the
+    cell's ``config.yaml`` builds the same scenes). The datasets are built once per (geometry,
+    background, split) and shared by every runner given the same ``datasets`` dict. Cells pre-trained
+    on synthetic scenes start from the ``prope`` cell of the ``full`` budget with their seed (trained
+    first when missing, in ``cache/synthetic``)."""
+
+    def __init__(self, budget: Budget, cache: Path, captures: list[Path], spec: CaptureSet, datasets: dict, **options):
+        super().__init__(budget, cache, split=spec.split, **options)
+        self.spec, self.datasets = spec, datasets
+        self.variants = {arm.data.name: arm.data for arm in spec.arms}
+        self.fingerprints = {c.name: fingerprint(c) for c in captures}
+        if len(self.fingerprints) < len(captures):
+            raise SceneError(
+                f"--captures: the capture folders must have distinct names, got {[c.name for c in captures]}"
+            )
+        self.root = linked_captures(self.cache / "captures", captures, self.fingerprints)
+        self.synthetic = CellRunner(
+            replace(BUDGETS["full"], seeds=budget.seeds),
+            self.cache / "synthetic",
+            device=self.device,
+            threads=self.threads,
+        )
+
+    def settings(self, data: Data) -> dict:
+        """What the cells of ``data`` read beside the budget and the row: their part of the key."""
+        section = self.data_section(data)
+        return {
+            "captures": [[name, digest] for name, digest in sorted(self.fingerprints.items())],
+            **{key: section[key] for key in ("protocol", "held_out", "test_every", "test_every_by_capture")},
+            "split": self.split,
+            "geometry": data.geometry,
+            "background": data.background,
+            "pretrain": None if data.pretrain is None else {"kind": data.pretrain, **self.synthetic.budget.as_dict()},
+        }
+
+    def key(self, cell: Cell) -> str:
+        settings = cell_settings(self.budget, cell, self.lpips_weights, self.split)
+        return config_hash({**settings, "real_captures": self.settings(self.variants[cell.dataset])})
+
+    def data_section(self, data: Data) -> dict:
+        """The run config's data section of the cells of ``data``."""
+        return {
+            "kind": "captures",
+            "root": str(self.root),
+            "protocol": self.spec.protocol,
+            "held_out": sorted(self.spec.held_out),
+            "test_every": self.spec.test_every,
+            "test_every_by_capture": {k: v for k, v in TEST_EVERY_BY_CAPTURE.items() if k in self.fingerprints},
+            "geometry": data.geometry,
+            "background": data.background,
+            "num_scenes": None,
+            "num_context": 2,
+            "num_target": 1,
+            "seed": self.budget.data_seed,
+            "cache": True,
+        }
+
+    def config(self, cell: Cell, folder: Path):
+        data = self.variants[cell.dataset]
+        config = cell_config(
+            self.budget,
+            cell,
+            folder,
+            device=self.device,
+            threads=self.threads,
+            split=self.split,
+            data=self.data_section(data),
+        )
+        if data.pretrain is None:
+            return config
+        synthetic = Cell(data.pretrain, PROPE.row, cell.seed)
+        self.synthetic.run(synthetic)
+        return update_config(config, {"train": {"init_from": str(self.synthetic.folder(synthetic))}})
+
+    def dataset(self, config, split: str):
+        """The scenes of ``config``'s captures and data variant for ``split`` (train, val, eval)."""
+        key = (config.data.geometry, config.data.background, split)
+        if key not in self.datasets:
+            self.datasets[key] = build_dataset(config, split)
+        return self.datasets[key]
+
+    def data_facts(self, cell: Cell, config) -> dict:
+        """The capture of every scored scene (the cluster of the intervals), its context angles and
+        the scored split's description (scenes and angles per capture)."""
+        scenes = self.dataset(config, self.split)
+        return {
+            "scene_captures": [cut.capture for cut in scenes.cuts],
+            "context_angles": [list(cut.angles) for cut in scenes.cuts],
+            "data": scenes.describe(),
+        }
+
+
+def linked_captures(folder: Path, captures: list[Path], fingerprints: dict[str, str]) -> Path:
+    """``folder/<hash>/``: one link per capture, named as the capture (a root ``data.kind: captures`` reads)."""
+    root = folder / hashlib.sha256(json.dumps(sorted(fingerprints.items())).encode()).hexdigest()[:10]
+    root.mkdir(parents=True, exist_ok=True)
+    for capture in captures:
+        link = root / capture.name
+        if not link.is_symlink() or link.resolve() != capture.resolve():
+            link.unlink(missing_ok=True)
+            link.symlink_to(capture.resolve(), target_is_directory=True)
+    return root
+
+
+def budget(steps: int, seeds: list[int]) -> Budget:
+    """The ``full`` budget at ``steps`` steps (warmup ``min(50, steps // 10)``), every scene of the captures."""
+    full = BUDGETS["full"]
+    return replace(
+        full,
+        name=f"real-{steps}",
+        steps=steps,
+        warmup=min(full.warmup, steps // 10),
+        seeds=tuple(seeds),
+        train_scenes=None,
+        eval_scenes=None,
+    )
+
+
+def shard_cells(cells: list, shard: tuple[int, int] | None) -> list:
+    """Every ``count``-th cell from ``index`` (``shard = (index, count)``), or all cells."""
+    if shard is None:
+        return cells
+    index, count = shard
+    return cells[index::count]
+
+
+def run(
+    spec: CaptureSet,
+    captures: list[Path],
+    out: Path,
+    *,
+    steps: list[int],
+    seeds: list[int],
+    command: str,
+    shard: tuple[int, int] | None = None,
+    report_only: bool = False,
+    allow_stale: bool = False,
+    threads: int = 1,
+    device: str = "cpu",
+    log=print,
+) -> dict | None:
+    """Train (or read) the set's cells and write the report (module doc); with ``shard``, train only
+    that shard's cells into the cache and write nothing else (a last call without it reports);
+    ``report_only``: read the finished cells only (the cache or ``OUT/cells.jsonl``), train nothing."""
+    datasets: dict = {}
+    store = None if shard is not None else out / CELLS_NAME
+    runners = {
+        n: CaptureCellRunner(
+            budget(n, seeds),
+            out / "cache",
+            captures,
+            spec,
+            datasets,
+            store=store,
+            threads=threads,
+            device=device,
+            allow_stale=allow_stale,
+        )
+        for n in steps
+    }
+    cells = [(n, arm, Cell(arm.data.name, arm.row, seed)) for n in steps for arm in spec.arms for seed in seeds]
+    for runner in runners.values():
+        runner.check_stale([cell for n, _, cell in cells if runners[n] is runner], log=log)
+    records: dict[tuple[int, Arm], list[dict]] = {}
+    stale: dict[tuple[int, Arm], set[str]] = {}
+    mine = shard_cells(cells, shard)
+    for n, arm, cell in cells:
+        record = runners[n].cached(cell)
+        if record is None and not report_only and (n, arm, cell) in mine:
+            log(f"[{mine.index((n, arm, cell)) + 1}/{len(mine)}] {n} steps, {arm.label}, seed {cell.seed}")
+            record = runners[n].run(cell)
+        if record is not None:
+            records.setdefault((n, arm), []).append(record)
+            stale.setdefault((n, arm), set()).update([trained_at(record)] if runners[n].is_stale(record) else [])
+    if shard is not None:
+        return None
+    for runner in runners.values():
+        runner.save()
+    first = runners[steps[0]]
+    facts = {
+        "captures": first.fingerprints,
+        "provenance": first.provenance,
+        "planned_cells": len(SETS["planned"].arms) * len(seeds),
+    }
+    stale_labels = {key: sorted(labels) for key, labels in stale.items()}
+    return write_report(spec, records, stale_labels, out, steps=steps, seeds=seeds, command=command, facts=facts)
+
+
+def _shard(text: str) -> tuple[int, int]:
+    """``I/N`` (0 <= I < N) as ``(I, N)``."""
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shard must be I/N (e.g. 0/2), got {text!r}") from None
+    if not 0 <= index < count:
+        raise argparse.ArgumentTypeError(f"--shard I/N needs 0 <= I < N, got {text!r}")
+    return index, count
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
+    parser.add_argument("--captures", nargs="+", required=True, metavar="DIR", help="capture folders (any layout)")
+    parser.add_argument("--out", required=True, help="folder of cells.jsonl, the report and the cell cache")
+    parser.add_argument("--set", choices=list(SETS), default="planned", help="the comparison (module doc)")
+    parser.add_argument("--steps", type=int, nargs="+", default=None, help="training steps (default: the set's)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument(
+        "--split", choices=("val", "test"), default=None, help="the scored split (default: the set's; module doc)"
+    )
+    parser.add_argument("--shard", type=_shard, default=None, metavar="I/N", help="train every N-th cell from I only")
+    parser.add_argument("--report-only", action="store_true", help="report the finished cells; train nothing")
+    parser.add_argument("--allow-stale", action="store_true", help="reuse cells trained by other code (marked)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser().parse_args(argv)
+    spec = SETS[args.set]
+    if args.split is not None:
+        spec = replace(spec, split="eval" if args.split == "test" else "val")
+    try:
+        return run(
+            spec,
+            [Path(c) for c in args.captures],
+            Path(args.out),
+            steps=args.steps or list(spec.steps),
+            seeds=args.seeds,
+            command=shlex.join(["python", "-m", "experiments.real_captures", *argv]),
+            shard=args.shard,
+            report_only=args.report_only,
+            allow_stale=args.allow_stale,
+            threads=args.threads,
+            device=args.device,
+            log=lambda text: print(text, flush=True),
+        )
+    except (StaleCellsError, StoppedCellError, SceneError, ConfigError) as error:
+        raise SystemExit(f"real_captures.py: error: {error}") from None
+
+
+if __name__ == "__main__":
+    main()
