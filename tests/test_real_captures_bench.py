@@ -1,0 +1,173 @@
+"""The real-capture benchmark (experiments/real_captures.py) on tiny synthetic captures in COLMAP's layout:
+its planned sets, its cell keys, a smoke run's records and report, shards, and the leak rule."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments.real_captures import (
+    BEST_DEPTH,
+    HELD_OUT,
+    LEARNED,
+    PROPE,
+    SETS,
+    UROPE,
+    CaptureCellRunner,
+    CaptureSet,
+    Data,
+    _shard,
+    run,
+    shard_cells,
+)
+from experiments.real_captures import budget as make_budget
+from experiments.rows import Cell
+from hrope.nvs.data.real.colmap_points import write_colmap_model
+from hrope.nvs.data.synthetic.generator import make_scene
+
+NAMES = ("maryRose", "mother_child", "third")  # the first two: the held-out set's captures
+VIEWS = 12  # per capture: test targets 0 and 8, validation targets 4, training views the rest
+
+
+@pytest.fixture(scope="module")
+def captures(tmp_path_factory) -> list[Path]:
+    """Three 12-view orbits of synthetic objects written as COLMAP text models (32x32 renders)."""
+    root = tmp_path_factory.mktemp("captures")
+    for index, name in enumerate(NAMES):
+        scene = make_scene(3, index, "object", VIEWS, (32, 32), frames=list(range(0, 4 * VIEWS, 4)))
+        write_colmap_model(scene, root / name, points_per_view=50)
+    return [root / name for name in NAMES]
+
+
+def labels(name: str) -> list[str]:
+    return [arm.label for arm in SETS[name].arms]
+
+
+def test_the_sets_are_the_ones_written_down():
+    depth = "external, targets transfer"
+    assert labels("curve") == ["prope", "urope", "hrope-lift (targets transfer)", BEST_DEPTH.label]
+    assert BEST_DEPTH.label == f"hrope-lift-uv ({depth}, fit robust) [sfm depth]"
+    assert SETS["curve"].steps == (600, 3000) and SETS["curve"].split == "val"
+    assert labels("choices") == ["prope", "prope [background composite]", "prope [pre-trained on object]"]
+    assert labels("planned") == [
+        "prope",
+        "prope (rays world)",
+        "urope",
+        f"worldrope ({depth}, fit robust, footprint False) [sfm depth]",
+        f"hrope-lift ({depth}, fit robust, rays world) [sfm depth]",
+        f"hrope-lift-uv ({depth}, fit robust) [sfm depth]",
+        "hrope-lift (targets transfer)",
+        f"rayrope ({depth}, fit robust, depth known) [sfm depth]",
+    ]
+    priors = labels("priors")
+    assert priors[0] == LEARNED.label and len(priors) == 7
+    assert [a.data.geometry for a in SETS["priors"].arms] == ["none"] + ["sfm"] * 3 + ["priors"] * 3
+    for a, b in SETS["priors"].pairs:  # each priors row against its SfM twin: the same encoding and rays
+        first, second = SETS["priors"].arms[a], SETS["priors"].arms[b]
+        assert (first.data.geometry, second.data.geometry) == ("priors", "sfm")
+        assert (first.row.encoding, first.row.model_options) == (second.row.encoding, second.row.model_options)
+        assert dict(first.row.options)["use_normals"] is True and dict(second.row.options)["fit"] == "robust"
+    assert SETS["priors"].test_every == 4
+    assert labels("held-out") == ["prope", "urope", LEARNED.label, BEST_DEPTH.label]
+    assert SETS["held-out"].held_out == HELD_OUT == ("maryRose", "mother_child")
+    assert SETS["held-out"].protocol == "captures"
+    assert {name: spec.split for name, spec in SETS.items()} == {
+        "curve": "val",
+        "choices": "val",
+        "planned": "eval",
+        "priors": "eval",
+        "held-out": "eval",
+    }
+    for spec in SETS.values():  # depth only where a row reads it; every depth row transfers to the targets
+        for arm in spec.arms:
+            external = arm.row.predictor == "external"
+            assert (arm.data.geometry != "none") == external, arm.label
+            assert not external or dict(arm.row.options)["targets"] == "transfer"
+
+
+def runner_for(captures, tmp_path, spec=SETS["planned"], steps=600) -> CaptureCellRunner:
+    return CaptureCellRunner(make_budget(steps, [0]), tmp_path / "cache", captures, spec, {})
+
+
+def test_the_key_changes_with_captures_cameras_geometry_and_split(captures, tmp_path):
+    cell = Cell(Data().name, PROPE.row, 0)
+    key = runner_for(captures, tmp_path).key(cell)
+    assert runner_for(captures[:2], tmp_path).key(cell) != key
+    assert runner_for(captures, tmp_path, replace(SETS["planned"], split="val")).key(cell) != key
+    assert runner_for(captures, tmp_path, steps=3000).key(cell) != key
+    sfm = Cell(Data("sfm").name, PROPE.row, 0)
+    composite = Cell(Data(background="composite").name, PROPE.row, 0)
+    spec = replace(SETS["planned"], arms=SETS["planned"].arms + (replace(PROPE, data=Data("sfm")),))
+    spec = replace(spec, arms=spec.arms + (replace(PROPE, data=Data(background="composite")),))
+    keys = {runner_for(captures, tmp_path, spec).key(c) for c in (cell, sfm, composite)}
+    assert len(keys) == 3 and key in keys
+    moved = tmp_path / "elsewhere"
+    for capture in captures:
+        shutil.copytree(capture, moved / capture.name)
+    copies = [moved / name for name in NAMES]
+    assert runner_for(copies, tmp_path).key(cell) == key  # the cameras' content, not the folder's place
+    images = moved / "third" / "sparse" / "0" / "images.txt"
+    lines = images.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+    fields = lines[first].split()
+    fields[5] = repr(float(fields[5]) + 1e-3)  # the first camera moved by a thousandth of the unit
+    lines[first] = " ".join(fields)
+    images.write_text("\n".join(lines) + "\n")
+    assert runner_for(copies, tmp_path).key(cell) != key
+
+
+def test_a_smoke_run_records_per_scene_psnr_with_captures(captures, tmp_path):
+    spec = CaptureSet("smoke", "a smoke run", (PROPE, UROPE), steps=(2,))
+    out = tmp_path / "out"
+    report = run(spec, captures, out, steps=[2], seeds=[0, 1], command="python -m experiments.real_captures ...")
+    cells = [json.loads(line) for line in (out / "cells.jsonl").read_text().splitlines()]
+    assert len(cells) == 4
+    for cell in cells:
+        record = cell["record"]
+        assert record["split"] == "val" and record["steps"] == 2
+        # one validation target per capture (view 4 of 12), labelled with its capture
+        assert record["scene_captures"] == list(NAMES)
+        assert len(record["per_scene"]["psnr"]) == len(NAMES) == len(record["context_angles"])
+        assert all(0 < a <= 180 for angles in record["context_angles"] for a in angles)
+    rows = report["budgets"]["2"]
+    assert [row["row"] for row in rows] == ["prope", "urope"]
+    assert set(rows[1]["psnr_per_capture"]) == set(NAMES) and rows[1]["vs_reference"]["seeds"] == 2
+    written = json.loads((out / "real_captures.json").read_text())
+    assert written["budgets"]["2"][0]["metrics"]["psnr"]["n"] == 2
+    assert "| urope |" in (out / "real_captures.md").read_text()
+    again = run(spec, captures, out, steps=[2], seeds=[0, 1], command="again", report_only=True)
+    assert again["budgets"] == written["budgets"]  # the report from the finished cells alone
+
+
+def test_shards_partition_the_cells():
+    cells = list(range(11))
+    shards = [shard_cells(cells, (i, 3)) for i in range(3)]
+    assert sorted(c for shard in shards for c in shard) == cells
+    assert all(set(a).isdisjoint(b) for i, a in enumerate(shards) for b in shards[i + 1 :])
+    assert _shard("1/2") == (1, 2)
+    for text in ("2/2", "x", "1/0"):
+        with pytest.raises(Exception, match="--shard"):
+            _shard(text)
+
+
+@pytest.mark.parametrize("geometry", ["none", "sfm"])
+def test_no_row_dataset_gives_a_target_view_depth(captures, tmp_path, geometry):
+    """The data variants of the sets' rows that the fixture can give (it has no priors files and no
+    masks), in every split: the target view carries no depth and no normals; with SfM depth the
+    context views do carry some."""
+    if geometry == "sfm":
+        pytest.importorskip("hrope.nvs.data.real.sfm", reason="the SfM geometry source is not in this tree")
+    (data,) = {arm.data for spec in SETS.values() for arm in spec.arms if arm.data == Data(geometry)}
+    runner = runner_for(captures, tmp_path, CaptureSet("leak", "leak", (replace(PROPE, data=data),)))
+    config = runner.config(Cell(data.name, PROPE.row, 0), tmp_path / "cell")
+    for split in ("train", "val", "eval"):
+        scenes = [runner.dataset(config, split)[i] for i in range(len(runner.dataset(config, split)))]
+        for scene in scenes:
+            assert scene.depth is None or torch.isinf(scene.depth[2]).all()
+            assert scene.normals is None or (scene.normals[2] == 0).all()
+        assert (geometry == "sfm") == any(torch.isfinite(s.depth[:2]).any() for s in scenes if s.depth is not None)
