@@ -286,8 +286,17 @@ class DataSettings:
     )
 
 
-CAPTURE_KEYS = ("protocol", "held_out", "test_every", "test_every_by_capture", "geometry", "background")
-CAPTURE_KEYS += ("background_color", "context_choices", "sfm_cache_dir")  # the keys only data.kind captures reads
+CAPTURE_KEYS = (  # the keys only data.kind captures reads
+    "protocol",
+    "held_out",
+    "test_every",
+    "test_every_by_capture",
+    "geometry",
+    "background",
+    "background_color",
+    "context_choices",
+    "sfm_cache_dir",
+)
 
 
 @dataclass(frozen=True)
