@@ -29,6 +29,7 @@ from torch import Tensor
 from ...config.schema import GEOMETRY_SOURCES
 from ..scene import Scene, SceneError
 from .frames import Frame
+from .sfm import sparse_depth, triangulate
 
 __all__ = ["GEOMETRY_SOURCES", "with_geometry", "sfm_depth", "prior_depth"]
 
@@ -38,20 +39,15 @@ def sfm_depth(
 ) -> Tensor:
     """``(V, H, W)`` sparse z-depth of ``scene`` (frames ``views`` of ``frames``, at its final
     cameras) of the points triangulated from ``frames[training]`` only; inf where none is seen, and
-    in every view not in ``training``."""
-    from .sfm import SfmSettings, sparse_depth, triangulate  # type: ignore[import-not-found]
-
-    points = triangulate([frames[i] for i in training], SfmSettings(), cache_dir=cache_dir)
-    depth = sparse_depth(points, scene.cameras)
-    depth = torch.as_tensor(depth, dtype=torch.float32).reshape(scene.num_views, *scene.image_size)
-    seen = torch.tensor([v in set(training) for v in views])
-    return torch.where(seen[:, None, None] & torch.isfinite(depth) & (depth > 0), depth, torch.inf)
+    in every view not in ``training`` (:func:`hrope.nvs.data.real.sfm.sparse_depth`)."""
+    points = triangulate(list(frames), training, cache_dir=cache_dir, name=scene.name)
+    return sparse_depth(points, scene, views)
 
 
 def prior_depth(relative: Tensor, sparse: Tensor) -> Tensor:
     """``(V, H, W)`` ``relative`` depth priors aligned per view to ``sparse`` z-depth; inf where
     the prior is missing or its view could not be aligned."""
-    from .prior_alignment import align_depth  # type: ignore[import-not-found]
+    from .prior_alignment import align_depth  # type: ignore[import-not-found,unused-ignore]
 
     aligned = align_depth(relative, torch.where(torch.isfinite(sparse), sparse, torch.nan)).depth
     return torch.where(torch.isfinite(aligned) & (aligned > 0), aligned, torch.inf)
