@@ -1,4 +1,5 @@
-"""The crossed (seed x scene) bootstrap of every NVS report: exact cases and coverage on simulated data."""
+"""The crossed (seed x scene) bootstrap of every NVS report and its hierarchical (capture) version:
+exact cases and coverage on simulated data."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import math
 import pytest
 import torch
 
-
-from experiments.intervals import crossed_bootstrap
+from experiments.intervals import crossed_bootstrap, hierarchical_bootstrap
+from hrope import InputError
 
 # Variance components of the committed experiments' paired PSNR differences (two-way ANOVA of
 # the (3 seeds x 64 scenes) tables against prope, typical values): seed 0.05, scene 0.5, residual 0.22 dB.
@@ -88,3 +89,50 @@ def test_coverage_near_95_percent_and_the_nested_method_under_covers():
         nested += low <= TRUE_GAIN <= high
     assert abs(crossed / SIMULATIONS - 0.95) <= TOLERANCE, crossed / SIMULATIONS
     assert nested / SIMULATIONS < 0.95 - TOLERANCE, nested / SIMULATIONS
+
+
+def interval_bounds(result: dict) -> tuple[float, float]:
+    return result["low"], result["high"]
+
+
+def test_hierarchical_reduces_to_the_crossed_bootstrap():
+    """One capture: scenes drawn with replacement among all of them, as the crossed bootstrap does.
+    One scene per capture: the capture draw is the scene draw (here even the same random numbers).
+    Same distribution both times, so the same percentiles up to the Monte Carlo error of 20000 draws
+    (standard error of a 2.5 % quantile: about 0.02 of the bootstrap's spread; measured deviation at
+    most 0.04 of it; tolerance 0.1)."""
+    generator = torch.Generator().manual_seed(3)
+    diff = (torch.randn(1, 30, generator=generator) + 0.3 * torch.randn(3, 30, generator=generator)).tolist()
+    zeros = torch.zeros(3, 30).tolist()
+    crossed = crossed_bootstrap(diff, zeros, resamples=20000, level=0.95)
+    spread = (crossed["high"] - crossed["low"]) / 3.92
+    for clusters in (["one"] * 30, list(range(30))):
+        for level in (0.5, 0.95):
+            reference = crossed_bootstrap(diff, zeros, resamples=20000, level=level)
+            result = hierarchical_bootstrap(diff, zeros, clusters, resamples=20000, level=level)
+            assert result["mean"] == reference["mean"]
+            assert interval_bounds(result) == pytest.approx(interval_bounds(reference), abs=0.1 * spread)
+        assert result["captures"] == len(set(clusters))
+
+
+def test_hierarchical_resamples_captures_scene_weighted():
+    """Scenes of a capture all alike: only the capture draw matters, and a drawn capture weighs as
+    many scenes as it holds (the statistic is the mean over the drawn cells)."""
+    values, sizes = [1.0, -1.0, 0.0, 2.0], [2, 8, 5, 5]
+    table = [[value for value, size in zip(values, sizes) for _ in range(size)]] * 3
+    clusters = [name for name, size in zip("abcd", sizes) for _ in range(size)]
+    zeros = torch.zeros(3, 20).tolist()
+    result = hierarchical_bootstrap(table, zeros, clusters, resamples=20000)
+    assert result["mean"] == pytest.approx(sum(v * n for v, n in zip(values, sizes)) / 20)
+    assert result["captures"] == 4 and (result["seeds"], result["scenes"]) == (3, 20)
+    assert -1.0 <= result["low"] < result["mean"] < result["high"] <= 2.0 and not result["excludes_zero"]
+    crossed = crossed_bootstrap(table, zeros, resamples=20000)
+    # ignoring the captures, 20 scenes look like 20 independent ones: 0.41 of the width here
+    assert crossed["high"] - crossed["low"] < 0.6 * (result["high"] - result["low"])
+    assert hierarchical_bootstrap(table, zeros, clusters, seed=5) == hierarchical_bootstrap(
+        table, zeros, clusters, seed=5
+    )
+    with pytest.raises(InputError, match="clusters"):
+        hierarchical_bootstrap(table, zeros, clusters[:-1])
+    with pytest.raises(InputError, match="seeds, scenes"):
+        hierarchical_bootstrap([1.0], [1.0], ["a"])  # type: ignore[list-item]
