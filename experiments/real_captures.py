@@ -39,9 +39,8 @@ The sets, written down before any run (the planned comparisons):
   run); ``prope`` (reference), ``urope``, the learned-plane row, ``hrope-lift-uv`` with SfM depth.
 
 Each difference is the mean paired PSNR difference (same seed, same scene) with a 95% bootstrap
-interval that resamples captures, scenes within captures and seeds
-(:func:`experiments.intervals.crossed_bootstrap` on the scene and seed factors until the
-hierarchical version lands). Cells train in ``OUT/cache`` (git-ignored); their records, with
+interval that resamples seeds, captures and scenes within captures
+(:func:`experiments.intervals.hierarchical_bootstrap`). Cells train in ``OUT/cache`` (git-ignored); their records, with
 per-scene metrics and the capture of every scene, go to ``OUT/cells.jsonl`` and the report to
 ``OUT/real_captures.{json,md}`` (:mod:`experiments.real_captures_report`).
 
@@ -57,9 +56,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shlex
 import sys
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 from hrope.nvs.build_data import build_dataset
@@ -223,12 +224,12 @@ class CaptureCellRunner(CellRunner):
                 f"--captures: the capture folders must have distinct names, got {[c.name for c in captures]}"
             )
         self.root = linked_captures(self.cache / "captures", captures, self.fingerprints)
-        self.synthetic = CellRunner(
-            replace(BUDGETS["full"], seeds=budget.seeds),
-            self.cache / "synthetic",
-            device=self.device,
-            threads=self.threads,
-        )
+
+    @cached_property
+    def synthetic(self) -> CellRunner:
+        """The runner of the synthetic pre-training cells (the ``full`` budget, in ``cache/synthetic``)."""
+        budget = replace(BUDGETS["full"], seeds=self.budget.seeds)
+        return CellRunner(budget, self.cache / "synthetic", device=self.device, threads=self.threads)
 
     def settings(self, data: Data) -> dict:
         """What the cells of ``data`` read beside the budget and the row: their part of the key."""
@@ -239,7 +240,7 @@ class CaptureCellRunner(CellRunner):
             "split": self.split,
             "geometry": data.geometry,
             "background": data.background,
-            "pretrain": None if data.pretrain is None else {"kind": data.pretrain, **self.synthetic.budget.as_dict()},
+            "pretrain": None if data.pretrain is None else {"kind": data.pretrain, **BUDGETS["full"].as_dict()},
         }
 
     def key(self, cell: Cell) -> str:
@@ -300,14 +301,18 @@ class CaptureCellRunner(CellRunner):
 
 
 def linked_captures(folder: Path, captures: list[Path], fingerprints: dict[str, str]) -> Path:
-    """``folder/<hash>/``: one link per capture, named as the capture (a root ``data.kind: captures`` reads)."""
+    """``folder/<hash>/``: one link per capture, named as the capture (a root ``data.kind: captures``
+    reads); each link is replaced atomically, so processes sharing the folder may create it together."""
     root = folder / hashlib.sha256(json.dumps(sorted(fingerprints.items())).encode()).hexdigest()[:10]
     root.mkdir(parents=True, exist_ok=True)
     for capture in captures:
         link = root / capture.name
-        if not link.is_symlink() or link.resolve() != capture.resolve():
-            link.unlink(missing_ok=True)
-            link.symlink_to(capture.resolve(), target_is_directory=True)
+        if link.is_symlink() and link.resolve() == capture.resolve():
+            continue
+        temporary = root / f".{capture.name}.{os.getpid()}"
+        temporary.unlink(missing_ok=True)
+        temporary.symlink_to(capture.resolve(), target_is_directory=True)
+        os.replace(temporary, link)
     return root
 
 

@@ -17,12 +17,17 @@ from pathlib import Path
 from hrope.nvs.running.atomic import write_json, write_text
 from hrope.nvs.running.provenance import describe
 
-from .intervals import METHOD, crossed_bootstrap
+from .intervals import hierarchical_bootstrap
 from .report import stat
 
-__all__ = ["REPORT_NAME", "difference", "angle_ranges", "supported_budget", "write_report", "markdown"]
+__all__ = ["REPORT_NAME", "METHOD", "difference", "angle_ranges", "supported_budget", "write_report", "markdown"]
 
 REPORT_NAME = "real_captures"
+METHOD = (
+    "a 95% percentile bootstrap of the mean paired difference (same seed, same scene) that resamples seeds, "
+    "captures and scenes within captures, the capture and scene draws shared by all seeds "
+    "(experiments.intervals.hierarchical_bootstrap)"
+)
 WORKERS = 2  # processes the planned set is sized for (one torch thread each)
 
 
@@ -31,17 +36,17 @@ def _by_seed(records: list[dict]) -> dict[int, dict]:
 
 
 def difference(a: list[dict], b: list[dict]) -> dict | None:
-    """Mean paired PSNR difference ``a - b`` over the seeds both rows have, with its 95% interval;
-    None without common seeds. ``captures``: the distinct captures of the scored scenes."""
+    """Mean paired PSNR difference ``a - b`` over the seeds both rows have, with its 95% interval
+    (:data:`METHOD`; ``captures``: the distinct captures of the scored scenes); None without common seeds."""
     first, second = _by_seed(a), _by_seed(b)
     seeds = sorted(set(first) & set(second))
     if not seeds:
         return None
-    clusters = first[seeds[0]]["scene_captures"]
-    result = crossed_bootstrap(
-        [first[s]["per_scene"]["psnr"] for s in seeds], [second[s]["per_scene"]["psnr"] for s in seeds]
+    return hierarchical_bootstrap(
+        [first[s]["per_scene"]["psnr"] for s in seeds],
+        [second[s]["per_scene"]["psnr"] for s in seeds],
+        first[seeds[0]]["scene_captures"],
     )
-    return {**result, "captures": len(set(clusters))}
 
 
 def _summary(values: list[float]) -> dict:
