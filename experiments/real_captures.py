@@ -377,15 +377,18 @@ def run(
         runner.check_stale([cell for n, _, cell in cells if runners[n] is runner], log=log)
     records: dict[tuple[int, Arm], list[dict]] = {}
     stale: dict[tuple[int, Arm], set[str]] = {}
+    missing: list[str] = []
     mine = shard_cells(cells, shard)
     for n, arm, cell in cells:
         record = runners[n].cached(cell)
         if record is None and not report_only and (n, arm, cell) in mine:
             log(f"[{mine.index((n, arm, cell)) + 1}/{len(mine)}] {n} steps, {arm.label}, seed {cell.seed}")
             record = runners[n].run(cell)
-        if record is not None:
-            records.setdefault((n, arm), []).append(record)
-            stale.setdefault((n, arm), set()).update([trained_at(record)] if runners[n].is_stale(record) else [])
+        if record is None:
+            missing.append(f"{n} steps, {arm.label}, seed {cell.seed}")
+            continue
+        records.setdefault((n, arm), []).append(record)
+        stale.setdefault((n, arm), set()).update([trained_at(record)] if runners[n].is_stale(record) else [])
     if shard is not None:
         return None
     for runner in runners.values():
@@ -395,6 +398,7 @@ def run(
         "captures": first.fingerprints,
         "provenance": first.provenance,
         "planned_cells": len(SETS["planned"].arms) * len(seeds),
+        "missing": missing,
     }
     stale_labels = {key: sorted(labels) for key, labels in stale.items()}
     return write_report(spec, records, stale_labels, out, steps=steps, seeds=seeds, command=command, facts=facts)

@@ -118,7 +118,8 @@ def write_report(spec, records: dict, stale: dict, out: Path, *, steps, seeds, c
     """Build the report of the finished ``records`` (``{(steps, arm): [record per seed]}``; ``stale``:
     the same keys, the code versions of their cells trained by other code), write
     ``OUT/real_captures.{json,md}`` and return it. ``facts``: ``captures`` (name: camera fingerprint),
-    ``provenance``, ``planned_cells`` (the planned set's cells, for the curve's cost estimate)."""
+    ``provenance``, ``planned_cells`` (the planned set's cells, for the curve's cost estimate),
+    ``missing`` (the cells not finished, in words)."""
     reference = spec.arms[0]
     rows_by_steps, pairs, angles, description = {}, {}, None, None
     for n in steps:
@@ -155,6 +156,7 @@ def write_report(spec, records: dict, stale: dict, out: Path, *, steps, seeds, c
         "data": description,
         "budgets": {str(n): rows for n, rows in rows_by_steps.items()},
         "pairs": {str(n): p for n, p in pairs.items()},
+        "missing_cells": facts["missing"],
     }
     complete = {n: rows for n, rows in rows_by_steps.items() if len(rows) == len(spec.arms)}
     if len(steps) > 1 and len(complete) == len(steps):
@@ -275,6 +277,8 @@ def markdown(report: dict) -> str:
     if angles:
         lines += [_angles_line(angles), ""]
     lines += _capture_lines(report.get("data"))
+    if report["missing_cells"]:
+        lines += [f"Not finished (left out below): {'; '.join(report['missing_cells'])}.", ""]
     for steps, rows in report["budgets"].items():
         lines += _budget_table(report, steps, rows)
     if any(row["trained_at"] for rows in report["budgets"].values() for row in rows):
