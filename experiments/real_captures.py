@@ -11,38 +11,17 @@ aligned to them, with the prior normals). Target views never carry depth or norm
 chosen on the validation split (every ``test_every``-th view offset by ``test_every // 2``); the test
 split (every ``test_every``-th view) is scored once, for the planned sets.
 
-The sets, written down before any run (the planned comparisons):
-
-- ``curve`` (validation split, ``--steps 600 3000``, seeds 0 1 2): ``prope``, ``urope``, the
-  learned-plane HRoPE row (``hrope-lift`` learning its planes, transferred to the targets, camera
-  rays) and the best depth row decided from the synthetic results, ``hrope-lift-uv`` with SfM depth
-  (external, targets transfer, robust fit, camera rays: the best row on synthetic ``object``, whose
-  views differ widely, as a capture's do). **Budget rule**: the curve supports the smallest budget B
-  such that at B and at every larger budget (i) the rows have the order by mean validation PSNR they
-  have at the largest budget and (ii) every row's paired difference to ``prope`` lies inside the 95%
-  interval of the same difference at the largest budget; when no smaller budget passes, the largest.
-- ``choices`` (validation split, 600 steps, seeds 0 1 2, ``prope``): the photo's background against
-  the masked object composited over a plain colour, and training from scratch against starting from
-  ``prope`` pre-trained on the synthetic ``object`` scenes (the ``full`` budget, same seed; photo
-  background). The better of each pair is the choice for the planned sets.
-- ``planned`` (test split, scored once; reference ``prope``): ``prope``, ``prope`` with world rays,
-  ``urope``, ``urope`` at the token's depth (``worldrope`` footprint False), ``hrope-lift`` with
-  depth (world rays), ``hrope-lift-uv`` with depth (camera rays), the learned-plane HRoPE row and
-  ``rayrope`` known depth; the depth rows are experiments/plane_evidence.py's planned rows with SfM
-  depth (``fit: robust``, targets transfer).
-- ``priors`` (give it scan24 alone; ``test_every`` 4, test split; reference the learned-plane row):
-  the three depth rows (``hrope-lift``, ``hrope-lift-uv``, ``urope`` at the token's depth) with SfM
-  depth, the same rows with the priors (geometry ``priors``, ``use_normals: true``) and the
-  learned-plane row. Each priors row is also paired with its SfM twin.
-- ``held-out`` (protocol ``captures``, test split): train on every view of the other captures, test
-  on the captures named in :data:`HELD_OUT` (``maryRose`` and ``mother_child``, named before any
-  run); ``prope`` (reference), ``urope``, the learned-plane row, ``hrope-lift-uv`` with SfM depth.
+The sets, their rows and the budget rule are written down in :mod:`experiments.real_captures_sets`
+(before any run): ``curve`` (validation split: the budget), ``choices`` (validation split: the
+background, synthetic pre-training), ``planned`` (test split, scored once), ``priors`` (scan24: SfM
+points against the priors against learned planes) and ``held-out`` (test captures named there).
 
 Each difference is the mean paired PSNR difference (same seed, same scene) with a 95% bootstrap
 interval that resamples seeds, captures and scenes within captures
-(:func:`experiments.intervals.hierarchical_bootstrap`). Cells train in ``OUT/cache`` (git-ignored); their records, with
-per-scene metrics and the capture of every scene, go to ``OUT/cells.jsonl`` and the report to
-``OUT/real_captures.{json,md}`` (:mod:`experiments.real_captures_report`).
+(:func:`experiments.intervals.hierarchical_bootstrap`). Cells train in ``OUT/cache`` (git-ignored,
+with the SfM points in ``OUT/cache/sfm``); their records, with per-scene metrics and the capture of
+every scene, go to ``OUT/cells.jsonl`` and the report to ``OUT/real_captures.{json,md}``
+(:mod:`experiments.real_captures_report`).
 
     python -m experiments.real_captures --captures ../shared/realdata/{ethiopianHead,maryRose,moldGoldCape} \\
         --out benchmarks/results/real_curve --set curve --steps 600 3000
@@ -59,136 +38,25 @@ import json
 import os
 import shlex
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 
 from hrope.nvs.build_data import build_dataset
 from hrope.nvs.config import ConfigError, update_config
 from hrope.nvs.data.real.loaders import scene_frames
+from hrope.nvs.data.real.sfm import triangulate
+from hrope.nvs.data.real.view_splits import capture_views
 from hrope.nvs.data.scene import SceneError
 
 from .cells import CellRunner, StaleCellsError, StoppedCellError, trained_at
 from .real_captures_report import write_report
-from .plane_evidence import PLANNED_ROWS, TRANSFER, WORLD
-from .rows import BUDGETS, Budget, Cell, Row, cell_config, cell_settings, config_hash
+from .real_captures_sets import __doc__ as sets_doc
+from .real_captures_sets import PROPE, SETS, TEST_EVERY_BY_CAPTURE, Arm, CaptureSet, Data
+from .rows import BUDGETS, Budget, Cell, cell_config, cell_settings, config_hash
 from .store import CELLS_NAME
 
-__all__ = ["SETS", "HELD_OUT", "Arm", "Data", "CaptureSet", "CaptureCellRunner", "fingerprint", "run", "main"]
-
-HELD_OUT = ("maryRose", "mother_child")  # the held-out captures of the `held-out` set, named before any run
-TEST_EVERY_BY_CAPTURE = {"scan24": 4}  # every 4th of scan24's 49 views is a test target, in every set
-SFM = (("fit", "robust"),)  # sparse SfM depth: planes by the robust fit
-PRIORS = (("use_normals", True),)  # aligned dense priors: the prior normals orient the planes
-
-
-@dataclass(frozen=True)
-class Data:
-    """What the context views carry and how the model starts: ``geometry`` none | sfm | priors,
-    ``background`` photo | composite, ``pretrain``: the synthetic kind ``prope`` was pre-trained on
-    (the ``full`` budget, the same seed) before training on the captures, or None (from scratch)."""
-
-    geometry: str = "none"
-    background: str = "photo"
-    pretrain: str | None = None
-
-    @property
-    def name(self) -> str:
-        """The cells' dataset name (their first folder under the cache)."""
-        return f"{self.geometry}-{self.background}" + (f"-pretrained-{self.pretrain}" if self.pretrain else "")
-
-
-@dataclass(frozen=True)
-class Arm:
-    """One row of a set: a model row trained on a data variant."""
-
-    row: Row
-    data: Data = Data()
-
-    @property
-    def label(self) -> str:
-        tags = [f"{self.data.geometry} depth"] if self.data.geometry != "none" else []
-        tags += [f"background {self.data.background}"] if self.data.background != "photo" else []
-        tags += [f"pre-trained on {self.data.pretrain}"] if self.data.pretrain else []
-        return self.row.label + (f" [{', '.join(tags)}]" if tags else "")
-
-
-@dataclass(frozen=True)
-class CaptureSet:
-    """A planned comparison: its arms (the first is the reference), the split scored, the protocol,
-    ``test_every`` (of every capture not in :data:`TEST_EVERY_BY_CAPTURE`), the held-out captures (protocol
-    ``captures``), the default steps and extra ``pairs`` (a, b) of arm indices compared beside the
-    reference."""
-
-    name: str
-    title: str
-    arms: tuple[Arm, ...]
-    split: str = "val"
-    protocol: str = "views"
-    test_every: int = 8
-    held_out: tuple[str, ...] = ()
-    steps: tuple[int, ...] = (600,)
-    pairs: tuple[tuple[int, int], ...] = field(default=())
-
-
-def _planned(label: str) -> Row:
-    """A row of experiments/plane_evidence.py's PLANNED_ROWS by its label."""
-    return next(row for row in PLANNED_ROWS if row.label == label)
-
-
-def with_geometry(row: Row, geometry: str) -> Arm:
-    """A depth row (``external``, targets transfer) on SfM depth (robust fit) or on the priors (their normals)."""
-    return Arm(replace(row, options=row.options + (SFM if geometry == "sfm" else PRIORS)), Data(geometry))
-
-
-PROPE, PROPE_WORLD, UROPE = Arm(Row("prope")), Arm(Row("prope", model_options=WORLD)), Arm(Row("urope"))
-LEARNED = Arm(Row("hrope-lift", options=TRANSFER))  # the learned-plane HRoPE row (camera rays)
-DEPTH_ROWS = {  # the planned set's depth rows, as plane_evidence defines them
-    "hrope-lift": _planned("hrope-lift (external, targets transfer, rays world)"),
-    "hrope-lift-uv": _planned("hrope-lift-uv (external, targets transfer)"),
-    "urope at the token's depth": _planned("worldrope (external, targets transfer, footprint False)"),
-    "rayrope known depth": _planned("rayrope (external, targets transfer, depth known)"),
-}
-BEST_DEPTH = with_geometry(DEPTH_ROWS["hrope-lift-uv"], "sfm")
-PRIOR_ROWS = ("hrope-lift", "hrope-lift-uv", "urope at the token's depth")
-
-SETS = {
-    "curve": CaptureSet(
-        "curve",
-        "Learning curve on the validation views: which budget",
-        (PROPE, UROPE, LEARNED, BEST_DEPTH),
-        steps=(600, 3000),
-    ),
-    "choices": CaptureSet(
-        "choices",
-        "Data choices on the validation views: background, synthetic pre-training",
-        (PROPE, Arm(PROPE.row, Data(background="composite")), Arm(PROPE.row, Data(pretrain="object"))),
-    ),
-    "planned": CaptureSet(
-        "planned",
-        "Planned comparisons on real captures (held-out views, test split)",
-        (PROPE, PROPE_WORLD, UROPE)
-        + tuple(with_geometry(DEPTH_ROWS[n], "sfm") for n in ("urope at the token's depth", "hrope-lift"))
-        + (BEST_DEPTH, LEARNED, with_geometry(DEPTH_ROWS["rayrope known depth"], "sfm")),
-        split="eval",
-    ),
-    "priors": CaptureSet(
-        "priors",
-        "SfM points against the foundation model's priors against learned planes (scan24, test split)",
-        (LEARNED,) + tuple(with_geometry(DEPTH_ROWS[n], g) for g in ("sfm", "priors") for n in PRIOR_ROWS),
-        split="eval",
-        test_every=4,
-        pairs=((4, 1), (5, 2), (6, 3)),
-    ),
-    "held-out": CaptureSet(
-        "held-out",
-        f"Held-out captures ({', '.join(HELD_OUT)}), test split",
-        (PROPE, UROPE, LEARNED, BEST_DEPTH),
-        split="eval",
-        protocol="captures",
-        held_out=HELD_OUT,
-    ),
-}
+__all__ = ["CaptureCellRunner", "fingerprint", "linked_captures", "budget", "shard_cells", "run", "main"]
 
 
 def fingerprint(folder: Path) -> str:
@@ -263,6 +131,7 @@ class CaptureCellRunner(CellRunner):
             "num_target": 1,
             "seed": self.budget.data_seed,
             "cache": True,
+            "sfm_cache_dir": str(self.cache / "sfm"),
         }
 
     def config(self, cell: Cell, folder: Path):
@@ -290,14 +159,27 @@ class CaptureCellRunner(CellRunner):
         return self.datasets[key]
 
     def data_facts(self, cell: Cell, config) -> dict:
-        """The capture of every scored scene (the cluster of the intervals), its context angles and
-        the scored split's description (scenes and angles per capture)."""
+        """The capture of every scored scene (the cluster of the intervals), its context angles, the
+        scored split's description (scenes and angles per capture) and, for cells with SfM depth or
+        priors, the SfM points' statistics per capture."""
         scenes = self.dataset(config, self.split)
-        return {
+        facts = {
             "scene_captures": [cut.capture for cut in scenes.cuts],
             "context_angles": [list(cut.angles) for cut in scenes.cuts],
             "data": scenes.describe(),
         }
+        if config.data.geometry != "none":
+            facts["sfm"] = {name: self.sfm_stats(config, name) for name in sorted(self.fingerprints)}
+        return facts
+
+    def sfm_stats(self, config, name: str) -> dict:
+        """The statistics of capture ``name``'s SfM points (from the training views its scenes' depth
+        comes from, as the dataset triangulated them: read from the SfM cache)."""
+        folder = self.root / name
+        frames = scene_frames(folder)
+        test_every = config.data.test_every_by_capture.get(name, config.data.test_every)
+        views = capture_views(len(frames), name, config.data.protocol, config.data.held_out, test_every)["context"]
+        return triangulate(frames, views, cache_dir=config.data.sfm_cache_dir, name=name).stats
 
 
 def linked_captures(folder: Path, captures: list[Path], fingerprints: dict[str, str]) -> Path:
@@ -417,7 +299,9 @@ def _shard(text: str) -> tuple[int, int]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"{__doc__}\n{sets_doc}",
     )
     parser.add_argument("--captures", nargs="+", required=True, metavar="DIR", help="capture folders (any layout)")
     parser.add_argument("--out", required=True, help="folder of cells.jsonl, the report and the cell cache")

@@ -121,7 +121,7 @@ def write_report(spec, records: dict, stale: dict, out: Path, *, steps, seeds, c
     ``provenance``, ``planned_cells`` (the planned set's cells, for the curve's cost estimate),
     ``missing`` (the cells not finished, in words)."""
     reference = spec.arms[0]
-    rows_by_steps, pairs, angles, description = {}, {}, None, None
+    rows_by_steps, pairs, angles, description, sfm = {}, {}, None, None, None
     for n in steps:
         ref = records.get((n, reference))
         rows_by_steps[n] = [
@@ -138,6 +138,7 @@ def write_report(spec, records: dict, stale: dict, out: Path, *, steps, seeds, c
         ]
         if angles is None and ref:
             angles, description = angle_ranges(ref[0]), ref[0].get("data")
+        sfm = sfm or next((r["sfm"] for (m, _), rs in records.items() if m == n for r in rs if r.get("sfm")), None)
     report = {
         "title": spec.title,
         "set": spec.name,
@@ -154,6 +155,7 @@ def write_report(spec, records: dict, stale: dict, out: Path, *, steps, seeds, c
         "steps": steps,
         "context_angles": angles,
         "data": description,
+        "sfm": sfm,
         "budgets": {str(n): rows for n, rows in rows_by_steps.items()},
         "pairs": {str(n): p for n, p in pairs.items()},
         "missing_cells": facts["missing"],
@@ -242,17 +244,23 @@ def _angles_line(angles: dict) -> str:
     )
 
 
-def _capture_lines(description: dict | None) -> list[str]:
-    """Per capture of the scored split: its scenes, angles and whatever else the dataset describes (SfM)."""
+def _capture_lines(description: dict | None, sfm: dict) -> list[str]:
+    """Per capture of the scored split: its scenes and angles, and its SfM points where a row used them."""
     if not description:
         return []
-    lines = ["| capture | scenes | target to context ° | between contexts ° | more |", "|---|---|---|---|---|"]
+    lines = [
+        "| capture | scenes | test every | target to context | between contexts | SfM points | median "
+        "reprojection (px) | mean track length |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, facts in description["captures"].items():
-        angles = facts["angles"]
-        more = {k: v for k, v in facts.items() if k not in ("scenes", "angles")}
-        between = _range(angles["between_contexts"]) if angles.get("scenes") else "—"
-        to_context = _range(angles["target_context"]) if angles.get("scenes") else "—"
-        lines.append(f"| {name} | {facts['scenes']} | {to_context} | {between} | {more} |")
+        angles, points = facts["angles"], sfm.get(name, {})
+        spans = [_range(angles[k]) if angles.get("scenes") else "—" for k in ("target_context", "between_contexts")]
+        numbers = [points.get(k) for k in ("points", "median_reprojection_px", "mean_track_length")]
+        numbers_text = " | ".join("—" if x is None else f"{x:.3g}" if isinstance(x, float) else str(x) for x in numbers)
+        lines.append(
+            f"| {name} | {facts['scenes']} | {facts['test_every']} | {spans[0]} | {spans[1]} | {numbers_text} |"
+        )
     return lines + [""]
 
 
@@ -276,7 +284,7 @@ def markdown(report: dict) -> str:
     ]
     if angles:
         lines += [_angles_line(angles), ""]
-    lines += _capture_lines(report.get("data"))
+    lines += _capture_lines(report.get("data"), report.get("sfm") or {})
     if report["missing_cells"]:
         lines += [f"Not finished (left out below): {'; '.join(report['missing_cells'])}.", ""]
     for steps, rows in report["budgets"].items():

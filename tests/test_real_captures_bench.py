@@ -1,5 +1,6 @@
-"""The real-capture benchmark (experiments/real_captures.py) on tiny synthetic captures in COLMAP's layout:
-its planned sets, its cell keys, a smoke run's records and report, shards, and the leak rule."""
+"""The real-capture benchmark (experiments/real_captures.py, its sets in real_captures_sets.py) on
+tiny synthetic captures in COLMAP's layout: its planned sets, its cell keys, a smoke run's records and
+report, shards, and the leak rule."""
 
 from __future__ import annotations
 
@@ -11,20 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.real_captures import (
-    BEST_DEPTH,
-    HELD_OUT,
-    LEARNED,
-    PROPE,
-    SETS,
-    CaptureCellRunner,
-    CaptureSet,
-    Data,
-    _shard,
-    main,
-    shard_cells,
-)
+from experiments.real_captures import CaptureCellRunner, _shard, main, shard_cells
 from experiments.real_captures import budget as make_budget
+from experiments.real_captures_sets import BEST_DEPTH, HELD_OUT, LEARNED, PROPE, SETS, CaptureSet, Data
 from experiments.rows import Cell
 from hrope.nvs.data.real.colmap_points import write_colmap_model
 from hrope.nvs.data.synthetic.generator import make_scene
@@ -154,6 +144,10 @@ def test_a_smoke_run_records_per_scene_psnr_with_captures(captures, tmp_path):
         assert record["scene_captures"] == ["maryRose", "maryRose", "mother_child", "mother_child"]
         assert len(record["per_scene"]["psnr"]) == 4 == len(record["context_angles"])
         assert all(0 < a <= 180 for angles in record["context_angles"] for a in angles)
+    with_sfm = [cell["record"]["sfm"] for cell in cells if "sfm" in cell["record"]]
+    assert len(with_sfm) == 2  # the SfM row's two seeds, with the points' statistics of every capture
+    assert all(set(sfm) == set(NAMES) and all(s["points"] > 0 for s in sfm.values()) for sfm in with_sfm)
+    assert report["sfm"] == with_sfm[0]
     rows = report["budgets"]["2"]
     assert [row["row"] for row in rows] == labels("held-out")
     assert set(rows[-1]["psnr_per_capture"]) == set(HELD_OUT)
