@@ -15,6 +15,7 @@ The ratio is each step time over the synthetic step time of the same round, medi
 Writes ``OUT/real_step_cost.{json,md}`` (default ``benchmarks/results/real_captures``).
 
     python benchmarks/real_step_cost.py --captures ../shared/realdata/ethiopianHead ../shared/realdata/maryRose
+    python benchmarks/real_step_cost.py --captures DIR [DIR ...] --rounds 3 --steps 5 --out /tmp/x   # a quick look
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,13 +42,20 @@ TARGET = 1.3  # the benchmark's bound on a cached real step relative to a synthe
 MODEL = {"preset": "tiny", "encoding": "prope"}
 
 
-def data_sets(captures: list[Path]) -> dict:
-    """The three data sets of the module doc, warmed up (every scene loaded once)."""
+def data_sets(captures: list[Path], cache: Path) -> dict:
+    """The three data sets of the module doc, warmed up (every scene loaded once; decoded views and
+    SfM points kept in ``cache``)."""
     config = resolve({"model": MODEL, "data": {"kind": "object", "num_scenes": 8}})
     sets = {"synthetic": build_dataset(config, "train")}
     for name, geometry in (("captures", "none"), ("captures, sfm", "sfm")):
         sets[name] = CaptureScenes(
-            captures=captures, protocol="views", split="train", image_size=config.model.image_size, geometry=geometry
+            captures=captures,
+            protocol="views",
+            split="train",
+            image_size=config.model.image_size,
+            geometry=geometry,
+            cache_dir=cache / "images",
+            sfm_cache_dir=cache / "sfm",
         )
     for dataset in sets.values():
         for index in range(len(dataset)):
@@ -115,12 +124,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per data set per round")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "real_captures"))
+    parser.add_argument("--work", default=None, help="cache of decoded views and SfM points (default: a temporary one)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     captures = [Path(c) for c in args.captures]
-    data = data_sets(captures)
-    load_average = os.getloadavg()
-    seconds = measure(data, args.rounds, args.steps)
+    with tempfile.TemporaryDirectory() as temporary:
+        data = data_sets(captures, Path(args.work or temporary))
+        load_average = os.getloadavg()
+        seconds = measure(data, args.rounds, args.steps)
     meta = {
         "command": " ".join(["python", "benchmarks/real_step_cost.py", *sys.argv[1:]]),
         "torch": torch.__version__,

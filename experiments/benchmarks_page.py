@@ -119,6 +119,12 @@ def real_loading(data: dict) -> str:
     )
 
 
+def real_step_cost(data: dict) -> str:
+    rows = [row for row in data["results"] if row["data"] != "synthetic"]
+    ratios = ", ".join(f"{row['data']} {row['ratio_to_synthetic']:.2f}" for row in rows)
+    return f"step time / synthetic step: {ratios} (target ≤ {data['meta']['target']})"
+
+
 def folded_modules(data: dict) -> str:
     """Module forward / the ``rope2d`` module (CPU time), unfolded and folded; training / none."""
     ratio = data["modules"]["forward"]["cpu_ratio_to_rope2d"]
@@ -220,6 +226,11 @@ BENCHMARKS = {
         ),
         Benchmark("train_throughput", "benchmarks/train_throughput.md", "training steps/s of the `tiny` LVSM"),
         Benchmark("real_loading", "benchmarks/real_loading.md", "training on a COLMAP capture of large JPEGs"),
+        Benchmark(
+            "real_step_cost",
+            "real_data.md#the-real-capture-benchmark",
+            "a cached training step on real captures cut into 3-view scenes",
+        ),
         Benchmark("render_speed", "benchmarks/synthetic_data.md", "rendering synthetic scenes and batches"),
         Benchmark(
             "device_check", "benchmarks/gpu_suite.md", "every encoding in low precision against the float64 reference"
@@ -323,6 +334,7 @@ RESULTS: tuple[Result, ...] = (
         train_throughput,
     ),
     Result("real_loading", "real_loading.json", "", real_loading),
+    Result("real_step_cost", "real_captures/real_step_cost.json", "", real_step_cost),
     Result("render_speed", "render_speed.json", "", render_speed),
     Result(
         "device_check", "device_check_cpu.json", "CPU", device_check, "python benchmarks/device_check.py --device cpu"
