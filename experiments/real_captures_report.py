@@ -85,7 +85,7 @@ def _row(label: str, records: list[dict], reference: list[dict] | None, stale: l
 
 
 def supported_budget(rows_by_steps: dict[int, list[dict]]) -> dict:
-    """The curve's rule (experiments/real_captures.py): the smallest budget B such that at B and
+    """The curve's rule (experiments/real_captures_sets.py): the smallest budget B such that at B and
     every larger budget the rows keep the order by mean PSNR they have at the largest budget and
     each row's difference to the reference lies in that difference's interval at the largest one."""
     budgets = sorted(rows_by_steps)
@@ -211,7 +211,7 @@ def _budget_table(report: dict, steps: str, rows: list[dict]) -> list[str]:
 
 
 def _budget_lines(budget: dict) -> list[str]:
-    lines = ["**Budget** (rule in experiments/real_captures.py):", ""]
+    lines = ["**Budget** (the rule in experiments/real_captures_sets.py):", ""]
     for check in budget["checks"]:
         outside = [row for row, ok in check["inside"].items() if not ok]
         lines.append(
@@ -275,7 +275,7 @@ def markdown(report: dict) -> str:
         f"Captures {captures}; protocol `{report['protocol']}`"
         + (f" (held out: {', '.join(report['held_out'])})" if report["held_out"] else "")
         + f"; scored on the **{report['split']}** split"
-        + (f" (every {report['test_every']}th view)" if report["test_every"] else "")
+        + f" (every {report['test_every']}th view unless the table below says otherwise)"
         + f"; seeds {report['seeds']}; the `full` budget's tiny model at "
         + f"{', '.join(map(str, report['steps']))} steps.  ",
         f"Δ: {METHOD}; **bold** where it excludes zero. "

@@ -14,6 +14,7 @@ import torch
 
 from experiments.real_captures import CaptureCellRunner, _shard, main, shard_cells
 from experiments.real_captures import budget as make_budget
+from experiments.real_captures_report import supported_budget
 from experiments.real_captures_sets import BEST_DEPTH, HELD_OUT, LEARNED, PROPE, SETS, CaptureSet, Data
 from experiments.rows import Cell
 from hrope.nvs.data.real.colmap_points import write_colmap_model
@@ -159,6 +160,43 @@ def test_a_smoke_run_records_per_scene_psnr_with_captures(captures, tmp_path):
     shutil.rmtree(out / "cache")
     again = main([*argv, "--report-only"])  # from the finished cells alone
     assert again["budgets"] == written["budgets"]
+
+
+def _rows(psnr: dict[str, float], delta: dict[str, tuple[float, float, float]]) -> list[dict]:
+    """Report rows with mean PSNR and a difference to the reference (mean, low, high)."""
+    rows = []
+    for label, value in psnr.items():
+        mean, low, high = delta.get(label, (0.0, 0.0, 0.0))
+        rows.append(
+            {
+                "row": label,
+                "metrics": {"psnr": {"mean": value}},
+                "vs_reference": {"mean": mean, "low": low, "high": high},
+            }
+        )
+    return rows
+
+
+def test_the_budget_rule():
+    """The smallest budget whose order and differences agree with the largest one's, at every larger budget."""
+    late = _rows(
+        {"prope": 17.0, "urope": 17.3, "hrope-lift": 17.1}, {"urope": (0.3, 0.1, 0.5), "hrope-lift": (0.1, -0.1, 0.3)}
+    )
+    agrees = _rows(
+        {"prope": 16.0, "urope": 16.2, "hrope-lift": 16.1}, {"urope": (0.2, 0.0, 0.4), "hrope-lift": (0.1, -0.2, 0.4)}
+    )
+    reordered = _rows(
+        {"prope": 16.0, "urope": 15.9, "hrope-lift": 16.1}, {"urope": (-0.1, -0.3, 0.1), "hrope-lift": (0.1, -0.1, 0.3)}
+    )
+    outside = _rows(
+        {"prope": 16.0, "urope": 16.9, "hrope-lift": 16.1}, {"urope": (0.9, 0.7, 1.1), "hrope-lift": (0.1, -0.1, 0.3)}
+    )
+    assert supported_budget({600: agrees, 3000: late})["supported"] == 600
+    assert supported_budget({600: reordered, 3000: late})["supported"] == 3000
+    assert supported_budget({600: outside, 3000: late})["supported"] == 3000
+    # a budget that agrees is not supported when a larger one before the last does not
+    assert supported_budget({300: agrees, 600: reordered, 3000: late})["supported"] == 3000
+    assert supported_budget({300: reordered, 600: agrees, 3000: late})["supported"] == 600
 
 
 def test_shards_partition_the_cells():
