@@ -91,6 +91,9 @@ class CaptureCellRunner(CellRunner):
             raise SceneError(
                 f"--captures: the capture folders must have distinct names, got {[c.name for c in captures]}"
             )
+        absent = sorted(set(spec.held_out) - set(self.fingerprints))
+        if absent:
+            raise SceneError(f"--set {spec.name} tests on the held-out captures {absent}: give them in --captures")
         self.root = linked_captures(self.cache / "captures", captures, self.fingerprints)
 
     @cached_property

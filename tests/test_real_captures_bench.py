@@ -226,3 +226,9 @@ def test_no_row_dataset_gives_a_target_view_depth(captures, tmp_path, geometry):
             assert scene.depth is None or torch.isinf(scene.depth[2]).all()
             assert scene.normals is None or (scene.normals[2] == 0).all()
         assert (geometry == "sfm") == any(torch.isfinite(s.depth[:2]).any() for s in scenes if s.depth is not None)
+
+
+def test_the_held_out_set_refuses_captures_without_its_held_out_ones(captures, tmp_path):
+    with pytest.raises(SystemExit, match=r"held-out captures \['maryRose', 'mother_child'\]: give them in --captures"):
+        main(["--captures", str(captures[2]), "--out", str(tmp_path), "--set", "held-out", "--steps", "1"])
+    assert not (tmp_path / "cells.jsonl").exists()
