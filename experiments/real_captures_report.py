@@ -128,13 +128,11 @@ def write_report(spec, records: dict, stale: dict, out: Path, *, steps, seeds, c
             _row(arm.label, records[(n, arm)], ref, stale[(n, arm)]) for arm in spec.arms if (n, arm) in records
         ]
         pairs[n] = [
-            {
-                "a": spec.arms[i].label,
-                "b": spec.arms[j].label,
-                **difference(records[(n, spec.arms[i])], records[(n, spec.arms[j])]),
-            }
+            {"a": spec.arms[i].label, "b": spec.arms[j].label, **delta}
             for i, j in spec.pairs
-            if (n, spec.arms[i]) in records and (n, spec.arms[j]) in records
+            if (n, spec.arms[i]) in records
+            and (n, spec.arms[j]) in records
+            and (delta := difference(records[(n, spec.arms[i])], records[(n, spec.arms[j])])) is not None
         ]
         if angles is None and ref:
             angles, description = angle_ranges(ref[0]), ref[0].get("data")
