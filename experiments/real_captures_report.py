@@ -243,21 +243,24 @@ def _angles_line(angles: dict) -> str:
 
 
 def _capture_lines(description: dict | None, sfm: dict) -> list[str]:
-    """Per capture of the scored split: its scenes and angles, and its SfM points where a row used them."""
+    """Per capture: its scored scenes and their angles (none for a capture that only trains), and its
+    SfM points where a row used them."""
     if not description:
         return []
     lines = [
-        "| capture | scenes | test every | target to context | between contexts | SfM points | median "
+        "| capture | scored scenes | test every | target to context | between contexts | SfM points | median "
         "reprojection (px) | mean track length |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for name, facts in description["captures"].items():
-        angles, points = facts["angles"], sfm.get(name, {})
+    for name in [*description["captures"], *(n for n in sfm if n not in description["captures"])]:
+        facts, points = description["captures"].get(name, {}), sfm.get(name, {})
+        angles = facts.get("angles", {})
         spans = [_range(angles[k]) if angles.get("scenes") else "—" for k in ("target_context", "between_contexts")]
         numbers = [points.get(k) for k in ("points", "median_reprojection_px", "mean_track_length")]
         numbers_text = " | ".join("—" if x is None else f"{x:.3g}" if isinstance(x, float) else str(x) for x in numbers)
         lines.append(
-            f"| {name} | {facts['scenes']} | {facts['test_every']} | {spans[0]} | {spans[1]} | {numbers_text} |"
+            f"| {name} | {facts.get('scenes', 0)} | {facts.get('test_every', '—')} | {spans[0]} | {spans[1]} | "
+            f"{numbers_text} |"
         )
     return lines + [""]
 
