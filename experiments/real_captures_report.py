@@ -286,6 +286,13 @@ def markdown(report: dict) -> str:
     if angles:
         lines += [_angles_line(angles), ""]
     lines += _capture_lines(report.get("data"), report.get("sfm") or {})
+    if any("background composite" in row["row"] for rows in report["budgets"].values() for row in rows):
+        lines += [
+            "Rows with `background composite` are scored against composited targets (the object over a plain "
+            "colour): their PSNR is of other images than the photo rows', and the plain background is easy to "
+            "predict.",
+            "",
+        ]
     if report["missing_cells"]:
         lines += [f"Not finished (left out below): {'; '.join(report['missing_cells'])}.", ""]
     for steps, rows in report["budgets"].items():

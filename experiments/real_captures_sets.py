@@ -16,7 +16,9 @@ The sets, written down before any run (the planned comparisons):
 - ``choices`` (validation split, 600 steps, seeds 0 1 2, ``prope``): the photo's background against
   the masked object composited over a plain colour, and training from scratch against starting from
   ``prope`` pre-trained on the synthetic ``object`` scenes (the ``full`` budget, same seed; photo
-  background). The better of each pair is the choice for the planned sets.
+  background). The better of each pair is the choice for the planned sets. A composited row is
+  scored against composited targets (the object over the plain colour), so its PSNR is of other
+  images than the photo row's: the report says so beside the table.
 - ``planned`` (test split, scored once; reference ``prope``): ``prope``, ``prope`` with world rays,
   ``urope``, ``urope`` at the token's depth (``worldrope`` footprint False), ``hrope-lift`` with
   depth (world rays), ``hrope-lift-uv`` with depth (camera rays), the learned-plane HRoPE row and
