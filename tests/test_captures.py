@@ -203,23 +203,29 @@ def test_examples_are_deterministic_and_drawn_contexts_stay_near(captures):
             first[index].cameras.world_to_cam, second[index].cameras.world_to_cam, rtol=0, atol=0
         )
     drawn = CaptureScenes([captures / "b"], split="train", image_size=32, context_choices=4, seed=3)
+    again = CaptureScenes([captures / "b"], split="train", image_size=32, context_choices=4, seed=3)
+    poses = torch.stack([frame.world_to_cam for frame in drawn.captures["b"].frames])
+    target = drawn.cuts[0].target
+    nearest = nearest_views(axis_angles(optical_axes(poses)), target, split_views(NUM_VIEWS)["train"], 4)
     contexts = set()
     for epoch in range(12):
         drawn.set_epoch(epoch)
-        _, pool = drawn._pairs[0]
+        again.set_epoch(epoch)
         context = drawn.context(0)
-        assert set(context) <= set(pool[:4]) and len(set(context)) == 2
+        assert set(context) <= set(nearest) and len(set(context)) == 2 and context == again.context(0)
         contexts.add(context)
-    assert len(contexts) > 1
-    drawn.set_epoch(5)
-    assert drawn.context(0) == (drawn.set_epoch(5) or drawn.context(0))
-    assert first.context(0) == first.cuts[0].context  # context_choices 2: always the nearest two
+    assert len(contexts) > 1  # drawn afresh per epoch
+    assert first.context(0) == first.cuts[0].context == tuple(nearest[:2])  # context_choices 2: the nearest two
 
 
-def test_protocol_captures_holds_out_whole_captures(captures):
-    train = CaptureScenes(capture_folders(captures), protocol="captures", held_out=["a"], split="train", image_size=32)
+def test_protocol_captures_holds_out_whole_captures(captures, sfm_stub):
+    folders = capture_folders(captures)
+    train = CaptureScenes(folders, protocol="captures", held_out=["a"], split="train", image_size=32, geometry="sfm")
     assert {cut.capture for cut in train.cuts} == {"b"} and len(train) == NUM_VIEWS
-    test = CaptureScenes(capture_folders(captures), protocol="captures", held_out=["a"], split="eval", image_size=32)
+    assert sfm_stub.calls == [("b", list(range(NUM_VIEWS)))]  # the held-out capture is not even triangulated
+    sfm_stub.calls.clear()
+    test = CaptureScenes(folders, protocol="captures", held_out=["a"], split="eval", image_size=32, geometry="sfm")
+    assert sfm_stub.calls == [("a", split_views(NUM_VIEWS)["train"])]  # its own training views only
     assert {cut.capture for cut in test.cuts} == {"a"} and [cut.target for cut in test.cuts] == split_views(NUM_VIEWS)[
         "eval"
     ]

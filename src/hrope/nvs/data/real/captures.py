@@ -78,6 +78,7 @@ class _Capture:
     scene: Scene
 
     def row(self, view: int) -> int:
+        """The position of capture view ``view`` in ``scene``."""
         return self.views.index(view)
 
 
@@ -211,6 +212,7 @@ class CaptureScenes:
     def __getitem__(self, index: int) -> Scene:
         if not -len(self) <= index < len(self):
             raise IndexError(f"scene index {index} out of range for {len(self)} scenes")
+        index %= len(self)
         cut = self.cuts[index]
         capture = self.captures[cut.capture]
         scene = capture.scene.select_views([capture.row(v) for v in (*self.context(index), cut.target)])
