@@ -9,6 +9,8 @@ each kind reads) are checked when it is built (:class:`hrope.nvs.config.RunConfi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from .config import ConfigError, RunConfig, synthetic_settings
@@ -116,8 +118,10 @@ def build_scene_source(config: RunConfig, split: str = "train"):
 
 def build_captures(config: RunConfig, split: str = "train") -> CaptureScenes:
     """The :class:`hrope.nvs.data.real.captures.CaptureScenes` of ``split`` ("train", "val", "eval")
-    of a ``data.kind: captures`` config, at the model's resolution; data errors (a held-out name
-    that is no capture, compositing without masks, ...) as one-line :class:`ConfigError`."""
+    of a ``data.kind: captures`` config, at the model's resolution, its SfM points kept in
+    ``data.sfm_cache_dir`` (default: ``sfm/`` in the image cache folder, with ``data.cache``); data
+    errors (a held-out name that is no capture, compositing without masks, ...) as one-line
+    :class:`ConfigError`."""
     data, size = config.data, config.model.image_size
     assert data.root is not None  # RunConfig: captures need data.root
     try:
@@ -126,7 +130,8 @@ def build_captures(config: RunConfig, split: str = "train") -> CaptureScenes:
         unknown = sorted(set(data.test_every_by_capture) - names)
         if unknown:
             raise SceneError(f"data.test_every_by_capture names {unknown}, which are not captures: {sorted(names)}")
-        cache = (data.cache_dir or default_cache_dir()) if data.cache else None
+        cache = Path(data.cache_dir or default_cache_dir()) if data.cache else None
+        sfm_cache = data.sfm_cache_dir or (None if cache is None else cache / "sfm")
         return CaptureScenes(
             folders,
             protocol=data.protocol,
@@ -143,7 +148,7 @@ def build_captures(config: RunConfig, split: str = "train") -> CaptureScenes:
             image_factor=data.image_factor,
             undistort=data.undistort,
             cache_dir=cache,
-            sfm_cache_dir=data.sfm_cache_dir,
+            sfm_cache_dir=sfm_cache,
             workers=data.workers,
         )
     except SceneError as error:

@@ -280,7 +280,8 @@ class DataSettings:
     sfm_cache_dir: str | None = setting(
         None,
         _OPTIONAL_PATH,
-        "captures, geometry sfm or priors: folder of the triangulated points (null: cache_dir's default folder)",
+        "captures, geometry sfm or priors: folder of the triangulated points (null: sfm/ in the image cache "
+        "folder when data.cache is on)",
         sparse=True,
         resume=True,
     )

@@ -29,6 +29,7 @@ from torch import Tensor
 from ...config.schema import GEOMETRY_SOURCES
 from ..scene import Scene, SceneError
 from .frames import Frame
+from .prior_alignment import align_depth
 from .sfm import sparse_depth, triangulate
 
 __all__ = ["GEOMETRY_SOURCES", "with_geometry", "sfm_depth", "prior_depth"]
@@ -47,8 +48,6 @@ def sfm_depth(
 def prior_depth(relative: Tensor, sparse: Tensor) -> Tensor:
     """``(V, H, W)`` ``relative`` depth priors aligned per view to ``sparse`` z-depth; inf where
     the prior is missing or its view could not be aligned."""
-    from .prior_alignment import align_depth  # type: ignore[import-not-found,unused-ignore]
-
     aligned = align_depth(relative, torch.where(torch.isfinite(sparse), sparse, torch.nan)).depth
     return torch.where(torch.isfinite(aligned) & (aligned > 0), aligned, torch.inf)
 

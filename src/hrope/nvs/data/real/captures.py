@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from ...config.schema import BACKGROUNDS
+from ...config.schema import BACKGROUNDS, NORMALIZATIONS
 from ..normalize import normalize
 from ..rng import Rng
 from ..scene import Scene, SceneError
@@ -78,12 +78,15 @@ class _Capture:
     scene: Scene
 
     def row(self, view: int) -> int:
+        """The position of capture view ``view`` in ``scene``."""
         return self.views.index(view)
 
 
 def _require(frames: list[Frame], field: str, name: str, why: str, files: str) -> None:
-    if any(getattr(frame, field) is None for frame in frames):
-        raise SceneError(f"capture {name}: {why} needs {files} for every view; this capture has none")
+    """A one-line :class:`SceneError` unless every frame has its ``field`` file."""
+    missing = [frame.label for frame in frames if getattr(frame, field) is None]
+    if missing:
+        raise SceneError(f"capture {name}: {why} needs {files}; {len(missing)} view(s) have none (first: {missing[0]})")
 
 
 class CaptureScenes:
@@ -140,6 +143,8 @@ class CaptureScenes:
             raise SceneError(f"geometry must be one of {', '.join(GEOMETRY_SOURCES)}, got {geometry!r}")
         if background not in BACKGROUNDS:
             raise SceneError(f"background must be one of {', '.join(BACKGROUNDS)}, got {background!r}")
+        if normalization not in NORMALIZATIONS:
+            raise SceneError(f"normalization must be one of {', '.join(NORMALIZATIONS)}, got {normalization!r}")
         size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         self.image_size: tuple[int, int] = (int(size[0]), int(size[1]))
         self.protocol, self.split, self.geometry, self.background = protocol, split, geometry, background
@@ -211,6 +216,7 @@ class CaptureScenes:
     def __getitem__(self, index: int) -> Scene:
         if not -len(self) <= index < len(self):
             raise IndexError(f"scene index {index} out of range for {len(self)} scenes")
+        index %= len(self)
         cut = self.cuts[index]
         capture = self.captures[cut.capture]
         scene = capture.scene.select_views([capture.row(v) for v in (*self.context(index), cut.target)])
