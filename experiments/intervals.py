@@ -131,7 +131,7 @@ def hierarchical_bootstrap(
     ``t(level, C - 1) / z(level) * sqrt(C / (C - 1))`` for ``C`` captures: the bootstrap variance
     of the capture factor is ``(C - 1) / C`` of its estimate and rests on ``C - 1`` degrees of
     freedom, so with 5 to 7 captures the plain percentile interval is too narrow (coverage 0.84 to
-    0.90 where captures differ, tests/test_intervals.py and docs/results.md). Known biases: seeds
+    0.93 where captures differ, tests/test_intervals.py and docs/results.md). Known biases: seeds
     resample poorly, as in :func:`crossed_bootstrap`; redrawing scenes inside redrawn captures counts
     the scene variance twice, and the widening assumes the capture factor dominates, so where
     captures do not differ the interval errs wide (coverage 0.99). One capture: the crossed
