@@ -319,17 +319,20 @@ def triangulate(
     cache_dir: str | Path | None,
     settings: SfmSettings = SfmSettings(),
     name: str | None = None,
+    image_factor: int | None = None,
 ) -> SfmPoints:
     """SfM points of ``views`` of ``capture`` (module doc), from the cache in ``cache_dir`` when
     there (None: no cache).
 
-    ``capture``: a scene folder (read by :func:`hrope.nvs.data.real.loaders.scene_frames`) or its
-    frames; ``views`` index those frames (2 or more, distinct; only these images are read).
-    ``name`` names the capture in the cache file and in errors (default: the folder's name).
+    ``capture``: a scene folder (read by :func:`hrope.nvs.data.real.loaders.scene_frames`, which
+    ``image_factor`` N points at ``images_N/``) or its frames; ``views`` index those frames (2 or
+    more, distinct; only these images are read). ``name`` names the capture in the cache file and
+    in errors (default: the folder's name).
     A :class:`SceneError` for bad views, missing pycolmap or an invalid cache file.
     """
     if isinstance(capture, (str, Path)):
-        frames, name = scene_frames(capture), name or Path(capture).name
+        frames = scene_frames(capture, image_factor=image_factor)
+        name = name or Path(capture).resolve().name
     else:
         frames, name = list(capture), name or "capture"
     chosen = _checked_views(views, len(frames), name)
