@@ -59,15 +59,16 @@ class SfmSettings:
 
     Args:
         max_features: SIFT features per view at most (COLMAP's default 8192).
-        neighbours: 0 matches every pair of views; k > 0 matches each view with its k nearest
-            views by the angle between optical axes.
+        neighbours: k > 0 matches each view with its k nearest views by the angle between
+            optical axes (fewer false matches and a third of the time of every pair on the NeRD
+            captures: docs/real_data.md); 0 matches every pair of views.
         max_reprojection_error: pixels; observations reprojecting farther are dropped (COLMAP's default 4).
         min_track_length: views a kept point is observed in, at least (2 or more).
         min_triangulation_angle: degrees; COLMAP's least angle between rays of a new or kept point (its default 1.5).
     """
 
     max_features: int = 8192
-    neighbours: int = 0
+    neighbours: int = 10
     max_reprojection_error: float = 4.0
     min_track_length: int = 2
     min_triangulation_angle: float = 1.5
@@ -94,8 +95,9 @@ class SfmPoints:
             xy in the view's native image, pixel centres at +0.5)``.
         cameras: ``(T, 4, 4)`` float64 world-to-camera of ``views``.
         stats: ``points``, ``median_reprojection_px`` (over observations), ``mean_track_length``,
-            ``median_track_length``, ``views``, ``observing_views``, ``verified_pairs``, ``seconds``
-            (of the triangulation, also when loaded from the cache).
+            ``median_track_length``, ``views``, ``observing_views``, ``verified_pairs`` (with 15
+            inlier matches or more), ``seconds`` and ``cpu_seconds`` (all threads) of the
+            triangulation (also when loaded from the cache).
     """
 
     xyz: Tensor
@@ -207,11 +209,13 @@ def _run_colmap(frames: list[Frame], views: list[int], settings: SfmSettings) ->
             world_to_cam = torch.stack([frame.world_to_cam.double() for frame in frames])
             _match(pycolmap, database, names, world_to_cam, settings.neighbours)
             opened = pycolmap.Database.open(database)
-            pairs = sum(len(geometry.inlier_matches) > 0 for geometry in opened.read_two_view_geometries()[1])
+            least = pycolmap.TwoViewGeometryOptions().min_num_inliers
+            pairs = sum(len(geometry.inlier_matches) >= least for geometry in opened.read_two_view_geometries()[1])
             opened.close()
             options = pycolmap.IncrementalPipelineOptions()
             options.random_seed = 0
             options.triangulation.min_angle = settings.min_triangulation_angle
+            options.triangulation.ignore_two_view_tracks = settings.min_track_length > 2
             options.mapper.filter_min_tri_angle = settings.min_triangulation_angle
             options.mapper.filter_max_reproj_error = settings.max_reprojection_error
             output = Path(work) / "model"
@@ -263,7 +267,7 @@ def _filtered(xyz, Ks, world_to_cam, position, point, pixel, settings: SfmSettin
 
 def _compute(frames: list[Frame], views: list[int], settings: SfmSettings) -> tuple[dict[str, Tensor], dict]:
     """The cache entry's tensors and stats (:mod:`hrope.nvs.data.real.sfm_cache`) of a fresh triangulation."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     result, Ks, pairs = _run_colmap(frames, views, settings)
     world_to_cam = torch.stack([frame.world_to_cam.double() for frame in frames])
     observed = _observations(result, len(views))
@@ -279,6 +283,7 @@ def _compute(frames: list[Frame], views: list[int], settings: SfmSettings) -> tu
         "observing_views": int(torch.unique(position).numel()),
         "verified_pairs": int(pairs),
         "seconds": round(time.perf_counter() - start, 3),
+        "cpu_seconds": round(time.process_time() - cpu, 3),
     }
     tensors = {
         "xyz": xyz,
@@ -314,17 +319,20 @@ def triangulate(
     cache_dir: str | Path | None,
     settings: SfmSettings = SfmSettings(),
     name: str | None = None,
+    image_factor: int | None = None,
 ) -> SfmPoints:
     """SfM points of ``views`` of ``capture`` (module doc), from the cache in ``cache_dir`` when
     there (None: no cache).
 
-    ``capture``: a scene folder (read by :func:`hrope.nvs.data.real.loaders.scene_frames`) or its
-    frames; ``views`` index those frames (2 or more, distinct; only these images are read).
-    ``name`` names the capture in the cache file and in errors (default: the folder's name).
+    ``capture``: a scene folder (read by :func:`hrope.nvs.data.real.loaders.scene_frames`, which
+    ``image_factor`` N points at ``images_N/``) or its frames; ``views`` index those frames (2 or
+    more, distinct; only these images are read). ``name`` names the capture in the cache file and
+    in errors (default: the folder's name).
     A :class:`SceneError` for bad views, missing pycolmap or an invalid cache file.
     """
     if isinstance(capture, (str, Path)):
-        frames, name = scene_frames(capture), name or Path(capture).name
+        frames = scene_frames(capture, image_factor=image_factor)
+        name = name or Path(capture).resolve().name
     else:
         frames, name = list(capture), name or "capture"
     chosen = _checked_views(views, len(frames), name)

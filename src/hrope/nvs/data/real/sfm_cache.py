@@ -114,7 +114,9 @@ def _check_tensors(path: Path, tensors: dict[str, Tensor], count: int) -> None:
     for name, (dtype, trailing) in _TENSORS.items():
         tensor = tensors[name]
         if tensor.dtype != dtype or tensor.dim() != 1 + len(trailing) or tuple(tensor.shape[1:]) != trailing:
-            raise _bad(path, f"{name} is {tensor.dtype} {tuple(tensor.shape)}, expected {dtype} (N, {trailing})")
+            expected = f"{str(dtype).removeprefix('torch.')} (N{''.join(f', {size}' for size in trailing)})"
+            found = f"{str(tensor.dtype).removeprefix('torch.')} {tuple(tensor.shape)}"
+            raise _bad(path, f"{name} is {found}, expected {expected}")
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
             raise _bad(path, f"{name} has non-finite values")
     counts, points = tensors["observed_counts"], tensors["observed_points"]
