@@ -27,10 +27,12 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from hrope.cameras import Cameras
 from hrope.nvs.data import load_scene
 from hrope.nvs.data.real.loaders import scene_frames
 from hrope.nvs.data.real.prior_alignment import (
@@ -69,7 +71,7 @@ def held_out_errors(relative: Tensor, sparse: Tensor, space: str, splits: int) -
     return torch.stack(errors)
 
 
-def compare_spaces(relative: Tensor, sparse: Tensor, splits: int) -> dict:
+def compare_spaces(relative: Tensor, sparse: Tensor, splits: int) -> dict[str, Any]:
     """Held-out errors of the two models (:data:`SPACES`): medians and how often ``depth`` is the lower."""
     errors = {space: held_out_errors(relative, sparse, space, splits) for space in SPACES}
     both = errors["depth"].isfinite() & errors["inverse"].isfinite()
@@ -83,7 +85,9 @@ def compare_spaces(relative: Tensor, sparse: Tensor, splits: int) -> dict:
     }
 
 
-def plane_report(alignment: Alignment, sparse: Tensor, normals: Tensor, cameras, patch: int, min_points: int):
+def plane_report(
+    alignment: Alignment, sparse: Tensor, normals: Tensor, cameras: Cameras, patch: int, min_points: int
+) -> tuple[PriorReport, PriorReport]:
     """:func:`prior_report` of the prior planes and of fronto-parallel planes against the points' robust planes."""
     cameras = cameras.to(dtype=torch.float32)
     V, H, W = sparse.shape
@@ -95,7 +99,7 @@ def plane_report(alignment: Alignment, sparse: Tensor, normals: Tensor, cameras,
     return prior_report(alignment, prior_m, points_m), prior_report(alignment, fronto, points_m)
 
 
-def per_view(views: list[int], report: PriorReport, fronto: PriorReport, alignment: Alignment) -> list[dict]:
+def per_view(views: list[int], report: PriorReport, fronto: PriorReport, alignment: Alignment) -> list[dict[str, Any]]:
     """One row per training view: its alignment and the normal angles (NaN as None)."""
 
     def value(x: Tensor) -> float | int | bool | None:
@@ -120,7 +124,7 @@ def per_view(views: list[int], report: PriorReport, fronto: PriorReport, alignme
     ]
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     """The report of ``args.capture`` (module doc) as a JSON-ready dict."""
     views = training_views(len(scene_frames(args.capture)), args.test_every)
     points = triangulate(args.capture, views, cache_dir=args.sfm_cache)
@@ -146,7 +150,7 @@ def run(args: argparse.Namespace) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__)
     parser.add_argument("--capture", required=True, help="a capture folder with monocular priors")
     parser.add_argument("--test-every", type=int, default=8, help="every N-th view is a test target (scan24: 4)")
