@@ -118,8 +118,11 @@ def test_views_without_enough_points_are_flagged_not_raised():
     alone = align_depth(relative[:1], sparse[:1])
     torch.testing.assert_close(alone.depth, a.depth[:1], rtol=0, atol=0, equal_nan=True)
     assert torch.equal(alone.scale, a.scale[:1])
-    shifted = align_depth(relative - relative[0].nanmean(), sparse)  # z = s r + t crosses 0 inside view 0
-    assert not (shifted.depth <= 0).any()
+    far_off = relative.clone()
+    far_off[0, -1, -1], sparse[0, -1, -1] = -10.0, torch.inf  # a prior below -shift / scale, without a point
+    beyond = align_depth(far_off, sparse)
+    assert beyond.depth[0, -1, -1].isnan() and beyond.depth[0].isfinite().sum() == SIZE * SIZE - 2
+    torch.testing.assert_close(beyond.scale[0], a.scale[0], rtol=1e-12, atol=0)
     empty = align_depth(torch.ones(2, 4, 4), torch.full((2, 4, 4), torch.inf))
     assert isinstance(empty, Alignment) and not empty.valid.any() and empty.depth.isnan().all()
 
