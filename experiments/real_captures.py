@@ -18,9 +18,10 @@ points against the priors against learned planes) and ``held-out`` (test capture
 
 Each difference is the mean paired PSNR difference (same seed, same scene) with a 95% bootstrap
 interval that resamples seeds, captures and scenes within captures
-(:func:`experiments.intervals.hierarchical_bootstrap`). Cells train in ``OUT/cache`` (git-ignored,
-with the SfM points in ``OUT/cache/sfm``); their records, with per-scene metrics and the capture of
-every scene, go to ``OUT/cells.jsonl`` and the report to ``OUT/real_captures.{json,md}``
+(:func:`experiments.intervals.hierarchical_bootstrap`). Cells train in ``OUT/cache`` (git-ignored;
+the decoded views and SfM points are kept in the user's image cache, shared by every set and
+shard); their records, with per-scene metrics and the capture of every scene, go to
+``OUT/cells.jsonl`` and the report to ``OUT/real_captures.{json,md}``
 (:mod:`experiments.real_captures_report`).
 
     python -m experiments.real_captures --captures ../shared/realdata/{ethiopianHead,maryRose,moldGoldCape} \\
@@ -44,6 +45,7 @@ from pathlib import Path
 
 from hrope.nvs.build_data import build_dataset
 from hrope.nvs.config import ConfigError, update_config
+from hrope.nvs.data.real.image_cache import default_cache_dir
 from hrope.nvs.data.real.loaders import scene_frames
 from hrope.nvs.data.real.sfm import triangulate
 from hrope.nvs.data.real.view_splits import capture_views
@@ -134,7 +136,6 @@ class CaptureCellRunner(CellRunner):
             "num_target": 1,
             "seed": self.budget.data_seed,
             "cache": True,
-            "sfm_cache_dir": str(self.cache / "sfm"),
         }
 
     def config(self, cell: Cell, folder: Path):
@@ -177,12 +178,14 @@ class CaptureCellRunner(CellRunner):
 
     def sfm_stats(self, config, name: str) -> dict:
         """The statistics of capture ``name``'s SfM points (from the training views its scenes' depth
-        comes from, as the dataset triangulated them: read from the SfM cache)."""
+        comes from, as the dataset triangulated them: read from the SfM cache, by default ``sfm/`` in
+        the image cache, as :func:`hrope.nvs.build_data.build_captures` places it)."""
         folder = self.root / name
         frames = scene_frames(folder)
         test_every = config.data.test_every_by_capture.get(name, config.data.test_every)
         views = capture_views(len(frames), name, config.data.protocol, config.data.held_out, test_every)["context"]
-        return triangulate(frames, views, cache_dir=config.data.sfm_cache_dir, name=name).stats
+        cache = config.data.sfm_cache_dir or Path(config.data.cache_dir or default_cache_dir()) / "sfm"
+        return triangulate(frames, views, cache_dir=cache, name=name).stats
 
 
 def linked_captures(folder: Path, captures: list[Path], fingerprints: dict[str, str]) -> Path:

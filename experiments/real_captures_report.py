@@ -25,8 +25,8 @@ __all__ = ["REPORT_NAME", "METHOD", "difference", "angle_ranges", "supported_bud
 REPORT_NAME = "real_captures"
 METHOD = (
     "a 95% percentile bootstrap of the mean paired difference (same seed, same scene) that resamples seeds, "
-    "captures and scenes within captures, the capture and scene draws shared by all seeds "
-    "(experiments.intervals.hierarchical_bootstrap)"
+    "captures and scenes within captures, the capture and scene draws shared by all seeds, widened for few "
+    "captures (t with captures - 1 degrees of freedom; experiments.intervals.hierarchical_bootstrap)"
 )
 WORKERS = 2  # processes the planned set is sized for (one torch thread each)
 
