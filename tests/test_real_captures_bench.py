@@ -15,7 +15,8 @@ import torch
 from experiments.real_captures import CaptureCellRunner, _shard, main, shard_cells
 from experiments.real_captures import budget as make_budget
 from experiments.real_captures_report import supported_budget
-from experiments.real_captures_sets import BEST_DEPTH, HELD_OUT, LEARNED, PROPE, SETS, CaptureSet, Data
+from experiments.plane_evidence import PLANNED_ROWS
+from experiments.real_captures_sets import BEST_DEPTH, HELD_OUT, LEARNED, PRIORS, PROPE, SETS, SFM, CaptureSet, Data
 from experiments.rows import Cell
 from hrope.nvs.data.real.colmap_points import write_colmap_model
 from hrope.nvs.data.synthetic.generator import make_scene
@@ -80,11 +81,12 @@ def test_the_sets_are_the_ones_written_down():
         "priors": "eval",
         "held-out": "eval",
     }
-    for spec in SETS.values():  # depth only where a row reads it; every depth row transfers to the targets
-        for arm in spec.arms:
+    for spec in SETS.values():  # depth only where a row reads it; every depth row is a planned row of
+        for arm in spec.arms:  # experiments/plane_evidence.py with the geometry source's options added
             external = arm.row.predictor == "external"
             assert (arm.data.geometry != "none") == external, arm.label
-            assert not external or dict(arm.row.options)["targets"] == "transfer"
+            added = SFM if arm.data.geometry == "sfm" else PRIORS
+            assert not external or replace(arm.row, options=arm.row.options[: -len(added)]) in PLANNED_ROWS
 
 
 def runner_for(captures, tmp_path, spec=SETS["planned"], steps=600) -> CaptureCellRunner:
