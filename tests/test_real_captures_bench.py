@@ -120,9 +120,10 @@ def test_the_key_changes_with_captures_cameras_geometry_and_split(captures, tmp_
     assert runner_for(copies, tmp_path).key(cell) != key
 
 
-def test_a_smoke_run_records_per_scene_psnr_with_captures(captures, tmp_path):
-    """``--set held-out`` for 2 steps: trained on `third`, scored on the test targets (views 0 and 8)
-    of the two held-out captures; every row, the SfM one included, has per-scene PSNR with labels."""
+def test_a_smoke_run_records_per_scene_psnr_with_captures(captures, tmp_path, capsys):
+    """``--set held-out`` for 2 steps in two shards, then the report: trained on `third`, scored on
+    the test targets (views 0 and 8) of the two held-out captures; every row, the SfM one included,
+    has per-scene PSNR with labels."""
     pytest.importorskip("hrope.nvs.data.real.sfm", reason="the SfM geometry source is not in this tree")
     out = tmp_path / "out"
     argv = [
@@ -138,7 +139,14 @@ def test_a_smoke_run_records_per_scene_psnr_with_captures(captures, tmp_path):
         "0",
         "1",
     ]
+    trained = []
+    for shard in ("0/2", "1/2"):
+        assert main([*argv, "--shard", shard]) is None
+        trained.append([line for line in capsys.readouterr().out.splitlines() if line.startswith("[")])
+        assert not (out / "cells.jsonl").exists() and not (out / "real_captures.json").exists()
+    assert [len(lines) for lines in trained] == [4, 4] and not set(trained[0]) & set(trained[1])
     report = main(argv)
+    assert "steps" not in capsys.readouterr().out  # the final call trains nothing: every cell is finished
     cells = [json.loads(line) for line in (out / "cells.jsonl").read_text().splitlines()]
     assert len(cells) == 2 * len(SETS["held-out"].arms)
     for cell in cells:
