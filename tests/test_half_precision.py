@@ -99,16 +99,16 @@ def test_precision_leaves_float32_and_float64_tensors_as_they_are(dtype):
         assert torch.equal(*outputs), name
 
 
-def test_precision_is_one_of_float32_and_input():
-    with pytest.raises(hrope.EncodingError, match="precision must be one of float32, input, got 'half'"):
+def test_precision_is_one_of_auto_float32_and_input():
+    with pytest.raises(hrope.EncodingError, match="precision must be one of auto, float32, input, got 'half'"):
         hrope.get_encoding("urope").use_precision("half")
-    with pytest.raises(hrope.EncodingError, match="precision must be one of float32, input, got 'float16'"):
+    with pytest.raises(hrope.EncodingError, match="precision must be one of auto, float32, input, got 'float16'"):
         TokenTransform(HeadLayout(HEAD_DIM), V, GRID, batch_size=1, device="cpu", precision="float16")
     assert prepared("prope", "input").select_views([1]).precision == "input"
     assert prepared("hrope-lift-uv", "input").relative.precision == "input"
     planes = random_planes(1, N, seed=34)
     assert hrope.get_encoding("hrope-lift").prepare(random_cameras(V=V), GRID, HEAD_DIM, planes=planes).precision == (
-        "float32"
+        "auto"
     )
 
 
