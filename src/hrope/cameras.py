@@ -264,7 +264,8 @@ class Cameras:
         """The scene's length scale ``(B,)``: the largest distance of a camera centre from the mean
         centre of its batch element (0 for a single view or coincident centres)."""
         centres = self.centers()
-        return (centres - centres.mean(1, keepdim=True)).norm(dim=-1).amax(1)
+        distances: Tensor = (centres - centres.mean(1, keepdim=True)).norm(dim=-1)
+        return distances.amax(1)
 
     def rescaled(self, factor: float | Tensor) -> Cameras:
         """The same cameras in another length unit: every world and camera coordinate times
