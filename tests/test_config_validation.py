@@ -36,6 +36,7 @@ from hrope.nvs.config import (
     source_options,
     update_config,
 )
+from hrope.nvs.config.schema import CAPTURE_KEYS, CAPTURES_KIND
 from hrope.nvs.data import LOADERS
 from hrope.nvs.data.synthetic import KINDS
 from hrope.nvs.model import ModelConfig, ModelError
@@ -271,6 +272,10 @@ def valid_values(field: Field) -> st.SearchStrategy:
         )  # not a YAML keyword (true, null, ...) or nan / inf
     elif field.kind == "mapping":
         values = st.dictionaries(st.sampled_from(["a", "b"]), st.integers(0, 9), max_size=2)
+    elif field.kind == "names":
+        values = st.lists(st.sampled_from(["a", "b", "scan24"]), max_size=3, unique=True)
+    elif field.kind == "color":
+        values = st.lists(st.sampled_from([0, 0.25, 1.0]), min_size=3, max_size=3)
     else:  # range
         values = st.tuples(st.integers(0, 50), st.integers(0, 50)).map(sorted)
     return st.none() | values if field.nullable else values
@@ -355,8 +360,12 @@ def breaks_a_rule_across_keys(given: dict) -> str | None | bool:
         and not value("eval.lpips_weights")
     ):
         return "train.perceptual_weight"
+    if value("data.kind") != CAPTURES_KIND:
+        changed = [key for key in CAPTURE_KEYS if value(f"data.{key}") != SETTINGS["data"][key].default]
+        if changed:
+            return f"data.{changed[0]}"
     if value("data.kind") not in KINDS:
-        return "data.kind" if value("data.kind") not in LOADERS else None
+        return "data.kind" if value("data.kind") not in (*LOADERS, CAPTURES_KIND) else None
     if any(value(f"data.{key}") for key in ("root", "eval_root", "eval_index")) or value("data.depth") != "none":
         return "data.root"
     if value("data.num_scenes") is None or value("eval.num_scenes") is None:
@@ -477,7 +486,7 @@ def test_source_options_complete_the_defaults_per_source():
 
 # (values over the defaults, the error's class, its message): the rules across keys, checked when the config is built
 RULES_ACROSS_KEYS = [
-    ({"data": {"kind": "xyz"}}, ConfigError, "unknown data.kind 'xyz'; expected room, object or one of ["),
+    ({"data": {"kind": "xyz"}}, ConfigError, "unknown data.kind 'xyz'; expected room, object, captures or one of ["),
     ({"data": {"root": "x"}}, ConfigError, "data.root, data.eval_root, data.eval_index and data.depth are for real"),
     ({"data": {"num_scenes": None}}, ConfigError, "data.num_scenes must be a number for synthetic data"),
     ({"eval": {"num_scenes": None}}, ConfigError, "eval.num_scenes must be a number for synthetic data"),

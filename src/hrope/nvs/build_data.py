@@ -9,12 +9,16 @@ each kind reads) are checked when it is built (:class:`hrope.nvs.config.RunConfi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from .config import ConfigError, RunConfig, synthetic_settings
+from .config.schema import CAPTURES_KIND
 from .data.batch import collate_scenes
 from .data.dataset import SceneDataset, SyntheticDataset
 from .data.normalize import normalize
+from .data.real.captures import CaptureScenes, capture_folders
 from .data.real.image_cache import default_cache_dir
 from .data.real.loaders import LOADERS, make_source
 from .data.scene import SceneError
@@ -25,6 +29,7 @@ __all__ = [
     "FirstScenes",
     "IndexedViews",
     "build_scene_source",
+    "build_captures",
     "build_dataset",
     "collate",
 ]
@@ -111,15 +116,54 @@ def build_scene_source(config: RunConfig, split: str = "train"):
         raise ConfigError(f"data.root {str(root)!r} ({data.kind}): {error}") from None
 
 
+def build_captures(config: RunConfig, split: str = "train") -> CaptureScenes:
+    """The :class:`hrope.nvs.data.real.captures.CaptureScenes` of ``split`` ("train", "val", "eval")
+    of a ``data.kind: captures`` config, at the model's resolution, its SfM points kept in
+    ``data.sfm_cache_dir`` (default: ``sfm/`` in the image cache folder, with ``data.cache``); data
+    errors (a held-out name that is no capture, compositing without masks, ...) as one-line
+    :class:`ConfigError`."""
+    data, size = config.data, config.model.image_size
+    assert data.root is not None  # RunConfig: captures need data.root
+    try:
+        folders = capture_folders(data.root)
+        names = {folder.name for folder in folders}
+        unknown = sorted(set(data.test_every_by_capture) - names)
+        if unknown:
+            raise SceneError(f"data.test_every_by_capture names {unknown}, which are not captures: {sorted(names)}")
+        cache = Path(data.cache_dir or default_cache_dir()) if data.cache else None
+        sfm_cache = data.sfm_cache_dir or (None if cache is None else cache / "sfm")
+        return CaptureScenes(
+            folders,
+            protocol=data.protocol,
+            split=split,
+            image_size=size,
+            geometry=data.geometry,
+            background=data.background,
+            held_out=data.held_out,
+            test_every={name: data.test_every_by_capture.get(name, data.test_every) for name in names},
+            seed=data.seed,
+            context_choices=data.context_choices,
+            background_color=data.background_color,
+            normalization=data.normalize,
+            image_factor=data.image_factor,
+            undistort=data.undistort,
+            cache_dir=cache,
+            sfm_cache_dir=sfm_cache,
+            workers=data.workers,
+        )
+    except SceneError as error:
+        raise ConfigError(f"data.root {str(data.root)!r} ({CAPTURES_KIND}): {error}") from None
+
+
 def build_dataset(config: RunConfig, split: str = "train"):
     """The dataset of ``config.data`` (``split`` "train", "eval": the held-out test scenes, or
-    "val": held-out validation scenes, synthetic kinds only).
+    "val": held-out validation scenes, synthetic kinds and captures).
 
     Synthetic kinds render ``data.num_scenes`` (train) or ``eval.num_scenes`` scenes (kept in
     memory when ``data.cache``); real kinds wrap :func:`build_scene_source` in
     :class:`hrope.nvs.data.SceneDataset` (random views, redrawn at every training step through
-    ``set_epoch``; fixed views for evaluation, or the RE10K index's), limited to the first
-    ``num_scenes`` scenes when that is set, and never cached.
+    ``set_epoch``; fixed views for evaluation, or the RE10K index's), ``captures`` is
+    :func:`build_captures`; both limited to the first ``num_scenes`` scenes when that is set.
     """
     data, image_size = config.data, config.model.image_size
     num_scenes = data.num_scenes if split == "train" else config.eval.num_scenes
@@ -140,8 +184,10 @@ def build_dataset(config: RunConfig, split: str = "train"):
             normalization=data.normalize,
         )
         return CachedDataset(dataset) if data.cache else dataset
-    scenes: IndexedViews | SceneDataset
-    if split == "eval" and data.eval_index:
+    scenes: IndexedViews | SceneDataset | CaptureScenes
+    if data.kind == CAPTURES_KIND:
+        scenes = build_captures(config, split)
+    elif split == "eval" and data.eval_index:
         scenes = IndexedViews(build_scene_source(config, split), data.num_context, data.normalize)
     else:
         scenes = SceneDataset(

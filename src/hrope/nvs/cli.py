@@ -157,6 +157,13 @@ def _add_eval(commands) -> None:
         default=None,
         help="held-out scenes to score (default: the run's eval.num_scenes)",
     )
+    evaluate.add_argument(
+        "--split",
+        choices=("eval", "val"),
+        default=None,
+        help="without --protocol: the test scenes (eval) or the validation scenes (val: synthetic kinds and "
+        "captures; written to <run>/eval/val) (default: the run's eval.split)",
+    )
     evaluate.add_argument("--device", default="cpu", help="auto | cpu | cuda (default: cpu)")
     evaluate.add_argument(
         "--lpips-weights",
@@ -351,16 +358,22 @@ def run_eval(args, extra: list[str]) -> None:
     if args.protocol is None:
         if len(args.checkpoints) > 1 or args.factors or args.zoom_all:
             raise ConfigError("several checkpoints, --factors and --zoom-all need --protocol")
+        out = args.out
+        if out is None and args.split == "val":
+            out = run_folder(args.checkpoints[0]) / "eval" / "val"
         evaluation = evaluate(
             args.checkpoints[0],
-            args.out,
+            out,
             num_scenes=args.num_scenes,
             device=device,
             lpips_weights=args.lpips_weights,
             data=data,
+            split=args.split,
         )
         print(_metrics_line(evaluation["metrics"]))
         return
+    if args.split is not None:
+        raise ConfigError("--split chooses the run's own held-out scenes; a --protocol makes its own")
     if args.out is None and len(args.checkpoints) > 1:
         raise ConfigError("--out DIR is required when evaluating several checkpoints")
     options = {"factors": args.factors} if args.factors else {}

@@ -81,7 +81,8 @@ class Field:
     """What one config value accepts.
 
     ``kind``: ``int``, ``float`` (ints too; finite), ``bool``, ``str`` / ``path`` (a non-empty
-    string), ``mapping``, ``module`` (an ``nn.Module`` or a non-empty import path), ``range`` (a list
+    string), ``mapping``, ``module`` (an ``nn.Module`` or a non-empty import path), ``names`` (a list of
+    distinct non-empty strings), ``color`` (a list ``[r, g, b]`` of numbers in [0, 1]), ``range`` (a list
     ``[low, high]`` of integers, ``max(0, low bound) <= low <= high``) or ``pair`` (a list
     ``[low, high]`` of finite numbers, ``low <= high``, both within the bounds).
     ``low`` / ``high``: inclusive bounds, ``above`` / ``below``: exclusive bounds; ``choices``: the
@@ -109,6 +110,15 @@ class Field:
                 and self._in_bounds(value[0])
                 and self._in_bounds(value[1])
                 and (self.kind == "pair" or value[0] >= 0)
+            )
+        if self.kind == "names":
+            names = isinstance(value, (list, tuple)) and all(isinstance(v, str) and v for v in value)
+            return names and len(set(value)) == len(value)
+        if self.kind == "color":
+            return (
+                isinstance(value, (list, tuple))
+                and len(value) == 3
+                and all(_is_number(v) and 0 <= v <= 1 for v in value)
             )
         if self.kind == "int":
             return _is_int(value) and self._in_bounds(value)
@@ -146,6 +156,8 @@ class Field:
                 "mapping": "a mapping",
                 "module": "an nn.Module or an import path 'package.module:factory'",
                 "pair": "a list [low, high] of finite numbers with low <= high",
+                "names": "a list of distinct non-empty strings",
+                "color": "a list [r, g, b] of numbers in [0, 1]",
             }[self.kind]
             text += self._describe_bounds()
         return "null or " + text if self.nullable else text
@@ -188,9 +200,9 @@ class Setting:
 
 def setting(default, check: Field, doc: str, **flags):
     """A dataclass field declaring one :class:`Setting` (``flags``: its ``resume``, ``shown``,
-    ``sparse``, ``shortcut``); a mapping default is copied for every instance."""
+    ``sparse``, ``shortcut``); a mapping or list default is copied for every instance."""
     metadata = {"setting": (check, doc, flags)}
-    if isinstance(default, dict):
+    if isinstance(default, (dict, list)):
         return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
     return field(default=default, metadata=metadata)
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, fields
 
-from .fields import ConfigError, did_you_mean, plain_values
+from .fields import ConfigError, did_you_mean, plain_values, settings_of
 from .model_config import ModelConfig
-from .schema import SETTINGS, DataSettings, EvalSettings, TrainSettings
+from .schema import CAPTURE_KEYS, CAPTURES_KIND, SETTINGS, DataSettings, EvalSettings, TrainSettings
 
 __all__ = ["RunConfig", "HARMLESS_ON_RESUME", "harmless_on_resume", "synthetic_settings"]
 
@@ -65,6 +65,7 @@ class RunConfig:
         """The rules of ``data.kind``: a known kind, and only the keys it reads."""
         loaders, synthetic, _ = _data_registries()
         data = self.data
+        self._check_capture_keys()
         if data.kind in synthetic:
             if data.root or data.eval_root or data.eval_index or data.depth != "none":
                 raise ConfigError(
@@ -76,11 +77,17 @@ class RunConfig:
                     raise ConfigError(f"{section}.num_scenes must be a number for synthetic data")
             synthetic_settings(data)
             return
+        if data.kind == CAPTURES_KIND:
+            self._check_captures()
+            return
         if data.kind not in loaders:
-            raise ConfigError(f"unknown data.kind {data.kind!r}; expected room, object or one of {sorted(loaders)}")
+            raise ConfigError(
+                f"unknown data.kind {data.kind!r}; expected room, object, {CAPTURES_KIND} or one of {sorted(loaders)}"
+            )
         if self.eval.split == "val":
             raise ConfigError(
-                f"eval.split 'val' (validation scenes) is for the synthetic kinds ({', '.join(synthetic)}), "
+                f"eval.split 'val' (validation scenes) is for the synthetic kinds ({', '.join(synthetic)}) and "
+                f"{CAPTURES_KIND!r}, "
                 f"not {data.kind!r}; hold out scenes in data.eval_root instead"
             )
         loader = loaders[data.kind]
@@ -100,6 +107,54 @@ class RunConfig:
                 f"data.image_factor is for the scene-folder kinds ({', '.join(folders)}), not "
                 f"{data.kind!r}; set it to null"
             )
+
+    def _check_capture_keys(self) -> None:
+        """The keys only ``data.kind: captures`` reads stay at their defaults for the other kinds."""
+        if self.data.kind == CAPTURES_KIND:
+            return
+        declared = settings_of(DataSettings)
+        for key in CAPTURE_KEYS:
+            if getattr(self.data, key) != declared[key].default:
+                raise ConfigError(f"data.{key} is for data.kind {CAPTURES_KIND!r}, not {self.data.kind!r}")
+
+    def _check_captures(self) -> None:
+        """The rules of ``data.kind: captures`` (docs/real_data.md); the capture names are checked
+        against the folders when the dataset is built."""
+        data = self.data
+        if not data.root:
+            raise ConfigError(
+                f"data.root is required for data.kind {CAPTURES_KIND!r} (a capture folder or a folder of them)"
+            )
+        unused = {
+            "data.eval_root": data.eval_root,
+            "data.eval_index": data.eval_index,
+            "data.context_gap": data.context_gap,
+        }
+        for key, value in unused.items():
+            if value is not None:
+                raise ConfigError(
+                    f"{key} is not read by data.kind {CAPTURES_KIND!r} (data.protocol splits the views); set it to null"
+                )
+        if data.depth != "none":
+            raise ConfigError(
+                f"data.depth {data.depth!r} is not read by data.kind {CAPTURES_KIND!r}; use data.geometry"
+            )
+        if data.view_sampling != "uniform":
+            raise ConfigError(f"data.view_sampling {data.view_sampling!r} is not read by data.kind {CAPTURES_KIND!r}")
+        if data.num_context != 2 or data.num_target != 1:
+            raise ConfigError(
+                f"data.kind {CAPTURES_KIND!r} cuts scenes of 2 context views and 1 target; got data.num_context "
+                f"{data.num_context}, data.num_target {data.num_target}"
+            )
+        if data.protocol == "views" and data.held_out:
+            raise ConfigError(
+                f"data.held_out {data.held_out} is for data.protocol 'captures' (protocol 'views' holds out views)"
+            )
+        if data.protocol == "captures" and not data.held_out:
+            raise ConfigError("data.protocol 'captures' needs data.held_out: the names of the held-out capture folders")
+        for name, every in data.test_every_by_capture.items():
+            if isinstance(every, bool) or not isinstance(every, int) or every < 3:
+                raise ConfigError(f"data.test_every_by_capture.{name} must be an integer >= 3, got {every!r}")
 
     @classmethod
     def from_dict(cls, values: dict) -> RunConfig:

@@ -27,6 +27,11 @@ from .options import PREDICTORS, SourceOptions
 __all__ = [
     "DEVICES",
     "DEPTH_SOURCES",
+    "CAPTURES_KIND",
+    "CAPTURE_PROTOCOLS",
+    "GEOMETRY_SOURCES",
+    "BACKGROUNDS",
+    "CAPTURE_KEYS",
     "VIEW_SAMPLINGS",
     "NORMALIZATIONS",
     "LPIPS_NETS",
@@ -45,6 +50,10 @@ __all__ = [
 
 DEVICES = ("auto", "cpu", "cuda")
 DEPTH_SOURCES = ("none", "points", "maps")  # data.depth (hrope.nvs.data.real.depth_maps)
+CAPTURES_KIND = "captures"  # data.kind of posed captures cut into 3-view scenes (hrope.nvs.data.real.captures)
+CAPTURE_PROTOCOLS = ("views", "captures")  # data.protocol (hrope.nvs.data.real.view_splits)
+GEOMETRY_SOURCES = ("none", "sfm", "priors")  # data.geometry (hrope.nvs.data.real.capture_geometry)
+BACKGROUNDS = ("photo", "composite")  # data.background (hrope.nvs.data.real.captures)
 VIEW_SAMPLINGS = ("uniform", "lvsm")  # data.view_sampling (hrope.nvs.data.dataset)
 NORMALIZATIONS = ("context", "lvsm")  # data.normalize (hrope.nvs.data.normalize)
 LPIPS_NETS = ("alex", "vgg")  # eval.lpips_net (hrope.nvs.evaluation.metrics.LPIPS)
@@ -150,7 +159,10 @@ class DataSettings:
         check_fields(self, "data", ConfigError)
 
     kind: str = setting(
-        "room", Field("str"), "synthetic: room | object; real (hrope.nvs.data.LOADERS): re10k | co3d | dl3dv | ..."
+        "room",
+        Field("str"),
+        "synthetic: room | object; real (hrope.nvs.data.LOADERS): re10k | co3d | dl3dv | ...; captures "
+        "(posed captures cut into 3-view scenes, docs/real_data.md)",
     )
     root: str | None = setting(None, _OPTIONAL_PATH, "real data: the dataset folder (required for real kinds)")
     eval_root: str | None = setting(
@@ -219,6 +231,73 @@ class DataSettings:
         "real data: threads decoding the views of one example (0: the loading thread)",
         resume=True,
     )
+
+    protocol: str = setting(
+        "views",
+        Field("str", choices=CAPTURE_PROTOCOLS),
+        "captures: what is held out (docs/real_data.md): views (every test_every-th view of each capture) "
+        "or captures (those named in held_out)",
+        sparse=True,
+    )
+    held_out: list = setting(
+        [],
+        Field("names"),
+        "captures, protocol captures: capture folder names giving only test and validation targets",
+        sparse=True,
+    )
+    test_every: int = setting(
+        8,
+        Field("int", low=3),
+        "captures: view i is a test target when i % N == 0, a validation target when i % N == N // 2",
+        sparse=True,
+    )
+    test_every_by_capture: dict = setting(
+        {}, Field("mapping"), "captures: test_every of the captures named ({name: N}; e.g. {scan24: 4})", sparse=True
+    )
+    geometry: str = setting(
+        "none",
+        Field("str", choices=GEOMETRY_SOURCES),
+        "captures: context depth from none | sfm (points triangulated from the training views) | priors "
+        "(monocular priors aligned to those points, with their normals)",
+        sparse=True,
+    )
+    background: str = setting(
+        "photo",
+        Field("str", choices=BACKGROUNDS),
+        "captures: photo (as taken) or composite (the masked object over background_color; needs object masks)",
+        sparse=True,
+    )
+    background_color: list = setting(
+        [1.0, 1.0, 1.0], Field("color"), "captures, background composite: the plain colour (RGB in [0, 1])", sparse=True
+    )
+    context_choices: int = setting(
+        2,
+        Field("int", low=2),
+        "captures, training: each target's 2 contexts are drawn from its N nearest training views at every "
+        "step (2: always the nearest two)",
+        sparse=True,
+    )
+    sfm_cache_dir: str | None = setting(
+        None,
+        _OPTIONAL_PATH,
+        "captures, geometry sfm or priors: folder of the triangulated points (null: sfm/ in the image cache "
+        "folder when data.cache is on)",
+        sparse=True,
+        resume=True,
+    )
+
+
+CAPTURE_KEYS = (  # the keys only data.kind captures reads
+    "protocol",
+    "held_out",
+    "test_every",
+    "test_every_by_capture",
+    "geometry",
+    "background",
+    "background_color",
+    "context_choices",
+    "sfm_cache_dir",
+)
 
 
 @dataclass(frozen=True)
@@ -311,7 +390,7 @@ class EvalSettings:
         "eval",
         Field("str", choices=("eval", "val")),
         "held-out scenes scored: eval (the test scenes) or val (validation scenes, disjoint from both, "
-        "for choosing options; synthetic kinds only)",
+        "for choosing options; synthetic kinds and captures)",
         resume=True,
     )
 
