@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 from hrope.nvs.running.atomic import write_json, write_text
 import hrope
+from hrope.encodings import PRECISIONS
 from prope_einsum import prope_einsum_apply, prope_einsum_attention, prope_einsum_tables
 from hrope.nvs.running.provenance import describe, provenance
 
@@ -162,6 +163,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="torch",
         help="how the relative encodings apply their transforms (Encoding.use_backend)",
     )
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="float32",
+        help="Encoding.use_precision of every encoding; float32: SDPA in the tensors' dtype for all of them (the "
+        "flash-eligible path this measures); auto runs the half-precision SDPA of encodings with blocks in float32",
+    )
     parser.add_argument("--tag", default="", help="suffix of the output files (e.g. n8192)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     return parser.parse_args(argv)
@@ -185,7 +193,7 @@ class Rows:
             torch.randn(1, args.heads, N, args.head_dim, generator=gen).to(self.device, self.dtype) for _ in range(3)
         )
         self.inputs = {name: example_inputs(name, self.cameras, self.grid, gen) for name in self.names if name != PEER}
-        self.encodings = {name: hrope.get_encoding(name) for name in self.inputs}
+        self.encodings = {name: hrope.get_encoding(name).use_precision(args.precision) for name in self.inputs}
         for encoding in self.encodings.values():
             if not encoding.query_frame:
                 encoding.use_backend(args.transform_backend)
@@ -289,6 +297,7 @@ def run_config(args: argparse.Namespace, rows: Rows) -> dict:
         "prepared_once": args.prepared_once,
         "sdpa_backend": args.sdpa_backend,
         "transform_backend": args.transform_backend,
+        "precision": args.precision,
         "warm_allocator_mb": args.warm_allocator,
     }
 

@@ -50,6 +50,7 @@ from torch import nn
 
 import attention_overhead
 import hrope
+from hrope.encodings import PRECISIONS
 import hrope.nn
 from hrope.nn.rotary import rotate_
 from hrope.nvs.running.atomic import write_json, write_text
@@ -97,7 +98,8 @@ def module_rows(args: argparse.Namespace) -> tuple[dict[str, Callable], torch.Te
         folds = hrope.get_encoding(name).per_view is not None
         variants = {f"{name} folded": True, f"{name} unfolded": False} if folds else {name: True}
         for row, fold in variants.items():
-            module = hrope.nn.MultiviewAttention(dim, args.heads, name, fold=fold).to(args.device, x.dtype)
+            encoding = hrope.get_encoding(name).use_precision(args.precision)
+            module = hrope.nn.MultiviewAttention(dim, args.heads, encoding, fold=fold).to(args.device, x.dtype)
             module.load_state_dict(plain.state_dict())
             rows[row] = lambda x, m=module, g=geometry: m(x, cameras, grid, **g)
     return rows, x
@@ -220,6 +222,7 @@ def measure_per_call(args: argparse.Namespace) -> dict:
         argv = ["--reps", str(args.reps), "--views", str(args.views), "--grid", str(args.grid)]
         argv += ["--heads", str(args.heads), "--head-dim", str(args.head_dim), "--encodings", *PER_CALL]
         argv += ["--device", args.device, "--dtype", args.dtype, "--sdpa-backend", args.sdpa_backend]
+        argv += ["--precision", args.precision]
         ao_args = attention_overhead.parse_args(argv + (["--prepared-once"] if prepared_once else []))
         rows = attention_overhead.Rows(ao_args)
         modes = {mode: attention_overhead.time_mode(rows, b, args.reps) for mode, b in attention_overhead.MODES}
@@ -264,6 +267,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="torch device of the modules and training, e.g. cuda")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     parser.add_argument("--sdpa-backend", choices=("auto", *attention_overhead.SDPA_BACKENDS), default="auto")
+    parser.add_argument("--precision", choices=PRECISIONS, default="float32", help="as attention_overhead.py's")
     parser.add_argument("--tag", default="", help="suffix of the output files (e.g. the token count)")
     parser.add_argument("--malloc-cache", action="store_true", help="rerun with glibc keeping freed memory")
     parser.add_argument("--out", type=Path, default=RESULTS)

@@ -27,6 +27,10 @@ recorded and the others still run; the whole run stays inside ``--budget-s``):
    with each one's max error against the banded passes in float64 on the same inputs.
 5. ``train_throughput``: steps/s of the tiny LVSM preset per encoding; ``folded_training``: the
    same with ``model.folded_attention`` off and on (folded_attention.py ``--parts training``).
+6. ``half_precision_speed``: ``hrope.multiview_attention`` of ``rope2d``, ``prope``, ``hrope`` and
+   ``hrope-lift`` in bfloat16 and float16 under each precision (half_precision.py ``--parts
+   speed``, N = 8192): what the default ``"auto"`` (SDPA in float32 for the encodings with
+   geometric blocks) costs against ``"float32"`` (SDPA in the half dtype).
 
 ``summary.json`` / ``summary.md`` list every step's status and time, the overhead table, and the
 folded / unfolded time ratios with the default they support (:func:`fold_decision`).
@@ -115,8 +119,7 @@ def steps(device: str, out: Path, quick: bool) -> list[tuple[str, list[str], flo
             120,
         )
     )
-    listed.append(training_step(device, out, quick))
-    return listed
+    return [*listed, training_step(device, out, quick), half_precision_step(device, out, quick)]
 
 
 def folded_steps(device: str, out: Path, quick: bool) -> list[tuple[str, list[str], float]]:
@@ -129,6 +132,14 @@ def folded_steps(device: str, out: Path, quick: bool) -> list[tuple[str, list[st
         (f"folded_n{tokens}", [*folded, "--views", str(views), "--tag", f"n{tokens}"], 60)
         for tokens, views in sizes.items()
     ]
+
+
+def half_precision_step(device: str, out: Path, quick: bool) -> tuple[str, list[str], float]:
+    """The cost of each precision (half_precision.py --parts speed): bfloat16 and float16, N = 8192."""
+    shape = ["--views", "2", "--grid", "2", "--reps", "1"] if quick else ["--views", "8", "--grid", "32", "--reps", "5"]
+    encodings = ["--encodings", "rope2d", "prope", "hrope", "hrope-lift"]
+    argv = ["half_precision.py", "--device", device, "--parts", "speed", *shape, *encodings, "--out", str(out)]
+    return ("half_precision_speed", argv, 60)
 
 
 def training_step(device: str, out: Path, quick: bool) -> tuple[str, list[str], float]:

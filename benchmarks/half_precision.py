@@ -1,7 +1,8 @@
 """Half-precision attention at any scene scale: error against the float64 reference, and the cost
-of computing the transforms in float32 (docs/encodings.md, "Numerics in half precision").
+of each precision (docs/encodings.md, "Numerics in half precision").
 
-    python benchmarks/half_precision.py            # about two minutes on 2 CPU cores
+    python benchmarks/half_precision.py            # about three minutes on 2 CPU cores
+    python benchmarks/half_precision.py --device cuda --views 8 --grid 32   # the same on a GPU
 
 Errors. For every registered encoding, bfloat16 and float16, and five scenes: random valid
 geometry (``hrope.testing``) 1e-3, 1 and 1e3 scene units across (camera translations and every
@@ -11,12 +12,14 @@ their camera, depths at 100; ``cap2``: the same with planes at |m| = 2, the cap 
 pipeline's geometry sources). B = 1, 2 heads, 2 views of 2x3 patches, head_dim 64, standard
 normal q, k, v, eight seeds. An error is max |out - ref| / max |ref|, ref the float64 reference
 (``hrope.reference.multiview_attention``) on the float64 inputs, out ``hrope.multiview_attention``
-on q, k, v rounded to the dtype (cameras, planes and params in float32); each is divided by plain
-SDPA's error on the same q, k, v in the same dtype. Per case:
+on q, k, v rounded to the dtype (cameras, planes and params in float32, on ``--device``); each is
+divided by plain SDPA's error on the same q, k, v in the same dtype on the same device. Per case:
 
-* ``float32``, ``input`` and ``attention32``: the error ratio with the transforms computed in
-  float32 (the default), in the tensors' own dtype (``Encoding.use_precision("input")``), and with
-  the whole attention in float32 (q, k, v upcast by the caller, the output rounded to the dtype).
+* ``auto``, ``float32``, ``input`` and ``attention32``: the error ratio under
+  ``Encoding.use_precision("auto")`` (the default: transforms in float32, and SDPA too where they
+  have geometric blocks), ``"float32"`` (transforms in float32, SDPA in the dtype), ``"input"``
+  (all in the tensors' own dtype), and with the whole attention in float32 for every encoding
+  (q, k, v upcast by the caller, the output rounded to the dtype).
 * ``floor``: the reference evaluated on the rounded q, k, v, against ref: what rounding the
   inputs alone changes, however the attention is computed afterwards.
 * ``matched``: the same errors with q and k scaled by one factor so that the encoded logits have
@@ -24,15 +27,17 @@ SDPA's error on the same q, k, v in the same dtype. Per case:
   numerics of the implementation, apart from how sharp the logits of a large scene are.
 * ``finite``: every output of a path is finite; ``in_range``: the float64 output fits the dtype
   (where it does not, no finite answer exists).
+* ``excess``: ``auto`` / max(1, floor): what the default adds beyond rounding the inputs.
 
-Speed. ``hrope.multiview_attention`` in each half dtype with ``use_precision("float32")`` against
-``use_precision("input")``, forward and forward+backward, at ``--views`` x ``--grid``^2 tokens
-(default N = 512, 4 heads, head_dim 64) on the CPU with ``--threads`` threads (default 1);
-``--reps`` interleaved repetitions (the order alternates); ratio = the fastest float32 call over
-the fastest input call (best of the repetitions, which other load on the machine cannot make
-faster; the JSON also has the median over repetitions of the ratio within one). ``none`` runs the
-same code either way: its ratio is the measurement's own noise.
-Writes benchmarks/results/half_precision.{json,md}.
+Speed. ``hrope.multiview_attention`` in each half dtype under each of :data:`PRECISIONS`,
+forward and forward+backward, at ``--views`` x ``--grid``^2 tokens (default N = 512, 4 heads,
+head_dim 64) on ``--device`` (the CPU with ``--threads`` threads, default 1); ``--reps``
+interleaved repetitions (the order rotates); ``ratio`` = the fastest ``auto`` call over the
+fastest ``float32`` call, ``input_ratio`` = fastest ``float32`` over fastest ``input`` (best of the
+repetitions, which other load on the machine cannot make faster; the JSON also has the median over
+repetitions of the ratio within one). ``none`` runs the same code every way: its ratio is the
+measurement's own noise. ``--parts speed`` times only (the GPU suite's step).
+Writes benchmarks/results/half_precision{,_DEVICE}.{json,md} (DEVICE unless the CPU).
 """
 
 from __future__ import annotations
@@ -79,13 +84,13 @@ def scene(name: str, which: str, seed: int, grid=GRID, views: int = VIEWS) -> tu
     return cameras, encoding_inputs(name, cameras, grid, seed, scale=scale)
 
 
-def in_float32(cameras: hrope.Cameras, inputs: dict, grid) -> tuple[hrope.Cameras, dict]:
-    """The cameras, planes (as m) and params in float32, as a half-precision model holds them."""
+def in_float32(cameras: hrope.Cameras, inputs: dict, grid, device: str = "cpu") -> tuple[hrope.Cameras, dict]:
+    """The cameras, planes (as m) and params in float32 on ``device``, as a half-precision model holds them."""
     planes = inputs["planes"]
     if planes is not None:
-        planes = hrope.Planes.from_m(planes.m(cameras, grid).float())
-    params = {key: value.float() for key, value in inputs["params"].items()}
-    return cameras.to(dtype=torch.float32), {"planes": planes, "params": params}
+        planes = hrope.Planes.from_m(planes.m(cameras, grid).to(device, torch.float32))
+    params = {key: value.to(device, torch.float32) for key, value in inputs["params"].items()}
+    return cameras.to(device, torch.float32), {"planes": planes, "params": params}
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -109,19 +114,19 @@ def logit_rms(prepared: hrope.Prepared | None, q: torch.Tensor, k: torch.Tensor)
     return (logits / math.sqrt(q.shape[-1])).square().mean().sqrt().item()
 
 
-# How a half-precision call is computed: the transforms in float32 (the default), in the tensors'
-# dtype, or the whole attention in float32 (q, k, v upcast by the caller, the output rounded).
-PATHS = ("float32", "input", "attention32")
+# How a half-precision call is computed: each of PRECISIONS, or the whole attention in float32 (q,
+# k, v upcast by the caller, the output rounded).
+PATHS = (*PRECISIONS, "attention32")
 
 
 def attend(path: str, name: str, xs: list[torch.Tensor], cameras: hrope.Cameras, inputs: dict) -> torch.Tensor:
     """``hrope.multiview_attention`` of half-precision ``xs`` along ``path`` (:data:`PATHS`), in xs' dtype."""
-    encoding = hrope.get_encoding(name).use_precision("input" if path == "input" else "float32")
+    encoding = hrope.get_encoding(name).use_precision("float32" if path == "attention32" else path)
     args = [x.float() for x in xs] if path == "attention32" else xs
     return hrope.multiview_attention(*args, encoding=encoding, cameras=cameras, grid=GRID, **inputs).to(xs[0].dtype)
 
 
-def measure(name: str, which: str, seed: int) -> list[dict]:
+def measure(name: str, which: str, seed: int, device: str = "cpu") -> list[dict]:
     """One row per half dtype: the errors of encoding ``name`` on scene ``which`` (module docstring)."""
     cameras, inputs = scene(name, which, seed)
     q, k, v = random_qkv(1, HEADS, VIEWS * GRID[0] * GRID[1], HEAD_DIM, seed=seed)
@@ -130,75 +135,75 @@ def measure(name: str, which: str, seed: int) -> list[dict]:
     prepared = hrope.get_encoding(name).prepare(cameras, GRID, HEAD_DIM, planes=inputs["planes"], **inputs["params"])
     factor = math.sqrt(logit_rms(None, q, k) / logit_rms(prepared, q, k))
     ref_matched = hrope.reference.multiview_attention(factor * q, factor * k, v, **kwargs)
-    cameras32, inputs32 = in_float32(cameras, inputs, GRID)
+    cameras32, inputs32 = in_float32(cameras, inputs, GRID, device)
     rows = []
     for dtype in DTYPES:
         rounded = [x.to(dtype) for x in (q, k, v)]
-        sdpa = relative_error(F.scaled_dot_product_attention(*rounded), F.scaled_dot_product_attention(q, k, v))
+        on_device = [x.to(device) for x in rounded]
+        sdpa = relative_error(F.scaled_dot_product_attention(*on_device).cpu(), F.scaled_dot_product_attention(q, k, v))
         floor = relative_error(hrope.reference.multiview_attention(*(x.double() for x in rounded), **kwargs), ref)
         row = {"encoding": name, "scene": which, "dtype": str(dtype).removeprefix("torch."), "seed": seed}
         largest = max(ref.abs().max().item(), ref_matched.abs().max().item())
         row.update(sdpa_error=sdpa, floor=floor / sdpa, logit_factor=factor, largest_output=largest)
         row["in_range"] = largest < torch.finfo(dtype).max  # else no finite output in dtype exists
         cases = (
-            ("", rounded, ref),
-            ("matched_", [(factor * q).to(dtype), (factor * k).to(dtype), v.to(dtype)], ref_matched),
+            ("", on_device, ref),
+            ("matched_", [x.to(device, dtype) for x in (factor * q, factor * k, v)], ref_matched),
         )
         for path in PATHS:
             outputs = []
             for key, xs, reference in cases:
-                outputs.append(attend(path, name, xs, cameras32, inputs32))
+                outputs.append(attend(path, name, xs, cameras32, inputs32).cpu())
                 row[f"{key}{path}"] = relative_error(outputs[-1], reference) / sdpa
             row[f"finite_{path}"] = all(bool(torch.isfinite(out).all()) for out in outputs)
-        row["excess"] = row["float32"] / max(1.0, row["floor"])  # beyond what rounding the inputs explains
+        row["excess"] = row["auto"] / max(1.0, row["floor"])  # beyond what rounding the inputs explains
         rows.append(row)
     return rows
 
 
-def time_call(fn, backward: bool) -> float:
+def time_call(fn, backward: bool, device: str) -> float:
+    """Seconds of one call of ``fn`` (with a backward pass if ``backward``), the device synchronised."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync()
     start = time.perf_counter()
     if backward:
         fn().float().sum().backward()
     else:
         with torch.no_grad():
             fn()
+    sync()
     return time.perf_counter() - start
 
 
 def time_precisions(name: str, dtype: torch.dtype, args: argparse.Namespace) -> list[dict]:
-    """Forward and forward+backward time ratios float32 / input of one encoding in one dtype."""
+    """Forward and forward+backward times of one encoding in one dtype under each of :data:`PRECISIONS`."""
     grid = (args.grid, args.grid)
     cameras, inputs = scene(name, "1", seed=0, grid=grid, views=args.views)
-    cameras, inputs = in_float32(cameras, inputs, grid)
+    cameras, inputs = in_float32(cameras, inputs, grid, args.device)
     qkv = random_qkv(1, args.heads, args.views * args.grid**2, args.head_dim, seed=0)
     rows = []
     for mode, backward in MODES:
         calls = {}
         for precision in PRECISIONS:
             encoding = hrope.get_encoding(name).use_precision(precision)
-            xs = [x.to(dtype).requires_grad_(backward) for x in qkv]
+            xs = [x.to(args.device, dtype).requires_grad_(backward) for x in qkv]
             calls[precision] = lambda xs=xs, encoding=encoding: hrope.multiview_attention(
                 *xs, encoding=encoding, cameras=cameras, grid=grid, **inputs
             )
         for call in calls.values():  # warm-up
-            time_call(call, backward)
+            time_call(call, backward, args.device)
         times: dict[str, list[float]] = {p: [] for p in PRECISIONS}
         for rep in range(args.reps):
-            for precision in PRECISIONS[:: 1 if rep % 2 == 0 else -1]:
-                times[precision].append(time_call(calls[precision], backward))
-        ratios = [a / b for a, b in zip(times["float32"], times["input"])]
-        rows.append(
-            {
-                "encoding": name,
-                "dtype": str(dtype).removeprefix("torch."),
-                "mode": mode,
-                "input_ms": 1e3 * min(times["input"]),
-                "float32_ms": 1e3 * min(times["float32"]),
-                "ratio": min(times["float32"]) / min(times["input"]),
-                "median_ratio": statistics.median(ratios),
-                "ratio_range": [min(ratios), max(ratios)],
-            }
-        )
+            for precision in PRECISIONS[rep % 3 :] + PRECISIONS[: rep % 3]:
+                times[precision].append(time_call(calls[precision], backward, args.device))
+        ratios = [a / b for a, b in zip(times["auto"], times["float32"])]
+        row = {"encoding": name, "dtype": str(dtype).removeprefix("torch."), "mode": mode}
+        row.update({f"{p}_ms": 1e3 * min(times[p]) for p in PRECISIONS})
+        row["ratio"] = min(times["auto"]) / min(times["float32"])
+        row["median_ratio"] = statistics.median(ratios)
+        row["ratio_range"] = [min(ratios), max(ratios)]
+        row["input_ratio"] = min(times["float32"]) / min(times["input"])
+        rows.append(row)
     return rows
 
 
@@ -208,24 +213,17 @@ def worst(rows: list[dict], key: str, where=lambda row: True) -> dict:
     return {"value": row[key], "encoding": row["encoding"], "scene": row["scene"], "dtype": row["dtype"]}
 
 
-RAW = ("float32", "input", "attention32", "floor")
-MATCHED = ("matched_float32", "matched_input", "matched_attention32")
+RAW = (*PATHS, "floor")
+MATCHED = tuple(f"matched_{path}" for path in PATHS)
 KEYS = (*RAW, "excess", *MATCHED)
+PATH_LABELS = {"auto": "auto (default)", "float32": "float32", "input": "input", "attention32": "attention in float32"}
 LABELS = {
-    "float32": "float32 path (default)",
-    "input": "input path",
-    "attention32": "attention in float32",
+    **PATH_LABELS,
     "floor": "floor",
-    "excess": "float32 path / max(1, floor)",
-    **{
-        f"matched_{path}": f"logits matched, {label}"
-        for path, label in (
-            ("float32", "float32 path"),
-            ("input", "input path"),
-            ("attention32", "attention in float32"),
-        )
-    },
+    "excess": "auto / max(1, floor)",
+    **{f"matched_{path}": f"logits matched, {label}" for path, label in PATH_LABELS.items()},
 }
+TARGET = 2.0  # the aim: within this factor of SDPA's own error
 
 
 def summary(cases: list[dict]) -> dict:
@@ -294,30 +292,68 @@ def error_sections(record: dict) -> list[str]:
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     for n in names:
         lines += ["", f"## {n}: " + " / ".join(LABELS[key] for key in RAW), "", *error_table(cases, n, RAW)]
-        lines += ["", f"## {n}, logits matched: float32 path / input path / attention in float32", ""]
+        lines += ["", f"## {n}, logits matched: " + " / ".join(PATH_LABELS.values()), ""]
         lines += error_table(cases, n, MATCHED)
     return lines
 
 
-def speed_section(record: dict) -> list[str]:
-    """The table of time ratios float32 path / input path."""
-    names = [str(d).removeprefix("torch.") for d in DTYPES]
-    speed = {(r["encoding"], r["dtype"], r["mode"]): r["ratio"] for r in record["speed"]}
-    shape = record["speed_shape"]
+def verdicts(cases: list[dict]) -> list[dict]:
+    """Per encoding and dtype, the worst over scenes and seeds (those whose float64 output fits the
+    dtype) of ``auto``, ``floor``, ``excess`` and ``matched_auto``, and ``verdict``: "meets" (auto
+    within :data:`TARGET` of SDPA's error everywhere), "floor" (beyond it only where the floor is,
+    and within TARGET of max(1, floor) there), or "misses"."""
+    out = []
+    for name in dict.fromkeys(r["encoding"] for r in cases):
+        for dtype in (str(d).removeprefix("torch.") for d in DTYPES):
+            rows = [r for r in cases if r["encoding"] == name and r["dtype"] == dtype and r["in_range"]]
+            worst_of = {key: max(r[key] for r in rows) for key in ("auto", "floor", "excess", "matched_auto")}
+            above = [r for r in rows if r["auto"] > TARGET]
+            verdict = "meets" if not above else "floor" if all(r["excess"] <= TARGET for r in above) else "misses"
+            out.append({"encoding": name, "dtype": dtype, **worst_of, "verdict": verdict})
+    return out
+
+
+def verdict_section(record: dict) -> list[str]:
+    """Markdown: per encoding and dtype, the default's worst ratio, the floor and the verdict."""
+    words = {
+        "meets": f"within {TARGET:g}x of SDPA's error",
+        "floor": f"above {TARGET:g}x only within {TARGET:g}x of max(1, floor)",
+        "misses": "misses",
+    }
     lines = [
-        "## Cost of the float32 path (CPU)",
+        f"## The default (`auto`) against the target ({TARGET:g}x SDPA's error), per encoding",
         "",
-        f"time(float32 path) / time(input path) of `hrope.multiview_attention`, the fastest call of "
-        f"{shape['reps']} interleaved repetitions each (`none` runs the same code either way: the noise); "
-        f"B = 1, {shape['heads']} heads, {shape['views']} views x {shape['grid']}x{shape['grid']} patches, "
-        f"head_dim {shape['head_dim']}, scene of scale 1, {record['threads']} thread(s).",
+        "Worst over the scenes and seeds: auto; the floor; auto / max(1, floor); auto with the logits matched.",
+        "",
+        "| encoding | dtype | auto | floor | auto / max(1, floor) | matched | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for v in record["verdicts"]:
+        numbers = " | ".join(f"{v[key]:.1f}" for key in ("auto", "floor", "excess", "matched_auto"))
+        lines.append(f"| `{v['encoding']}` | {v['dtype']} | {numbers} | {words[v['verdict']]} |")
+    return lines
+
+
+def speed_section(record: dict) -> list[str]:
+    """The table of time ratios auto / float32 and float32 / input."""
+    names = [str(d).removeprefix("torch.") for d in DTYPES]
+    speed = {(r["encoding"], r["dtype"], r["mode"]): r for r in record["speed"]}
+    shape = record["speed_shape"]
+    where = f"{record['threads']} thread(s)" if record["device"] == "cpu" else "synchronised"
+    lines = [
+        f"## Cost of the precisions ({record['device']})",
+        "",
+        f"time(auto) / time(float32), and in brackets time(float32) / time(input), of "
+        f"`hrope.multiview_attention`, the fastest call of {shape['reps']} interleaved repetitions each "
+        f"(`none` runs the same code every way: the noise); B = 1, {shape['heads']} heads, {shape['views']} "
+        f"views x {shape['grid']}x{shape['grid']} patches, head_dim {shape['head_dim']}, scene of scale 1, {where}.",
         "",
         "| encoding | " + " | ".join(f"{n} {mode.replace('_', ' + ')}" for n in names for mode, _ in MODES) + " |",
         "|---|" + "---|" * (len(names) * len(MODES)),
     ]
     for name in dict.fromkeys(r["encoding"] for r in record["speed"]):
-        values = [f"{speed[(name, n, mode)]:.2f}" for n in names for mode, _ in MODES]
-        lines.append(f"| `{name}` | " + " | ".join(values) + " |")
+        rows = [speed[(name, n, mode)] for n in names for mode, _ in MODES]
+        lines.append(f"| `{name}` | " + " | ".join(f"{r['ratio']:.2f} ({r['input_ratio']:.2f})" for r in rows) + " |")
     return lines
 
 
@@ -325,20 +361,22 @@ def markdown(record: dict) -> str:
     lines = [
         "# Half-precision attention at any scene scale",
         "",
-        f"`python benchmarks/half_precision.py` at commit {describe(record['provenance'])}, torch "
-        f"{record['provenance']['torch']}, on the CPU. What each number is: the docstring of "
+        f"`python benchmarks/half_precision.py{record['arguments']}` at commit {describe(record['provenance'])}, "
+        f"torch {record['provenance']['torch']}, on `{record['device']}`. What each number is: the docstring of "
         '`benchmarks/half_precision.py` and docs/encodings.md, "Numerics in half precision".',
-        "",
-        *error_sections(record),
-        "",
-        *speed_section(record),
     ]
+    if record["cases"]:
+        lines += ["", *verdict_section(record), "", *error_sections(record)]
+    if record["speed"]:
+        lines += ["", *speed_section(record)]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--encodings", nargs="*", default=None)
+    parser.add_argument("--parts", nargs="*", choices=("errors", "speed"), default=["errors", "speed"])
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--reps", type=int, default=21)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     parser.add_argument("--views", type=int, default=2)
@@ -350,24 +388,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     names = args.encodings or list(hrope.ENCODINGS)
-    cases = [row for name in names for which in SCENES for seed in SEEDS for row in measure(name, which, seed)]
-    speed = [row for name in names for dtype in DTYPES for row in time_precisions(name, dtype, args)]
+    cases = []
+    if "errors" in args.parts:
+        cases = [
+            r for name in names for which in SCENES for seed in SEEDS for r in measure(name, which, seed, args.device)
+        ]
+    speed = []
+    if "speed" in args.parts:
+        speed = [row for name in names for dtype in DTYPES for row in time_precisions(name, dtype, args)]
     shape = {key: getattr(args, key) for key in ("views", "grid", "heads", "head_dim", "reps")}
     record = {
         "provenance": provenance(),
-        "device": "cpu",
+        "arguments": "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv)),
+        "device": args.device,
         "threads": torch.get_num_threads(),
         "shape": {"views": VIEWS, "grid": list(GRID), "heads": HEADS, "head_dim": HEAD_DIM, "seeds": list(SEEDS)},
         "speed_shape": shape,
-        "summary": summary(cases),
+        "summary": summary(cases) if cases else {},
+        "verdicts": verdicts(cases),
         "cases": cases,
         "speed": speed,
     }
+    stem = "half_precision" + ("" if args.device == "cpu" else f"_{args.device.replace(':', '')}")
     args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "half_precision.json", record)
-    write_text(args.out / "half_precision.md", markdown(record))
+    write_json(args.out / f"{stem}.json", record)
+    write_text(args.out / f"{stem}.md", markdown(record))
     print(markdown(record))
-    return 1 if record["summary"]["not_finite_float32"] else 0
+    return 1 if cases and record["summary"]["not_finite_auto"] else 0
 
 
 if __name__ == "__main__":

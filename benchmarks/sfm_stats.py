@@ -22,15 +22,11 @@ from pathlib import Path
 
 from hrope.nvs.data.real.loaders import scene_frames
 from hrope.nvs.data.real.sfm import SfmSettings, triangulate
+from hrope.nvs.data.real.view_splits import split_views
 from hrope.nvs.running.atomic import write_json
 from hrope.nvs.running.provenance import provenance
 
 OUT = Path(__file__).resolve().parent / "results" / "real_captures" / "sfm_stats.json"
-
-
-def training_views(count: int, test_every: int) -> list[int]:
-    """The views that are neither test (``i % t == 0``) nor validation (``i % t == t // 2``) targets."""
-    return [i for i in range(count) if i % test_every not in (0, test_every // 2)]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -46,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = {}
     for item in args.captures:
         folder, _, every = item.rpartition(":") if item.rpartition(":")[2].isdecimal() else (item, "", "8")
-        views = training_views(len(scene_frames(folder)), int(every))
+        views = split_views(len(scene_frames(folder)), int(every))["train"]
         points = triangulate(folder, views, cache_dir=args.cache, settings=settings)
         rows[Path(folder).name] = {"test_every": int(every), "training_views": views, **points.stats}
         print(Path(folder).name, points.stats, flush=True)

@@ -193,17 +193,21 @@ def plane_conditioning(data: dict) -> str:
 
 
 def half_precision(data: dict) -> str:
-    """Worst bf16 / fp16 attention error as a multiple of plain SDPA's in the same dtype, q and k scaled so
-    the logits match SDPA's, the float32-inside path first (the old path in brackets), and its time ratio."""
+    """Worst bf16 / fp16 error of the default (``auto``) path as a multiple of max(SDPA's error, the
+    floor), how many encoding x dtype cells are within 2x of SDPA's error or of the floor, and the
+    time ratio auto / float32."""
     parts = []
     for dtype, name in (("bfloat16", "bf16"), ("float16", "fp16")):
-        worst = data["summary"][dtype]
-        parts.append(
-            f"{name} {worst['matched_float32']['value']:.1f}x SDPA's error "
-            f"({worst['matched_input']['value']:.1f}x before), worst `{worst['matched_float32']['encoding']}`"
-        )
+        worst = data["summary"][dtype]["excess"]
+        parts.append(f"{name} {worst['value']:.1f}x max(SDPA's error, floor), worst `{worst['encoding']}`")
+    verdicts = data["verdicts"]
+    reached = sum(v["verdict"] != "misses" for v in verdicts)
     ratios = [row["median_ratio"] for row in data["speed"]]
-    return "; ".join(parts) + f"; time float32 inside / before: median {statistics.median(ratios):.2f}"
+    return (
+        "; ".join(parts)
+        + f"; {reached} of {len(verdicts)} encoding x dtype within 2x of SDPA's error or of the floor"
+        + f"; time auto / float32: median {statistics.median(ratios):.2f}"
+    )
 
 
 BENCHMARKS = {

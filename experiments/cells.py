@@ -3,9 +3,10 @@
 A cell (dataset, row, seed) lives in ``<cache>/<dataset>/<row key>/seed<k>-<config hash>/``:
 the training run (``checkpoint.safetensors``, ``config.yaml``, ``tb/``) and, once trained and
 evaluated, ``metrics.json``. A finished cell is never retrained; a cell killed mid-training
-resumes from its last checkpoint (``hrope.nvs.running.train`` resumes exactly). A changed budget or
-``nvs_rows.RESULTS_VERSION`` changes the hash, so such cells are not reused. Fig. 6 results of a
-cell are cached in ``protocols.json`` next to it, keyed by protocol, options and scene count.
+resumes from its last checkpoint (``hrope.nvs.running.train`` resumes exactly). A changed budget,
+``nvs_rows.RESULTS_VERSION`` or entry of ``ENCODING_RESULTS_VERSIONS`` for the row's encoding
+changes the hash, so such cells are not reused. Fig. 6 results of a cell are cached in
+``protocols.json`` next to it, keyed by protocol, options and scene count.
 
 The cache is git-ignored. What the reports need is kept in the experiment's ``cells.jsonl``
 (:mod:`nvs_store`, committed): every cell the runner trains or reads, with its Fig. 6 results. A
@@ -258,6 +259,9 @@ class CellRunner:
             "num_context": cell.row.num_context,
             "seed": cell.seed,
             "config_hash": self.key(cell),
+            "results_version": nvs_rows.results_version(
+                cell_settings(self.budget, cell, self.lpips_weights, self.split)
+            ),
             "steps": result.step,
             "skipped_steps": result.skipped_steps,
             "final_loss": result.last_loss,

@@ -150,6 +150,22 @@ def noise_rows(variant: str) -> tuple[Row, Row, Row, Row]:
     )
 
 
+# URoPE as released (layout "head_groups", the port's projection): its group size and depth range
+# chosen on the validation scenes against the interleaved form (port default 2-20 units; 0.5-10
+# spans the 5-95% depth of the synthetic context views), then the planned rows that use the same
+# RoPE half in the head-group layout, scored on the test scenes against the interleaved ones.
+HEAD_GROUPS = (("layout", "head_groups"),)
+RELEASED_GRID = (Row("urope"),) + tuple(
+    Row(
+        "urope",
+        encoding_options=HEAD_GROUPS
+        + (("projection", "released"), ("group_size", g), ("min_depth", lo), ("max_depth", hi)),
+    )
+    for g in (1, 2)
+    for lo, hi in ((2.0, 20.0), (0.5, 10.0))
+)
+
+
 # P1-P3's rows at every variant; the two best rows at a mid-level estimator and at sparse points.
 NOISE_ROWS = (NOISE_REFERENCE,) + tuple(
     row for v in NOISE_VARIANTS if v != "0" for row in noise_rows(v)[: 4 if v in ("2", "sparse") else 2]
@@ -161,6 +177,7 @@ SETS = {
     "planned": PLANNED_ROWS,
     "cap": CAP_ROWS,
     "noise": NOISE_ROWS,
+    "released-grid": RELEASED_GRID,
 }
 TITLES = {
     "planes": "Do HRoPE's planes help? Plane sources vs `prope`",
@@ -169,6 +186,7 @@ TITLES = {
     "planned": "Planned comparisons: HRoPE against rivals given the same depth",
     "cap": "The near-camera cap, chosen on the validation scenes",
     "noise": "Depth as users have it: estimator noise and sparse points vs `prope` with world rays",
+    "released-grid": "URoPE as released: group size and depth range on the validation scenes vs the interleaved form",
 }
 NAMES = {
     "planes": "plane_evidence",
@@ -177,8 +195,14 @@ NAMES = {
     "planned": "planned",
     "cap": "near_camera_cap",
     "noise": "depth_noise",
+    "released-grid": "urope_released_grid",
 }
-REFERENCES = {"planned": PLANNED_ROWS[0], "cap": CAP_ROWS[0], "noise": NOISE_REFERENCE}
+REFERENCES = {
+    "planned": PLANNED_ROWS[0],
+    "cap": CAP_ROWS[0],
+    "noise": NOISE_REFERENCE,
+    "released-grid": RELEASED_GRID[0],
+}
 
 
 def uses_target_geometry(row: Row) -> bool:
@@ -364,7 +388,8 @@ def _parser() -> argparse.ArgumentParser:
         help="planes: the plane sources (default); query-frame: why urope leads on room; gpu: "
         "the subset for a larger budget; planned: the planned comparisons (rivals given the same depth); "
         "cap: the near-camera cap grid (score it with --split val); noise: the depth rows with "
-        "estimator noise and sparse points (hrope.nvs.sources.user_depth)",
+        "estimator noise and sparse points (hrope.nvs.sources.user_depth); released-grid: urope's released "
+        "layout, group size and depth range (score it with --split val)",
     )
     parser.add_argument(
         "--rows",

@@ -46,16 +46,12 @@ from hrope.nvs.data.real.prior_alignment import (
     prior_report,
 )
 from hrope.nvs.data.real.sfm import triangulate, sparse_depth
+from hrope.nvs.data.real.view_splits import split_views
 from hrope.nvs.running.atomic import write_json
 from hrope.nvs.running.provenance import provenance
 from hrope.nvs.sources.plane_fitting import fit_patch_planes, robust_patch_planes
 
 OUT = Path("benchmarks/results/real_captures/priors_alignment.json")
-
-
-def training_views(count: int, test_every: int) -> list[int]:
-    """The views that are neither test (index % test_every == 0) nor validation targets (== test_every // 2)."""
-    return [v for v in range(count) if v % test_every not in (0, test_every // 2)]
 
 
 def held_out_errors(relative: Tensor, sparse: Tensor, space: str, splits: int) -> Tensor:
@@ -126,7 +122,7 @@ def per_view(views: list[int], report: PriorReport, fronto: PriorReport, alignme
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """The report of ``args.capture`` (module doc) as a JSON-ready dict."""
-    views = training_views(len(scene_frames(args.capture)), args.test_every)
+    views = split_views(len(scene_frames(args.capture)), args.test_every)["train"]
     points = triangulate(args.capture, views, cache_dir=args.sfm_cache)
     scene = load_scene(args.capture, views=views, priors=True)
     if scene.relative_depth is None or scene.normals is None:

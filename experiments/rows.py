@@ -37,14 +37,19 @@ __all__ = [
     "config_hash",
     "Cell",
     "RESULTS_VERSION",
+    "ENCODING_RESULTS_VERSIONS",
+    "results_version",
 ]
 
 # Bump (by hand) in a change meant to alter trained results; a new version trains every cell again,
 # in new cache folders (the old ones stay on disk, unused). Version 0 is not hashed (its cells are
 # keyed by their settings alone). 1: the oracle and external sources cap planes next to the camera
-# at |m| <= 2 by default (hrope.nvs.config.schema.DEFAULT_MAX_INVERSE_DISTANCE). 2: ``cape`` is
-# EscherNet's form; cells of version 1 ran what is now ``cape`` with ``form="transposed"``.
-RESULTS_VERSION = 2
+# at |m| <= 2 by default (hrope.nvs.config.schema.DEFAULT_MAX_INVERSE_DISTANCE).
+RESULTS_VERSION = 1
+# A change that alters the results of one encoding only re-keys that encoding's cells: the version
+# hashed for them (the larger of the two). cape 2: EscherNet's form; cells of an earlier version ran
+# what is now ``cape`` with ``form="transposed"``.
+ENCODING_RESULTS_VERSIONS = {"cape": 2}
 
 TABLE1_ENCODINGS = ("none", "gta", "prope", "cape", "rayrope", "urope", "worldrope", "hrope", "hrope-lift")
 ABLATIONS = ("hrope-depth", "hrope-so3", "hrope-pf", "hrope-se3", "hrope", "hrope-full")
@@ -315,9 +320,17 @@ def cell_config(
     return resolve(values)
 
 
+def results_version(settings: dict) -> int:
+    """The results version of a cell's :func:`cell_settings`: :data:`RESULTS_VERSION`, or its
+    encoding's entry of :data:`ENCODING_RESULTS_VERSIONS` when that is larger (also over version 0,
+    so the committed reports of version 0 find the retrained cells of that encoding)."""
+    return max(RESULTS_VERSION, ENCODING_RESULTS_VERSIONS.get(settings["model"]["encoding"], 0))
+
+
 def config_hash(settings: dict) -> str:
     """Short hash of a cell's :func:`cell_settings` (not paths, device, threads or logging) and of
-    :data:`RESULTS_VERSION` (from version 1 on): the cell's cache key."""
-    if RESULTS_VERSION:
-        settings = {**settings, "results_version": RESULTS_VERSION}
+    its :func:`results_version` (from version 1 on): the cell's cache key."""
+    version = results_version(settings)
+    if version:
+        settings = {**settings, "results_version": version}
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]

@@ -153,7 +153,7 @@ def test_gpu_suite_records_every_step_and_tabulates_the_overheads(tmp_path):
     assert gpu_suite.run_steps(listed[:1], budget_s=5)[0]["status"] == "not run (budget spent)"
     names = [name for name, _, _ in gpu_suite.steps("cuda", tmp_path, quick=False)]
     assert names[:2] == ["device_check", "device_check_fused"]
-    assert names[-3:] == ["banded_apply", "train_throughput", "folded_training"]
+    assert names[-4:] == ["banded_apply", "train_throughput", "folded_training", "half_precision_speed"]
     assert {f"overhead_n{n}" for n in gpu_suite.SIZES} | {"overhead_n32768_fused_prepared_once"} <= set(names)
     assert {f"folded_n{n}" for n in gpu_suite.SIZES} <= set(names)
     for stem, ratio in (("n8192", 1.2), ("n8192_fused", 1.1), ("prepared_once_n8192_fused", 1.05)):

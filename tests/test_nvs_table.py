@@ -182,6 +182,17 @@ def test_results_version_is_in_the_cache_key(monkeypatch):
     assert len({current, legacy, config_hash(settings)}) == 3
 
 
+def test_an_encoding_results_version_rekeys_that_encoding_only(monkeypatch):
+    """A version in ENCODING_RESULTS_VERSIONS re-keys the cells of its encoding; the others keep their keys."""
+    cape, prope = (cell_settings(TOY, Cell("room", Row(e), 0)) for e in ("cape", "prope"))
+    before = config_hash(cape), config_hash(prope)
+    monkeypatch.setattr(nvs_rows, "ENCODING_RESULTS_VERSIONS", {"cape": nvs_rows.RESULTS_VERSION + 5})
+    assert config_hash(cape) != before[0] and config_hash(prope) == before[1]
+    assert nvs_rows.results_version(cape) == nvs_rows.RESULTS_VERSION + 5
+    monkeypatch.setattr(nvs_rows, "ENCODING_RESULTS_VERSIONS", {})
+    assert nvs_rows.results_version(cape) == nvs_rows.RESULTS_VERSION
+
+
 def test_fig4a_ape_rows_only_for_distinct_ape_models():
     """``hrope-pf-ape`` (the same model as ``hrope-ape``) is gone: APE rows come from APE_ENCODINGS."""
     rows = tables(TOY)["fig4a"].rows

@@ -16,13 +16,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hrope.nvs.data import normalize_scene
 from hrope.nvs.data.real import sfm
 from hrope.nvs.data.real.colmap_points import write_colmap_model
 from hrope.nvs.data.real.loaders import load_scene, scene_frames
 from hrope.nvs.data.real.sfm import SfmPoints, SfmSettings, sparse_depth, triangulate
-from hrope.nvs.data.real.sfm_cache import SfmCacheError, cache_key, cache_path
+from hrope.nvs.data.real.sfm_cache import SfmCacheError, cache_key, cache_path, load_points
 from hrope.nvs.data.scene import SceneError
 from hrope.nvs.data.synthetic import make_scene
 
@@ -109,7 +111,7 @@ def test_views_not_listed_are_never_read_and_observe_nothing(rendered, tmp_path)
     for name in ("004.png", "005.png"):
         (copy / "images" / name).write_bytes(b"not an image: reading it would fail")
     points = triangulate(folder, [0, 1, 2, 3], cache_dir=None)
-    spoiled = triangulate(copy, [0, 1, 2, 3], cache_dir=None)
+    spoiled = triangulate(copy, [0, 1, 2, 3], cache_dir=tmp_path / "cache")  # the cache key reads images too
     assert torch.equal(points.xyz, spoiled.xyz) and points.views == spoiled.views == (0, 1, 2, 3)
     for view in points.views:
         assert all(torch.equal(a, b) for a, b in zip(points.observations[view], spoiled.observations[view]))
@@ -216,9 +218,9 @@ def test_missing_pycolmap_and_bad_arguments_are_one_line(rendered, monkeypatch):
     for views in ([0], [0, 0, 1], [0, 9], []):
         with pytest.raises(SceneError, match=r"room: triangulate needs 2 or more distinct view indices in 0\.\.5"):
             triangulate(folder, views, cache_dir=None)
-    for settings in ({"neighbours": -1}, {"min_track_length": 1}, {"max_reprojection_error": math.inf}):
-        with pytest.raises(SceneError, match=f"SfmSettings.{next(iter(settings))} must be"):
-            SfmSettings(**settings)
+    for bad in ({"neighbours": -1}, {"min_track_length": 1}, {"max_reprojection_error": math.inf}):
+        with pytest.raises(SceneError, match=f"SfmSettings.{next(iter(bad))} must be"):
+            SfmSettings(**bad)
     monkeypatch.setitem(sys.modules, "pycolmap", None)
     with pytest.raises(SceneError, match=r"needs pycolmap .*: pip install 'hrope\[sfm\]'$"):
         triangulate(folder, [0, 1], cache_dir=None)
@@ -259,3 +261,38 @@ def test_a_cache_that_cannot_be_written_warns_and_returns_the_points(rendered, t
     points = triangulate(folder, [0, 1], cache_dir=tmp_path / "file" / "cache")
     assert points.stats["points"] > 0 and points.views == (0, 1)
     assert "cannot be written; the points are not cached" in caplog.text and not (tmp_path / "file").is_dir()
+
+
+@pytest.fixture(scope="module")
+def cache_entry(rendered, tmp_path_factory) -> tuple[Path, str, bytes]:
+    """``(path, key, bytes)`` of the valid cache entry of views 0-2 of the rendered capture."""
+    folder = tmp_path_factory.mktemp("sfm-cache")
+    triangulate(rendered[1], [0, 1, 2], cache_dir=folder)
+    (path,) = folder.iterdir()
+    key = cache_key(
+        scene_frames(rendered[1])[:3], [0, 1, 2], asdict(SfmSettings()), importlib.metadata.version("pycolmap")
+    )
+    return path, key, path.read_bytes()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_cache_entry_with_bytes_flipped_or_cut_loads_whole_or_is_one_line(cache_entry, data):
+    """Random bytes flipped, or the file cut anywhere: a valid entry (finite, indices in range, the
+    same key and views) or an :class:`SfmCacheError` naming the file; never another exception."""
+    path, key, good = cache_entry
+    damaged = bytearray(good)
+    if data.draw(st.booleans(), label="cut"):
+        damaged = damaged[: data.draw(st.integers(0, len(good) - 1), label="length")]
+    else:
+        for _ in range(data.draw(st.integers(1, 8), label="flips")):
+            damaged[data.draw(st.integers(0, len(good) - 1))] ^= data.draw(st.integers(1, 255))
+    path.write_bytes(bytes(damaged))
+    try:
+        tensors, _ = load_points(path, key, [0, 1, 2])
+    except SfmCacheError as error:
+        assert "\n" not in str(error) and str(path) in str(error)
+    else:
+        assert torch.isfinite(tensors["xyz"]).all() and int(tensors["observed_points"].max()) < len(tensors["xyz"])
+    finally:
+        path.write_bytes(good)

@@ -9,6 +9,7 @@ which those kernels take) and the user's own.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, cast, overload
 
 import torch
@@ -18,6 +19,7 @@ from torch import Tensor
 from .cameras import Cameras
 from .encodings import Encoding, EncodingError, Prepared, TokenTransform, get_encoding
 from .encodings.base import check_mask_options
+from .encodings.precision import attend_in
 from .planes import Planes
 from .shapes import check_shapes
 from .tokens import CameraTokens, MixedTokens
@@ -192,12 +194,29 @@ def cross_attention(
                 "(both transform v and the output, or neither)"
             )
     check_mask_options(sdpa_kwargs)
+    dtype = _attention_dtype(q.dtype, query, key)
+    return attend_in(dtype, functools.partial(_cross, query, key), q, k, v, **sdpa_kwargs)
+
+
+def _cross(
+    query: _Relative | None, key: _Relative | None, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs: Any
+) -> Tensor:
+    """:func:`cross_attention` of q, k, v in their dtype."""
     if query is not None:
         q = query.apply_q(q)
     if key is not None:
         k, v = key.apply_k(k), key.apply_v(v)
     out = F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)
     return out if query is None else query.apply_o(out)
+
+
+def _attention_dtype(dtype: torch.dtype, *transforms: _Relative | None) -> torch.dtype:
+    """The dtype SDPA runs in for tensors of ``dtype`` between ``transforms``: the widest of their
+    :meth:`~hrope.TokenTransform.attention_dtype` (``dtype`` for None, the identity)."""
+    for transform in transforms:
+        if transform is not None:
+            dtype = torch.promote_types(dtype, transform.attention_dtype(dtype))
+    return dtype
 
 
 # KVCache's messages (check_shapes templates)
@@ -229,12 +248,15 @@ class KVCache:
     with ``gauge="centroid"``, its default). Query-frame encodings are refused (their keys
     depend on the query view). Appending concatenates (O(cached) copy per call).
 
-    ``keys``, ``values``: the cache ``(B, heads_kv, T, d)``, None while empty.
+    ``keys``, ``values``: the cache ``(B, heads_kv, T, d)``, None while empty, in the dtype the
+    attention runs in (:meth:`~hrope.TokenTransform.attention_dtype`: float32 for half-precision
+    chunks once one chunk's transform attends in float32); ``dtype``: that of the chunks' k and v.
     """
 
     def __init__(self) -> None:
         self.keys: Tensor | None = None
         self.values: Tensor | None = None
+        self.dtype: torch.dtype | None = None
 
     def __len__(self) -> int:
         return 0 if self.keys is None else self.keys.shape[2]
@@ -246,20 +268,28 @@ class KVCache:
         chunk = "B heads tokens head_dim"
         check_shapes({"k": (k, chunk), "v": (v, chunk)}, error=EncodingError, messages=_CHUNK_SHAPE)
         if self.keys is not None:
-            check_shapes(
-                {"cache": (self.keys, "B heads cached head_dim"), "k": (k, chunk)},
-                error=EncodingError,
-                same_device=True,
-                same_dtype=True,
-                messages=_CACHE_MISMATCH,
-            )
+            cache = {"cache": (self.keys, "B heads cached head_dim"), "k": (k, chunk)}
+            check_shapes(cache, error=EncodingError, same_device=True, messages=_CACHE_MISMATCH)
+            if k.dtype != self.dtype:
+                shapes = {"cache": tuple(self.keys.shape), "k": tuple(k.shape)}
+                devices = {"cache": self.keys.device, "k": k.device}
+                dtypes = {"cache": self.dtype, "k": k.dtype}
+                raise EncodingError(_CACHE_MISMATCH.format(shapes=shapes, dtypes=dtypes, devices=devices))
+        chunk_dtype, dtype = k.dtype, self._attention_dtype(k.dtype, transform)
+        k, v = k.to(dtype), v.to(dtype)
         if transform is not None:
             k, v = transform.apply_k(k), transform.apply_v(v)
         if self.keys is None or self.values is None:  # both or neither
-            self.keys, self.values = k, v
+            self.keys, self.values, self.dtype = k, v, chunk_dtype
         else:
-            self.keys, self.values = torch.cat([self.keys, k], 2), torch.cat([self.values, v], 2)
+            self.keys = torch.cat([self.keys.to(dtype), k], 2)
+            self.values = torch.cat([self.values.to(dtype), v], 2)
         return self.keys, self.values
+
+    def _attention_dtype(self, dtype: torch.dtype, transform: _Relative | None) -> torch.dtype:
+        """The dtype a chunk of ``dtype`` with ``transform`` attends in: the transform's, widened to the cache's."""
+        dtype = _attention_dtype(dtype, transform)
+        return dtype if self.keys is None else torch.promote_types(dtype, self.keys.dtype)
 
     def attention(
         self,
@@ -294,9 +324,25 @@ class KVCache:
                 dims={"L": q.shape[2], "T": total},
                 messages=_CHUNK_MASK,
             )
-        q = q if transform is None else _relative(transform, "KVCache").apply_q(q)
+        transform = _relative(transform, "KVCache")
+        attend = functools.partial(self._attend, k, v, transform, total, is_causal)
+        return attend_in(self._attention_dtype(q.dtype, transform), attend, q, attn_mask=attn_mask, **sdpa_kwargs)
+
+    def _attend(
+        self,
+        k: Tensor,
+        v: Tensor,
+        transform: _Relative | None,
+        total: int,
+        is_causal: bool,
+        q: Tensor,
+        **sdpa_kwargs: Any,
+    ) -> Tensor:
+        """:meth:`attention` with q in the dtype it attends in (the cache's after the append)."""
+        q = q if transform is None else transform.apply_q(q)
         keys, values = self.append(k, v, transform)
         L = q.shape[2]
+        attn_mask = sdpa_kwargs.pop("attn_mask")
         if is_causal and L < total:  # the queries are the last L of T tokens: causal aligned lower-right
             from torch.nn.attention.bias import causal_lower_right  # not loaded by import torch
 

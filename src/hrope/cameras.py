@@ -7,6 +7,7 @@ Every other convention is converted by the data loaders, never here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -257,6 +258,40 @@ class Cameras:
         if G.ndim == 3:
             G = G[:, None]
         return Cameras(self.K, self.world_to_cam @ G, self.image_size, validate=False)
+
+    # ------------------------------------------------------------------ scene scale
+    def extent(self) -> Tensor:
+        """The scene's length scale ``(B,)``: the largest distance of a camera centre from the mean
+        centre of its batch element (0 for a single view or coincident centres)."""
+        centres = self.centers()
+        distances: Tensor = (centres - centres.mean(1, keepdim=True)).norm(dim=-1)
+        return distances.amax(1)
+
+    def rescaled(self, factor: float | Tensor) -> Cameras:
+        """The same cameras in another length unit: every world and camera coordinate times
+        ``factor`` (a positive float, or ``(B,)`` one per batch element), so translations scale by
+        it and intrinsics and rotations stay. Per-token lengths must follow:
+        :meth:`hrope.Planes.rescaled`, and depths times ``factor`` (docs/encodings.md, "Numerics
+        in half precision"). Checked like the constructor (:class:`CameraError`)."""
+        number = isinstance(factor, (int, float))  # kept in float64 until cast to world_to_cam's dtype
+        value = (
+            factor if isinstance(factor, Tensor) else torch.tensor(factor if number else math.nan, dtype=torch.float64)
+        )
+        if value.shape not in ((), (self.batch_size,)) or (
+            checking_values() and not bool(((value > 0) & value.isfinite()).all())
+        ):
+            got = tuple(value.shape) if value.ndim else factor
+            raise CameraError(f"factor must be a positive finite float or ({self.batch_size},) tensor, got {got}")
+        world_to_cam = self.world_to_cam.clone()
+        world_to_cam[..., :3, 3] *= value.to(world_to_cam).view(*value.shape, 1, 1)
+        return Cameras(self.K, world_to_cam, self.image_size)
+
+    def to_unit_scale(self) -> tuple[Cameras, Tensor]:
+        """The cameras :meth:`rescaled` so that each batch element's :meth:`extent` is 1, and the
+        factor ``(B,)`` applied (1 where the extent is 0): rescale planes and depths by it too."""
+        extent = self.extent()
+        factor = torch.where(extent > 0, 1.0 / extent.clamp_min(torch.finfo(extent.dtype).tiny), 1.0)
+        return self.rescaled(factor), factor
 
     def __repr__(self) -> str:
         return f"Cameras(batch={self.batch_size}, views={self.num_views}, image_size={self.image_size})"

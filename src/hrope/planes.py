@@ -243,5 +243,15 @@ class Planes:
         t = cameras.t.repeat_interleave(P, dim=1)
         return R, t
 
+    def rescaled(self, factor: float | Tensor) -> Planes:
+        """The same planes in another length unit, as :meth:`hrope.Cameras.rescaled` with the same
+        ``factor`` (a positive float or ``(B,)``): depths times it, or m = n / d divided by it."""
+        value = torch.as_tensor(factor, dtype=None if isinstance(factor, Tensor) else torch.float64, device=self.device)
+        per_token = value.view(*value.shape, 1)  # (B, 1): over the tokens
+        if self._m is not None:
+            return Planes.from_m(self._m / per_token[..., None].to(self._m))
+        assert self.normal is not None and self.depth is not None  # set whenever m is not
+        return Planes(self.normal, self.depth * per_token.to(self.depth))
+
     def __repr__(self) -> str:
         return f"Planes(B={self.shape[0]}, N={self.shape[1]})"

@@ -27,6 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .encodings import EncodingError, Prepared, QueryFrameTransform, TokenTransform
 from .encodings.base import check_mask_options, check_prepared_input
+from .encodings.precision import attend_in
 
 __all__ = ["MixedTokens", "camera_positions"]
 
@@ -136,9 +137,17 @@ class MixedTokens(Prepared):
         """The transform's ``apply_o`` on the camera tokens of x ``(B, heads, L, head_dim)``."""
         return self._apply(x, self.prepared.apply_o)
 
+    def attention_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype :meth:`attention` runs SDPA in for q, k, v of ``dtype``: the transform's."""
+        return self.prepared.attention_dtype(dtype)
+
     def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs: Any) -> Tensor:
-        """Encoded SDPA over all L tokens: q, k, v ``(B, heads, L, head_dim)`` -> same shape."""
+        """Encoded SDPA over all L tokens: q, k, v ``(B, heads, L, head_dim)`` -> same shape, computed
+        in :meth:`attention_dtype` (the output rounded to q's dtype once)."""
         check_mask_options(sdpa_kwargs)
+        return attend_in(self.attention_dtype(q.dtype), self._attention, q, k, v, **sdpa_kwargs)
+
+    def _attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs: Any) -> Tensor:
         if self._span == (0, self.length):
             return self.prepared.attention(q, k, v, **sdpa_kwargs)
         if self.query_frame:

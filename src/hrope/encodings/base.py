@@ -25,7 +25,7 @@ from ..errors import EncodingError
 from ..planes import Planes
 from ..shapes import check_finite, check_shapes
 from .layout import ROPE_BASE, HeadLayout, rope_tables
-from .precision import check_precision, transform_dtype
+from .precision import attend_in, attention_dtype, check_precision, transform_dtype
 
 __all__ = [
     "BACKENDS",
@@ -122,6 +122,10 @@ class Prepared:
         """Encoded SDPA over all N tokens: q, k, v ``(B, heads, N, head_dim)`` -> ``(B, heads, N, head_dim)``."""
         raise NotImplementedError
 
+    def attention_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype :meth:`attention` runs SDPA in for q, k, v of ``dtype`` (here: ``dtype``)."""
+        return dtype
+
 
 class TokenTransform(Prepared):
     """Precomputed block-diagonal D_t for every token; the precompute-then-apply object.
@@ -138,8 +142,9 @@ class TokenTransform(Prepared):
             write of x per tensor; CUDA, or Triton's CPU interpreter), ``"auto"`` the fused kernel
             for CUDA tensors when triton is installed, the banded passes otherwise. Same values up to
             float rounding; gradients reach the blocks either way.
-        precision: what float16 / bfloat16 x is computed in (:data:`PRECISIONS`): ``"float32"``
-            (default; the result is rounded to x's dtype once) or ``"input"`` (x's dtype).
+        precision: what float16 / bfloat16 x is computed in (:data:`PRECISIONS`): ``"auto"`` (default;
+            :meth:`attention` in :meth:`attention_dtype`) and ``"float32"`` transform in float32, the
+            result rounded to x's dtype once, ``"input"`` in x's dtype.
 
     What it is applied to must have the prepared B, N and head_dim (any number of heads) and lie on
     the prepared device, else :class:`EncodingError` (shape and device checks only, no data pass).
@@ -176,7 +181,7 @@ class TokenTransform(Prepared):
         transform_values: bool = True,
         rope_base: float = ROPE_BASE,
         backend: str = "torch",
-        precision: str = "float32",
+        precision: str = "auto",
     ) -> None:
         if backend not in BACKENDS:
             raise EncodingError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -259,10 +264,19 @@ class TokenTransform(Prepared):
         ``(B, heads, N, head_dim)`` -> same shape."""
         return self._apply(x, "D") if self.transform_values else x
 
+    def attention_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype :meth:`attention` runs SDPA in for q, k, v of ``dtype``: float32 for half-precision
+        ones under ``"auto"`` when D has geometric blocks (they can amplify rounding), else ``dtype``."""
+        return attention_dtype(dtype, self.precision, amplifies=bool(self._geo))
+
     def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs: Any) -> Tensor:
         """``apply_o(sdpa(apply_q(q), apply_k(k), apply_v(v)))``, logits q_i^T D_i D_j^-1 k_j: q, k, v
-        ``(B, heads, N, head_dim)`` -> ``(B, heads, N, head_dim)``; ``sdpa_kwargs`` go to SDPA."""
+        ``(B, heads, N, head_dim)`` -> ``(B, heads, N, head_dim)``; ``sdpa_kwargs`` go to SDPA.
+        Computed in :meth:`attention_dtype` (the output rounded to q's dtype once)."""
         check_mask_options(sdpa_kwargs)  # as QueryFrameTransform
+        return attend_in(self.attention_dtype(q.dtype), self._attention, q, k, v, **sdpa_kwargs)
+
+    def _attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs: Any) -> Tensor:
         # temporaries only: the encoded q, k, v are freed before apply_o allocates (no fresh pages)
         out = F.scaled_dot_product_attention(self.apply_q(q), *self._keys_values(k, v), **sdpa_kwargs)
         return self.apply_o(out)
@@ -385,7 +399,7 @@ class Encoding(nn.Module):
         super().__init__()
         self.rope_base = rope_base
         self.backend = "torch"
-        self.precision = "float32"
+        self.precision = "auto"
 
     def use_backend(self, backend: str) -> Encoding:
         """Apply this encoding's transforms with ``backend`` (:data:`BACKENDS`; default ``"torch"``);
@@ -398,11 +412,11 @@ class Encoding(nn.Module):
         return self
 
     def use_precision(self, precision: str) -> Encoding:
-        """Compute the transforms of float16 / bfloat16 q, k, v and outputs in ``precision``
-        (:data:`PRECISIONS`): ``"float32"`` (default) or ``"input"`` (their own dtype: half-precision
-        tables and passes, more rounding error, and float16 overflows sooner; docs/encodings.md,
-        "Numerics in half precision"); returns the encoding. float32 and float64 tensors are computed
-        in their own dtype either way."""
+        """Compute float16 / bfloat16 q, k, v in ``precision`` (:data:`PRECISIONS`, docs/encodings.md
+        "Numerics in half precision"); returns the encoding. ``"auto"`` (default): transforms in
+        float32, and SDPA too where they have geometric blocks (all but ``none``, ``rope2d``,
+        ``rayrope``, ``urope``, ``worldrope``); ``"float32"``: transforms in float32, SDPA in the
+        tensors' dtype; ``"input"``: all in the tensors' dtype. float32 / float64: their own dtype."""
         check_precision(precision)
         self.precision = precision
         return self

@@ -18,7 +18,6 @@ Memory is O(V·N·head_dim): one coefficient table per query view, never an N x 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any, ClassVar, cast
 
@@ -39,7 +38,7 @@ from .base import (
     check_prepared_input,
     per_token_param,
 )
-from .precision import check_precision, transform_dtype
+from .precision import attend_in, check_precision, transform_dtype
 
 __all__ = [
     "QueryFrameEncoding",
@@ -49,7 +48,6 @@ __all__ = [
     "project_to_patches",
     "image_position_rope_freqs",
     "pad_pairs",
-    "sinc",
     "MIN_DEPTH",
     "POSITION_MARGIN",
     "EXECUTIONS",
@@ -145,8 +143,7 @@ class QueryFrameTransform(Prepared):
             first ``relative.head_dim`` = g channels of each head (self-attention only): q, k, v
             and o get its D_i^T, D_j^-1, D_j^-1, D_i there, and the coefficients above (then
             ``(..., (head_dim - g)/2)``, pairs (g + p, g + p + (head_dim - g)/2)) act on the rest.
-        precision: what float16 / bfloat16 inputs are rotated in
-            (:data:`~hrope.encodings.precision.PRECISIONS`), as :class:`~hrope.encodings.base.TokenTransform`'s.
+        precision: as :class:`~hrope.encodings.base.TokenTransform`'s (:data:`~hrope.encodings.PRECISIONS`).
         per_head: head groups: ``heads -> (query, key)``, each an ``(re, im)``, the tables of every
             head for that number of heads: query ``(B, heads, N, n)``, key ``(B, Vq, heads, Nk, n)``
             (n = head_dim/2; built once per number of heads seen); re, im above then give only the shapes.
@@ -175,7 +172,7 @@ class QueryFrameTransform(Prepared):
         rotate_values: bool = True,
         query: tuple[Tensor, Tensor] | None = None,
         relative: TokenTransform | None = None,
-        precision: str = "float32",
+        precision: str = "auto",
         per_head: Callable[[int], tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]] | None = None,
         order: Tensor | None = None,
     ) -> None:
@@ -361,12 +358,20 @@ class QueryFrameTransform(Prepared):
             return k_all, torch.addcmul(v[:, None] * C, self._swap(v)[:, None], S).flatten(0, 1).to(v.dtype)
 
     # --------------------------------------------------------------------------- attention
+    def attention_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype :meth:`attention` runs SDPA in for q, k, v of ``dtype``: the relative part's, else
+        ``dtype`` (the coefficients scale each channel pair by a complex number: no amplified rounding)."""
+        return dtype if self.relative is None else self.relative.attention_dtype(dtype)
+
     def attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs: Any) -> Tensor:
         """Attention of the N queries over the Nk keys (self-attention: Nk = N), ``(B, heads, N, d)`` like SDPA.
 
         ``attn_mask`` must broadcast to ``(B, heads, N, Nk)``; ``is_causal=True`` is turned into
         the equivalent global ``(N, Nk)`` mask (causal over the whole sequence, top-left aligned).
-        """
+        Computed in :meth:`attention_dtype` (the output rounded to q's dtype once)."""
+        return attend_in(self.attention_dtype(q.dtype), self._attention, q, k, v, **sdpa_kwargs)
+
+    def _attention(self, q: Tensor, k: Tensor, v: Tensor, **sdpa_kwargs: Any) -> Tensor:
         self._check(q, self.num_tokens)
         for x in (k, v):
             self._check(x, self.num_keys)
@@ -493,8 +498,3 @@ class QueryFrameEncoding(Encoding):
     def extra_repr(self) -> str:
         values = "" if self.rotate_values else ", rotate_values=False"
         return f"name={self.name!r}, execution={self.execution!r}, recompute={self.recompute}{values}"
-
-
-def sinc(x: Tensor) -> Tensor:
-    """``sin(x) / x`` with the value 1 at 0."""
-    return torch.sinc(x / math.pi)

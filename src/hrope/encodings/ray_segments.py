@@ -30,7 +30,6 @@ from torch import Tensor
 
 from ..shapes import check_shapes
 from .base import EncodingError
-from .query_frame import sinc
 
 __all__ = [
     "RAY_OFFSETS",
@@ -133,3 +132,8 @@ def sample_ray_depths(depth_map: Tensor, grid: tuple[int, int]) -> Tensor:
         y = torch.round((torch.arange(gh, dtype=torch.float64) + oy) * (H // gh) - 0.5).clamp(0, H - 1).long()
         per_ray.append(depth_map[:, :, y.to(depth_map.device)][:, :, :, x.to(depth_map.device)].reshape(B, V * gh * gw))
     return torch.stack(per_ray, -1)
+
+
+def sinc(x: Tensor) -> Tensor:
+    """``sin(x) / x`` with the value 1 at 0."""
+    return torch.sinc(x / math.pi)

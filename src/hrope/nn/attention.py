@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..attention import cross_attention
 from ..cameras import Cameras
 from ..encodings import Encoding, EncodingError, TokenTransform, get_encoding
 from ..planes import Planes
@@ -374,6 +375,9 @@ class MultiviewCrossAttention(_Folded):
         (q,) = self.split_heads(_project(x, self.q, query, q_folded), 1)
         k, v = self.split_heads(_project(context, self.kv, key, kv_folded), 2)
         q, k = self.q_norm(q), self.k_norm(k)
+        if not (fold_query or fold_key):  # the whole transforms: hrope.cross_attention (its precision)
+            sides = [None if side is None else side.full for side in (query, key)]
+            return self.output(cross_attention(q, k, v, query=sides[0], key=sides[1], **sdpa_kwargs), None, False)
         if query is not None:
             q = (_folding(query)[1] if fold_q else query.full).apply_q(q)
         if key is not None:

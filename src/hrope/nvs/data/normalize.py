@@ -71,9 +71,9 @@ def _reexpressed(scene: Scene, world_to_cam: Tensor, scale: float) -> Scene:
     """``scene`` with the float64 poses ``world_to_cam (1, V, 4, 4)`` of a new world frame, then
     world and camera coordinates multiplied by ``scale``: translations and ``depth`` by it,
     ``plane_m = n / d`` by its inverse; intrinsics, normals and images unchanged."""
-    world_to_cam = world_to_cam.clone()
-    world_to_cam[..., :3, 3] *= scale
-    cameras = Cameras(scene.cameras.K, world_to_cam.to(scene.cameras.world_to_cam.dtype), scene.cameras.image_size)
+    K, size = scene.cameras.K, scene.cameras.image_size
+    rescaled = Cameras(K, world_to_cam, size, validate=False).rescaled(scale).world_to_cam
+    cameras = Cameras(K, rescaled.to(scene.cameras.world_to_cam.dtype), size)
     rescale = lambda x, s: None if x is None else x * s  # noqa: E731
     return replace(scene, cameras=cameras, depth=rescale(scene.depth, scale), plane_m=rescale(scene.plane_m, 1 / scale))
 

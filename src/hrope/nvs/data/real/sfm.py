@@ -42,6 +42,7 @@ from PIL import Image
 from torch import Tensor
 
 from ...config.fields import one_line
+from ...running.atomic import atomic_open, write_text
 from ..scene import Scene, SceneError
 from .colmap_points import point_depth
 from .frames import Frame, load_view
@@ -133,7 +134,8 @@ def _colmap_inputs(pycolmap: Any, frames: list[Frame], views: list[int], folder:
     for n, (view, frame) in enumerate(zip(views, frames), 1):
         image, K = load_view(frame)
         pixels = (image.permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
-        Image.fromarray(pixels).save(folder / _name(view))
+        with atomic_open(folder / _name(view), "wb", durable=False) as handle:  # COLMAP's input, in a temporary folder
+            Image.fromarray(pixels).save(handle, format="PNG")
         fx, fy, cx, cy = K[0, 0].item(), K[1, 1].item(), K[0, 2].item(), K[1, 2].item()
         height, width = pixels.shape[:2]
         camera = pycolmap.Camera(model="PINHOLE", width=width, height=height, params=[fx, fy, cx, cy], camera_id=n)
@@ -178,7 +180,7 @@ def _match(pycolmap: Any, database: Path, names: list[str], world_to_cam: Tensor
         pycolmap.match_exhaustive(database, matching_options=matching, verification_options=verification, device=device)
         return
     pairs = database.parent / "pairs.txt"
-    pairs.write_text("".join(f"{names[a]} {names[b]}\n" for a, b in _nearest_pairs(world_to_cam, neighbours)))
+    write_text(pairs, "".join(f"{names[a]} {names[b]}\n" for a, b in _nearest_pairs(world_to_cam, neighbours)))
     pycolmap.match_image_pairs(
         database,
         matching_options=matching,
