@@ -1039,7 +1039,9 @@ def test_a_new_loader_is_one_registry_entry(tmp_path, monkeypatch):
     assert source.scene_name(0) == "scene" and source.load_views(0, [2]).image_size == (64, 64)
     with pytest.raises(SceneError, match=r"looked for transforms\.json, .*, cameras\.toy; the folder contains"):
         load_scene(tmp_path)
-    with pytest.raises(ConfigError, match=r"unknown data\.kind 'toys'; expected room, object, captures or one of \[.*'toy'\]"):
+    with pytest.raises(
+        ConfigError, match=r"unknown data\.kind 'toys'; expected room, object, captures or one of \[.*'toy'\]"
+    ):
         build_scene_source(resolve({"data": {"kind": "toys", "root": str(tmp_path)}}))
 
 
