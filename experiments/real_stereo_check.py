@@ -14,6 +14,14 @@ best, then hrope-lift with context depth, then prope with the same planes added 
 then prope with world rays, then prope) holds here. Two more rows are reported beside them: urope
 anchored at each token's depth and hrope-lift-uv with the same depth (planned comparison P8).
 
+No ``data.kind`` reads stereo windows: :class:`StereoCellRunner` supplies them to training and
+evaluation itself. A cell's run config (its ``config.yaml``) describes them as far as the schema can:
+``data.kind: folder`` at the folder the pair is read from (scikit-image's data folder, no scene
+folder any loader reads, so ``hrope train`` or ``hrope eval`` on it fail rather than use other
+data), ``data.depth: maps`` (the context views carry depth maps) and ``data.note`` saying that the
+runner supplies the windows and how they are cut. The cells' cache keys keep the dataset name
+``motorcycle`` and the cut (:data:`STEREO`).
+
     python -m experiments.real_stereo_check --threads 1               # full budget, seeds 0 1 2
     python -m experiments.real_stereo_check --steps 100 --seeds 0     # smoke run
     python -m experiments.real_stereo_check --steps 200 --allow-stale # reuse cells of earlier code (marked)
@@ -31,10 +39,11 @@ from pathlib import Path
 
 from .intervals import METHOD, crossed_bootstrap
 from .cells import CellRunner, StaleCellsError, StoppedCellError, trained_at
-from .rows import BUDGETS, Budget, Cell, Row, cell_settings, config_hash
+from .rows import BUDGETS, Budget, Cell, Row, cell_config, cell_settings, config_hash
 from .store import CELLS_NAME
 from .plane_evidence import PLANNED_ROWS, row_report
 from hrope.nvs.running.provenance import describe
+from hrope.nvs.config import RunConfig
 from hrope.nvs.running.atomic import write_json, write_text
 from hrope.nvs.data.real.stereo import StereoScenes, motorcycle_from_skimage, stereo_windows
 
@@ -70,8 +79,9 @@ def stereo_datasets(settings: dict) -> dict[str, StereoScenes]:
 
 
 class StereoCellRunner(CellRunner):
-    """:class:`nvs_cells.CellRunner` on the stereo scenes: the same cells, caching and records; the
-    stereo settings are part of each cell's key."""
+    """:class:`experiments.cells.CellRunner` on the stereo scenes: the same cells, caching and records;
+    the stereo settings are part of each cell's key. Its cells' run configs describe the scenes in
+    :meth:`data_section`; :meth:`dataset` supplies them."""
 
     def __init__(self, budget: Budget, cache: Path, datasets: dict[str, StereoScenes], settings: dict, **options):
         super().__init__(budget, cache, **options)
@@ -82,7 +92,34 @@ class StereoCellRunner(CellRunner):
             {**cell_settings(self.budget, cell, self.lpips_weights, self.split), "stereo": self.settings}
         )
 
-    def dataset(self, config: dict, split: str) -> StereoScenes:
+    def data_section(self, cell: Cell) -> dict:
+        """The run config's data section of ``cell`` (module doc): no loader reads it."""
+        from skimage.data import data_dir
+
+        return {
+            **cell_settings(self.budget, cell, self.lpips_weights, self.split)["data"],
+            "kind": "folder",
+            "root": data_dir,
+            "depth": "maps",
+            "cache": False,
+            "note": f"{DATASET}: stereo windows of the Middlebury 2014 Motorcycle pair in data.root "
+            f"(skimage.data.stereo_motorcycle), cut {', '.join(f'{k} {v}' for k, v in self.settings.items())}, "
+            "supplied by experiments.real_stereo_check (StereoCellRunner); no loader reads data.root",
+        }
+
+    def config(self, cell: Cell, folder: Path) -> RunConfig:
+        return cell_config(
+            self.budget,
+            cell,
+            folder,
+            device=self.device,
+            threads=self.threads,
+            lpips_weights=self.lpips_weights,
+            split=self.split,
+            data=self.data_section(cell),
+        )
+
+    def dataset(self, config: RunConfig, split: str) -> StereoScenes:
         return self.stereo_scenes[split]
 
 

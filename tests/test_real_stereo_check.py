@@ -1,12 +1,26 @@
-"""The real-image check's verdict (experiments/real_stereo_check.py) on made-up per-window PSNRs."""
+"""The real-image check (experiments/real_stereo_check.py): its verdict on made-up per-window PSNRs,
+and one cell trained for a few steps on the stereo windows."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 
 import torch
+import yaml
 
-
-from experiments.real_stereo_check import SYNTHETIC_ORDER, ordering, verdict
+from experiments.real_stereo_check import (
+    DATASET,
+    REFERENCE,
+    STEREO,
+    SYNTHETIC_ORDER,
+    StereoCellRunner,
+    ordering,
+    verdict,
+)
+from experiments.rows import BUDGETS, Cell, cell_settings, config_hash
+from experiments.store import CELLS_NAME, CellStore
+from hrope.nvs.data.real.stereo import StereoScenes, motorcycle_from_skimage, stereo_windows
 
 
 def _records(offsets: list[float], noise: float = 0.01) -> dict:
@@ -39,3 +53,20 @@ def test_a_reversed_step_is_named():
 def test_differences_within_noise_hold_only_in_the_means():
     order = ordering(_records([0.004, 0.003, 0.002, 0.001, 0.0], noise=0.5))
     assert not order["significant"]
+
+
+def test_a_cell_trains_and_scores_on_the_windows(tmp_path):
+    settings = {**STEREO, "size": 32, "shift": 16}  # the quick budget's 32-pixel model
+    pair = motorcycle_from_skimage().downscale(settings["downscale"])
+    windows = stereo_windows(pair, settings["size"], settings["shift"], 64, (0, pair.image_size[0]))
+    datasets = {"train": StereoScenes(pair, windows[:2], 32), "eval": StereoScenes(pair, windows[2:5], 32)}
+    budget = replace(BUDGETS["quick"], steps=2, warmup=1, seeds=(0,), train_scenes=2, eval_scenes=3)
+    runner = StereoCellRunner(budget, tmp_path / "cache", datasets, settings, store=tmp_path / CELLS_NAME)
+    cell = Cell(DATASET, REFERENCE, 0)
+    record = runner.run(cell)
+    assert record["steps"] == 2 and record["eval_scenes"] == 3
+    assert len(record["per_scene"]["psnr"]) == 3 and all(math.isfinite(v) for v in record["per_scene"]["psnr"])
+    assert runner.cell_id(cell).endswith(config_hash({**cell_settings(budget, cell), "stereo": settings}))
+    data = yaml.safe_load((runner.folder(cell) / "config.yaml").read_text())["data"]
+    assert data["kind"] == "folder" and data["depth"] == "maps" and "real_stereo_check" in data["note"]
+    assert CellStore(tmp_path / CELLS_NAME).record(runner.cell_id(cell)) == record

@@ -165,6 +165,13 @@ class DataSettings:
         "(posed captures cut into 3-view scenes, docs/real_data.md)",
     )
     root: str | None = setting(None, _OPTIONAL_PATH, "real data: the dataset folder (required for real kinds)")
+    note: str | None = setting(
+        None,
+        Field("str", nullable=True),
+        "free text, not read: e.g. what a dataset given to hrope.nvs.running.train(dataset=...) holds",
+        sparse=True,
+        resume=True,
+    )
     eval_root: str | None = setting(
         None, _OPTIONAL_PATH, "real data: held-out folder for evaluation (null: root)", resume=True
     )
