@@ -68,11 +68,11 @@ def captures(tmp_path_factory) -> Path:
 
 class SfmStub:
     """Stands in for :mod:`hrope.nvs.data.real.sfm`: records the views triangulated and gives each
-    of them the true depth of its loaded view at every 4th pixel (computed from the native depth by
-    the same crop and resize, nearest)."""
+    of them the true depth of its loaded view at every ``stride``-th pixel (computed from the native
+    depth by the same crop and resize, nearest)."""
 
-    def __init__(self, depth: dict[str, torch.Tensor]) -> None:
-        self.depth, self.calls = depth, []
+    def __init__(self, depth: dict[str, torch.Tensor], stride: int = 4) -> None:
+        self.depth, self.stride, self.calls = depth, stride, []
 
     def triangulate(self, frames, views, *, cache_dir, name):
         self.calls.append((name, sorted(views)))
@@ -85,7 +85,8 @@ class SfmStub:
         native = self.depth[name.split("/")[-1]][list(views_of_scene)]
         depth, _ = resize_crop(native[:, None], torch.eye(3).expand(len(native), 3, 3), scene.image_size, "nearest")
         sparse = torch.full_like(depth[:, 0], math.inf)
-        sparse[:, ::4, ::4] = depth[:, 0, ::4, ::4]
+        step = self.stride
+        sparse[:, ::step, ::step] = depth[:, 0, ::step, ::step]
         seen = torch.tensor([v in triangulated for v in views_of_scene])[:, None, None]
         return torch.where(seen, sparse, math.inf)
 

@@ -36,6 +36,7 @@ from ..pretrained import load_trained
 __all__ = [
     "save_image_grid",
     "normal_colours",
+    "context_planes",
     "plane_normal_rows",
     "visualize_planes",
     "plot_plane_accuracy",
@@ -73,11 +74,12 @@ def normal_colours(normals: Tensor, grid: tuple[int, int], patch_size: int) -> T
     return F.interpolate(image[None], scale_factor=patch_size, mode="nearest")[0].clamp(0, 1)
 
 
-def plane_normal_rows(model, batch, layer: int = -1, head: int = 0) -> list[list[Tensor]]:
-    """Rows ``[input, overlay, predicted normals, ground-truth normals]`` for every context view of
-    every scene of ``batch`` (predictions from the first target's sequence, ``layer`` of the
-    predicted parameters, attention head ``head`` of a per-head source); without ground truth
-    (``batch.planes(p)`` None) the rows end after the predicted normals."""
+def context_planes(model, batch, layer: int = -1, head: int = 0) -> tuple[Tensor, Tensor]:
+    """The planes ``model`` gives every context view of ``batch``, as its attention reads them (from
+    the first target's sequence, ``layer`` of the predicted parameters, attention head ``head`` of a
+    per-head source): unit normals facing the camera ``(B, Vc, P, 3)`` and the z-depth where each
+    plane crosses its patch-centre ray ``(B, Vc, P)`` (inf for m = 0, the plane at infinity), in
+    each context camera's frame; P = grid_h * grid_w (:meth:`hrope.Planes.normal_and_depth`)."""
     config = model.config
     if model.source is None or "planes" not in {s.name for s in model.source.specs}:
         raise VizError(f"encoding {config.encoding!r} takes no planes; nothing to visualise")
@@ -88,11 +90,9 @@ def plane_normal_rows(model, batch, layer: int = -1, head: int = 0) -> list[list
         raise VizError(
             f"layer {layer} is out of range: the model predicts planes {count} time(s) (layers {-count}..{count - 1})"
         )
-    grid, p = config.grid, config.patch_size
-    P = grid[0] * grid[1]
+    P = config.grid[0] * config.grid[1]
     Vc = int(batch.num_context)
-    B, V = batch.images.shape[:2]
-    Vt = V - Vc
+    Vt = batch.images.shape[1] - Vc
     cameras = model.fold_cameras(batch.cameras, Vc).to(dtype=torch.float32)
     m = output.parameters[layer]["planes"]
     heads = model.source.attention_heads
@@ -100,7 +100,18 @@ def plane_normal_rows(model, batch, layer: int = -1, head: int = 0) -> list[list
         raise VizError(f"head {head} is out of range: the model predicts planes for {heads} head(s)")
     if heads > 1:
         m = m[:, :, head]
-    predicted, _ = Planes.from_m(m.float()).normal_and_depth(cameras, grid)  # (B*Vt, (Vc+1)P, 3)
+    normal, depth = Planes.from_m(m.float()).normal_and_depth(cameras, config.grid)  # (B*Vt, (Vc+1)P, ...)
+    return normal[::Vt, : Vc * P].unflatten(1, (Vc, P)), depth[::Vt, : Vc * P].unflatten(1, (Vc, P))
+
+
+def plane_normal_rows(model, batch, layer: int = -1, head: int = 0) -> list[list[Tensor]]:
+    """Rows ``[input, overlay, predicted normals, ground-truth normals]`` for every context view of
+    every scene of ``batch`` (the model's planes by :func:`context_planes`); without ground truth
+    (``batch.planes(p)`` None) the rows end after the predicted normals."""
+    grid, p = model.config.grid, model.config.patch_size
+    P = grid[0] * grid[1]
+    predicted, _ = context_planes(model, batch, layer, head)  # (B, Vc, P, 3)
+    B, Vc = predicted.shape[:2]
     truth_planes = batch.planes(p)
     if truth_planes is not None:
         truth, _ = truth_planes.normal_and_depth(batch.cameras.to(dtype=torch.float32), grid)  # (B, V*P, 3)
@@ -108,7 +119,7 @@ def plane_normal_rows(model, batch, layer: int = -1, head: int = 0) -> list[list
     for b in range(B):
         for v in range(Vc):
             image = batch.images[b, v].float().cpu()
-            pred = normal_colours(predicted[b * Vt, v * P : (v + 1) * P].cpu(), grid, p)
+            pred = normal_colours(predicted[b, v].cpu(), grid, p)
             overlay = (1 - OVERLAY_ALPHA) * image + OVERLAY_ALPHA * pred
             rows.append([image, overlay, pred])
             if truth_planes is not None:
