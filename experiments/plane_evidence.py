@@ -164,6 +164,18 @@ RELEASED_GRID = (Row("urope"),) + tuple(
     for g in (1, 2)
     for lo, hi in ((2.0, 20.0), (0.5, 10.0))
 )
+# Chosen on the validation scenes (benchmarks/results/urope_released_grid_val: the best mean of the
+# room and object differences): group size 2, depths 2-20. The test set pairs each released row with
+# its interleaved twin of the planned set (PLANNED_ROWS 4, 5 and 10) and with prope.
+RELEASED_ROWS = (
+    PLANNED_ROWS[0],
+    RELEASED_GRID[3],
+    Row("worldrope", **DEPTH, encoding_options=(("footprint", False),) + HEAD_GROUPS),
+    Row("hrope-lift-uv", **DEPTH, encoding_options=HEAD_GROUPS),
+    PLANNED_ROWS[4],
+    PLANNED_ROWS[5],
+    PLANNED_ROWS[10],
+)
 
 
 # P1-P3's rows at every variant; the two best rows at a mid-level estimator and at sparse points.
@@ -178,6 +190,7 @@ SETS = {
     "cap": CAP_ROWS,
     "noise": NOISE_ROWS,
     "released-grid": RELEASED_GRID,
+    "released": RELEASED_ROWS,
 }
 TITLES = {
     "planes": "Do HRoPE's planes help? Plane sources vs `prope`",
@@ -187,6 +200,7 @@ TITLES = {
     "cap": "The near-camera cap, chosen on the validation scenes",
     "noise": "Depth as users have it: estimator noise and sparse points vs `prope` with world rays",
     "released-grid": "URoPE as released: group size and depth range on the validation scenes vs the interleaved form",
+    "released": "The head-group (released) layout of the RoPE half against the interleaved one, vs `prope`",
 }
 NAMES = {
     "planes": "plane_evidence",
@@ -196,6 +210,7 @@ NAMES = {
     "cap": "near_camera_cap",
     "noise": "depth_noise",
     "released-grid": "urope_released_grid",
+    "released": "urope_released",
 }
 REFERENCES = {
     "planned": PLANNED_ROWS[0],
@@ -389,7 +404,8 @@ def _parser() -> argparse.ArgumentParser:
         "the subset for a larger budget; planned: the planned comparisons (rivals given the same depth); "
         "cap: the near-camera cap grid (score it with --split val); noise: the depth rows with "
         "estimator noise and sparse points (hrope.nvs.sources.user_depth); released-grid: urope's released "
-        "layout, group size and depth range (score it with --split val)",
+        "layout, group size and depth range (score it with --split val); released: the head-group layout's "
+        "rows against their interleaved twins",
     )
     parser.add_argument(
         "--rows",
