@@ -39,7 +39,7 @@ from pathlib import Path
 
 from .intervals import METHOD, crossed_bootstrap
 from .cells import CellRunner, StaleCellsError, StoppedCellError, trained_at
-from .rows import BUDGETS, Budget, Cell, Row, cell_config, cell_settings, config_hash
+from .rows import BUDGETS, Budget, Cell, Row, cell_settings, config_hash
 from .store import CELLS_NAME
 from .plane_evidence import PLANNED_ROWS, row_report
 from hrope.nvs.running.provenance import describe
@@ -106,18 +106,6 @@ class StereoCellRunner(CellRunner):
             f"(skimage.data.stereo_motorcycle), cut {', '.join(f'{k} {v}' for k, v in self.settings.items())}, "
             "supplied by experiments.real_stereo_check (StereoCellRunner); no loader reads data.root",
         }
-
-    def config(self, cell: Cell, folder: Path) -> RunConfig:
-        return cell_config(
-            self.budget,
-            cell,
-            folder,
-            device=self.device,
-            threads=self.threads,
-            lpips_weights=self.lpips_weights,
-            split=self.split,
-            data=self.data_section(cell),
-        )
 
     def dataset(self, config: RunConfig, split: str) -> StereoScenes:
         return self.stereo_scenes[split]
