@@ -20,7 +20,16 @@ from hrope.nvs.running.provenance import describe
 from .intervals import hierarchical_bootstrap
 from .report import stat
 
-__all__ = ["REPORT_NAME", "METHOD", "difference", "angle_ranges", "supported_budget", "write_report", "markdown"]
+__all__ = [
+    "REPORT_NAME",
+    "METHOD",
+    "difference",
+    "angle_ranges",
+    "supported_budget",
+    "budget_lines",
+    "write_report",
+    "markdown",
+]
 
 REPORT_NAME = "real_captures"
 METHOD = (
@@ -208,7 +217,7 @@ def _budget_table(report: dict, steps: str, rows: list[dict]) -> list[str]:
     return lines + [""]
 
 
-def _budget_lines(budget: dict) -> list[str]:
+def budget_lines(budget: dict) -> list[str]:
     lines = ["**Budget** (the rule in experiments/real_captures_sets.py):", ""]
     for check in budget["checks"]:
         outside = [row for row, ok in check["inside"].items() if not ok]
@@ -300,5 +309,5 @@ def markdown(report: dict) -> str:
     if any(row["trained_at"] for rows in report["budgets"].values() for row in rows):
         lines += ["‡ trained by an earlier code version (reused with `--allow-stale`).", ""]
     if "budget" in report:
-        lines += _budget_lines(report["budget"])
+        lines += budget_lines(report["budget"])
     return "\n".join(lines)

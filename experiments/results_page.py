@@ -1,9 +1,11 @@
 """The generated tables of docs/results.md: which encoding to use with what inputs, and the planned comparisons.
 
 Every number is computed from committed cells (``benchmarks/results/<experiment>/cells.jsonl``,
-nvs_store.py): a row is ``(experiment, dataset, row label)``, its PSNR the mean ± std over its
-seeds, and a difference between two rows of one experiment is paired by seed and scene with the
-crossed bootstrap (intervals.py). The tables replace the text between ``<!-- results_page: NAME -->``
+store.py; read by results_cells.py): a row is ``(experiment, dataset, row label)``, its PSNR the
+mean ± std over its seeds, and a difference between two rows of one experiment is paired by seed
+and scene with the crossed bootstrap (intervals.py); on real captures (results_page_real.py: the
+real columns of the "which encoding" table, the planned comparisons and the learning curve on them)
+with the hierarchical one, which also resamples the captures. The tables replace the text between ``<!-- results_page: NAME -->``
 and ``<!-- /results_page -->`` in docs/results.md; everything else on the page is prose.
 
     python -m experiments.results_page           # rewrite the tables of docs/results.md
@@ -15,89 +17,45 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 
-from . import noise_figure
+from . import noise_figure, results_page_real
 from .plane_evidence import CAP_ROWS, NOISE_VARIANTS, noise_rows
 from .geometry_sweep_report import tables as sweep_tables
-from .intervals import crossed_bootstrap
-from .store import CELLS_NAME, CellStore
+from .results_cells import (
+    RESULTS,
+    Ref,
+    Used,
+    clustered_delta,
+    commits,
+    delta_text,
+    interval_text,
+    psnr_text,
+    row_records,
+    use,
+)
 from hrope.nvs.running.provenance import describe
 
 from hrope.nvs.running.atomic import write_text
 
 __all__ = [
-    "Ref",
     "CHOICES",
     "PLANNED",
     "PLANNED_ROWS",
     "planned_ref",
     "planned_refs",
-    "row_records",
     "tables",
     "render_page",
     "main",
 ]
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-PAGE = ROOT / "docs" / "results.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "results.md"
 BLOCK = re.compile(r"(<!-- results_page: (\w+) -->\n).*?(<!-- /results_page -->)", re.DOTALL)
 
 
-@dataclass(frozen=True)
-class Ref:
-    """One row of one experiment's committed cells; ``name``: how the tables call it."""
-
-    experiment: str
-    row: str
-    name: str
-
-
-def _cells(experiment: str) -> list[dict]:
-    """The finished cell records of an experiment (none when it has no ``cells.jsonl`` yet)."""
-    store = CellStore(RESULTS / experiment / CELLS_NAME)
-    return [record for cell in store.ids() if (record := store.record(cell)) is not None]
-
-
-def row_records(ref: Ref, dataset: str) -> dict[int, dict]:
-    """``{seed: record}`` of the row on ``dataset`` (empty when not run); one record per seed."""
-    records: dict[int, dict] = {}
-    for record in _cells(ref.experiment):
-        if record["dataset"] == dataset and record["row"] == ref.row:
-            if record["seed"] in records:
-                raise ValueError(f"{ref.experiment}: two cells of {ref.row!r} on {dataset} with seed {record['seed']}")
-            records[record["seed"]] = record
-    return records
-
-
-def _psnr(records: dict[int, dict]) -> str:
-    values = [r["metrics"]["psnr"] for r in records.values()]
-    if not values:
-        return "not run"
-    spread = f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else ""
-    return f"{statistics.fmean(values):.2f}{spread}"
-
-
-def _delta(a: dict[int, dict], b: dict[int, dict]) -> tuple[str, int]:
-    """The crossed-bootstrap difference ``a - b`` over their common seeds, as text, and the seed count."""
-    seeds = sorted(set(a) & set(b))
-    if not seeds:
-        return "not run", 0
-    result = crossed_bootstrap([a[s]["per_scene"]["psnr"] for s in seeds], [b[s]["per_scene"]["psnr"] for s in seeds])
-    return _interval(result), len(seeds)
-
-
-def _interval(result: dict) -> str:
-    """``+0.12 [+0.07, +0.17]`` of a crossed-bootstrap result, bold when it excludes zero."""
-    text = f"{result['mean']:+.2f} [{result['low']:+.2f}, {result['high']:+.2f}]"
-    return f"**{text}**" if result["excludes_zero"] else text
-
-
+DATASETS = ("room", "object")
 PLANNED_EXPERIMENTS = {"room": "planned_room", "object": "planned_object"}
 PLANNED_EXPERIMENT_NAMES = ", ".join(f"`{e}`" for e in PLANNED_EXPERIMENTS.values())
 
@@ -128,12 +86,13 @@ def planned_refs(key: str) -> dict[str, Ref]:
     return {dataset: Ref(experiment, row, name) for dataset, experiment in PLANNED_EXPERIMENTS.items()}
 
 
-# Which encoding with what inputs: (inputs, {dataset: (row, its prope of the same experiment)}).
-# Two rows come from earlier exploratory experiments of the same budget (same scenes and seeds):
-# worldrope's learned depth head and hrope-lift with camera rays.
-def _older(experiment: str, row: str, name: str) -> dict[str, tuple[Ref, Ref]]:
-    prope = Ref(experiment, "prope", "`prope`")
-    return {dataset: (Ref(experiment, row, name), prope) for dataset in ("room", "object")}
+# Which encoding with what inputs: (inputs, key of the real planned set's arm (results_page_real.ARMS)
+# or None, {dataset: (row, its prope of the same experiment)}). Three rows come from earlier
+# experiments of the same budget (same scenes and seeds): worldrope's learned depth head, HRoPE's
+# learned planes and hrope-lift with camera rays.
+def _older(experiments: dict[str, str], row: str, name: str) -> dict[str, tuple[Ref, Ref]]:
+    """``experiments``: {dataset: experiment}."""
+    return {d: (Ref(e, row, name), Ref(e, "prope", "`prope`")) for d, e in experiments.items()}
 
 
 def _planned_choice(key: str) -> dict[str, tuple[Ref, Ref]]:
@@ -141,26 +100,45 @@ def _planned_choice(key: str) -> dict[str, tuple[Ref, Ref]]:
     return {dataset: (ref, prope[dataset]) for dataset, ref in planned_refs(key).items()}
 
 
-CHOICES: tuple[tuple[str, dict[str, tuple[Ref, Ref]]], ...] = (
-    ("posed images", _planned_choice("prope")),
-    ("posed images", _planned_choice("world")),
-    ("posed images", _planned_choice("urope")),
-    ("posed images", _older("query_frame_object", "worldrope", "`worldrope` (learned depth)")),
-    ("posed images + context depth", _planned_choice("lift")),
+def _choice(inputs: str, key: str) -> tuple[str, str, dict[str, tuple[Ref, Ref]]]:
+    return inputs, key, _planned_choice(key)
+
+
+DEPTH = "posed images + context depth"
+CHOICES: tuple[tuple[str, str | None, dict[str, tuple[Ref, Ref]]], ...] = (
+    _choice("posed images", "prope"),
+    _choice("posed images", "world"),
+    _choice("posed images", "urope"),
     (
-        "posed images + context depth",
+        "posed images",
+        None,
+        _older(dict.fromkeys(DATASETS, "query_frame_object"), "worldrope", "`worldrope` (learned depth)"),
+    ),
+    (
+        "posed images",
+        "learned",
         _older(
-            "near_camera_planes",
+            {"room": "plane_evidence", "object": "plane_evidence_object"},
+            "hrope-lift (targets transfer)",
+            "`hrope-lift`, learned planes, camera rays",
+        ),
+    ),
+    _choice(DEPTH, "lift"),
+    (
+        DEPTH,
+        None,
+        _older(
+            dict.fromkeys(DATASETS, "near_camera_planes"),
             "hrope-lift (external, targets transfer, max_inverse_distance 2.0)",
             "`hrope-lift` + context depth, camera rays",
         ),
     ),
-    ("posed images + context depth", _planned_choice("additive")),
-    ("posed images + context depth", _planned_choice("anchored")),
-    ("posed images + context depth", _planned_choice("worldrope")),
-    ("posed images + context depth", _planned_choice("rayknown")),
-    ("posed images + context depth", _planned_choice("uv")),
-    ("posed images + context depth", _planned_choice("uv-camera")),
+    _choice(DEPTH, "additive"),
+    _choice(DEPTH, "anchored"),
+    _choice(DEPTH, "worldrope"),
+    _choice(DEPTH, "rayknown"),
+    _choice(DEPTH, "uv"),
+    _choice(DEPTH, "uv-camera"),
 )
 
 # The planned comparisons (named in docs/results.md before their runs): a - b, paired by seed and scene.
@@ -181,57 +159,33 @@ def planned_ref(key: str, dataset: str) -> Ref:
     return planned_refs(key)[dataset]
 
 
-DATASETS = ("room", "object")
-
-
-# The cells a table read: experiment -> {(dataset, row, seed): commit}.
-Used = dict[str, dict[tuple[str, str, int], str]]
-
-
-def _use(used: Used, ref: Ref, records: dict[int, dict]) -> dict[int, dict]:
-    """``records`` of ``ref``, noted in ``used`` for :func:`_commits`."""
-    for seed, record in records.items():
-        commit = describe(record.get("provenance"), short=True)
-        used.setdefault(ref.experiment, {})[(record["dataset"], record["row"], seed)] = commit
-    return records
-
-
-def _commits(used: Used) -> str:
-    """``Cells by commit: `exp`: 21 at `c4b395fdf4`, 9 at `65d7cd1960`; ...`` of the cells a table read."""
-    parts = []
-    for experiment in sorted(used):
-        counts: dict[str, int] = {}
-        for commit in used[experiment].values():
-            counts[commit] = counts.get(commit, 0) + 1
-        ordered = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-        parts.append(f"`{experiment}`: " + ", ".join(f"{n} at `{commit}`" for commit, n in ordered))
-    return "Cells by commit: " + "; ".join(parts) + "."
-
-
 def _choices_table() -> list[str]:
     used: Used = {}
     lines = [
         "| inputs | configuration | room PSNR ↑ | room Δ vs `prope` [95% CI] | object PSNR ↑ "
-        "| object Δ vs `prope` [95% CI] | seeds | cells |",
-        "|---|---|---|---|---|---|---|---|",
+        "| object Δ vs `prope` [95% CI] | real captures PSNR ↑ | real captures Δ vs `prope` [95% CI] | seeds | cells |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for inputs, where in CHOICES:
+    for inputs, key, where in CHOICES:
         cells, seeds, name = [], set(), next(iter(where.values()))[0].name
         for dataset in DATASETS:
-            if dataset not in where:
-                cells += ["not run", "not run"]
-                continue
             ref, prope = where[dataset]
-            records = _use(used, ref, row_records(ref, dataset))
-            delta = "—" if ref == prope else _delta(records, _use(used, prope, row_records(prope, dataset)))[0]
-            cells += [_psnr(records), delta]
-            if records:
-                seeds.add(len(records))
-        experiments = sorted({ref.experiment for ref, _ in where.values()})
-        links = ", ".join(f"`{e}`" for e in experiments)
+            records = use(used, ref, row_records(ref, dataset))
+            delta = "—" if ref == prope else delta_text(records, use(used, prope, row_records(prope, dataset)))[0]
+            cells += [psnr_text(records), delta]
+            seeds |= {len(records)} if records else set()
+        real, real_seeds = results_page_real.columns(key, used)
+        seeds |= {real_seeds} if real_seeds else set()
+        experiments = {ref.experiment for ref, _ in where.values()}
+        experiments |= {results_page_real.PLANNED} if key in results_page_real.ARMS else set()
+        links = ", ".join(f"`{e}`" for e in sorted(experiments))
         count = "/".join(str(n) for n in sorted(seeds)) or "0"
-        lines.append(f"| {inputs} | {name} | {' | '.join(cells)} | {count} | {links} |")
-    return lines + ["", _commits(used)]
+        lines.append(f"| {inputs} | {name} | {' | '.join(cells + real)} | {count} | {links} |")
+    real = (
+        f"The real Δ pairs the row with `prope` of the same set, with {results_page_real.HIERARCHICAL}; "
+        "— : the row is not in the real planned set."
+    )
+    return lines + ["", f"{results_page_real.note()} {real}", "", commits(used)]
 
 
 def _planned_table() -> list[str]:
@@ -240,10 +194,50 @@ def _planned_table() -> list[str]:
     for label, first, second in PLANNED:
         for dataset in DATASETS:
             a, b = planned_ref(first, dataset), planned_ref(second, dataset)
-            delta, seeds = _delta(_use(used, a, row_records(a, dataset)), _use(used, b, row_records(b, dataset)))
+            delta, seeds = delta_text(use(used, a, row_records(a, dataset)), use(used, b, row_records(b, dataset)))
             cells = ", ".join(f"`{e}`" for e in sorted({a.experiment, b.experiment}))
             lines.append(f"| {label} | {a.name} − {b.name} | {dataset} | {delta} | {seeds} | {cells} |")
-    return lines + ["", _commits(used)]
+    return lines + ["", commits(used)]
+
+
+def _real_planned_table() -> str:
+    """The planned comparisons whose two rows the real planned set has, on the real captures
+    (hierarchical interval) beside the same comparison on the synthetic scenes (crossed interval)."""
+    used: Used = {}
+    steps = results_page_real.planned_steps()
+    lines = [
+        "| # | comparison (a − b), context depth from SfM points on the real captures | real captures Δ PSNR "
+        "[95% CI] | seeds | synthetic `room` Δ [95% CI] | synthetic `object` Δ [95% CI] |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, first, second in PLANNED:
+        if first not in results_page_real.ARMS or second not in results_page_real.ARMS:
+            continue
+        real, seeds = results_page_real.PENDING, 0
+        if steps is not None:
+            a, b = (
+                results_page_real.arm_records(results_page_real.ARMS[k], results_page_real.PLANNED, steps, used)
+                for k in (first, second)
+            )
+            result = clustered_delta(a, b)
+            real, seeds = (real, 0) if result is None else (interval_text(result), result["seeds"])
+        synthetic = [
+            delta_text(row_records(planned_ref(first, d), d), row_records(planned_ref(second, d), d))[0]
+            for d in DATASETS
+        ]
+        names = f"{planned_ref(first, 'room').name} − {planned_ref(second, 'room').name}"
+        lines.append(f"| {label} | {names} | {real} | {seeds} | {' | '.join(synthetic)} |")
+    skipped = [label for label, a, b in PLANNED if {a, b} - set(results_page_real.ARMS)]
+    lines += [
+        "",
+        f"Not on the real captures: {', '.join(skipped)} (a row the real planned set does not train). "
+        f"Real Δ: paired by seed and scene, with {results_page_real.HIERARCHICAL}; synthetic Δ: as in the "
+        "planned comparisons above.",
+        "",
+        results_page_real.note(),
+    ]
+    lines += ["", commits(used)] if used else []
+    return "\n".join(lines) + "\n"
 
 
 def _noise_table() -> str:
@@ -254,7 +248,7 @@ def _noise_table() -> str:
     for variant in NOISE_VARIANTS:
         experiment = PLANNED_EXPERIMENTS["room"] if variant == "0" else "depth_noise"
         uv, anchored = (Ref(experiment, row.label, "") for row in noise_rows(variant)[2:])
-        delta, seeds = _delta(row_records(uv, "room"), row_records(anchored, "room"))
+        delta, seeds = delta_text(row_records(uv, "room"), row_records(anchored, "room"))
         if seeds:
             lines.append(f"| {NOISE_NAMES.get(variant, f'noise level {variant}')} | {delta} | {seeds} |")
     return noise_figure.markdown(noise_figure.gains(folders), "room") + "\n".join(lines) + "\n"
@@ -279,7 +273,7 @@ def _cap_table() -> str:
         for dataset, experiment in CAP_EXPERIMENTS.items():
             records = row_records(Ref(experiment, row.label, name), dataset)
             default = row_records(Ref(experiment, CAP_ROWS[0].label, ""), dataset)
-            cells += [_psnr(records), "—" if index == 0 else _delta(records, default)[0]]
+            cells += [psnr_text(records), "—" if index == 0 else delta_text(records, default)[0]]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -299,13 +293,13 @@ def _real_table() -> str:
     lines = [f"| row | PSNR ↑ | Δ vs `{reference}` [95% CI] | seeds |", "|---|---|---|---|"]
     for row in report["rows"]:
         psnr, delta = row["psnr"], row.get("vs_reference")
-        text = "—" if row["row"] == reference or delta is None else _interval(delta)
+        text = "—" if row["row"] == reference or delta is None else interval_text(delta)
         mark = " ‡" if row.get("trained_at") else ""
         lines.append(f"| {row['row']}{mark} | {psnr['mean']:.2f} ± {psnr['std']:.2f} | {text} | {len(row['seeds'])} |")
     lines += ["", "| a − b (same seeds and test windows) | Δ [95% CI] | seeds |", "|---|---|---|"]
     for first, second in REAL_PAIRS:
         a, b = (row_records(Ref("real_stereo", label, ""), "motorcycle") for label in (first, second))
-        delta, seeds = _delta(a, b)
+        delta, seeds = delta_text(a, b)
         lines.append(f"| {first} − {second} | {delta} | {seeds} |")
     earlier = sorted({c for row in report["rows"] for c in row.get("trained_at", [])})
     note = f"‡ trained at {', '.join(earlier)}; the others at {describe(report['provenance'], short=True)}.\n\n"
@@ -319,6 +313,8 @@ def tables() -> dict[str, str]:
         "planned": "\n".join(_planned_table()) + "\n",
         "noise": _noise_table(),
         "cap": _cap_table(),
+        "real_planned": _real_planned_table(),
+        "real_curve": results_page_real.curve_table(),
         "real": _real_table(),
         "sweep": sweep_tables(json.loads((RESULTS / "geometry_sweep" / "geometry_sweep.json").read_text())),
     }
