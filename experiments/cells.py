@@ -75,7 +75,8 @@ def trained_at(record: dict) -> str:
 class CellRunner:
     """Trains and evaluates cells of one budget, reusing rendered scenes between cells.
 
-    ``store``: the experiment's ``cells.jsonl`` (:class:`nvs_store.CellStore`; None: the cache
+    ``store``: the experiment's ``cells.jsonl`` (its path, or a :class:`nvs_store.CellStore` that
+    runners of several budgets share, so that none overwrites the others' cells; None: the cache
     only); it receives every finished cell read or trained and is written by :meth:`save` (also
     after each cell trained). ``max_datasets``: rendered datasets kept in memory (train and eval,
     keyed by (kind, context views, split)); the oldest is dropped beyond it. ``allow_stale``: reuse
@@ -87,7 +88,7 @@ class CellRunner:
         budget: Budget,
         cache: Path,
         *,
-        store: Path | None = None,
+        store: Path | CellStore | None = None,
         device: str = "cpu",
         threads: int = 1,
         lpips_weights: str | None = None,
@@ -96,7 +97,7 @@ class CellRunner:
         split: str = "eval",
     ) -> None:
         self.budget, self.cache, self.device, self.threads = budget, Path(cache), device, threads
-        self.store = CellStore(store) if store is not None else None
+        self.store = CellStore(store) if isinstance(store, (str, Path)) else store
         self.lpips_weights, self.max_datasets, self.allow_stale = lpips_weights, max_datasets, allow_stale
         self.split = split
         self.provenance = code_provenance()

@@ -56,7 +56,7 @@ from .real_captures_report import write_report
 from .real_captures_sets import __doc__ as sets_doc
 from .real_captures_sets import PROPE, SETS, TEST_EVERY_BY_CAPTURE, Arm, CaptureSet, Data
 from .rows import BUDGETS, Budget, Cell, cell_config, cell_settings, config_hash
-from .store import CELLS_NAME
+from .store import CELLS_NAME, CellStore
 
 __all__ = ["CaptureCellRunner", "fingerprint", "linked_captures", "budget", "shard_cells", "run", "main"]
 
@@ -245,7 +245,7 @@ def run(
     that shard's cells into the cache and write nothing else (a last call without it reports);
     ``report_only``: read the finished cells only (the cache or ``OUT/cells.jsonl``), train nothing."""
     datasets: dict = {}
-    store = None if shard is not None else out / CELLS_NAME
+    store = None if shard is not None else CellStore(out / CELLS_NAME)  # one for the runners of every budget
     runners = {
         n: CaptureCellRunner(
             budget(n, seeds),

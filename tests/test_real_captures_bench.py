@@ -242,3 +242,16 @@ def test_the_held_out_set_refuses_captures_without_its_held_out_ones(captures, t
     with pytest.raises(SystemExit, match=r"held-out captures \['maryRose', 'mother_child'\]: give them in --captures"):
         main(["--captures", str(captures[2]), "--out", str(tmp_path), "--set", "held-out", "--steps", "1"])
     assert not (tmp_path / "cells.jsonl").exists()
+
+
+def test_every_budget_of_a_run_reaches_cells_jsonl(captures, tmp_path):
+    """Two budgets in one call: the runners of both write one ``cells.jsonl``, so neither budget's
+    records overwrite the other's, whether the cells are trained now or read from the cache."""
+    pytest.importorskip("hrope.nvs.data.real.sfm", reason="the SfM geometry source is not in this tree")
+    out = tmp_path / "out"
+    argv = ["--captures", *map(str, captures), "--out", str(out), "--set", "held-out", "--steps", "1", "2"]
+    for extra in ([], ["--report-only"]):
+        (out / "cells.jsonl").unlink(missing_ok=True)
+        main([*argv, "--seeds", "0", *extra])
+        records = [json.loads(line)["record"] for line in (out / "cells.jsonl").read_text().splitlines()]
+        assert sorted(r["steps"] for r in records) == [1] * 4 + [2] * 4
