@@ -106,6 +106,11 @@ class CellRunner:
         self.trained: list[Cell] = []  # cells trained (not read from the cache) by this runner
 
     # ------------------------------------------------------------------ paths and configs
+    def data_section(self, cell: Cell) -> dict | None:
+        """The run config's data section of ``cell`` when the runner supplies its data itself (real
+        captures, stereo windows); None: the budget's synthetic data."""
+        return None
+
     def config(self, cell: Cell, folder: Path) -> RunConfig:
         return cell_config(
             self.budget,
@@ -115,6 +120,7 @@ class CellRunner:
             threads=self.threads,
             lpips_weights=self.lpips_weights,
             split=self.split,
+            data=self.data_section(cell),
         )
 
     def key(self, cell: Cell) -> str:

@@ -55,7 +55,7 @@ from .cells import CellRunner, StaleCellsError, StoppedCellError, trained_at
 from .real_captures_report import write_report
 from .real_captures_sets import __doc__ as sets_doc
 from .real_captures_sets import PROPE, SETS, TEST_EVERY_BY_CAPTURE, Arm, CaptureSet, Data
-from .rows import BUDGETS, Budget, Cell, cell_config, cell_settings, config_hash
+from .rows import BUDGETS, Budget, Cell, cell_settings, config_hash
 from .store import CELLS_NAME, CellStore
 
 __all__ = ["CaptureCellRunner", "fingerprint", "linked_captures", "budget", "shard_cells", "run", "main"]
@@ -106,7 +106,7 @@ class CaptureCellRunner(CellRunner):
 
     def settings(self, data: Data) -> dict:
         """What the cells of ``data`` read beside the budget and the row: their part of the key."""
-        section = self.data_section(data)
+        section = self.capture_section(data)
         return {
             "captures": [[name, digest] for name, digest in sorted(self.fingerprints.items())],
             **{key: section[key] for key in ("protocol", "held_out", "test_every", "test_every_by_capture")},
@@ -120,7 +120,10 @@ class CaptureCellRunner(CellRunner):
         settings = cell_settings(self.budget, cell, self.lpips_weights, self.split)
         return config_hash({**settings, "real_captures": self.settings(self.variants[cell.dataset])})
 
-    def data_section(self, data: Data) -> dict:
+    def data_section(self, cell: Cell) -> dict:
+        return self.capture_section(self.variants[cell.dataset])
+
+    def capture_section(self, data: Data) -> dict:
         """The run config's data section of the cells of ``data``."""
         return {
             "kind": "captures",
@@ -140,15 +143,7 @@ class CaptureCellRunner(CellRunner):
 
     def config(self, cell: Cell, folder: Path):
         data = self.variants[cell.dataset]
-        config = cell_config(
-            self.budget,
-            cell,
-            folder,
-            device=self.device,
-            threads=self.threads,
-            split=self.split,
-            data=self.data_section(data),
-        )
+        config = super().config(cell, folder)
         if data.pretrain is None:
             return config
         synthetic = Cell(data.pretrain, PROPE.row, cell.seed)

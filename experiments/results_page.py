@@ -5,8 +5,9 @@ store.py; read by results_cells.py): a row is ``(experiment, dataset, row label)
 mean ± std over its seeds, and a difference between two rows of one experiment is paired by seed
 and scene with the crossed bootstrap (intervals.py); on real captures (results_page_real.py: the
 real columns of the "which encoding" table, the planned comparisons and the learning curve on them)
-with the hierarchical one, which also resamples the captures. The tables replace the text between ``<!-- results_page: NAME -->``
-and ``<!-- /results_page -->`` in docs/results.md; everything else on the page is prose.
+with the hierarchical one, which also resamples the captures. The tables replace the text between
+``<!-- results_page: NAME -->`` and ``<!-- /results_page -->`` in docs/results.md; everything else on
+the page is prose.
 
     python -m experiments.results_page           # rewrite the tables of docs/results.md
     python -m experiments.results_page --check   # exit 1 when they differ from the committed cells
