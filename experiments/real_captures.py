@@ -38,6 +38,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import sys
 from dataclasses import replace
 from functools import cached_property
@@ -50,8 +51,10 @@ from hrope.nvs.data.real.loaders import scene_frames
 from hrope.nvs.data.real.sfm import triangulate
 from hrope.nvs.data.real.view_splits import capture_views
 from hrope.nvs.data.scene import SceneError
+from hrope.nvs.running.atomic import write_json
+from hrope.nvs.running.checkpoints import CHECKPOINT_NAME
 
-from .cells import CellRunner, StaleCellsError, StoppedCellError, trained_at
+from .cells import METRICS_NAME, TRAINING_NAME, CellRunner, StaleCellsError, StoppedCellError, trained_at
 from .real_captures_report import write_report
 from .real_captures_sets import __doc__ as sets_doc
 from .real_captures_sets import PROPE, SETS, TEST_EVERY_BY_CAPTURE, Arm, CaptureSet, Data
@@ -82,11 +85,25 @@ class CaptureCellRunner(CellRunner):
     cell's ``config.yaml`` builds the same scenes). The datasets are built once per (geometry,
     background, split) and shared by every runner given the same ``datasets`` dict. Cells pre-trained
     on synthetic scenes start from the ``prope`` cell of the ``full`` budget with their seed (trained
-    first when missing, in ``cache/synthetic``)."""
+    first when missing, in ``cache/synthetic``). ``trained_in``: the cache of another set's run on the
+    same captures (e.g. the curve's): a cell whose training config a finished cell there shares, the
+    scored split aside, is not trained again; that cell's final checkpoint, trained by the same code,
+    is evaluated on this split (training is a pure function of the config: the same model)."""
 
-    def __init__(self, budget: Budget, cache: Path, captures: list[Path], spec: CaptureSet, datasets: dict, **options):
+    def __init__(
+        self,
+        budget: Budget,
+        cache: Path,
+        captures: list[Path],
+        spec: CaptureSet,
+        datasets: dict,
+        *,
+        trained_in: Path | None = None,
+        **options,
+    ):
         super().__init__(budget, cache, split=spec.split, **options)
-        self.spec, self.datasets = spec, datasets
+        self.spec, self.datasets, self.trained_in = spec, datasets, trained_in
+        self.reused: dict[Cell, str] = {}  # cells evaluated from another split's checkpoint: its cell id
         self.variants = {arm.data.name: arm.data for arm in spec.arms}
         self.fingerprints = {c.name: fingerprint(c) for c in captures}
         if len(self.fingerprints) < len(captures):
@@ -96,7 +113,8 @@ class CaptureCellRunner(CellRunner):
         absent = sorted(set(spec.held_out) - set(self.fingerprints))
         if absent:
             raise SceneError(f"--set {spec.name} tests on the held-out captures {absent}: give them in --captures")
-        self.root = linked_captures(self.cache / "captures", captures, self.fingerprints)
+        # with trained_in, its links: the reused cells' configs must read the captures at the same root
+        self.root = linked_captures((trained_in or self.cache) / "captures", captures, self.fingerprints)
 
     @cached_property
     def synthetic(self) -> CellRunner:
@@ -157,6 +175,34 @@ class CaptureCellRunner(CellRunner):
             self.datasets[key] = build_dataset(config, split)
         return self.datasets[key]
 
+    def twin(self, cell: Cell) -> Path | None:
+        """The folder of a finished cell under ``trained_in`` with ``cell``'s training config, trained
+        by the current code, for another split; None when there is none."""
+        if self.trained_in is None:
+            return None
+        data = self.variants[cell.dataset]
+        for split in {"val", "eval"} - {self.split}:
+            captures = {**self.settings(data), "split": split}
+            key = config_hash(
+                {**cell_settings(self.budget, cell, self.lpips_weights, split), "real_captures": captures}
+            )
+            folder = self.trained_in / cell.dataset / cell.row.key / f"seed{cell.seed}-{key}"
+            if (folder / CHECKPOINT_NAME).is_file() and (folder / METRICS_NAME).is_file():
+                record = json.loads((folder / METRICS_NAME).read_text())
+                if not self.is_stale(record):
+                    return folder
+        return None
+
+    def run(self, cell: Cell) -> dict:
+        """:meth:`CellRunner.run`, starting from the final checkpoint of the cell's :meth:`twin` when it has one."""
+        folder, twin = self.folder(cell), self.twin(cell)
+        if self.cached(cell) is None and twin is not None and not (folder / CHECKPOINT_NAME).is_file():
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(twin / CHECKPOINT_NAME, folder / CHECKPOINT_NAME)
+            write_json(folder / TRAINING_NAME, self.provenance)
+            self.reused[cell] = twin.relative_to(self.trained_in).as_posix()
+        return super().run(cell)
+
     def data_facts(self, cell: Cell, config) -> dict:
         """The capture of every scored scene (the cluster of the intervals), its context angles, the
         scored split's description (scenes and angles per capture) and, for cells with SfM depth or
@@ -167,6 +213,8 @@ class CaptureCellRunner(CellRunner):
             "context_angles": [list(cut.angles) for cut in scenes.cuts],
             "data": scenes.describe(),
         }
+        if cell in self.reused:
+            facts["checkpoint_of"] = self.reused[cell]
         if config.data.geometry != "none":
             facts["sfm"] = {name: self.sfm_stats(config, name) for name in sorted(self.fingerprints)}
         return facts
@@ -234,6 +282,7 @@ def run(
     allow_stale: bool = False,
     threads: int = 1,
     device: str = "cpu",
+    trained_in: Path | None = None,
     log=print,
 ) -> dict | None:
     """Train (or read) the set's cells and write the report (module doc); with ``shard``, train only
@@ -252,6 +301,7 @@ def run(
             threads=threads,
             device=device,
             allow_stale=allow_stale,
+            trained_in=trained_in,
         )
         for n in steps
     }
@@ -315,6 +365,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--shard", type=_shard, default=None, metavar="I/N", help="train every N-th cell from I only")
     parser.add_argument("--report-only", action="store_true", help="report the finished cells; train nothing")
     parser.add_argument("--allow-stale", action="store_true", help="reuse cells trained by other code (marked)")
+    parser.add_argument(
+        "--trained-in",
+        type=Path,
+        default=None,
+        metavar="CACHE",
+        help="another run's cell cache (OUT/cache of e.g. the curve): cells trained there with the same config, "
+        "the split aside, are evaluated on this split instead of trained again",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     return parser
@@ -339,6 +397,7 @@ def main(argv: list[str] | None = None) -> dict | None:
             allow_stale=args.allow_stale,
             threads=args.threads,
             device=args.device,
+            trained_in=args.trained_in,
             log=lambda text: print(text, flush=True),
         )
     except (StaleCellsError, StoppedCellError, SceneError, ConfigError) as error:

@@ -255,3 +255,23 @@ def test_every_budget_of_a_run_reaches_cells_jsonl(captures, tmp_path):
         main([*argv, "--seeds", "0", *extra])
         records = [json.loads(line)["record"] for line in (out / "cells.jsonl").read_text().splitlines()]
         assert sorted(r["steps"] for r in records) == [1] * 4 + [2] * 4
+
+
+def test_a_cell_trained_for_the_validation_split_is_scored_on_the_test_split_without_training(captures, tmp_path):
+    """``--trained-in``: the held-out set's cells trained and scored on the validation split are
+    evaluated on the test split from their own final checkpoints (no training step), and score what a
+    cell trained for the test split scores (training does not depend on the scored split)."""
+    pytest.importorskip("hrope.nvs.data.real.sfm", reason="the SfM geometry source is not in this tree")
+    argv = ["--captures", *map(str, captures), "--set", "held-out", "--steps", "2", "--seeds", "0"]
+    main([*argv, "--out", str(tmp_path / "val"), "--split", "val"])
+    main([*argv, "--out", str(tmp_path / "test"), "--trained-in", str(tmp_path / "val" / "cache")])
+    main([*argv, "--out", str(tmp_path / "fresh")])
+    reused, fresh = (
+        {r["row"]: r for r in (json.loads(line)["record"] for line in (tmp_path / name / "cells.jsonl").open())}
+        for name in ("test", "fresh")
+    )
+    assert reused.keys() == fresh.keys() and len(reused) == 4
+    for row, record in reused.items():
+        assert record["split"] == "eval" and record["resumed_from_step"] == 2 and record["train_seconds"] is None
+        assert record["checkpoint_of"].startswith(f"{record['dataset']}/") and "checkpoint_of" not in fresh[row]
+        assert record["per_scene"]["psnr"] == fresh[row]["per_scene"]["psnr"]
