@@ -15,7 +15,7 @@ The ratio is each step time over the synthetic step time of the same round, medi
 Writes ``OUT/real_step_cost.{json,md}`` (default ``benchmarks/results/real_captures``).
 
     python benchmarks/real_step_cost.py --captures ../shared/realdata/ethiopianHead ../shared/realdata/maryRose
-    python benchmarks/real_step_cost.py --captures DIR [DIR ...] --rounds 3 --steps 5 --out /tmp/x   # a quick look
+    python benchmarks/real_step_cost.py --captures DIR [DIR ...] --rounds 3 --steps 5 --out OUT   # a quick look
 """
 
 from __future__ import annotations
