@@ -17,6 +17,7 @@ marked in the report). Writes ``OUT/nvs_table.{json,md}`` and one PNG per table.
     OMP_NUM_THREADS=1 python -m experiments.nvs_table                # full CPU run (~3 h), resumable
     python -m experiments.nvs_table --budget gpu --device cuda       # larger preset for a GPU
     python -m experiments.nvs_table --tables table1,fig6 --rows none,prope,hrope
+    python -m experiments.nvs_table --tables table1,fig6 --seeds 0 1 2  # Table 1 with a third seed
     python -m experiments.nvs_table --report-only                    # tables from the finished cells only
     python -m experiments.nvs_table --quick --report-only --allow-stale   # the committed cells (older code)
 """
@@ -270,6 +271,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default=None, help="default benchmarks/results/nvs (nvs_<budget> for other budgets)")
     parser.add_argument("--tables", default=",".join(TABLE_NAMES), help=f"comma list of {', '.join(TABLE_NAMES)}")
     parser.add_argument("--rows", default=None, help="comma list of row labels or encoding names to run")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds (default: the budget's)")
     parser.add_argument("--device", default="cpu", help="cpu | cuda")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per run (0 = torch default)")
     parser.add_argument("--lpips-weights", default=None, help="local LPIPS-Alex weights (else LPIPS unavailable)")
@@ -290,7 +292,7 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.WARNING)
     try:
         return run_benchmark(
-            BUDGETS[name],
+            BUDGETS[name] if args.seeds is None else replace(BUDGETS[name], seeds=tuple(args.seeds)),
             out,
             table_names=[t.strip() for t in args.tables.split(",") if t.strip()],
             row_filter={r.strip() for r in args.rows.split(",")} if args.rows else None,
