@@ -14,7 +14,9 @@ split (every ``test_every``-th view) is scored once, for the planned sets.
 The sets, their rows and the budget rule are written down in :mod:`experiments.real_captures_sets`
 (before any run): ``curve`` (validation split: the budget), ``choices`` (validation split: the
 background, synthetic pre-training), ``planned`` (test split, scored once), ``priors`` (scan24: SfM
-points against the priors against learned planes) and ``held-out`` (test captures named there).
+points against the priors against learned planes) and ``held-out`` (test captures named there). The
+last three pre-train every row on the synthetic ``object`` scenes, the validation choice;
+``--from-scratch`` trains them without.
 
 Each difference is the mean paired PSNR difference (same seed, same scene) with a 95% bootstrap
 interval that resamples seeds, captures and scenes within captures
@@ -29,6 +31,7 @@ shard); their records, with per-scene metrics and the capture of every scene, go
     python -m experiments.real_captures --captures DIR [DIR ...] --out OUT --set planned --shard 0/2   # worker 1
     python -m experiments.real_captures --captures DIR [DIR ...] --out OUT --set planned --shard 1/2   # worker 2
     python -m experiments.real_captures --captures DIR [DIR ...] --out OUT --set planned --report-only
+    python -m experiments.real_captures --captures DIR [DIR ...] --out OUT2 --set planned --from-scratch
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from hrope.nvs.running.checkpoints import CHECKPOINT_NAME
 from .cells import METRICS_NAME, TRAINING_NAME, CellRunner, StaleCellsError, StoppedCellError, trained_at
 from .real_captures_report import write_report
 from .real_captures_sets import __doc__ as sets_doc
-from .real_captures_sets import PROPE, SETS, TEST_EVERY_BY_CAPTURE, Arm, CaptureSet, Data
+from .real_captures_sets import SETS, TEST_EVERY_BY_CAPTURE, Arm, CaptureSet, Data, from_scratch, synthetic_row
 from .rows import BUDGETS, Budget, Cell, cell_settings, config_hash
 from .store import CELLS_NAME, CellStore
 
@@ -84,11 +87,12 @@ class CaptureCellRunner(CellRunner):
     captures through ``cache/captures/<hash>/``, a folder of links to them (so ``hrope train`` on the
     cell's ``config.yaml`` builds the same scenes). The datasets are built once per (geometry,
     background, split) and shared by every runner given the same ``datasets`` dict. Cells pre-trained
-    on synthetic scenes start from the ``prope`` cell of the ``full`` budget with their seed (trained
-    first when missing, in ``cache/synthetic``). ``trained_in``: the cache of another set's run on the
-    same captures (e.g. the curve's): a cell whose training config a finished cell there shares, the
-    scored split aside, is not trained again; that cell's final checkpoint, trained by the same code,
-    is evaluated on this split (training is a pure function of the config: the same model)."""
+    on synthetic scenes start from the cell of their :func:`synthetic_row` of the ``full`` budget
+    with their seed (trained first when missing, in ``cache/synthetic``). ``trained_in``: the cache
+    of another set's run on the same captures (e.g. the curve's): a cell whose training config a
+    finished cell there shares, the scored split aside, is not trained again; that cell's final
+    checkpoint, trained by the same code, is evaluated on this split (training is a pure function of
+    the config: the same model)."""
 
     def __init__(
         self,
@@ -164,7 +168,7 @@ class CaptureCellRunner(CellRunner):
         config = super().config(cell, folder)
         if data.pretrain is None:
             return config
-        synthetic = Cell(data.pretrain, PROPE.row, cell.seed)
+        synthetic = Cell(data.pretrain, synthetic_row(cell.row), cell.seed)
         self.synthetic.run(synthetic)
         return update_config(config, {"train": {"init_from": str(self.synthetic.folder(synthetic))}})
 
@@ -362,6 +366,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--split", choices=("val", "test"), default=None, help="the scored split (default: the set's; module doc)"
     )
+    parser.add_argument(
+        "--from-scratch", action="store_true", help="train the set's pre-trained rows from scratch (module doc)"
+    )
     parser.add_argument("--shard", type=_shard, default=None, metavar="I/N", help="train every N-th cell from I only")
     parser.add_argument("--report-only", action="store_true", help="report the finished cells; train nothing")
     parser.add_argument("--allow-stale", action="store_true", help="reuse cells trained by other code (marked)")
@@ -382,6 +389,11 @@ def main(argv: list[str] | None = None) -> dict | None:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
     spec = SETS[args.set]
+    if args.from_scratch:
+        try:
+            spec = from_scratch(spec)
+        except ValueError as error:
+            raise SystemExit(f"real_captures.py: error: {error}") from None
     if args.split is not None:
         spec = replace(spec, split="eval" if args.split == "test" else "val")
     try:

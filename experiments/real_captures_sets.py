@@ -18,7 +18,12 @@ The sets, written down before any run (the planned comparisons):
   ``prope`` pre-trained on the synthetic ``object`` scenes (the ``full`` budget, same seed; photo
   background). The better of each pair is the choice for the planned sets. A composited row is
   scored against composited targets (the object over the plain colour), so its PSNR is of other
-  images than the photo row's: the report says so beside the table.
+  images than the photo row's: the report says so beside the table. Chosen (the committed cells in
+  ``benchmarks/results/real_captures/choices``): the photo's background, and pre-training, +0.45 dB
+  [−0.03, +1.24]; so every arm of ``planned``, ``priors`` and ``held-out`` starts from its own row
+  pre-trained on the synthetic ``object`` scenes (:data:`PRETRAIN`, :func:`synthetic_row`: a depth
+  row reads the synthetic scenes' rendered depth there). ``--from-scratch`` trains them without
+  (:func:`from_scratch`), as a check that the choice changes no conclusion.
 - ``planned`` (test split, scored once; reference ``prope``): ``prope``, ``prope`` with world rays,
   ``urope``, ``urope`` at the token's depth (``worldrope`` footprint False), ``hrope-lift`` with
   depth (world rays), ``hrope-lift-uv`` with depth (camera rays), the learned-plane HRoPE row and
@@ -52,19 +57,25 @@ __all__ = [
     "LEARNED",
     "BEST_DEPTH",
     "with_geometry",
+    "PRETRAIN",
+    "synthetic_row",
+    "pretrained",
+    "from_scratch",
 ]
 
 HELD_OUT = ("maryRose", "mother_child")  # the held-out captures of the `held-out` set, named before any run
 TEST_EVERY_BY_CAPTURE = {"scan24": 4}  # every 4th of scan24's 49 views is a test target, in every set
 SFM = (("fit", "robust"),)  # sparse SfM depth: planes by the robust fit
 PRIORS = (("use_normals", True),)  # aligned dense priors: the prior normals orient the planes
+PRETRAIN = "object"  # the synthetic scenes the planned sets' rows are pre-trained on (chosen by `choices`)
 
 
 @dataclass(frozen=True)
 class Data:
     """What the context views carry and how the model starts: ``geometry`` none | sfm | priors,
-    ``background`` photo | composite, ``pretrain``: the synthetic kind ``prope`` was pre-trained on
-    (the ``full`` budget, the same seed) before training on the captures, or None (from scratch)."""
+    ``background`` photo | composite, ``pretrain``: the synthetic kind the row (its
+    :func:`synthetic_row`) was pre-trained on (the ``full`` budget, the same seed) before training on
+    the captures, or None (from scratch)."""
 
     geometry: str = "none"
     background: str = "photo"
@@ -119,6 +130,25 @@ def with_geometry(row: Row, geometry: str) -> Arm:
     return Arm(replace(row, options=row.options + (SFM if geometry == "sfm" else PRIORS)), Data(geometry))
 
 
+def synthetic_row(row: Row) -> Row:
+    """The row a capture row is pre-trained as on synthetic scenes: the same model without the capture
+    geometry's options (a depth row reads the synthetic scenes' rendered depth, fitted by least squares)."""
+    return replace(row, options=tuple(option for option in row.options if option not in SFM + PRIORS))
+
+
+def pretrained(arms: tuple[Arm, ...], kind: str = PRETRAIN) -> tuple[Arm, ...]:
+    """``arms``, each starting from its :func:`synthetic_row` pre-trained on the synthetic ``kind``."""
+    return tuple(replace(arm, data=replace(arm.data, pretrain=kind)) for arm in arms)
+
+
+def from_scratch(spec: CaptureSet) -> CaptureSet:
+    """``spec`` with every arm trained from scratch; refused for a set that compares pre-training itself
+    or has no pre-trained arm."""
+    if any(arm.data.pretrain is None for arm in spec.arms):
+        raise ValueError(f"--from-scratch: the set {spec.name!r} does not pre-train every row")
+    return replace(spec, arms=tuple(replace(arm, data=replace(arm.data, pretrain=None)) for arm in spec.arms))
+
+
 PROPE, PROPE_WORLD, UROPE = Arm(Row("prope")), Arm(Row("prope", model_options=WORLD)), Arm(Row("urope"))
 LEARNED = Arm(Row("hrope-lift", options=TRANSFER))  # the learned-plane HRoPE row (camera rays)
 DEPTH_ROWS = {  # the planned set's depth rows, as plane_evidence defines them
@@ -140,20 +170,22 @@ SETS = {
     "choices": CaptureSet(
         "choices",
         "Data choices on the validation views: background, synthetic pre-training",
-        (PROPE, Arm(PROPE.row, Data(background="composite")), Arm(PROPE.row, Data(pretrain="object"))),
+        (PROPE, Arm(PROPE.row, Data(background="composite")), Arm(PROPE.row, Data(pretrain=PRETRAIN))),
     ),
     "planned": CaptureSet(
         "planned",
         "Planned comparisons on real captures (held-out views, test split)",
-        (PROPE, PROPE_WORLD, UROPE)
-        + tuple(with_geometry(DEPTH_ROWS[n], "sfm") for n in ("urope at the token's depth", "hrope-lift"))
-        + (BEST_DEPTH, LEARNED, with_geometry(DEPTH_ROWS["rayrope known depth"], "sfm")),
+        pretrained(
+            (PROPE, PROPE_WORLD, UROPE)
+            + tuple(with_geometry(DEPTH_ROWS[n], "sfm") for n in ("urope at the token's depth", "hrope-lift"))
+            + (BEST_DEPTH, LEARNED, with_geometry(DEPTH_ROWS["rayrope known depth"], "sfm"))
+        ),
         split="eval",
     ),
     "priors": CaptureSet(
         "priors",
         "SfM points against the foundation model's priors against learned planes (scan24, test split)",
-        (LEARNED,) + tuple(with_geometry(DEPTH_ROWS[n], g) for g in ("sfm", "priors") for n in PRIOR_ROWS),
+        pretrained((LEARNED,) + tuple(with_geometry(DEPTH_ROWS[n], g) for g in ("sfm", "priors") for n in PRIOR_ROWS)),
         split="eval",
         test_every=4,
         pairs=((4, 1), (5, 2), (6, 3)),
@@ -161,7 +193,7 @@ SETS = {
     "held-out": CaptureSet(
         "held-out",
         f"Held-out captures ({', '.join(HELD_OUT)}), test split",
-        (PROPE, UROPE, LEARNED, BEST_DEPTH),
+        pretrained((PROPE, UROPE, LEARNED, BEST_DEPTH)),
         split="eval",
         protocol="captures",
         held_out=HELD_OUT,

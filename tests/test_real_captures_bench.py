@@ -11,13 +11,27 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from experiments.real_captures import CaptureCellRunner, _shard, main, shard_cells
 from experiments.real_captures import budget as make_budget
 from experiments.real_captures_report import supported_budget
 from experiments.plane_evidence import PLANNED_ROWS
-from experiments.real_captures_sets import BEST_DEPTH, HELD_OUT, LEARNED, PRIORS, PROPE, SETS, SFM, CaptureSet, Data
-from experiments.rows import Cell
+from experiments.real_captures_sets import (
+    BEST_DEPTH,
+    HELD_OUT,
+    LEARNED,
+    PRETRAIN,
+    PRIORS,
+    PROPE,
+    SETS,
+    SFM,
+    CaptureSet,
+    Data,
+    from_scratch,
+    synthetic_row,
+)
+from experiments.rows import BUDGETS, Cell
 from hrope.nvs.data.real.colmap_points import write_colmap_model
 from hrope.nvs.data.synthetic.generator import make_scene
 
@@ -46,24 +60,34 @@ def labels(name: str) -> list[str]:
     return [arm.label for arm in SETS[name].arms]
 
 
+def pretrained(labels: list[str]) -> list[str]:
+    """Arm labels as a pre-trained set's arms carry them."""
+    return [
+        label[:-1] + f", pre-trained on {PRETRAIN}]" if label.endswith("]") else f"{label} [pre-trained on {PRETRAIN}]"
+        for label in labels
+    ]
+
+
 def test_the_sets_are_the_ones_written_down():
     depth = "external, targets transfer"
     assert labels("curve") == ["prope", "urope", "hrope-lift (targets transfer)", BEST_DEPTH.label]
     assert BEST_DEPTH.label == f"hrope-lift-uv ({depth}, fit robust) [sfm depth]"
     assert SETS["curve"].steps == (600, 3000) and SETS["curve"].split == "val"
     assert labels("choices") == ["prope", "prope [background composite]", "prope [pre-trained on object]"]
-    assert labels("planned") == [
-        "prope",
-        "prope (rays world)",
-        "urope",
-        f"worldrope ({depth}, fit robust, footprint False) [sfm depth]",
-        f"hrope-lift ({depth}, fit robust, rays world) [sfm depth]",
-        f"hrope-lift-uv ({depth}, fit robust) [sfm depth]",
-        "hrope-lift (targets transfer)",
-        f"rayrope ({depth}, fit robust, depth known) [sfm depth]",
-    ]
+    assert labels("planned") == pretrained(
+        [
+            "prope",
+            "prope (rays world)",
+            "urope",
+            f"worldrope ({depth}, fit robust, footprint False) [sfm depth]",
+            f"hrope-lift ({depth}, fit robust, rays world) [sfm depth]",
+            f"hrope-lift-uv ({depth}, fit robust) [sfm depth]",
+            "hrope-lift (targets transfer)",
+            f"rayrope ({depth}, fit robust, depth known) [sfm depth]",
+        ]
+    )
     priors = labels("priors")
-    assert priors[0] == LEARNED.label and len(priors) == 7
+    assert priors[0] == pretrained([LEARNED.label])[0] and len(priors) == 7
     assert [a.data.geometry for a in SETS["priors"].arms] == ["none"] + ["sfm"] * 3 + ["priors"] * 3
     for a, b in SETS["priors"].pairs:  # each priors row against its SfM twin: the same encoding and rays
         first, second = SETS["priors"].arms[a], SETS["priors"].arms[b]
@@ -71,7 +95,16 @@ def test_the_sets_are_the_ones_written_down():
         assert (first.row.encoding, first.row.model_options) == (second.row.encoding, second.row.model_options)
         assert dict(first.row.options)["use_normals"] is True and dict(second.row.options)["fit"] == "robust"
     assert SETS["priors"].test_every == 4
-    assert labels("held-out") == ["prope", "urope", LEARNED.label, BEST_DEPTH.label]
+    assert labels("held-out") == pretrained(["prope", "urope", LEARNED.label, BEST_DEPTH.label])
+    assert [arm.label for arm in from_scratch(SETS["held-out"]).arms] == [
+        "prope",
+        "urope",
+        LEARNED.label,
+        BEST_DEPTH.label,
+    ]
+    for name in ("curve", "choices"):  # the sets that decide the pre-training refuse to drop it
+        with pytest.raises(ValueError, match="does not pre-train every row"):
+            from_scratch(SETS[name])
     assert SETS["held-out"].held_out == HELD_OUT == ("maryRose", "mother_child")
     assert SETS["held-out"].protocol == "captures"
     assert {name: spec.split for name, spec in SETS.items()} == {
@@ -87,9 +120,14 @@ def test_the_sets_are_the_ones_written_down():
             assert (arm.data.geometry != "none") == external, arm.label
             added = SFM if arm.data.geometry == "sfm" else PRIORS
             assert not external or replace(arm.row, options=arm.row.options[: -len(added)]) in PLANNED_ROWS
+            assert not external or synthetic_row(arm.row) in PLANNED_ROWS  # pre-trained on rendered depth
+            assert external or synthetic_row(arm.row) == arm.row
 
 
-def runner_for(captures, tmp_path, spec=SETS["planned"], steps=600) -> CaptureCellRunner:
+SCRATCH = from_scratch(SETS["planned"])
+
+
+def runner_for(captures, tmp_path, spec=SCRATCH, steps=600) -> CaptureCellRunner:
     return CaptureCellRunner(make_budget(steps, [0]), tmp_path / "cache", captures, spec, {})
 
 
@@ -97,14 +135,15 @@ def test_the_key_changes_with_captures_cameras_geometry_and_split(captures, tmp_
     cell = Cell(Data().name, PROPE.row, 0)
     key = runner_for(captures, tmp_path).key(cell)
     assert runner_for(captures[:2], tmp_path).key(cell) != key
-    assert runner_for(captures, tmp_path, replace(SETS["planned"], split="val")).key(cell) != key
+    assert runner_for(captures, tmp_path, replace(SCRATCH, split="val")).key(cell) != key
     assert runner_for(captures, tmp_path, steps=3000).key(cell) != key
     sfm = Cell(Data("sfm").name, PROPE.row, 0)
     composite = Cell(Data(background="composite").name, PROPE.row, 0)
-    spec = replace(SETS["planned"], arms=SETS["planned"].arms + (replace(PROPE, data=Data("sfm")),))
+    started = Cell(Data(pretrain=PRETRAIN).name, PROPE.row, 0)
+    spec = replace(SCRATCH, arms=SCRATCH.arms + SETS["planned"].arms[:1] + (replace(PROPE, data=Data("sfm")),))
     spec = replace(spec, arms=spec.arms + (replace(PROPE, data=Data(background="composite")),))
-    keys = {runner_for(captures, tmp_path, spec).key(c) for c in (cell, sfm, composite)}
-    assert len(keys) == 3 and key in keys
+    keys = {runner_for(captures, tmp_path, spec).key(c) for c in (cell, sfm, composite, started)}
+    assert len(keys) == 4 and key in keys
     moved = tmp_path / "elsewhere"
     for capture in captures:
         shutil.copytree(capture, moved / capture.name)
@@ -133,6 +172,7 @@ def test_a_smoke_run_records_per_scene_psnr_with_captures(captures, tmp_path, ca
         str(out),
         "--set",
         "held-out",
+        "--from-scratch",
         "--steps",
         "2",
         "--seeds",
@@ -160,7 +200,7 @@ def test_a_smoke_run_records_per_scene_psnr_with_captures(captures, tmp_path, ca
     assert all(set(sfm) == set(NAMES) and all(s["points"] > 0 for s in sfm.values()) for sfm in with_sfm)
     assert report["sfm"] == with_sfm[0]
     rows = report["budgets"]["2"]
-    assert [row["row"] for row in rows] == labels("held-out")
+    assert [row["row"] for row in rows] == [arm.label for arm in from_scratch(SETS["held-out"]).arms]
     assert set(rows[-1]["psnr_per_capture"]) == set(HELD_OUT)
     assert rows[-1]["vs_reference"]["seeds"] == 2 and rows[-1]["vs_reference"]["captures"] == 2
     written = json.loads((out / "real_captures.json").read_text())
@@ -249,7 +289,18 @@ def test_every_budget_of_a_run_reaches_cells_jsonl(captures, tmp_path):
     records overwrite the other's, whether the cells are trained now or read from the cache."""
     pytest.importorskip("hrope.nvs.data.real.sfm", reason="the SfM geometry source is not in this tree")
     out = tmp_path / "out"
-    argv = ["--captures", *map(str, captures), "--out", str(out), "--set", "held-out", "--steps", "1", "2"]
+    argv = [
+        "--captures",
+        *map(str, captures),
+        "--out",
+        str(out),
+        "--set",
+        "held-out",
+        "--from-scratch",
+        "--steps",
+        "1",
+        "2",
+    ]
     for extra in ([], ["--report-only"]):
         (out / "cells.jsonl").unlink(missing_ok=True)
         main([*argv, "--seeds", "0", *extra])
@@ -262,7 +313,7 @@ def test_a_cell_trained_for_the_validation_split_is_scored_on_the_test_split_wit
     evaluated on the test split from their own final checkpoints (no training step), and score what a
     cell trained for the test split scores (training does not depend on the scored split)."""
     pytest.importorskip("hrope.nvs.data.real.sfm", reason="the SfM geometry source is not in this tree")
-    argv = ["--captures", *map(str, captures), "--set", "held-out", "--steps", "2", "--seeds", "0"]
+    argv = ["--captures", *map(str, captures), "--set", "held-out", "--from-scratch", "--steps", "2", "--seeds", "0"]
     main([*argv, "--out", str(tmp_path / "val"), "--split", "val"])
     main([*argv, "--out", str(tmp_path / "test"), "--trained-in", str(tmp_path / "val" / "cache")])
     main([*argv, "--out", str(tmp_path / "fresh")])
@@ -275,3 +326,24 @@ def test_a_cell_trained_for_the_validation_split_is_scored_on_the_test_split_wit
         assert record["split"] == "eval" and record["resumed_from_step"] == 2 and record["train_seconds"] is None
         assert record["checkpoint_of"].startswith(f"{record['dataset']}/") and "checkpoint_of" not in fresh[row]
         assert record["per_scene"]["psnr"] == fresh[row]["per_scene"]["psnr"]
+
+
+def test_each_pre_trained_row_starts_from_its_own_synthetic_cell(captures, tmp_path, monkeypatch):
+    """A pre-trained set (held-out, with the ``full`` budget cut to 2 steps): every arm's run starts
+    (``train.init_from``) from the synthetic ``object`` cell of its own row with its seed, the SfM
+    row's without the SfM fit (the synthetic scenes' rendered depth), and that cell is trained."""
+    pytest.importorskip("hrope.nvs.data.real.sfm", reason="the SfM geometry source is not in this tree")
+    tiny = replace(BUDGETS["full"], steps=2, warmup=1, train_scenes=4, eval_scenes=2, protocol_scenes=2)
+    monkeypatch.setitem(BUDGETS, "full", tiny)
+    out = tmp_path / "out"
+    main(["--captures", *map(str, captures), "--out", str(out), "--set", "held-out", "--steps", "2", "--seeds", "1"])
+    synthetic = out / "cache" / "synthetic" / PRETRAIN
+    assert sorted(p.name for p in synthetic.iterdir()) == sorted(
+        synthetic_row(a.row).key for a in SETS["held-out"].arms
+    )
+    for arm in SETS["held-out"].arms:
+        (folder,) = (out / "cache" / arm.data.name / arm.row.key).glob("seed1-*")
+        start = Path(yaml.safe_load((folder / "config.yaml").read_text())["train"]["init_from"])
+        assert start.parent == synthetic / synthetic_row(arm.row).key and start.name.startswith("seed1-")
+        assert (start / "checkpoint.safetensors").is_file()
+    assert dict(synthetic_row(BEST_DEPTH.row).options).get("fit") is None
