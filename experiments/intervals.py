@@ -29,7 +29,15 @@ import torch
 
 from hrope import InputError
 
-__all__ = ["crossed_bootstrap", "hierarchical_bootstrap", "RESAMPLES", "LEVEL", "METHOD", "HIERARCHICAL_METHOD"]
+__all__ = [
+    "crossed_bootstrap",
+    "hierarchical_bootstrap",
+    "interval_text",
+    "RESAMPLES",
+    "LEVEL",
+    "METHOD",
+    "HIERARCHICAL_METHOD",
+]
 
 RESAMPLES = 4000
 LEVEL = 0.95
@@ -91,6 +99,12 @@ def _percentile_interval(diff: torch.Tensor, means: torch.Tensor, level: float, 
         "scenes": diff.shape[1],
         "excludes_zero": low > 0 or high < 0,
     }
+
+
+def interval_text(result: dict) -> str:
+    """``+0.12 [+0.07, +0.17]`` of a bootstrap result, bold when it excludes zero."""
+    text = f"{result['mean']:+.2f} [{result['low']:+.2f}, {result['high']:+.2f}]"
+    return f"**{text}**" if result["excludes_zero"] else text
 
 
 @functools.cache

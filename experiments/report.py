@@ -9,6 +9,11 @@ and a floor (0.05 dB PSNR, 0.002 SSIM) because a std from 2 seeds can be tiny by
 one-sigma screen, not a significance test). With fewer than 2 finished seeds per row there is no
 std and the difference is reported as "1 seed".
 
+Where both rows' cells carry per-scene PSNR (results version 1 on), a PSNR difference also gets its
+95% crossed-bootstrap interval over seeds and scenes (:func:`psnr_interval`), and a claim's verdict
+follows the interval (holds / reversed when it excludes zero, else within noise) instead of the
+screen.
+
 Rows, Fig. 6 curves and claims built on a cell trained on an earlier code version (reused with
 ``--allow-stale``, record flag ``stale``) are marked † in the Markdown and ``stale`` in the JSON.
 """
@@ -20,12 +25,24 @@ import statistics
 from pathlib import Path
 
 
+from .intervals import crossed_bootstrap, interval_text
 from .rows import ABLATIONS, APE_ABLATIONS, VIEW_COUNTS, Row, Table
 from hrope.nvs.evaluation.metrics import lpips_name
 from hrope.nvs.running.provenance import describe
 from hrope.nvs.running.atomic import save_figure
 
-__all__ = ["stat", "compare", "table_report", "fig6_report", "claims", "markdown", "plots", "NOISE_RULE", "NOISE_FLOOR"]
+__all__ = [
+    "stat",
+    "compare",
+    "psnr_interval",
+    "table_report",
+    "fig6_report",
+    "claims",
+    "markdown",
+    "plots",
+    "NOISE_RULE",
+    "NOISE_FLOOR",
+]
 
 NOISE_FLOOR = {"psnr": 0.05, "ssim": 0.002}
 NOISE_RULE = (
@@ -59,6 +76,18 @@ def compare(a: dict | None, b: dict | None, floor: float = 0.0) -> dict | None:
     pooled = math.sqrt((a["std"] ** 2 + b["std"] ** 2) / 2)
     verdict = "within noise" if abs(delta) <= max(pooled, floor) else ("higher" if delta > 0 else "lower")
     return {"delta": delta, "pooled_std": pooled, "verdict": verdict}
+
+
+def psnr_interval(a: list[dict], b: list[dict]) -> dict | None:
+    """The crossed-bootstrap PSNR difference ``a − b`` (:func:`experiments.intervals.crossed_bootstrap`)
+    of two rows' cell records over the seeds both finished; None without common seeds or when one of
+    those cells has no per-scene PSNR (results version 0)."""
+    first, second = ({r["seed"]: r for r in records} for records in (a, b))
+    seeds = sorted(first.keys() & second.keys())
+    tables = [[(rows[s].get("per_scene") or {}).get("psnr") for s in seeds] for rows in (first, second)]
+    if not seeds or any(scenes is None for table in tables for scenes in table):
+        return None
+    return crossed_bootstrap(*tables)
 
 
 def _metric_stat(records: list[dict], name: str):
@@ -100,9 +129,11 @@ def table_report(table: Table, records: dict[tuple, list[dict]]) -> dict:
     for dataset in table.datasets:
         rows = []
         for row in table.rows:
-            summary = row_summary(records.get((dataset, row), []), row)
-            reference = row_summary(records.get((dataset, table.reference(row)), []), table.reference(row))
+            own, theirs = records.get((dataset, row), []), records.get((dataset, table.reference(row)), [])
+            summary = row_summary(own, row)
+            reference = row_summary(theirs, table.reference(row))
             summary["reference"] = reference["row"]
+            summary["psnr_interval"] = None if row == table.reference(row) else psnr_interval(own, theirs)
             for name in ("psnr", "ssim"):
                 summary[f"delta_{name}"] = (
                     None if row == table.reference(row) else compare(summary[name], reference[name], NOISE_FLOOR[name])
@@ -135,9 +166,23 @@ def fig6_report(results: dict[tuple, list[dict]], stale_rows=()) -> dict:
 
 
 # ----------------------------------------------------------------------------- claims
+def _cells(report: dict, dataset: str, label: str) -> list[dict]:
+    """The report's cell records of one row on one dataset."""
+    return [r for r in report.get("cells", []) if r["dataset"] == dataset and r["row"] == label]
+
+
 def _find(report: dict, table: str, dataset: str, label: str) -> dict | None:
     rows = report["tables"].get(table, {}).get("datasets", {}).get(dataset, [])
     return next((r for r in rows if r["row"] == label), None)
+
+
+def _verdict(screen: dict | None, interval: dict | None) -> str:
+    """A claim's verdict: from the interval when there is one (it excludes zero or not), else the noise screen."""
+    if screen is None:
+        return "pending"
+    if interval is None:
+        return {"higher": "holds", "lower": "reversed"}.get(screen["verdict"], screen["verdict"])
+    return "holds" if interval["low"] > 0 else "reversed" if interval["high"] < 0 else "within noise"
 
 
 def claims(report: dict) -> list[dict]:
@@ -167,19 +212,16 @@ def claims(report: dict) -> list[dict]:
         if row_a is None or row_b is None:  # a row left out with --rows
             continue
         result = compare(row_a["psnr"], row_b["psnr"], NOISE_FLOOR["psnr"])
-        verdict = (
-            "pending"
-            if result is None
-            else {"higher": "holds", "lower": "reversed"}.get(result["verdict"], result["verdict"])
-        )
+        interval = psnr_interval(*(_cells(report, dataset, label) for label in (a, b)))
         out.append(
             {
                 "table": table,
                 "dataset": dataset,
                 "claim": f"{a} > {b}",
-                "verdict": verdict,
+                "verdict": _verdict(result, interval),
                 "delta_psnr": None if result is None else result["delta"],
                 "pooled_std": None if result is None else result["pooled_std"],
+                "interval": interval,
                 "stale": bool(row_a.get("stale") or row_b.get("stale")),
             }
         )
@@ -209,7 +251,8 @@ def _table_markdown(name: str, table: dict) -> list[str]:
     for dataset, rows in table["datasets"].items():
         reference = "the same encoding with learned planes" if name == "table3" else "`none` (same views)"
         lines += [
-            f"**{dataset}** (Δ vs {reference}; ≈ = within seed noise)",
+            f"**{dataset}** (Δ vs {reference}; Δ PSNR [95% CI]: crossed bootstrap over seeds and scenes, bold "
+            "when it excludes zero; without per-scene cells, ≈ = within seed noise)",
             "",
             f"| row | PSNR ↑ | Δ PSNR | SSIM ↑ | Δ SSIM | {LPIPS_NAME} ↓ | params | train s | seeds |",
             "|---|---|---|---|---|---|---|---|---|",
@@ -218,7 +261,8 @@ def _table_markdown(name: str, table: dict) -> list[str]:
             seconds = r["train_seconds"]
             lines.append(
                 f"| {r['row']}{STALE_MARK if r.get('stale') else ''} | {_fmt(r['psnr'], 2)} | "
-                f"{_fmt_delta(r['delta_psnr'], 2)} | {_fmt(r['ssim'], 3)} | "
+                f"{interval_text(r['psnr_interval']) if r.get('psnr_interval') else _fmt_delta(r['delta_psnr'], 2)} | "
+                f"{_fmt(r['ssim'], 3)} | "
                 f"{_fmt_delta(r['delta_ssim'], 3)} | {_fmt(r['lpips'], 3)} | "
                 f"{'pending' if r['parameters'] is None else format(r['parameters'], ',')} | "
                 f"{'pending' if seconds is None else format(seconds['mean'], '.0f')} | {len(r['seeds'])} |"
@@ -268,14 +312,17 @@ def _claims_markdown(claims: list[dict]) -> list[str]:
     lines = [
         "### The paper's ordering claims (PSNR)",
         "",
-        "| table | dataset | claim | Δ PSNR | pooled std | verdict |",
-        "|---|---|---|---|---|---|",
+        "| table | dataset | claim | Δ PSNR | 95% CI | pooled std | verdict |",
+        "|---|---|---|---|---|---|---|",
     ]
     for c in claims:
         delta = "—" if c["delta_psnr"] is None else f"{c['delta_psnr']:+.2f}"
+        interval = "—" if c.get("interval") is None else f"[{c['interval']['low']:+.2f}, {c['interval']['high']:+.2f}]"
         pooled = "—" if c["pooled_std"] is None else f"{c['pooled_std']:.2f}"
         mark = STALE_MARK if c.get("stale") else ""
-        lines.append(f"| {c['table']} | {c['dataset']} | {c['claim']}{mark} | {delta} | {pooled} | {c['verdict']} |")
+        lines.append(
+            f"| {c['table']} | {c['dataset']} | {c['claim']}{mark} | {delta} | {interval} | {pooled} | {c['verdict']} |"
+        )
     counts = {
         v: sum(c["verdict"] == v for c in claims) for v in ("holds", "reversed", "within noise", "1 seed", "pending")
     }

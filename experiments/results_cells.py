@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hrope.nvs.running.provenance import describe
 
-from .intervals import crossed_bootstrap
+from .intervals import crossed_bootstrap, interval_text
 from .real_captures_report import difference
 from .store import CELLS_NAME, CellStore
 
@@ -69,12 +69,6 @@ def psnr_text(records: dict[int, dict], missing: str = "not run") -> str:
         return missing
     spread = f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else ""
     return f"{statistics.fmean(values):.2f}{spread}"
-
-
-def interval_text(result: dict) -> str:
-    """``+0.12 [+0.07, +0.17]`` of a bootstrap result, bold when it excludes zero."""
-    text = f"{result['mean']:+.2f} [{result['low']:+.2f}, {result['high']:+.2f}]"
-    return f"**{text}**" if result["excludes_zero"] else text
 
 
 def delta_text(a: dict[int, dict], b: dict[int, dict], missing: str = "not run") -> tuple[str, int]:

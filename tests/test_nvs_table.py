@@ -17,8 +17,8 @@ from hrope.nvs.model import APE_ENCODINGS, encoding_names
 
 import experiments.rows as nvs_rows
 from experiments.cells import TRAINING_NAME
-from experiments.report import compare, stat
-from experiments.rows import ABLATIONS, BUDGETS, Cell, Row, cell_config, cell_settings, config_hash, tables
+from experiments.report import claims, compare, markdown, psnr_interval, stat, table_report
+from experiments.rows import ABLATIONS, BUDGETS, Cell, Row, Table, cell_config, cell_settings, config_hash, tables
 from experiments.store import CELLS_NAME, CellStore
 from experiments.nvs_table import main, run_benchmark
 
@@ -214,6 +214,64 @@ def test_noise_rule():
     assert compare(stat([20.1, 20.1]), stat([20.0, 20.0]))["verdict"] == "higher"  # std 0: any Δ counts
     assert compare(stat([20.1, 20.1]), stat([20.0, 20.0]), floor=0.2)["verdict"] == "within noise"
     assert stat([1.0, 3.0]) == {"mean": 2.0, "std": pytest.approx(math.sqrt(2.0)), "n": 2}
+
+
+def _records(label: str, per_scene: list[list[float]] | None) -> list[dict]:
+    """Cell records of one row on ``room``, one per seed, with or without per-scene PSNR."""
+    seeds = per_scene or [[20.0, 21.0], [20.2, 21.2]]
+    return [
+        {
+            "dataset": "room",
+            "row": label,
+            "seed": seed,
+            "metrics": {"psnr": sum(scenes) / len(scenes), "ssim": 0.5, "lpips": "unavailable"},
+            "per_scene": None if per_scene is None else {"psnr": scenes},
+            "train_seconds": 1.0,
+            "parameters": 10,
+        }
+        for seed, scenes in enumerate(seeds)
+    ]
+
+
+def test_table_differences_and_claims_use_the_crossed_interval_when_cells_have_per_scene_psnr():
+    """Δ vs the reference carries the crossed-bootstrap interval of the paired per-scene table, and a
+    claim's verdict follows it: a lead of 0.1 dB that every scene shows holds, although the one-sigma
+    screen calls it noise; cells without per-scene PSNR keep the screen."""
+    table = Table("table1", "t", (Row("none"), Row("hrope"), Row("urope")), ("room",), lambda row: Row("none"))
+    scenes = [[20.0, 21.0, 19.0, 22.0], [20.4, 21.4, 19.4, 22.4]]  # seed spread 0.4 dB, shared by every row
+    lead = [[v + 0.1 for v in seed] for seed in scenes]  # hrope − urope: +0.1 on every scene and seed
+    records = {
+        (d, Row(e)): _records(e, t)
+        for d in ("room",)
+        for e, t in (("none", scenes), ("hrope", lead), ("urope", scenes))
+    }
+    rows = {r["row"]: r for r in table_report(table, records)["datasets"]["room"]}
+    assert rows["none"]["psnr_interval"] is None
+    interval = rows["hrope"]["psnr_interval"]
+    assert interval["mean"] == pytest.approx(0.1) and interval["low"] == pytest.approx(0.1) and interval["seeds"] == 2
+    assert rows["hrope"]["delta_psnr"]["verdict"] == "within noise"  # the screen: |0.1| < pooled std 0.28
+    report = {"tables": {"table1": table_report(table, records)}, "cells": [r for rs in records.values() for r in rs]}
+    (claim,) = [c for c in claims(report) if c["claim"] == "hrope > urope"]
+    assert claim["verdict"] == "holds" and claim["interval"]["low"] > 0
+    assert "**+0.10 [+0.10, +0.10]**" in markdown({**_report_frame(), **report, "claims": claims(report)})
+    bare = {key: _records(key[1].encoding, None) for key in records}
+    assert psnr_interval(bare[("room", Row("hrope"))], bare[("room", Row("none"))]) is None
+    plain = {"tables": {"table1": table_report(table, bare)}, "cells": [r for rs in bare.values() for r in rs]}
+    (claim,) = [c for c in claims(plain) if c["claim"] == "hrope > urope"]
+    assert claim["interval"] is None and claim["verdict"] == "within noise"
+
+
+def _report_frame() -> dict:
+    """The parts of a report dict that markdown() reads besides the tables and claims."""
+    return {
+        "budget": {**TOY.as_dict(), "name": "toy"},
+        "progress": {"finished": 0, "planned": 0},
+        "command": "toy",
+        "generated": "now",
+        "device": "cpu",
+        "threads": 1,
+        "lpips": "unavailable",
+    }
 
 
 def test_plane_evidence_report_pairs_rows_with_prope_and_labels_target_geometry():
