@@ -1,12 +1,14 @@
 """The real-capture parts of docs/results.md (experiments/results_page.py): the planned set's columns
 of the "which encoding" table, its rows' differences, and the learning curve's budget.
 
-The cells are those experiments/real_captures.py writes with ``--out benchmarks/results/real_captures/<set>``
-(``planned``: test split, scored once; ``curve``: validation split), read like every cell of the page
-(results_cells.py). A row is an arm of the set (real_captures_sets.py: a model row and the geometry
-its context views carry; its cells' dataset is the arm's data name) at one budget; a difference to
-another arm of the same set pairs seeds and scenes, with the hierarchical interval (captures,
-scenes within captures and seeds resampled). An arm without committed cells reads "pending".
+The cells are those experiments/real_captures.py writes with ``--out benchmarks/results/real_captures/<dir>``
+(``planned_pretrained``: ``--set planned``, every row pre-trained on the synthetic ``object`` scenes as
+the validation split chose, test split, scored once; ``planned``: the same set ``--from-scratch``;
+``curve``: validation split), read like every cell of the page (results_cells.py). A row is an arm
+of the set (real_captures_sets.py: a model row and the geometry its context views carry; its cells'
+dataset is the arm's data name) at one budget; a difference to another arm of the same set pairs
+seeds and scenes, with the hierarchical interval (captures, scenes within captures and seeds
+resampled). An arm without committed cells reads "pending".
 """
 
 from __future__ import annotations
@@ -14,27 +16,33 @@ from __future__ import annotations
 from collections import Counter
 
 from .real_captures_report import budget_lines, supported_budget
-from .real_captures_sets import BEST_DEPTH, DEPTH_ROWS, LEARNED, PROPE, PROPE_WORLD, SETS, UROPE, Arm, with_geometry
+from .real_captures_sets import PROPE, SETS, Arm, from_scratch
 from .report import stat
 from .results_cells import Ref, Used, cells, clustered_delta, commits, interval_text, psnr_text, row_records, use
 
-__all__ = ["PLANNED", "CURVE", "PENDING", "ARMS", "planned_steps", "arm_records", "columns", "note", "curve_table"]
+__all__ = [
+    "PLANNED",
+    "SCRATCH",
+    "CURVE",
+    "PENDING",
+    "ARMS",
+    "SCRATCH_ARMS",
+    "planned_steps",
+    "arm_records",
+    "planned_delta",
+    "columns",
+    "note",
+    "curve_table",
+]
 
-PLANNED, CURVE = "real_captures/planned", "real_captures/curve"
+PLANNED, SCRATCH, CURVE = "real_captures/planned_pretrained", "real_captures/planned", "real_captures/curve"
 PENDING = "pending"
 
-# The "which encoding" table's row keys (results_page.PLANNED_ROWS' keys and "learned") -> the
-# planned real set's arm of the same model on the real captures' geometry (SfM depth).
-ARMS: dict[str, Arm] = {
-    "prope": PROPE,
-    "world": PROPE_WORLD,
-    "urope": UROPE,
-    "learned": LEARNED,
-    "lift": with_geometry(DEPTH_ROWS["hrope-lift"], "sfm"),
-    "anchored": with_geometry(DEPTH_ROWS["urope at the token's depth"], "sfm"),
-    "rayknown": with_geometry(DEPTH_ROWS["rayrope known depth"], "sfm"),
-    "uv-camera": BEST_DEPTH,
-}
+# The "which encoding" table's row keys (results_page.PLANNED_ROWS' keys and "learned"), in the order
+# of the planned real set's arms: the same model on the real captures' geometry (SfM depth).
+KEYS = ("prope", "world", "urope", "anchored", "lift", "uv-camera", "learned", "rayknown")
+ARMS: dict[str, Arm] = dict(zip(KEYS, SETS["planned"].arms, strict=True))  # pre-trained
+SCRATCH_ARMS: dict[str, Arm] = dict(zip(KEYS, from_scratch(SETS["planned"]).arms, strict=True))
 
 
 def _budgets(experiment: str) -> list[int]:
@@ -42,9 +50,9 @@ def _budgets(experiment: str) -> list[int]:
     return sorted({record["steps"] for record in cells(experiment)})
 
 
-def planned_steps() -> int | None:
-    """The budget the page reports of the planned set: the largest its committed cells hold (None: no cells)."""
-    return max(_budgets(PLANNED), default=None)
+def planned_steps(experiment: str = PLANNED) -> int | None:
+    """The budget the page reports of a planned set's cells: the largest they hold (None: no cells)."""
+    return max(_budgets(experiment), default=None)
 
 
 def _ref(arm: Arm, experiment: str) -> Ref:
@@ -56,19 +64,28 @@ def arm_records(arm: Arm, experiment: str, steps: int, used: Used) -> dict[int, 
     return use(used, _ref(arm, experiment), row_records(_ref(arm, experiment), arm.data.name, steps))
 
 
+def planned_delta(first: str, second: str, used: Used, *, scratch: bool = False) -> tuple[str, int]:
+    """The paired difference of two planned arms (keys of :data:`ARMS`) on the real captures, as text,
+    and its seed count; ``scratch``: of the rows trained from scratch. "pending" before the cells exist."""
+    experiment, arms = (SCRATCH, SCRATCH_ARMS) if scratch else (PLANNED, ARMS)
+    steps = planned_steps(experiment)
+    if steps is None:
+        return PENDING, 0
+    result = clustered_delta(*(arm_records(arms[key], experiment, steps, used) for key in (first, second)))
+    return (PENDING, 0) if result is None else (interval_text(result), result["seeds"])
+
+
 def columns(key: str | None, used: Used) -> tuple[list[str], int]:
-    """The real columns of one "which encoding" row, ``[PSNR, Δ vs prope]``, and its seed count:
-    "—" for a row the planned set lacks (``key`` None or unknown), "pending" before its cells exist."""
+    """The real columns of one "which encoding" row, ``[PSNR, Δ vs prope]`` (pre-trained rows), and its
+    seed count: "—" for a row the planned set lacks (``key`` None or unknown), "pending" before its cells exist."""
     if key not in ARMS:
         return ["—", "—"], 0
     steps = planned_steps()
     if steps is None:
         return [PENDING, PENDING], 0
     records = arm_records(ARMS[key], PLANNED, steps, used)
-    if key == "prope":
-        return [psnr_text(records, PENDING), "—"], len(records)
-    delta = clustered_delta(records, arm_records(PROPE, PLANNED, steps, used))
-    return [psnr_text(records, PENDING), PENDING if delta is None else interval_text(delta)], len(records)
+    delta = "—" if key == "prope" else planned_delta(key, "prope", used)[0]
+    return [psnr_text(records, PENDING), delta], len(records)
 
 
 DEPTH = (
@@ -107,7 +124,10 @@ def note() -> str:
     if steps is None:
         return f"Real captures (`{PLANNED}`): pending, its cells are not committed yet. {DEPTH}"
     record = next(r for r in cells(PLANNED) if r["steps"] == steps)
-    return f"Real captures (`{PLANNED}`, {steps} steps, scored once): {_scenes(record)}. {DEPTH}"
+    return (
+        f"Real captures (`{PLANNED}`, {steps} steps, every row pre-trained on the synthetic `object` scenes "
+        f"(its own model, the `full` budget, the same seed), scored once): {_scenes(record)}. {DEPTH}"
+    )
 
 
 def curve_table() -> str:

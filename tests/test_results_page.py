@@ -163,7 +163,7 @@ def expected_delta(a: list[dict], b: list[dict]) -> str:
 
 def test_real_columns_read_the_committed_planned_cells(tmp_path, monkeypatch):
     monkeypatch.setattr(results_cells, "RESULTS", tmp_path)
-    gains = {"prope": 0.0, "world": 0.05, "urope": 1.0, "learned": -0.5, "lift": 0.3, "anchored": 1.2, "uv-camera": 1.1}
+    gains = {"prope": 0.0, "world": 0.05, "urope": 1.0, "learned": -1.0, "lift": 0.3, "anchored": 1.2, "uv-camera": 1.1}
     records = {
         key: [real_record(results_page_real.ARMS[key], seed, 600, dict.fromkeys(CAPTURES, g)) for seed in (0, 1, 2)]
         for key, g in gains.items()  # rayrope known depth not run yet
@@ -172,12 +172,17 @@ def test_real_columns_read_the_committed_planned_cells(tmp_path, monkeypatch):
         real_record(results_page_real.ARMS["urope"], seed, 600, {"capA": 2.0, "capB": 0.0, "capC": 0.0})
         for seed in (0, 1, 2)
     ]
-    write_real_cells(tmp_path / "real_captures" / "planned", [r for rs in records.values() for r in rs])
+    write_real_cells(tmp_path / "real_captures" / "planned_pretrained", [r for rs in records.values() for r in rs])
+    scratch = {  # the same rows from scratch: anchored at the token's depth gains less
+        key: [real_record(results_page_real.SCRATCH_ARMS[key], s, 600, dict.fromkeys(CAPTURES, g)) for s in (0, 1, 2)]
+        for key, g in (("urope", 0.5), ("anchored", 0.6))
+    }
+    write_real_cells(tmp_path / "real_captures" / "planned", [r for rs in scratch.values() for r in rs])
     lines = results_page._choices_table()
     prope = table_row(lines, "`prope`")
     values = [r["metrics"]["psnr"] for r in records["prope"]]
     assert prope[6:8] == [f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f}", "—"]
-    assert prope[8] == "3" and "`real_captures/planned`" in prope[9]
+    assert prope[8] == "3" and "`real_captures/planned_pretrained`" in prope[9]
     for key, name in (("world", "`prope`, world rays"), ("urope", "`urope` (no depth)")):
         assert table_row(lines, name)[7] == expected_delta(records[key], records["prope"])
     assert table_row(lines, "`prope`, world rays")[7].startswith("+")  # within noise: not bold
@@ -187,10 +192,14 @@ def test_real_columns_read_the_committed_planned_cells(tmp_path, monkeypatch):
     assert table_row(lines, "`worldrope` with that depth")[6:8] == ["—", "—"]
     note = next(line for line in lines if line.startswith("Real captures"))
     assert "600 steps" in note and "12 test scenes" in note and "3 captures, `capA` (4), `capB` (3), `capC` (5)" in note
-    assert "index % 8 == 0, `capC` % 4;" in note and "SfM points" in note
+    assert "index % 8 == 0, `capC` % 4;" in note and "SfM points" in note and "pre-trained" in note
     planned = results_page._real_planned_table().splitlines()
-    assert table_row(planned, "P5", column=0)[2:4] == [expected_delta(records["anchored"], records["urope"]), "3"]
-    assert table_row(planned, "P7", column=0)[2] == "pending"
+    assert table_row(planned, "P5", column=0)[2:5] == [
+        expected_delta(records["anchored"], records["urope"]),
+        "3",
+        expected_delta(scratch["anchored"], scratch["urope"]),
+    ]
+    assert table_row(planned, "P7", column=0)[2] == "pending" and table_row(planned, "P6", column=0)[4] == "pending"
 
 
 def test_real_columns_say_pending_before_the_cells_are_committed(tmp_path, monkeypatch):
@@ -199,7 +208,7 @@ def test_real_columns_say_pending_before_the_cells_are_committed(tmp_path, monke
     assert table_row(lines, "`prope`")[6:8] == ["pending", "pending"]
     assert table_row(lines, "`hrope-lift-uv` + context depth, camera rays")[6:8] == ["pending", "pending"]
     assert table_row(lines, "`worldrope` (learned depth)")[6:8] == ["—", "—"]
-    assert any(line.startswith("Real captures (`real_captures/planned`): pending") for line in lines)
+    assert any(line.startswith("Real captures (`real_captures/planned_pretrained`): pending") for line in lines)
     planned = results_page._real_planned_table().splitlines()
     assert [table_row(planned, p, column=0)[2] for p in ("P1", "P4", "P5", "P6", "P7", "P8")] == ["pending"] * 6
     assert results_page_real.curve_table().startswith("Pending")
