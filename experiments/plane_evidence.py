@@ -178,6 +178,11 @@ RELEASED_ROWS = (
 )
 
 
+# CaPE as EscherNet computes it against the transposed form (what `cape` computed in cells of results
+# version 0 and 1): the same cells as Table 1's `cape` (run with --cache on the nvs_table cache to reuse them).
+CAPE_FORMS = (Row("cape"), Row("cape", encoding_options=(("form", "transposed"),)))
+
+
 # P1-P3's rows at every variant; the two best rows at a mid-level estimator and at sparse points.
 NOISE_ROWS = (NOISE_REFERENCE,) + tuple(
     row for v in NOISE_VARIANTS if v != "0" for row in noise_rows(v)[: 4 if v in ("2", "sparse") else 2]
@@ -191,6 +196,7 @@ SETS = {
     "noise": NOISE_ROWS,
     "released-grid": RELEASED_GRID,
     "released": RELEASED_ROWS,
+    "cape-forms": CAPE_FORMS,
 }
 TITLES = {
     "planes": "Do HRoPE's planes help? Plane sources vs `prope`",
@@ -201,6 +207,7 @@ TITLES = {
     "noise": "Depth as users have it: estimator noise and sparse points vs `prope` with world rays",
     "released-grid": "URoPE as released: group size and depth range on the validation scenes vs the interleaved form",
     "released": "The head-group (released) layout of the RoPE half against the interleaved one, vs `prope`",
+    "cape-forms": "CaPE: the transposed form (the earlier `cape`) against EscherNet's",
 }
 NAMES = {
     "planes": "plane_evidence",
@@ -211,12 +218,14 @@ NAMES = {
     "noise": "depth_noise",
     "released-grid": "urope_released_grid",
     "released": "urope_released",
+    "cape-forms": "cape_forms",
 }
 REFERENCES = {
     "planned": PLANNED_ROWS[0],
     "cap": CAP_ROWS[0],
     "noise": NOISE_REFERENCE,
     "released-grid": RELEASED_GRID[0],
+    "cape-forms": CAPE_FORMS[0],
 }
 
 
@@ -405,7 +414,7 @@ def _parser() -> argparse.ArgumentParser:
         "cap: the near-camera cap grid (score it with --split val); noise: the depth rows with "
         "estimator noise and sparse points (hrope.nvs.sources.user_depth); released-grid: urope's released "
         "layout, group size and depth range (score it with --split val); released: the head-group layout's "
-        "rows against their interleaved twins",
+        "rows against their interleaved twins; cape-forms: cape's transposed form against EscherNet's",
     )
     parser.add_argument(
         "--rows",

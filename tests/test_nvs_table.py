@@ -274,6 +274,21 @@ def _report_frame() -> dict:
     }
 
 
+def test_the_cape_forms_set_reuses_table_1s_cape_cells():
+    """plane_evidence's ``cape-forms`` set: EscherNet's ``cape`` (the reference) and the transposed form;
+    its ``cape`` cell has Table 1's key at the same budget, so ``--cache`` on the nvs_table cache reuses it."""
+    from experiments.plane_evidence import REFERENCES, SETS
+
+    eschernet, transposed = SETS["cape-forms"]
+    assert REFERENCES["cape-forms"] == eschernet and eschernet in tables(BUDGETS["full"])["table1"].rows
+    assert dict(transposed.encoding_options) == {"form": "transposed"} and transposed.encoding == "cape"
+    key = config_hash(cell_settings(BUDGETS["full"], Cell("room", eschernet, 0)))
+    assert key != config_hash(cell_settings(BUDGETS["full"], Cell("room", transposed, 0)))
+    assert cell_config(BUDGETS["full"], Cell("room", transposed, 0), Path("x")).model.encoding_options == {
+        "form": "transposed"
+    }
+
+
 def test_plane_evidence_report_pairs_rows_with_prope_and_labels_target_geometry():
     from experiments.plane_evidence import markdown, row_report, uses_target_geometry
     from experiments.rows import Row
