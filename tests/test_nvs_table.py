@@ -159,6 +159,13 @@ def test_report_only_trains_nothing_and_marks_cells_pending(tmp_path, capsys):
     assert "pending" in (tmp_path / "nvs_table.md").read_text()
 
 
+def test_seeds_option_plans_those_seeds(tmp_path):
+    argv = ["--quick", "--report-only", "--out", str(tmp_path), "--tables", "table1", "--rows", "none"]
+    assert main(argv)["progress"]["planned"] == 2 * len(BUDGETS["quick"].seeds)  # room and object
+    report = main([*argv, "--seeds", "0", "2", "4"])
+    assert report["progress"]["planned"] == 6 and list(report["budget"]["seeds"]) == [0, 2, 4]
+
+
 def test_config_hash_tracks_the_budget_not_paths_or_device(tmp_path):
     cell = Cell("room", Row("hrope", "oracle"), 0)
     base = config_hash(cell_settings(TOY, cell))
