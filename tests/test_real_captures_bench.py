@@ -127,6 +127,21 @@ def test_the_sets_are_the_ones_written_down():
 SCRATCH = from_scratch(SETS["planned"])
 
 
+def held_out_argv(captures, out: Path, *steps: str) -> list[str]:
+    """The held-out set from scratch (tiny step counts; pre-training is the ``full`` budget's 600 steps)."""
+    return [
+        "--captures",
+        *map(str, captures),
+        "--out",
+        str(out),
+        "--set",
+        "held-out",
+        "--from-scratch",
+        "--steps",
+        *steps,
+    ]
+
+
 def runner_for(captures, tmp_path, spec=SCRATCH, steps=600) -> CaptureCellRunner:
     return CaptureCellRunner(make_budget(steps, [0]), tmp_path / "cache", captures, spec, {})
 
@@ -165,20 +180,7 @@ def test_a_smoke_run_records_per_scene_psnr_with_captures(captures, tmp_path, ca
     has per-scene PSNR with labels."""
     pytest.importorskip("hrope.nvs.data.real.sfm", reason="the SfM geometry source is not in this tree")
     out = tmp_path / "out"
-    argv = [
-        "--captures",
-        *map(str, captures),
-        "--out",
-        str(out),
-        "--set",
-        "held-out",
-        "--from-scratch",
-        "--steps",
-        "2",
-        "--seeds",
-        "0",
-        "1",
-    ]
+    argv = held_out_argv(captures, out, "2") + ["--seeds", "0", "1"]
     trained = []
     for shard in ("0/2", "1/2"):
         assert main([*argv, "--shard", shard]) is None
@@ -289,18 +291,7 @@ def test_every_budget_of_a_run_reaches_cells_jsonl(captures, tmp_path):
     records overwrite the other's, whether the cells are trained now or read from the cache."""
     pytest.importorskip("hrope.nvs.data.real.sfm", reason="the SfM geometry source is not in this tree")
     out = tmp_path / "out"
-    argv = [
-        "--captures",
-        *map(str, captures),
-        "--out",
-        str(out),
-        "--set",
-        "held-out",
-        "--from-scratch",
-        "--steps",
-        "1",
-        "2",
-    ]
+    argv = held_out_argv(captures, out, "1", "2")
     for extra in ([], ["--report-only"]):
         (out / "cells.jsonl").unlink(missing_ok=True)
         main([*argv, "--seeds", "0", *extra])
