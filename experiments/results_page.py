@@ -310,6 +310,7 @@ def tables() -> dict[str, str]:
         "cap": _cap_table(),
         "real_planned": _real_planned_table(),
         "real_curve": results_page_real.curve_table(),
+        "real_pretraining": results_page_real.pretraining_table(),
         "real": _real_table(),
         "sweep": sweep_tables(json.loads((RESULTS / "geometry_sweep" / "geometry_sweep.json").read_text())),
     }

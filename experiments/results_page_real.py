@@ -32,6 +32,7 @@ __all__ = [
     "planned_delta",
     "columns",
     "note",
+    "pretraining_table",
     "curve_table",
 ]
 
@@ -86,6 +87,27 @@ def columns(key: str | None, used: Used) -> tuple[list[str], int]:
     records = arm_records(ARMS[key], PLANNED, steps, used)
     delta = "—" if key == "prope" else planned_delta(key, "prope", used)[0]
     return [psnr_text(records, PENDING), delta], len(records)
+
+
+def pretraining_table() -> str:
+    """What the synthetic pre-training changes: each planned row's PSNR pre-trained and from scratch,
+    and their paired difference (same seeds and scenes; the hierarchical interval)."""
+    steps, scratch_steps = planned_steps(), planned_steps(SCRATCH)
+    if steps is None or scratch_steps is None:
+        return f"Pending: the cells of `{PLANNED}` and `{SCRATCH}` are not both committed yet.\n"
+    used: Used = {}
+    lines = [
+        "| row | pre-trained PSNR ↑ | from scratch PSNR ↑ | pre-trained − from scratch [95% CI] | seeds |",
+        "|---|---|---|---|---|",
+    ]
+    for key in KEYS:
+        started = arm_records(ARMS[key], PLANNED, steps, used)
+        scratch = arm_records(SCRATCH_ARMS[key], SCRATCH, scratch_steps, used)
+        delta = clustered_delta(started, scratch)
+        text, count = (PENDING, 0) if delta is None else (interval_text(delta), delta["seeds"])
+        psnr = f"{psnr_text(started, PENDING)} | {psnr_text(scratch, PENDING)}"
+        lines.append(f"| {SCRATCH_ARMS[key].label} | {psnr} | {text} | {count} |")
+    return "\n".join(lines + ["", commits(used), ""])
 
 
 DEPTH = (

@@ -200,6 +200,9 @@ def test_real_columns_read_the_committed_planned_cells(tmp_path, monkeypatch):
         expected_delta(scratch["anchored"], scratch["urope"]),
     ]
     assert table_row(planned, "P7", column=0)[2] == "pending" and table_row(planned, "P6", column=0)[4] == "pending"
+    pretraining = results_page_real.pretraining_table().splitlines()  # pre-trained − from scratch, per row
+    assert table_row(pretraining, "urope", column=0)[3:5] == [expected_delta(records["urope"], scratch["urope"]), "3"]
+    assert table_row(pretraining, "prope", column=0)[2:5] == ["pending", "pending", "0"]
 
 
 def test_real_columns_say_pending_before_the_cells_are_committed(tmp_path, monkeypatch):
@@ -212,6 +215,7 @@ def test_real_columns_say_pending_before_the_cells_are_committed(tmp_path, monke
     planned = results_page._real_planned_table().splitlines()
     assert [table_row(planned, p, column=0)[2] for p in ("P1", "P4", "P5", "P6", "P7", "P8")] == ["pending"] * 6
     assert results_page_real.curve_table().startswith("Pending")
+    assert results_page_real.pretraining_table().startswith("Pending")
 
 
 @pytest.mark.parametrize("early_gain, supported", [(1.0, 600), (-1.0, 3000)])
