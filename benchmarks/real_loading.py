@@ -126,24 +126,31 @@ def step_runners(sets: dict) -> tuple[dict, dict]:
     return steps, loaders
 
 
-def measure(steps: dict, loaders: dict, rounds: int, steps_per_round: int) -> dict[str, list[float]]:
-    """Steps/s of each data set in each of ``rounds`` interleaved rounds (after a warm-up round);
-    closes the loaders."""
-    rates = {kind: [] for kind in KINDS}
+def interleaved_step_seconds(steps: dict, loaders: dict, rounds: int, steps_per_round: int) -> dict[str, list[float]]:
+    """Seconds per training step of each data set (the keys of ``steps``, each with its ``StepLoader``
+    in ``loaders``) in each of ``rounds`` interleaved rounds, after a warm-up round; closes the loaders."""
+    seconds: dict[str, list[float]] = {kind: [] for kind in steps}
     try:
         for round_ in range(rounds + 1):  # round 0 warms up
-            for kind in KINDS:
+            for kind in steps:
                 start = time.perf_counter()
                 for s in range(steps_per_round):
                     step = round_ * steps_per_round + s
                     scenes = loaders[kind].scenes(step, prefetch_next=s + 1 < steps_per_round)
                     steps[kind](collate(scenes, 2, torch.device("cpu")))
                 if round_:
-                    rates[kind].append(steps_per_round / (time.perf_counter() - start))
+                    seconds[kind].append((time.perf_counter() - start) / steps_per_round)
     finally:
         for loader in loaders.values():
             loader.close()
-    return rates
+    return seconds
+
+
+def measure(steps: dict, loaders: dict, rounds: int, steps_per_round: int) -> dict[str, list[float]]:
+    """Steps/s of each data set in each of ``rounds`` interleaved rounds (after a warm-up round);
+    closes the loaders."""
+    seconds = interleaved_step_seconds(steps, loaders, rounds, steps_per_round)
+    return {kind: [1.0 / value for value in seconds[kind]] for kind in KINDS}
 
 
 def result_rows(rates: dict[str, list[float]]) -> list[dict]:

@@ -25,13 +25,12 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from real_loading import BATCH_SIZE, make_step
+from real_loading import BATCH_SIZE, interleaved_step_seconds, make_step
 
-from hrope.nvs.build_data import build_dataset, collate
+from hrope.nvs.build_data import build_dataset
 from hrope.nvs.config import resolve
 from hrope.nvs.data.real.captures import CaptureScenes
 from hrope.nvs.running.atomic import write_json, write_text
@@ -68,21 +67,7 @@ def measure(data: dict, rounds: int, steps_per_round: int) -> dict[str, list[flo
     sets = data["sets"]
     steps = {kind: make_step(data["config"]) for kind in sets}
     loaders = {kind: StepLoader(dataset, 0, 0, BATCH_SIZE, prefetch=True) for kind, dataset in sets.items()}
-    seconds: dict[str, list[float]] = {kind: [] for kind in sets}
-    try:
-        for round_ in range(rounds + 1):  # round 0 warms up
-            for kind in sets:
-                start = time.perf_counter()
-                for s in range(steps_per_round):
-                    step = round_ * steps_per_round + s
-                    scenes = loaders[kind].scenes(step, prefetch_next=s + 1 < steps_per_round)
-                    steps[kind](collate(scenes, 2, torch.device("cpu")))
-                if round_:
-                    seconds[kind].append((time.perf_counter() - start) / steps_per_round)
-    finally:
-        for loader in loaders.values():
-            loader.close()
-    return seconds
+    return interleaved_step_seconds(steps, loaders, rounds, steps_per_round)
 
 
 def result_rows(seconds: dict[str, list[float]]) -> list[dict]:
