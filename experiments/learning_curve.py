@@ -34,7 +34,7 @@ from hrope.nvs.build_data import build_dataset
 from hrope.nvs.evaluation.evaluate import evaluate_model
 from hrope.nvs.evaluation.plane_accuracy import PlaneAccuracy, measures_planes
 from hrope.nvs.running.train import train
-from .intervals import METHOD, crossed_bootstrap
+from .intervals import METHOD, crossed_bootstrap, interval_text
 from .report import stat
 from .rows import BUDGETS, Cell, Row, cell_config
 from hrope.nvs.running.provenance import describe, provenance
@@ -172,11 +172,6 @@ def summarise(curves: list[dict], labels: list[str], references: tuple[str, ...]
     return summary
 
 
-def _interval(d: dict) -> str:
-    text = f"{d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]"
-    return f"**{text}**" if d["excludes_zero"] else text
-
-
 def _step_header(steps: list[int], first: str = "| row | ", rule: str = "|---|") -> list[str]:
     return [first + " | ".join(f"step {s}" for s in steps) + " |", rule + "---|" * len(steps)]
 
@@ -204,7 +199,7 @@ def _main_table(report: dict, steps: list[int]) -> list[str]:
             psnr = point["psnr"]
             text = f"{psnr['mean']:.2f}" + (f" ± {psnr['std']:.2f}" if psnr["std"] is not None else "")
             if "vs_reference" in point:
-                text += "<br>" + _interval(point["vs_reference"])
+                text += "<br>" + interval_text(point["vs_reference"])
             cells.append(text)
         lines.append(f"| {row['row']} | " + " | ".join(cells) + " |")
     return lines
@@ -223,7 +218,7 @@ def _reference_tables(summary: list[dict], steps: list[int]) -> list[str]:
         for row in summary:
             if reference in row["points"][0].get("vs", {}):
                 lines.append(
-                    f"| {row['row']} | " + " | ".join(_interval(p["vs"][reference]) for p in row["points"]) + " |"
+                    f"| {row['row']} | " + " | ".join(interval_text(p["vs"][reference]) for p in row["points"]) + " |"
                 )
     return lines
 

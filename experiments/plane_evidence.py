@@ -26,7 +26,7 @@ from pathlib import Path
 
 
 from .cells import CellRunner, StaleCellsError, StoppedCellError, trained_at
-from .intervals import METHOD, crossed_bootstrap
+from .intervals import METHOD, crossed_bootstrap, interval_text
 from .report import stat
 from .rows import BUDGETS, Cell, Row
 from .store import CELLS_NAME
@@ -346,8 +346,7 @@ def _row_line(row: dict, reference: str) -> str:
     if delta is None or row["row"] == reference:
         delta_text = "—"
     else:
-        delta_text = f"{delta['mean']:+.2f} [{delta['low']:+.2f}, {delta['high']:+.2f}]"
-        delta_text = f"**{delta_text}**" if delta["excludes_zero"] else delta_text
+        delta_text = interval_text(delta)
     errors = " | ".join(
         _plane_error(row.get("planes"), group, metric)
         for group in ("target", "context")

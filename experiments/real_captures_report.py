@@ -17,7 +17,7 @@ from pathlib import Path
 from hrope.nvs.running.atomic import write_json, write_text
 from hrope.nvs.running.provenance import describe
 
-from .intervals import hierarchical_bootstrap
+from .intervals import hierarchical_bootstrap, interval_text
 from .report import stat
 
 __all__ = [
@@ -179,10 +179,7 @@ def write_report(spec, records: dict, stale: dict, out: Path, *, steps, seeds, c
 
 
 def _interval(d: dict | None) -> str:
-    if d is None:
-        return "—"
-    text = f"{d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]"
-    return f"**{text}**" if d["excludes_zero"] else text
+    return "—" if d is None else interval_text(d)
 
 
 def _stat(s: dict | None, digits: int = 2) -> str:

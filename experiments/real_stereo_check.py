@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 
-from .intervals import METHOD, crossed_bootstrap
+from .intervals import METHOD, crossed_bootstrap, interval_text
 from .cells import CellRunner, StaleCellsError, StoppedCellError, trained_at
 from .rows import BUDGETS, Budget, Cell, Row, cell_settings, config_hash
 from .store import CELLS_NAME
@@ -207,10 +207,7 @@ def run(
 
 
 def _delta(delta: dict | None) -> str:
-    if delta is None:
-        return "—"
-    text = f"{delta['mean']:+.2f} [{delta['low']:+.2f}, {delta['high']:+.2f}]"
-    return f"**{text}**" if delta["excludes_zero"] else text
+    return "—" if delta is None else interval_text(delta)
 
 
 def markdown(report: dict) -> str:
